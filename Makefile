@@ -1,0 +1,64 @@
+# ftune — build, test, benchmark.
+#   make            library (build/libftune.a) and the ftune command (build/ftune)
+#   make test       build and run the whole test suite (tests/run.sh)
+#   make debug      the same binaries with AddressSanitizer + UBSan in build-debug/
+#   make fuzz       libFuzzer targets for the safetensors and GGUF parsers (clang)
+#   make bench      benchmarks; writes BENCHMARKS.md
+#   make clean
+# Options: BUILD=dir  CC=compiler  OPT="-O2 ..."
+
+CC      ?= gcc
+BUILD   ?= build
+OPT     ?= -O2 -g
+WARN    := -Wall -Wextra -Wno-unused-parameter -Wshadow=local -Wvla -Wno-format-truncation
+CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -fopenmp -Iinclude -Isrc $(EXTRA_CFLAGS)
+LDLIBS  := -lopenblas -lpcre2-8 -lcjson -lm -lpthread
+LDFLAGS += -fopenmp $(EXTRA_LDFLAGS)
+
+LIB_SRC   := $(sort $(wildcard src/*.c))
+LIB_OBJ   := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
+CLI_SRC   := $(sort $(wildcard tools/*.c))
+CLI_OBJ   := $(CLI_SRC:tools/%.c=$(BUILD)/obj/tools/%.o)
+TEST_SRC  := $(sort $(wildcard tests/test_*.c))
+TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+
+.PHONY: all test debug fuzz bench clean
+all: $(BUILD)/libftune.a $(BUILD)/ftune $(TEST_BIN)
+
+$(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) include/ftune.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/tools/%.o: tools/%.c $(wildcard tools/*.h) $(wildcard src/*.h) include/ftune.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/libftune.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/ftune: $(CLI_OBJ) $(BUILD)/libftune.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c tests/check.h $(BUILD)/libftune.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libftune.a $(LDFLAGS) $(LDLIBS)
+
+test: all
+	BUILD=$(BUILD) bash tests/run.sh
+
+debug:
+	$(MAKE) BUILD=build-debug OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	    EXTRA_LDFLAGS="-fsanitize=address,undefined" all
+
+FUZZ_SRC := src/safetensors.c src/gguf.c src/core.c src/dtype.c
+fuzz: build-fuzz/fuzz_safetensors build-fuzz/fuzz_gguf
+build-fuzz/fuzz_%: fuzz/fuzz_%.c $(FUZZ_SRC) $(wildcard src/*.h)
+	@mkdir -p build-fuzz
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -o $@ $< $(FUZZ_SRC) -lcjson -lm
+
+bench: all
+	bash bench/run.sh
+
+clean:
+	rm -rf build build-debug build-fuzz

@@ -1,0 +1,119 @@
+/* core.h — private basics shared by every part of libftune: error reporting,
+ * dtypes and their traits table, tensors, read-only file mappings.
+ *
+ * Dimension letters used across the code: B batch, T time (tokens), C model
+ * width, NH query heads, NKV key/value heads, HS head size, F feed-forward
+ * width, L layers, V vocabulary, R LoRA rank.
+ */
+#ifndef FT_CORE_H
+#define FT_CORE_H
+
+#include "ftune.h"
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Records a formatted error message for ftune_last_error() and returns st,
+ * so that `return ft_err(FTUNE_ERR_FORMAT, "%s: tensor %s: ...", ...)`. */
+ftune_status ft_err(ftune_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prefixes the current error message with "prefix: ". Returns st. */
+ftune_status ft_err_prefix(ftune_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void ft_err_clear(void);
+
+/* ------------------------------------------------------------- dtypes */
+
+typedef enum {
+    FT_F32 = 0,
+    FT_F16,
+    FT_BF16,
+    FT_Q8_0,  /* ggml: blocks of 32: f16 scale + 32 x int8 */
+    FT_Q4_0,  /* ggml: blocks of 32: f16 scale + 16 bytes of nibbles, x = (q-8)*d */
+    FT_I32,
+    FT_I64,
+    FT_U8,
+    FT_F64,
+    FT_NTYPES
+} ft_dtype;
+
+typedef struct {
+    const char *name;        /* "f32", "bf16", "q8_0", ... */
+    int block;               /* elements per block (1 for plain types) */
+    size_t block_bytes;      /* bytes per block */
+    bool is_float;           /* can be a weight (has to/from f32) */
+    /* n elements (a multiple of block); NULL where not a weight type */
+    void (*to_f32)(const void *src, float *dst, int64_t n);
+    void (*from_f32)(const float *src, void *dst, int64_t n);
+} ft_type_traits;
+
+extern const ft_type_traits ft_types[FT_NTYPES];
+
+/* Bytes for n elements of dtype t; -1 if n is not a whole number of blocks. */
+int64_t ft_dtype_nbytes(ft_dtype t, int64_t n);
+
+float ft_f16_to_f32(uint16_t h);
+uint16_t ft_f32_to_f16(float f);
+static inline float ft_bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = { .u = (uint32_t)h << 16 };
+    return v.f;
+}
+uint16_t ft_f32_to_bf16(float f); /* round to nearest even, NaN kept */
+
+/* ------------------------------------------------------------- tensors */
+
+#define FT_MAX_DIMS 4
+#define FT_NAME_MAX 96
+
+/* A view of weights in any dtype. data may point into a file mapping
+ * (read-only) or into memory the model owns. Shapes are in PyTorch order:
+ * shape[0] is the slowest-varying dimension, so a Linear weight is (out, in). */
+typedef struct {
+    char name[FT_NAME_MAX];
+    ft_dtype dtype;
+    int ndim;
+    int64_t shape[FT_MAX_DIMS];
+    void *data;
+    size_t nbytes;
+} ft_tensor;
+
+int64_t ft_tensor_numel(const ft_tensor *t);
+/* Converts row r of a 2-D tensor (shape[1] elements) to f32. */
+void ft_tensor_row_f32(const ft_tensor *t, int64_t r, float *dst);
+
+/* ------------------------------------------------------------- files */
+
+/* A whole file mapped read-only. */
+typedef struct {
+    char *path;
+    const uint8_t *data;
+    size_t size;
+} ft_mmap;
+
+ftune_status ft_mmap_open(ft_mmap *m, const char *path);
+void ft_mmap_close(ft_mmap *m);
+/* Reads a whole (small) file into a NUL-terminated malloc'd buffer. */
+ftune_status ft_read_file(const char *path, char **out, size_t *len);
+/* Writes buf to path atomically: path.tmp, fsync, rename. */
+ftune_status ft_write_file_atomic(const char *path, const void *buf, size_t len);
+bool ft_file_exists(const char *path);
+bool ft_is_dir(const char *path);
+
+/* ------------------------------------------------------------- misc */
+
+void *ft_malloc(size_t n);               /* NULL on failure; callers report NOMEM */
+void *ft_calloc(size_t n, size_t size);
+void *ft_aligned_alloc(size_t n);        /* 64-byte aligned, free with free() */
+char *ft_strdup(const char *s);
+int ft_num_threads(int requested);       /* 0 -> all cores */
+double ft_time_s(void);                  /* monotonic seconds */
+/* Checks that s[0..n) is valid UTF-8; returns the byte offset of the first
+ * invalid sequence or -1 if valid. */
+int64_t ft_utf8_invalid_at(const char *s, size_t n);
+
+/* xorshift-style RNG with a 64-bit state; same stream on every machine. */
+typedef struct { uint64_t s; } ft_rng;
+void ft_rng_seed(ft_rng *r, uint64_t seed);
+uint32_t ft_rng_u32(ft_rng *r);
+float ft_rng_uniform(ft_rng *r);         /* [0, 1) */
+float ft_rng_normal(ft_rng *r);          /* N(0, 1) */
+
+#endif

@@ -1,0 +1,21 @@
+/* linear.h — a Linear layer whose frozen base weight may be in any dtype
+ * (f32, bf16, f16, q8_0, q4_0), the one place where adapters will meet the
+ * model. Fast paths: BLAS sgemm for f32, dequantize-in-tiles + sgemm for
+ * other dtypes with several rows, fused dequant-dot for one row (decode). */
+#ifndef FT_LINEAR_H
+#define FT_LINEAR_H
+
+#include "core.h"
+
+typedef struct {
+    ft_tensor w;        /* (out, in) in any weight dtype */
+    float *bias;        /* (out) or NULL */
+    int in, out;
+} ft_linear;
+
+/* out (T, out) = inp (T, in) · W^T + bias. Uses BLAS and n_threads. */
+void linear_forward(float *out, const float *inp, const ft_linear *l, int T, int n_threads);
+/* Reference: dequantize W to f32 and use matmul_forward_ref. For tests. */
+void linear_forward_ref(float *out, const float *inp, const ft_linear *l, int T);
+
+#endif

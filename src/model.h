@@ -1,0 +1,71 @@
+/* model.h — the Llama-family model: config, weights as tensor views, and the
+ * loaders for each file format. Architectures differ by config only. */
+#ifndef FT_MODEL_H
+#define FT_MODEL_H
+
+#include "core.h"
+#include "linear.h"
+#include "ops.h"
+#include "gguf.h"
+#include "safetensors.h"
+
+typedef struct {
+    char arch[32];            /* llama, mistral, qwen2, ... */
+    int C, F, L, NH, NKV, HS, V;
+    int max_T;                /* context length */
+    float norm_eps, rope_theta;
+    ft_rope_scaling rope_scaling;
+    bool rope_interleaved;    /* Meta/GGUF q/k layout: RoPE on pairs (2i, 2i+1) */
+    bool tied;                /* lm_head shares tok_embd */
+    bool qkv_bias;
+    int32_t bos_id, eos_id;   /* from the model's files; -1 if none */
+} ft_config;
+
+typedef struct {
+    float *attn_norm;         /* (C) */
+    ft_linear wq;             /* (NH*HS, C) */
+    ft_linear wk, wv;         /* (NKV*HS, C) */
+    ft_linear wo;             /* (C, NH*HS) */
+    float *ffn_norm;          /* (C) */
+    ft_linear w_gate, w_up;   /* (F, C) */
+    ft_linear w_down;         /* (C, F) */
+} ft_layer;
+
+#define FT_MAX_SHARDS 64
+
+struct ftune_model {
+    ft_config cfg;
+    char format[16];          /* hf, gguf, llama2c */
+    ft_tensor tok_embd;       /* (V, C), any dtype */
+    ft_layer *layers;         /* (L) */
+    float *out_norm;          /* (C) */
+    ft_linear lm_head;        /* (V, C); shares tok_embd's data when tied */
+    ftune_tokenizer *tok;
+    /* storage */
+    ft_mmap maps[FT_MAX_SHARDS];
+    int n_maps;
+    gguf_file *gguf;          /* kept open for GGUF models */
+    void **owned;             /* buffers the model allocated (converted weights) */
+    int n_owned, cap_owned;
+    int64_t weight_bytes;
+    int64_t n_params;
+    unsigned dtype_mask;      /* bit per ft_dtype present */
+};
+
+/* Checks a config for sizes that are positive and consistent. */
+ftune_status ft_config_validate(const ft_config *c, const char *path);
+/* Fills cfg from a Hugging Face config.json. */
+ftune_status ft_config_from_hf_json(ft_config *cfg, const char *path);
+
+ftune_status ft_load_hf(ftune_model *m, const char *dir);
+ftune_status ft_load_gguf(ftune_model *m, const char *path);
+ftune_status ft_load_llama2c(ftune_model *m, const char *path, const char *tokenizer_path);
+
+/* Takes ownership of a malloc'd buffer, freed with the model. */
+ftune_status ft_model_own(ftune_model *m, void *p);
+/* Binds a tensor found in a file to a weight slot, checking shape and dtype:
+ * 1-D weights (norms, biases) are converted to owned f32 copies. */
+ftune_status ft_model_bind_vec(ftune_model *m, float **dst, const ft_tensor *src, int64_t n);
+ftune_status ft_model_bind_linear(ftune_model *m, ft_linear *dst, const ft_tensor *src, int out, int in);
+
+#endif
