@@ -1,0 +1,22 @@
+/* ops.c — the plain C reference for every transformer op: each a
+ * forward/backward pair, in float (the library) and in double (the _f64
+ * twins the tests check against finite differences). The code is written
+ * once, in ops_impl.h, and compiled here for both types. Fast paths live in
+ * other files and are tested against these functions.
+ */
+#include "ops.h"
+
+#include <string.h>
+#include <tgmath.h>
+
+#define real float
+#define FN(name) name
+#include "ops_impl.h"
+#undef real
+#undef FN
+
+#define real double
+#define FN(name) name##_f64
+#include "ops_impl.h"
+#undef real
+#undef FN
