@@ -32,8 +32,8 @@ void rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *in
  * optional scaling: linear divides every frequency by factor (positions /
  * factor); llama3 keeps high frequencies (wavelength < original_max_pos /
  * high_freq_factor), divides low ones (wavelength > original_max_pos /
- * low_freq_factor) by factor and blends those between. Computed step by
- * step in float32 as Hugging Face does (_compute_llama3_parameters). */
+ * low_freq_factor) by factor and blends those between, as Hugging Face's
+ * _compute_llama3_parameters. Computed in double, rounded once. */
 typedef struct {
     int type;                 /* 0 none, 1 linear, 2 llama3 */
     float factor, low_freq_factor, high_freq_factor;
@@ -43,9 +43,9 @@ void rope_freqs(float *inv_freq /* (HS/2) */, int HS, float theta, const ft_rope
 
 /* Rotates x (T, nh, HS) in place at positions pos[t]: pair i turns by
  * pos[t] * inv_freq[i]. interleaved: pairs (2i, 2i+1) (Meta/GGUF layout);
- * else pairs (i, i+HS/2) (HF rotate-half). The angle is the float32 product
- * (float)pos * inv_freq[i], as Hugging Face forms it, and cos/sin are taken
- * in float32 (the _f64 twin does all of it in double). */
+ * else pairs (i, i+HS/2) (HF rotate-half). The angle pos * inv_freq[i] and
+ * its cos/sin are computed in double (Hugging Face uses float32 there, which
+ * loses ~pos * 6e-8 rad), then the pair is rotated in float. */
 void rope_forward(float *x, const int *pos, const float *inv_freq, int T, int nh, int HS, bool interleaved);
 /* Backward of a rotation is the inverse rotation, in place on dx. */
 void rope_backward(float *dx, const int *pos, const float *inv_freq, int T, int nh, int HS, bool interleaved);

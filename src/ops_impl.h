@@ -48,43 +48,41 @@ void FN(rmsnorm_backward)(real *dinp, real *dw, const real *dout, const real *in
 
 void FN(rope_freqs)(real *inv_freq, int HS, real theta, const ft_rope_scaling *sc)
 {
-    /* In `real` arithmetic, step by step as Hugging Face computes it in
-     * float32 (_compute_default_rope_parameters, _compute_llama3_parameters),
-     * so that the float variant matches it to an ulp. */
+    /* In double, in the order of Hugging Face's _compute_default_rope_parameters
+     * and _compute_llama3_parameters, rounded once at the end. */
     for (int i = 0; i < HS / 2; i++) {
-        real e = (real)(2 * i) / (real)HS;
-        real f = 1 / pow(theta, e);
+        double f = 1.0 / pow((double)theta, (double)(2 * i) / HS);
         if (sc && sc->type == 1) {
             f = f / sc->factor;
         } else if (sc && sc->type == 2) {
-            real factor = sc->factor, lo = sc->low_freq_factor, hi = sc->high_freq_factor;
-            real old_len = (real)sc->original_max_pos;
-            real low_freq_wavelen = old_len / lo, high_freq_wavelen = old_len / hi;
-            real wavelen = (real)(2 * 3.14159265358979323846) / f;
-            if (wavelen < high_freq_wavelen) {
+            double factor = sc->factor, lo = sc->low_freq_factor, hi = sc->high_freq_factor;
+            double old_len = sc->original_max_pos;
+            double wavelen = 2 * 3.14159265358979323846 / f;
+            if (wavelen < old_len / hi) {
                 /* high frequency: kept */
-            } else if (wavelen > low_freq_wavelen) {
+            } else if (wavelen > old_len / lo) {
                 f = f / factor;
             } else {
-                real smooth = (old_len / wavelen - lo) / (hi - lo);
+                double smooth = (old_len / wavelen - lo) / (hi - lo);
                 f = (1 - smooth) * f / factor + smooth * f;
             }
         }
-        inv_freq[i] = f;
+        inv_freq[i] = (real)f;
     }
 }
 
-/* Rotates each pair by angle sign * pos * inv_freq[i]. The angle is the
- * product in `real` ((float)pos * inv_freq in the float variant, exactly as
- * Hugging Face forms it in float32), then cos/sin in the same precision. */
+/* Rotates each pair by angle sign * pos * inv_freq[i]. The angle and its
+ * cos/sin are computed in double in both variants (Hugging Face forms the
+ * angle in float32, whose rounding grows with the position: 2.4e-4 rad at
+ * position 4096; in double only the rounding of inv_freq remains). */
 static void FN(rope_rotate)(real *x, const int *pos, const real *inv_freq, int T, int nh, int HS,
-                            bool interleaved, real sign)
+                            bool interleaved, int sign)
 {
     int half = HS / 2;
     for (int t = 0; t < T; t++) {
         for (int i = 0; i < half; i++) {
-            real angle = (real)pos[t] * inv_freq[i];
-            real c = cos(angle), s = sign * sin(angle);
+            double angle = (double)pos[t] * (double)inv_freq[i];
+            real c = (real)cos(angle), s = (real)(sign * sin(angle));
             for (int h = 0; h < nh; h++) {
                 real *xh = x + ((size_t)t * nh + h) * HS;
                 real *a = interleaved ? &xh[2 * i] : &xh[i];
