@@ -497,6 +497,23 @@ static void test_attention_docs(void)
     free(krep); free(vrep); free(mha);
 }
 
+/* Positions outside the cache do not read outside it: a position past the
+ * end sees the whole cache, a negative one sees nothing (zero output). */
+static void test_attention_bad_pos(void)
+{
+    int Tk = 3, HS = 4;
+    float q[8] = { 1, 2, 3, 4, -1, 0.5f, 0, 2 }, k[12], v[12], out[8], att[6], out2[4];
+    for (int i = 0; i < 12; i++) { k[i] = (float)(i % 5) - 2; v[i] = (float)i; }
+    int qpos[2] = { -1, Tk + 5 };
+    attention_forward(out, att, q, k, v, qpos, NULL, 2, Tk, 1, 1, HS, HS, 1);
+    for (int d = 0; d < HS; d++) CHECK(out[d] == 0);
+    for (int j = 0; j < Tk; j++) CHECK(att[j] == 0);
+    int last = Tk - 1;
+    attention_forward(out2, NULL, q + HS, k, v, &last, NULL, 1, Tk, 1, 1, HS, HS, 1);
+    /* the two paths sum in different orders: float rounding, ~1e-7 */
+    CHECK(check_max_rel_err(out + HS, out2, HS, 1e-3) < 1e-5);
+}
+
 /* ------------------------------------------------------------- cross-entropy */
 
 typedef struct { double *logits; const int *tg; int T, V; } ce_ctx;
@@ -655,6 +672,7 @@ int main(void)
     RUN(test_attention_backward);
     RUN(test_attention_formula);
     RUN(test_attention_docs);
+    RUN(test_attention_bad_pos);
     RUN(test_crossentropy);
     RUN(test_softmax);
     RUN(test_matmul);
