@@ -9,6 +9,10 @@
 #include <string.h>
 #include <tgmath.h>
 
+/* Below this many multiply-adds an op runs on the calling thread: starting
+ * an OpenMP team costs more than the work. */
+#define FT_OPS_OMP_MIN 65536.0
+
 #define real float
 #define FN(name) name
 #include "ops_impl.h"

@@ -248,7 +248,7 @@ void FN(attention_backward)(real *dq, real *dk, real *dv, const real *dout, cons
     memset(dv, 0, (size_t)Tk * ks * sizeof(real));
     /* One kv head per iteration: the query heads that share it add into
      * the same dk/dv columns, so those stay in one thread. */
-    #pragma omp parallel for schedule(dynamic, 1)
+    #pragma omp parallel for schedule(dynamic, 1) if ((double)NH * T * Tk * HS > FT_OPS_OMP_MIN)
     for (int kvh = 0; kvh < NKV; kvh++) {
         for (int h = kvh * group; h < (kvh + 1) * group; h++) {
             for (int t = 0; t < T; t++) {
@@ -309,7 +309,7 @@ double FN(crossentropy_forward_backward)(real *dlogits, const real *logits, cons
 
 void FN(matmul_forward_ref)(real *out, const real *inp, const real *w, const real *bias, int T, int IC, int OC)
 {
-    #pragma omp parallel for collapse(2) schedule(static)
+    #pragma omp parallel for collapse(2) schedule(static) if ((double)T * IC * OC > FT_OPS_OMP_MIN)
     for (int t = 0; t < T; t++) {
         for (int o = 0; o < OC; o++) {
             double s = bias ? bias[o] : 0;
@@ -322,8 +322,9 @@ void FN(matmul_forward_ref)(real *out, const real *inp, const real *w, const rea
 void FN(matmul_backward_ref)(real *dinp, real *dw, real *dbias, const real *dout, const real *inp,
                              const real *w, int T, int IC, int OC)
 {
+    bool par = (double)T * IC * OC > FT_OPS_OMP_MIN;
     if (dinp) {
-        #pragma omp parallel for schedule(static)
+        #pragma omp parallel for schedule(static) if (par)
         for (int t = 0; t < T; t++) {
             const real *dy = dout + (size_t)t * OC;
             for (int i = 0; i < IC; i++) {
@@ -334,7 +335,7 @@ void FN(matmul_backward_ref)(real *dinp, real *dw, real *dbias, const real *dout
         }
     }
     if (dw) {
-        #pragma omp parallel for schedule(static)
+        #pragma omp parallel for schedule(static) if (par)
         for (int o = 0; o < OC; o++) {
             for (int i = 0; i < IC; i++) {
                 double s = 0;
