@@ -10,7 +10,7 @@
 CC      ?= gcc
 BUILD   ?= build
 OPT     ?= -O2 -g
-WARN    := -Wall -Wextra -Wno-unused-parameter -Wshadow=local -Wvla -Wno-format-truncation
+WARN    := -Wall -Wextra -Wno-unused-parameter -Wshadow=local -Wvla -Wno-format-truncation -Wno-missing-field-initializers
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -fopenmp -Iinclude -Isrc $(EXTRA_CFLAGS)
 LDLIBS  := -lopenblas -lpcre2-8 -lcjson -lm -lpthread
 LDFLAGS += -fopenmp $(EXTRA_LDFLAGS)

@@ -13,8 +13,11 @@ typedef struct {
     int in, out;
 } ft_linear;
 
-/* out (T, out) = inp (T, in) · W^T + bias. Uses BLAS and n_threads. */
-void linear_forward(float *out, const float *inp, const ft_linear *l, int T, int n_threads);
+/* Floats of scratch that linear_forward needs for a weight with `in`
+ * columns (a tile of dequantized rows, and one row per thread). */
+size_t linear_scratch_floats(int in, int n_threads);
+/* out (T, out) = inp (T, in) · W^T + bias, with BLAS and n_threads. */
+void linear_forward(float *out, const float *inp, const ft_linear *l, int T, int n_threads, float *scratch);
 /* Reference: dequantize W to f32 and use matmul_forward_ref. For tests. */
 void linear_forward_ref(float *out, const float *inp, const ft_linear *l, int T);
 

@@ -31,8 +31,6 @@ typedef struct {
     ft_linear w_down;         /* (C, F) */
 } ft_layer;
 
-#define FT_MAX_SHARDS 64
-
 struct ftune_model {
     ft_config cfg;
     char format[16];          /* hf, gguf, llama2c */
@@ -41,10 +39,13 @@ struct ftune_model {
     float *out_norm;          /* (C) */
     ft_linear lm_head;        /* (V, C); shares tok_embd's data when tied */
     ftune_tokenizer *tok;
+    char tok_kind[32];        /* tokenizer kind as the file names it ("llama"/spm, "gpt2"/bpe) */
     /* storage */
-    ft_mmap maps[FT_MAX_SHARDS];
-    int n_maps;
-    gguf_file *gguf;          /* kept open for GGUF models */
+    st_file *shards;          /* HF: open safetensors files (weights point into them) */
+    int n_shards;
+    gguf_file *gguf;          /* GGUF: kept open, weights point into it */
+    ft_mmap bin;              /* llama2.c: the mapped checkpoint */
+    float *rope_freq_factors; /* (HS/2) GGUF rope_freqs.weight divisors, or NULL */
     void **owned;             /* buffers the model allocated (converted weights) */
     int n_owned, cap_owned;
     int64_t weight_bytes;

@@ -1,0 +1,55 @@
+/* cli.h — the ftune command's shared pieces: a table-driven option parser
+ * whose --help lists every option with its default, and helpers used by
+ * several subcommands. */
+#ifndef FT_CLI_H
+#define FT_CLI_H
+
+#include "ftune.h"
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_FLAG, OPT_U64 } opt_kind;
+
+typedef struct {
+    const char *shrt;    /* "-m" or NULL */
+    const char *lng;     /* "--model" */
+    opt_kind kind;
+    void *dst;           /* const char **, int *, float *, bool *, uint64_t * */
+    const char *meta;    /* "FILE", "N" (shown in --help) */
+    const char *help;
+    bool seen;           /* set by the parser */
+} cli_opt;
+
+typedef struct {
+    const char *name;    /* "generate" */
+    const char *synopsis;/* "-m MODEL [-p PROMPT] [options]" */
+    const char *about;   /* one paragraph */
+    cli_opt *opts;       /* terminated by an entry with lng == NULL */
+    const char **pos;    /* positional arguments collected here */
+    int max_pos, n_pos;
+} cli_cmd;
+
+/* Parses argv (after the subcommand). Returns 0 to continue, 1 if --help
+ * was printed (exit 0), -1 on a usage error (message printed, exit 2). */
+int cli_parse(cli_cmd *cmd, int argc, char **argv);
+void cli_usage(const cli_cmd *cmd, FILE *f);
+bool cli_seen(const cli_cmd *cmd, const char *lng);
+
+/* Prints "ftune CMD: <library error>" to stderr and returns 1. */
+int cli_fail(const char *cmd, ftune_status st);
+/* Loads a model, printing the error on failure; need_tokenizer makes a
+ * model without a tokenizer an error. */
+ftune_model *cli_load_model(const char *cmd, const char *path, const char *tokenizer, int ctx, bool need_tokenizer);
+/* Writes the bytes of a token piece to f, dropping control bytes other than
+ * whitespace (as llama2.c does). */
+void cli_print_piece(FILE *f, const char *piece, int n);
+/* Monotonic seconds. */
+double ft_cli_time(void);
+
+int cmd_generate(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_init(int argc, char **argv);
+
+#endif

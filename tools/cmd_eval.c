@@ -1,0 +1,135 @@
+/* cmd_eval.c — `ftune eval`: mean next-token cross-entropy and perplexity of
+ * a model on a text file (one document) or a JSONL file (one document per
+ * line, from its "text" field), BOS prepended to each document. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (size_t k; buf && (k = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
+        n += k;
+        if (n + 1 == cap) {
+            char *b2 = realloc(buf, cap *= 2);
+            if (!b2) free(buf);
+            buf = b2;
+        }
+    }
+    fclose(f);
+    if (buf) buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+static int eval_doc(ftune_session *s, const ftune_tokenizer *tok, const char *text, size_t len, bool add_bos,
+                    ftune_eval_result *acc, const char *where) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    ftune_status st = ftune_tokenize(tok, text, len, add_bos, 0, &ids, &n);
+    if (st) {
+        fprintf(stderr, "ftune eval: error: %s: %s\n", where, ftune_last_error());
+        return 1;
+    }
+    st = ftune_eval_tokens(s, ids, n, acc);
+    free(ids);
+    if (st) {
+        fprintf(stderr, "ftune eval: error: %s: %s\n", where, ftune_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+int cmd_eval(int argc, char **argv) {
+    const char *model = NULL, *text_path = NULL, *jsonl_path = NULL, *tokenizer = NULL, *field = "text";
+    int threads = 0, ctx = 0;
+    bool json = false, no_bos = false;
+    cli_opt opts[] = {
+        { "-m", "--model", OPT_STR, &model, "MODEL", "Hugging Face directory, .gguf, or llama2.c .bin" },
+        { NULL, "--text", OPT_STR, &text_path, "FILE", "evaluate a plain text file as one document" },
+        { NULL, "--jsonl", OPT_STR, &jsonl_path, "FILE", "evaluate each line's text field as a document" },
+        { NULL, "--field", OPT_STR, &field, "NAME", "the JSONL field holding the text" },
+        { NULL, "--json", OPT_FLAG, &json, "", "print {\"loss\":...,\"ppl\":...,\"tokens\":...} on stdout" },
+        { "-c", "--ctx-size", OPT_INT, &ctx, "N", "window length; 0 = the model's context length" },
+        { "-t", "--threads", OPT_INT, &threads, "N", "threads; 0 = all cores" },
+        { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
+        { NULL, "--no-bos", OPT_FLAG, &no_bos, "", "do not prepend BOS to each document" },
+        { 0 },
+    };
+    cli_cmd cmd = { "eval", "-m MODEL (--text FILE | --jsonl FILE) [--json]",
+                    "Mean next-token cross-entropy (nats) over every predicted position, and perplexity.\n"
+                    "Documents longer than the context are evaluated in windows of the context length; each\n"
+                    "window starts with the previous window's last token, so every token is predicted once.",
+                    opts, NULL, 0, 0 };
+    int r = cli_parse(&cmd, argc, argv);
+    if (r) return r > 0 ? 0 : 2;
+    if (!text_path == !jsonl_path) {
+        fprintf(stderr, "ftune eval: give exactly one of --text FILE or --jsonl FILE\n");
+        return 2;
+    }
+    const char *path = text_path ? text_path : jsonl_path;
+    size_t len;
+    char *data = slurp(path, &len);
+    if (!data) { fprintf(stderr, "ftune eval: error: %s: cannot read\n", path); return 1; }
+    ftune_model *m = cli_load_model("eval", model, tokenizer, ctx, true);
+    if (!m) { free(data); return 1; }
+    const ftune_tokenizer *tok = ftune_model_tokenizer(m);
+    ftune_session *s = NULL;
+    ftune_eval_result acc = { 0, 0 };
+    int rc = 1;
+    ftune_status st = ftune_session_new(&s, m, ctx, threads);
+    if (st) { cli_fail("eval", st); goto out; }
+    bool bos = !no_bos && ftune_tokenizer_bos(tok) >= 0;
+    double t0 = ft_cli_time();
+    if (text_path) {
+        if (eval_doc(s, tok, data, len, bos, &acc, path)) goto out;
+    } else {
+        char *line = data, where[4200];
+        for (long ln = 1; line < data + len; ln++) {
+            char *nl = memchr(line, '\n', (size_t)(data + len - line));
+            if (nl) *nl = 0;
+            snprintf(where, sizeof where, "%s:%ld", path, ln);
+            char *p = line;
+            while (*p == ' ' || *p == '\t' || *p == '\r') p++;
+            if (*p) {
+                cJSON *j = cJSON_Parse(line);
+                const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, field);
+                if (!j) {
+                    fprintf(stderr, "ftune eval: error: %s: not valid JSON\n", where);
+                    goto out;
+                }
+                if (!cJSON_IsString(t)) {
+                    fprintf(stderr, "ftune eval: error: %s: no string field \"%s\"\n", where, field);
+                    cJSON_Delete(j);
+                    goto out;
+                }
+                int e = eval_doc(s, tok, t->valuestring, strlen(t->valuestring), bos, &acc, where);
+                cJSON_Delete(j);
+                if (e) goto out;
+            }
+            if (!nl) break;
+            line = nl + 1;
+        }
+    }
+    double t1 = ft_cli_time();
+    if (acc.n_predicted == 0) {
+        fprintf(stderr, "ftune eval: error: %s: no tokens to predict\n", path);
+        goto out;
+    }
+    double loss = acc.loss_sum / (double)acc.n_predicted;
+    if (json) printf("{\"loss\":%.6f,\"ppl\":%.6f,\"tokens\":%lld}\n", loss, exp(loss), (long long)acc.n_predicted);
+    else printf("loss %.6f  ppl %.4f  tokens %lld\n", loss, exp(loss), (long long)acc.n_predicted);
+    fprintf(stderr, "%.1f tokens/s\n", (double)acc.n_predicted / (t1 - t0));
+    rc = 0;
+out:
+    ftune_session_free(s);
+    ftune_model_free(m);
+    free(data);
+    return rc;
+}

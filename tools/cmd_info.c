@@ -1,0 +1,43 @@
+/* cmd_info.c — `ftune info`: what a model file is. */
+#include <stdio.h>
+
+#include "cli.h"
+
+int cmd_info(int argc, char **argv) {
+    const char *model = NULL, *tokenizer = NULL;
+    const char *pos[1];
+    cli_opt opts[] = {
+        { "-m", "--model", OPT_STR, &model, "MODEL", "Hugging Face directory, .gguf, or llama2.c .bin" },
+        { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
+        { 0 },
+    };
+    cli_cmd cmd = { "info", "-m MODEL  (or: ftune info MODEL)",
+                    "Prints the architecture, parameter count, dtypes, tokenizer, context length and bytes of\n"
+                    "weights of a model.", opts, pos, 1, 0 };
+    int r = cli_parse(&cmd, argc, argv);
+    if (r) return r > 0 ? 0 : 2;
+    if (!model && cmd.n_pos) model = pos[0];
+    ftune_model *m = cli_load_model("info", model, tokenizer, 0, false);
+    if (!m) return 1;
+    ftune_model_info i;
+    ftune_model_get_info(m, &i);
+    printf("file:           %s\n", model);
+    printf("format:         %s\n", i.format);
+    printf("architecture:   %s\n", i.arch);
+    printf("parameters:     %lld (%.2f M)\n", (long long)i.n_params, i.n_params / 1e6);
+    printf("dtypes:         %s\n", i.dtypes);
+    printf("weight bytes:   %lld (%.2f MiB)\n", (long long)i.weight_bytes, i.weight_bytes / 1048576.0);
+    printf("layers:         %d\n", i.n_layers);
+    printf("hidden size:    %d\n", i.dim);
+    printf("ffn size:       %d\n", i.hidden_dim);
+    printf("heads:          %d (key/value heads %d, head size %d)\n", i.n_heads, i.n_kv_heads, i.head_dim);
+    printf("vocabulary:     %d\n", i.vocab_size);
+    printf("context length: %d\n", i.context_length);
+    printf("rope theta:     %g\n", i.rope_theta);
+    printf("norm eps:       %g\n", i.norm_eps);
+    printf("embeddings:     %s\n", i.tied_embeddings ? "tied (lm_head = token embedding)" : "untied");
+    printf("q/k/v bias:     %s\n", i.qkv_bias ? "yes" : "no");
+    printf("tokenizer:      %s, %d tokens\n", i.tokenizer[0] ? i.tokenizer : "none", i.n_vocab_tokens);
+    ftune_model_free(m);
+    return 0;
+}

@@ -1,0 +1,31 @@
+/* main.c — the ftune command: dispatches to a subcommand. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const struct { const char *name; int (*fn)(int, char **); const char *about; } cmds[] = {
+    { "generate", cmd_generate, "generate text from a model (KV cache, sampling, streaming)" },
+    { "eval", cmd_eval, "loss and perplexity of a model on a text or JSONL file" },
+    { "tokenize", cmd_tokenize, "print the token ids of text read from stdin" },
+    { "info", cmd_info, "architecture, parameters, dtypes and tokenizer of a model" },
+    { "init", cmd_init, "write a model with random weights from a preset or config" },
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: ftune COMMAND [options]    (ftune COMMAND --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) fprintf(f, "  %-10s %s\n", cmds[i].name, cmds[i].about);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) { usage(stderr); return 2; }
+    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        if (strcmp(argv[1], cmds[i].name) == 0) return cmds[i].fn(argc - 2, argv + 2);
+    fprintf(stderr, "ftune: unknown command \"%s\"\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
