@@ -1,5 +1,6 @@
 # ftune — build, test, benchmark.
 #   make            library (build/libftune.a) and the ftune command (build/ftune)
+#   make demo       generate a story with stories260K (the main job, for now)
 #   make test       build and run the whole test suite (tests/run.sh)
 #   make debug      the same binaries with AddressSanitizer + UBSan in build-debug/
 #   make fuzz       libFuzzer targets for the safetensors and GGUF parsers (clang)
@@ -22,7 +23,7 @@ CLI_OBJ   := $(CLI_SRC:tools/%.c=$(BUILD)/obj/tools/%.o)
 TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all test debug fuzz bench clean
+.PHONY: all test debug fuzz bench clean demo
 all: $(BUILD)/libftune.a $(BUILD)/ftune $(TEST_BIN)
 
 $(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) include/ftune.h
@@ -44,6 +45,10 @@ $(BUILD)/tests/%: tests/%.c tests/check.h $(BUILD)/libftune.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libftune.a $(LDFLAGS) $(LDLIBS)
 
+FTUNE_DATA ?= ../shared/data
+demo: all
+	$(BUILD)/ftune generate -m $(FTUNE_DATA)/models/stories260K/stories260K.gguf -p "Once upon a time" -n 200 --temp 0
+
 test: all
 	BUILD=$(BUILD) bash tests/run.sh
 
@@ -57,8 +62,11 @@ build-fuzz/fuzz_%: fuzz/fuzz_%.c $(FUZZ_SRC) $(wildcard src/*.h)
 	@mkdir -p build-fuzz
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -o $@ $< $(FUZZ_SRC) -lcjson -lm
 
-bench: all
-	bash bench/run.sh
+$(BUILD)/bench_forward: bench/bench_forward.c $(BUILD)/libftune.a
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libftune.a $(LDFLAGS) $(LDLIBS)
+
+bench: all $(BUILD)/bench_forward
+	BUILD=$(BUILD) bash bench/run.sh
 
 clean:
 	rm -rf build build-debug build-fuzz

@@ -7,10 +7,24 @@
 
 #include "core.h"
 
+/* A LoRA adapter on a Linear: y += scale · B·A·dropout(x).
+ * PEFT's layout and initialisation: A Kaiming-uniform, B zero. */
+typedef struct {
+    int r;
+    float alpha;
+    float scale;        /* alpha / r, or alpha / sqrt(r) with rsLoRA */
+    bool rslora;
+    float dropout;      /* probability; 0 = off */
+    float *A;           /* (r, in) */
+    float *B;           /* (out, r) */
+    float *dA, *dB;     /* gradients, same shapes; NULL when frozen */
+} ft_lora;
+
 typedef struct {
     ft_tensor w;        /* (out, in) in any weight dtype */
     float *bias;        /* (out) or NULL */
     int in, out;
+    ft_lora *lora;      /* NULL when the layer carries no adapter */
 } ft_linear;
 
 /* Floats of scratch that linear_forward needs for a weight with `in`
