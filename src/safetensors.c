@@ -109,9 +109,12 @@ static ftune_status parse_tensor(st_tensor *t, const cJSON *e, const char *path,
     uint64_t b, en;
     if (!json_u53(cJSON_GetArrayItem(of, 0), &b) || !json_u53(cJSON_GetArrayItem(of, 1), &en))
         return ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": data_offsets are not non-negative integers", path, name);
-    if (b > en || en > buf_size)
-        return ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": data_offsets [%" PRIu64 ",%" PRIu64 "] %s (%" PRIu64 " bytes)",
-                      path, name, b, en, b > en ? "are reversed; buffer has" : "past end of buffer", buf_size);
+    if (b > en)
+        return ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": data_offsets [%" PRIu64 ",%" PRIu64 "] end before they begin",
+                      path, name, b, en);
+    if (en > buf_size)
+        return ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": data_offsets [%" PRIu64 ",%" PRIu64 "] past end of buffer (%"
+                      PRIu64 " bytes)", path, name, b, en, buf_size);
     if (numel > UINT64_MAX / (uint64_t)es || en - b != numel * (uint64_t)es) {
         char shs[128];
         int k = snprintf(shs, sizeof shs, "[");
@@ -421,6 +424,7 @@ ftune_status st_write(const char *path, const st_out_tensor *ts, int n, const ch
     wt *v = ft_calloc((size_t)n, sizeof *v);
     if (!v) return ft_err(FTUNE_ERR_NOMEM, "%s: out of memory", path);
     ftune_status st = FTUNE_OK;
+    uint8_t *gen_buf = NULL;
     sbuf h = { 0 };
     for (int i = 0; i < n && !st; i++) {
         const st_out_tensor *t = &ts[i];
@@ -455,7 +459,7 @@ ftune_status st_write(const char *path, const st_out_tensor *ts, int n, const ch
         if (st) break;
         v[i].es = st_dtype_size(dn);
         v[i].nbytes = (uint64_t)numel * (uint64_t)v[i].es;
-        if (v[i].nbytes && !t->data) st = ft_err(FTUNE_ERR_ARG, "%s: tensor \"%s\": NULL data", path, t->name);
+        if (v[i].nbytes && !t->data && !t->fill) st = ft_err(FTUNE_ERR_ARG, "%s: tensor \"%s\": NULL data", path, t->name);
     }
     if (st) goto done;
     qsort(v, (size_t)n, sizeof *v, cmp_wt);
@@ -505,7 +509,20 @@ ftune_status st_write(const char *path, const st_out_tensor *ts, int n, const ch
     for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)h.n >> (8 * i));
     st = st_atomic_write(&a, len8, 8);
     if (!st) st = st_atomic_write(&a, h.p, h.n);
-    for (int i = 0; i < n && !st; i++) st = st_atomic_write(&a, v[i].t->data, (size_t)v[i].nbytes);
+    for (int i = 0; i < n && !st; i++) {
+        const st_out_tensor *t = v[i].t;
+        if (!t->fill) { st = st_atomic_write(&a, t->data, (size_t)v[i].nbytes); continue; }
+        /* generated tensors: 4 MiB chunks of whole elements */
+        size_t chunk = (size_t)4 << 20, esz = ft_types[t->dtype].block_bytes;
+        chunk -= chunk % esz;
+        if (!gen_buf && !(gen_buf = malloc(chunk))) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); break; }
+        for (uint64_t at = 0; at < v[i].nbytes && !st; at += chunk) {
+            size_t k = v[i].nbytes - at < chunk ? (size_t)(v[i].nbytes - at) : chunk;
+            t->fill(t->fill_ctx, t->fill_index, t->dtype, gen_buf, at, k);
+            st = st_atomic_write(&a, gen_buf, k);
+        }
+    }
+    free(gen_buf);
     if (st) st_atomic_abort(&a);
     else st = st_atomic_commit(&a);
 done:
