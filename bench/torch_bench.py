@@ -68,7 +68,7 @@ class Block(nn.Module):
 
     @staticmethod
     def norm(x, w):
-        xf = x.float()
+        xf = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype) * w
 
     @staticmethod
@@ -93,7 +93,7 @@ class Block(nn.Module):
         if T > 1:
             mask = torch.arange(S)[None, :] > (pos + torch.arange(T))[:, None]
             att = att.masked_fill(mask, float("-inf"))
-        att = att.float().softmax(-1).to(x.dtype).view(NKV, NH // NKV * T, S)
+        att = (att.float() if att.dtype != torch.float64 else att).softmax(-1).to(x.dtype).view(NKV, NH // NKV * T, S)
         y = (att @ Vv).view(NH, T, HS).transpose(0, 1).reshape(T, NH * HS)
         x = x + self.wo(y)
         h = self.norm(x, self.n2)
@@ -110,8 +110,8 @@ class Model(nn.Module):
         self.head = nn.Linear(p["dim"], p["vocab"], bias=False, dtype=dtype)
         self.head.weight = self.emb.weight   # tied, as in llama2.c's stories models
         HS = p["dim"] // p["n_heads"]
-        inv = 1.0 / 10000.0 ** (torch.arange(0, HS, 2, dtype=torch.float32) / HS)
-        ang = torch.arange(p["ctx"], dtype=torch.float32)[:, None] * inv[None]
+        inv = 1.0 / 10000.0 ** (torch.arange(0, HS, 2, dtype=torch.float64) / HS)
+        ang = torch.arange(p["ctx"], dtype=torch.float64)[:, None] * inv[None]
         ang = torch.cat([ang, ang], -1)
         self.register_buffer("cos", ang.cos().to(dtype), persistent=False)
         self.register_buffer("sin", ang.sin().to(dtype), persistent=False)
