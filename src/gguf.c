@@ -181,6 +181,9 @@ static ftune_status skip_array(reader *r, uint32_t et, uint64_t n, int depth, gg
 static ftune_status read_kv(reader *r, gguf_kv *kv) {
     uint32_t t;
     if (!rd_str(r, &kv->key)) return truncated(r, "key", (gguf_str){ 0 });
+    if (kv->key.len && memchr(kv->key.ptr, 0, (size_t)kv->key.len))
+        return ft_err(FTUNE_ERR_FORMAT, "%s: key " KEYFMT "... at offset %zu contains a NUL byte", r->path,
+                      KEYARG(kv->key), r->pos);
     if (!rd_u32(r, &t)) return truncated(r, "type", kv->key);
     if (t >= GGUF_T_COUNT)
         return ft_err(FTUNE_ERR_FORMAT, "%s: key " KEYFMT ": value type %u is not a GGUF type", r->path, KEYARG(kv->key), t);
@@ -263,6 +266,9 @@ static ftune_status read_tensor_info(reader *r, gguf_tensor_info *ti) {
     if (ti->name.len >= FT_NAME_MAX)
         return ft_err(FTUNE_ERR_FORMAT, "%s: tensor name of %llu bytes at offset %zu is too long (max %d): " KEYFMT,
                       r->path, (unsigned long long)ti->name.len, r->pos, FT_NAME_MAX - 1, KEYARG(ti->name));
+    if (ti->name.len && memchr(ti->name.ptr, 0, (size_t)ti->name.len))
+        return ft_err(FTUNE_ERR_FORMAT, "%s: tensor name " KEYFMT "... at offset %zu contains a NUL byte", r->path,
+                      KEYARG(ti->name), r->pos);
     if (!rd_u32(r, &nd)) return truncated(r, "n_dims of tensor", ti->name);
     if (nd < 1 || nd > 4)
         return ft_err(FTUNE_ERR_FORMAT, "%s: tensor " KEYFMT ": n_dims %u not in 1..4", r->path, KEYARG(ti->name), nd);

@@ -62,7 +62,7 @@ typedef struct gguf_file_s {
  * Does not take ownership of data. On failure g is left empty (safe to
  * gguf_close). Checks: magic, version 2 or 3, every string/array/count
  * against the bytes left, nested arrays (depth <= 8), duplicate keys and
- * tensor names, n_dims 1..4, element counts, general.alignment (a power of
+ * tensor names, no NUL byte inside a key or tensor name, n_dims 1..4, element counts, general.alignment (a power of
  * two), every tensor's offset aligned, data inside the file, no overlaps.
  * Unknown ggml tensor types are FTUNE_ERR_UNSUPPORTED (their size cannot be
  * checked). */

@@ -498,6 +498,11 @@ static void test_gguf_bad(void) {
     b = build_gguf(3, nd0, 1, 32);
     expect_gguf("ndims0", &b, FTUNE_ERR_FORMAT, "\"zero.d\"");
     free(b.p);
+    const tinfo nul[] = { { "nul", 1, { 8 }, GGML_TYPE_F32, 0 } };
+    b = build_gguf(3, nul, 1, 32);
+    memcpy(memmem(b.p, b.n, "nul", 3), "n\0l", 3); /* a name that C strings would cut short */
+    expect_gguf("nul-name", &b, FTUNE_ERR_FORMAT, "NUL");
+    free(b.p);
     const tinfo unk[] = { { "odd.type", 1, { 32 }, 4, 0 } };
     b = build_gguf(3, unk, 1, 256);
     expect_gguf("unknown-type", &b, FTUNE_ERR_UNSUPPORTED, "\"odd.type\"");

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# cli_fuzz.sh — builds the libFuzzer targets (make fuzz) and runs each for a
+# bounded time (FUZZ_SECONDS, default 15) on a copy of its seed corpus, so the
+# repository is not modified. Prints "PASS fuzz_<name>" or "FAIL fuzz_<name>:
+# why" and exits non-zero if a target crashed, leaked or hit undefined
+# behaviour; crashing inputs are kept in build-fuzz/crashes/.
+set -u
+cd "$(dirname "$0")/.."
+SECS=${FUZZ_SECONDS:-15}
+if ! command -v clang >/dev/null 2>&1; then
+    echo "SKIP fuzz: clang not found"
+    exit 0
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+if ! make -s fuzz >"$work/build.log" 2>&1; then
+    sed 's/^/    /' "$work/build.log" | tail -20
+    echo "FAIL fuzz_build: make fuzz failed"
+    exit 1
+fi
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
+fail=0
+for name in gguf safetensors; do
+    bin=build-fuzz/fuzz_$name
+    corpus=$work/corpus_$name
+    mkdir -p "$corpus" "$work/art_$name"
+    cp fuzz/corpus/$name/* "$corpus"/
+    log=$work/$name.log
+    "$bin" -max_total_time="$SECS" -timeout=10 -rss_limit_mb=2048 -max_len=8192 -print_final_stats=1 \
+        -artifact_prefix="$work/art_$name/" "$corpus" >"$log" 2>&1
+    rc=$?
+    runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+    if [ "$rc" -ne 0 ] || grep -q 'runtime error:' "$log"; then
+        mkdir -p build-fuzz/crashes
+        cp "$work/art_$name"/* build-fuzz/crashes/ 2>/dev/null
+        grep -E 'ERROR|runtime error|SUMMARY|#[0-9]+ 0x' "$log" | head -30 | sed 's/^/    /'
+        echo "FAIL fuzz_$name: exit $rc after ${runs:-?} runs; inputs in build-fuzz/crashes/"
+        fail=1
+    else
+        echo "PASS fuzz_$name (${runs:-?} inputs in ${SECS} s, corpus grew to $(ls "$corpus" | wc -l) files)"
+    fi
+done
+exit $fail
