@@ -60,6 +60,11 @@ typedef struct {
     int ndim;
     int64_t shape[FT_MAX_DIMS];
     const void *data;
+    /* Instead of data: a generator called for consecutive chunks of the
+     * tensor's bytes (offset, n bytes, whole elements), in order. */
+    void (*fill)(void *ctx, int index, ft_dtype dtype, void *dst, uint64_t offset, size_t n);
+    void *fill_ctx;
+    int fill_index;
 } st_out_tensor;
 
 /* metadata: NULL-terminated key,value,... string pairs or NULL; "format":
