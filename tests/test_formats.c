@@ -220,6 +220,16 @@ static void test_st_adapter(void) {
 
 /* ------------------------------------------------------------- round trips */
 
+/* A generated tensor: element i of an I32 tensor is i * 3 + index. */
+static void gen_i32(void *ctx, int index, ft_dtype dtype, void *dst, uint64_t offset, size_t n) {
+    (void)ctx;
+    (void)dtype;
+    for (size_t k = 0; k < n / 4; k++) {
+        int32_t v = (int32_t)((offset / 4 + k) * 3 + (uint64_t)index);
+        memcpy((uint8_t *)dst + 4 * k, &v, 4);
+    }
+}
+
 static void test_st_roundtrip(void) {
     char path[1024];
     tmp_path(path, sizeof path, "rt.safetensors");
@@ -237,6 +247,7 @@ static void test_st_roundtrip(void) {
         { .name = "ids", .dtype = FT_I64, .ndim = 1, .shape = { 3 }, .data = ids },
         { .name = "scalar", .dtype = FT_F64, .ndim = 0, .data = &sc },
         { .name = "empty", .dtype = FT_F32, .ndim = 2, .shape = { 0, 4 }, .data = NULL },
+        { .name = "gen", .dtype = FT_I32, .ndim = 2, .shape = { 3, 4 }, .fill = gen_i32, .fill_index = 5 },
     };
     const int n = (int)(sizeof ts / sizeof ts[0]);
     const char *meta[] = { "note", "line\nbreak", NULL };
@@ -261,7 +272,13 @@ static void test_st_roundtrip(void) {
         size_t nb = (size_t)ft_dtype_nbytes(t->dtype, numel);
         CHECK(t->end - t->begin == nb);
         CHECK((uintptr_t)(t->data - f.map.data) % ft_types[t->dtype].block_bytes == 0); /* aligned to its element */
-        if (nb) CHECKF(memcmp(t->data, ts[i].data, nb) == 0, "tensor %s bytes differ", ts[i].name);
+        if (nb && ts[i].data) CHECKF(memcmp(t->data, ts[i].data, nb) == 0, "tensor %s bytes differ", ts[i].name);
+        if (ts[i].fill)
+            for (int64_t k = 0; k < numel; k++) {
+                int32_t x;
+                memcpy(&x, t->data + 4 * k, 4);
+                CHECKF(x == (int32_t)k * 3 + 5, "gen[%lld] = %d", (long long)k, x);
+            }
     }
     st_close(&f);
 
