@@ -547,7 +547,11 @@ typedef struct {
     uint32_t n_dims;
     uint64_t ne[4];
     uint64_t nbytes;
+    ft_dtype dtype;
     const void *data;
+    void (*fill)(void *ctx, int index, ft_dtype dtype, void *dst, uint64_t offset, size_t n);
+    void *fill_ctx;
+    int fill_index;
 } wtensor;
 
 struct gguf_writer_s {
@@ -676,8 +680,8 @@ ftune_status gguf_writer_set_i32_array(gguf_writer *w, const char *key, const in
     return set_arr32(w, key, GGUF_T_I32, vals, n);
 }
 
-ftune_status gguf_writer_add_tensor(gguf_writer *w, const char *name, ft_dtype dtype, int ndim, const int64_t *shape,
-                                    const void *data) {
+static ftune_status add_tensor(gguf_writer *w, const char *name, ft_dtype dtype, int ndim, const int64_t *shape,
+                               const void *data, bool has_fill) {
     if (!name || !*name) return ft_err(FTUNE_ERR_ARG, "gguf writer: tensor without a name");
     if (strlen(name) >= FT_NAME_MAX) return ft_err(FTUNE_ERR_ARG, "gguf writer: tensor name \"%s\" too long", name);
     int gt = gguf_ggml_type(dtype);
@@ -695,7 +699,7 @@ ftune_status gguf_writer_add_tensor(gguf_writer *w, const char *name, ft_dtype d
                       (long long)shape[ndim - 1], ft_types[dtype].name, ft_types[dtype].block);
     int64_t nb = ft_dtype_nbytes(dtype, numel);
     if (nb < 0) return ft_err(FTUNE_ERR_ARG, "gguf writer: tensor \"%s\": bad size", name);
-    if (nb > 0 && !data) return ft_err(FTUNE_ERR_ARG, "gguf writer: tensor \"%s\": NULL data", name);
+    if (nb > 0 && !data && !has_fill) return ft_err(FTUNE_ERR_ARG, "gguf writer: tensor \"%s\": NULL data", name);
     for (size_t i = 0; i < w->n_t; i++)
         if (strcmp(w->t[i].name, name) == 0) return ft_err(FTUNE_ERR_ARG, "gguf writer: tensor \"%s\" added twice", name);
     if (w->n_t == w->t_cap) {
@@ -713,8 +717,29 @@ ftune_status gguf_writer_add_tensor(gguf_writer *w, const char *name, ft_dtype d
     t->n_dims = (uint32_t)ndim;
     for (int i = 0; i < 4; i++) t->ne[i] = i < ndim ? (uint64_t)shape[ndim - 1 - i] : 1;
     t->nbytes = (uint64_t)nb;
+    t->dtype = dtype;
     t->data = data;
     w->n_t++;
+    return FTUNE_OK;
+}
+
+ftune_status gguf_writer_add_tensor(gguf_writer *w, const char *name, ft_dtype dtype, int ndim, const int64_t *shape,
+                                    const void *data) {
+    return add_tensor(w, name, dtype, ndim, shape, data, false);
+}
+
+ftune_status gguf_writer_add_tensor_fill(gguf_writer *w, const char *name, ft_dtype dtype, int ndim,
+                                         const int64_t *shape,
+                                         void (*fill)(void *ctx, int index, ft_dtype dtype, void *dst,
+                                                      uint64_t offset, size_t n),
+                                         void *ctx, int index) {
+    if (!fill) return ft_err(FTUNE_ERR_ARG, "gguf writer: tensor \"%s\": NULL fill", name ? name : "");
+    ftune_status st = add_tensor(w, name, dtype, ndim, shape, NULL, true);
+    if (st) return st;
+    wtensor *t = &w->t[w->n_t - 1];
+    t->fill = fill;
+    t->fill_ctx = ctx;
+    t->fill_index = index;
     return FTUNE_OK;
 }
 
@@ -750,9 +775,21 @@ ftune_status gguf_writer_write(gguf_writer *w, const char *path) {
     ftune_status st = st_atomic_open(&a, path);
     if (!st) st = st_atomic_write(&a, h.p, h.n);
     free(h.p);
+    uint8_t *gen = NULL;
     for (size_t i = 0; i < w->n_t && !st; i++) {
         const wtensor *t = &w->t[i];
-        st = st_atomic_write(&a, t->data, (size_t)t->nbytes);
+        if (!t->fill) {
+            st = st_atomic_write(&a, t->data, (size_t)t->nbytes);
+        } else {
+            /* 4 MiB chunks of whole blocks */
+            size_t bb = ft_types[t->dtype].block_bytes, chunk = ((size_t)4 << 20) / bb * bb;
+            if (!gen && !(gen = ft_malloc((size_t)4 << 20))) st = ft_err(FTUNE_ERR_NOMEM, "%s: out of memory", path);
+            for (uint64_t at = 0; at < t->nbytes && !st; at += chunk) {
+                size_t k = t->nbytes - at < chunk ? (size_t)(t->nbytes - at) : chunk;
+                t->fill(t->fill_ctx, t->fill_index, t->dtype, gen, at, k);
+                st = st_atomic_write(&a, gen, k);
+            }
+        }
         if (st) break;
         /* pad every tensor, including the last, as ggml does */
         pad = (size_t)(align_up(t->nbytes, w->alignment) - t->nbytes);
@@ -762,6 +799,7 @@ ftune_status gguf_writer_write(gguf_writer *w, const char *path) {
             pad -= k;
         }
     }
+    free(gen);
     if (st) { st_atomic_abort(&a); return st; }
     return st_atomic_commit(&a);
 }

@@ -123,6 +123,15 @@ ftune_status gguf_writer_set_i32_array(gguf_writer *w, const char *key, const in
  * dimension must be a whole number of blocks for quantized types. */
 ftune_status gguf_writer_add_tensor(gguf_writer *w, const char *name, ft_dtype dtype,
                                     int ndim, const int64_t *shape, const void *data);
+/* The same, with the bytes produced at write time by fill(ctx, index,
+ * dtype, dst, offset, n) for consecutive chunks of whole blocks, in order
+ * (the callback shape of st_out_tensor.fill), so a merged or converted model
+ * is never held in memory whole. */
+ftune_status gguf_writer_add_tensor_fill(gguf_writer *w, const char *name, ft_dtype dtype, int ndim,
+                                         const int64_t *shape,
+                                         void (*fill)(void *ctx, int index, ft_dtype dtype, void *dst,
+                                                      uint64_t offset, size_t n),
+                                         void *ctx, int index);
 ftune_status gguf_writer_write(gguf_writer *w, const char *path);
 
 #endif

@@ -329,6 +329,8 @@ static void test_gguf_writer_roundtrip(void) {
     CHECK_OK(gguf_writer_add_tensor(w, "v", FT_F32, 1, s1, v));
     CHECK_OK(gguf_writer_add_tensor(w, "q.weight", FT_Q8_0, 2, sq, q8));
     CHECK_OK(gguf_writer_add_tensor(w, "b4", FT_BF16, 4, sb, bf));
+    int64_t sg[] = { 2, 6 };
+    CHECK_OK(gguf_writer_add_tensor_fill(w, "gen", FT_I32, 2, sg, gen_i32, NULL, 2));
     CHECK(gguf_writer_add_tensor(w, "v", FT_F32, 1, s1, v) == FTUNE_ERR_ARG);
     int64_t sbad[] = { 2, 33 };
     CHECK(gguf_writer_add_tensor(w, "qbad", FT_Q8_0, 2, sbad, q8) == FTUNE_ERR_ARG && contains(ftune_last_error(), "qbad"));
@@ -340,7 +342,7 @@ static void test_gguf_writer_roundtrip(void) {
     gguf_file g;
     CHECK_OK(gguf_open(&g, path));
     if (check_failed_) return;
-    CHECK(g.version == 3 && g.n_kv == 8 && g.n_tensors == 4 && g.alignment == 32);
+    CHECK(g.version == 3 && g.n_kv == 8 && g.n_tensors == 5 && g.alignment == 32);
     int64_t iv;
     double dv;
     bool bv;
@@ -369,6 +371,13 @@ static void test_gguf_writer_roundtrip(void) {
     t = gguf_find_tensor(&g, "b4");
     CHECK(t && t->n_dims == 4 && t->ne[0] == 2 && t->ne[1] == 2 && t->ne[2] == 1 && t->ne[3] == 1 && t->dtype == FT_BF16 &&
           memcmp(t->data, bf, sizeof bf) == 0);
+    t = gguf_find_tensor(&g, "gen");
+    CHECK(t && t->dtype == FT_I32 && t->ne[0] == 6 && t->ne[1] == 2);
+    for (int k = 0; t && k < 12; k++) {
+        int32_t x;
+        memcpy(&x, t->data + 4 * k, 4);
+        CHECKF(x == k * 3 + 2, "gen[%d] = %d", k, x);
+    }
     for (uint64_t i = 0; i < g.n_tensors; i++) CHECK((g.data_offset + g.tensors[i].offset) % 32 == 0);
     gguf_close(&g);
 }
