@@ -1,8 +1,9 @@
-/* linear.c — y = x·Wᵀ + b for a frozen weight W in any dtype.
- * f32 weights go straight to BLAS. Other dtypes: one row of input (decode)
- * uses a fused dequantize-and-dot per output row, in parallel; several rows
- * dequantize W a tile of output rows at a time into f32 and call sgemm, so
- * the f32 copy of W never exists whole. */
+/* linear.c — y = x·Wᵀ + b (+ a LoRA adapter) for a weight W in any dtype,
+ * and its backward. f32 weights go straight to BLAS. Other dtypes: one row
+ * of input (decode) uses a fused dequantize-and-dot per output row, in
+ * parallel; several rows dequantize W a tile of output rows at a time into
+ * f32 and call sgemm, so the f32 copy of W never exists whole (forward and
+ * backward to the input alike). */
 #include "linear.h"
 #include "ops.h"
 
@@ -66,7 +67,17 @@ static void gemv_any(float *out, const float *inp, const ft_linear *l, int n_thr
     }
 }
 
-void linear_forward(float *out, const float *inp, const ft_linear *l, int T, int n_threads, float *scratch) {
+/* Dequantizes rows [o0, o0+nr) of W into tile (nr, in). */
+static void dequant_tile(float *tile, const ft_linear *l, int o0, int nr, int n_threads) {
+    const ft_type_traits *tr = &ft_types[l->w.dtype];
+    size_t row_bytes = (size_t)ft_dtype_nbytes(l->w.dtype, l->in);
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+    for (int r = 0; r < nr; r++)
+        tr->to_f32((const uint8_t *)l->w.data + (size_t)(o0 + r) * row_bytes, tile + (size_t)r * l->in, l->in);
+}
+
+/* out = inp · W^T + bias, without the adapter. */
+static void base_forward(float *out, const float *inp, const ft_linear *l, int T, int n_threads, float *scratch) {
     int IC = l->in, OC = l->out;
     if (l->w.dtype == FT_F32) {
         if (T == 1)
@@ -77,14 +88,10 @@ void linear_forward(float *out, const float *inp, const ft_linear *l, int T, int
     } else if (T == 1) {
         gemv_any(out, inp, l, n_threads, scratch);
     } else {
-        const ft_type_traits *tr = &ft_types[l->w.dtype];
-        size_t row_bytes = (size_t)ft_dtype_nbytes(l->w.dtype, IC);
         float *tile = scratch;
         for (int o0 = 0; o0 < OC; o0 += TILE_ROWS) {
             int nr = OC - o0 < TILE_ROWS ? OC - o0 : TILE_ROWS;
-#pragma omp parallel for num_threads(n_threads) schedule(static)
-            for (int r = 0; r < nr; r++)
-                tr->to_f32((const uint8_t *)l->w.data + (size_t)(o0 + r) * row_bytes, tile + (size_t)r * IC, IC);
+            dequant_tile(tile, l, o0, nr, n_threads);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, nr, IC, 1.0f, inp, IC, tile, IC, 0.0f,
                         out + o0, OC);
         }
@@ -92,9 +99,97 @@ void linear_forward(float *out, const float *inp, const ft_linear *l, int T, int
     add_bias(out, l->bias, T, OC);
 }
 
+void linear_forward(float *out, const float *inp, const ft_linear *l, int T, int n_threads, float *scratch) {
+    base_forward(out, inp, l, T, n_threads, scratch);
+    const ft_lora *a = l->lora;
+    if (!a) return;
+    /* the adapter's u = x·A^T goes through the (now free) tile area of the
+     * scratch, a chunk of rows at a time: 128·in floats hold 128·in/R rows */
+    int rows = (int)((size_t)TILE_ROWS * l->in / (size_t)a->r);
+    if (rows < 1) rows = 1;
+    for (int t0 = 0; t0 < T; t0 += rows) {
+        int n = T - t0 < rows ? T - t0 : rows;
+        lora_forward(out + (size_t)t0 * l->out, scratch, inp + (size_t)t0 * l->in, a, n, l->in, l->out);
+    }
+}
+
 void linear_forward_ref(float *out, const float *inp, const ft_linear *l, int T) {
-    float *w = malloc((size_t)l->out * l->in * sizeof(float));
-    for (int o = 0; o < l->out; o++) ft_tensor_row_f32(&l->w, o, w + (size_t)o * l->in);
-    matmul_forward_ref(out, inp, w, l->bias, T, l->in, l->out);
+    int IC = l->in, OC = l->out;
+    float *w = malloc((size_t)OC * IC * sizeof(float));
+    if (!w) return;
+    for (int o = 0; o < OC; o++) ft_tensor_row_f32(&l->w, o, w + (size_t)o * IC);
+    matmul_forward_ref(out, inp, w, l->bias, T, IC, OC);
     free(w);
+    const ft_lora *a = l->lora;
+    if (!a) return;
+    for (int t = 0; t < T; t++) {
+        const float *x = inp + (size_t)t * IC;
+        for (int o = 0; o < OC; o++) {
+            double s = 0;
+            for (int k = 0; k < a->r; k++) {
+                double u = 0;
+                for (int i = 0; i < IC; i++) u += (double)a->A[(size_t)k * IC + i] * x[i];
+                s += u * a->B[(size_t)o * a->r + k];
+            }
+            out[(size_t)t * OC + o] += (float)(a->scale * s);
+        }
+    }
+}
+
+/* Training scratch layout: [tile + per-thread rows | xd (T, in) | g (T, R)] */
+size_t linear_train_scratch_floats(int in, int R, int T, int n_threads) {
+    return linear_scratch_floats(in, n_threads) + (size_t)T * in + (size_t)T * R;
+}
+
+void linear_forward_train(float *out, float *u, const float *inp, const ft_linear *l, int T, uint64_t mask_seed,
+                          int n_threads, float *scratch) {
+    base_forward(out, inp, l, T, n_threads, scratch);
+    const ft_lora *a = l->lora;
+    if (!a) return;
+    const float *x = inp;
+    if (a->dropout > 0) {
+        float *xd = scratch + linear_scratch_floats(l->in, n_threads);
+        lora_dropout(xd, inp, a->dropout, mask_seed, T, l->in, n_threads);
+        x = xd;
+    }
+    lora_forward(out, u, x, a, T, l->in, l->out);
+}
+
+void linear_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *u,
+                     const ft_linear *l, int T, uint64_t mask_seed, bool accumulate, int n_threads, float *scratch) {
+    int IC = l->in, OC = l->out;
+    if (dinp) {
+        float beta = accumulate ? 1.0f : 0.0f;
+        if (l->w.dtype == FT_F32) {
+            /* dinp (T, IC) = dout (T, OC) · W (OC, IC) */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, IC, OC, 1.0f, dout, OC, l->w.data, IC, beta,
+                        dinp, IC);
+        } else {
+            for (int o0 = 0; o0 < OC; o0 += TILE_ROWS) {
+                int nr = OC - o0 < TILE_ROWS ? OC - o0 : TILE_ROWS;
+                dequant_tile(scratch, l, o0, nr, n_threads);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, IC, nr, 1.0f, dout + o0, OC, scratch, IC,
+                            o0 == 0 ? beta : 1.0f, dinp, IC);
+            }
+        }
+    }
+    if (dw && l->w.dtype == FT_F32) /* dw (OC, IC) += dout^T · inp */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, T, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
+    if (dbias)
+        for (int t = 0; t < T; t++)
+            for (int o = 0; o < OC; o++) dbias[o] += dout[(size_t)t * OC + o];
+    const ft_lora *a = l->lora;
+    if (!a) return;
+    float *xd = scratch + linear_scratch_floats(IC, n_threads), *g = xd + (size_t)T * IC;
+    const float *x = inp;
+    if (a->dropout > 0) {
+        lora_dropout(xd, inp, a->dropout, mask_seed, T, IC, n_threads);
+        x = xd;
+    }
+    /* the adapter's dx lands in xd (lora_backward writes it last, after x
+     * was read), then goes back through the same mask */
+    lora_backward(dinp ? xd : NULL, dout, x, u, a, T, IC, OC, g);
+    if (!dinp) return;
+    if (a->dropout > 0) lora_dropout(xd, xd, a->dropout, mask_seed, T, IC, n_threads);
+    for (size_t i = 0; i < (size_t)T * IC; i++) dinp[i] += xd[i];
 }

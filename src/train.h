@@ -1,0 +1,116 @@
+/* train.h — the training forward and backward of a whole Llama-family
+ * model: LoRA adapters on any of q,k,v,o,gate,up,down over frozen base
+ * weights of any dtype, or full fine-tuning of f32 copies of every weight.
+ * A trainer plans its memory once for (max_B, max_T) and allocates it in
+ * one arena per lifetime class (trainables, grads, activations, scratch);
+ * nothing is allocated inside a step.
+ *
+ * One optimizer step with gradient accumulation:
+ *     ft_trainer_zero_grad(tr);
+ *     for each micro-batch b: ft_trainer_step(tr, b, n_targets_of_all_micro_batches, &loss_sum);
+ *     update ft_trainer_values() from ft_trainer_grads() (one flat f32 array each)
+ * The gradients are those of (summed cross-entropy) / n_targets_total, so
+ * the accumulated gradient equals that of one big batch's mean loss.
+ */
+#ifndef FT_TRAIN_H
+#define FT_TRAIN_H
+
+#include "data.h"
+#include "model.h"
+
+typedef enum { FT_TRAIN_LORA = 0, FT_TRAIN_FULL = 1 } ft_train_mode;
+
+/* LoRA target modules, as a bit mask. */
+enum {
+    FT_TARGET_Q = 1 << 0, FT_TARGET_K = 1 << 1, FT_TARGET_V = 1 << 2, FT_TARGET_O = 1 << 3,
+    FT_TARGET_GATE = 1 << 4, FT_TARGET_UP = 1 << 5, FT_TARGET_DOWN = 1 << 6,
+    FT_TARGET_ALL = 0x7f,
+};
+#define FT_N_TARGETS 7
+/* PEFT module names, index i for bit 1 << i: "q_proj", ..., "down_proj". */
+extern const char *const ft_target_names[FT_N_TARGETS];
+/* Parses a comma-separated list of "q,k,v,o,gate,up,down" or the PEFT
+ * names ("q_proj", ...), or "all" / "all-linear". */
+ftune_status ft_lora_targets_parse(const char *s, unsigned *mask);
+
+typedef struct {
+    ft_train_mode mode;
+    int r;                /* LoRA rank R */
+    float alpha;          /* LoRA scale is alpha / r (alpha / sqrt(r) with rslora) */
+    bool rslora;
+    float dropout;        /* LoRA input dropout probability, 0 = off */
+    unsigned targets;     /* FT_TARGET_* mask (LoRA) */
+    uint64_t seed;        /* adapter initialisation and dropout masks */
+    int max_B, max_T;     /* largest micro-batch the arenas are sized for */
+    int n_threads;        /* 0: all cores */
+} ft_train_opts;
+
+/* r 8, alpha 16, no dropout, all seven targets, seed 0, max_B 1,
+ * max_T 512, LoRA mode, all cores. */
+void ft_train_opts_default(ft_train_opts *o);
+
+/* A trainable tensor: a view into the trainer's flat value and gradient
+ * arrays. Names are what PEFT (LoRA) or Hugging Face (full) call them:
+ * "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight",
+ * "model.layers.3.mlp.up_proj.weight", "model.embed_tokens.weight". With a
+ * tied head there is no "lm_head.weight": the embedding gets both
+ * gradient contributions. For models loaded from GGUF or llama2.c
+ * (rope_interleaved), the rows of q_proj/k_proj weights (full) and of their
+ * lora_B (LoRA) are in that file's interleaved order: exporters to Hugging
+ * Face layout must permute them back. */
+typedef struct {
+    char name[128];
+    float *data, *grad;
+    int64_t numel;
+    int64_t offset;       /* of data in ft_trainer_values(), in floats */
+    int ndim;
+    int64_t shape[2];
+    int layer;            /* block index, or -1 (embedding, final norm, head) */
+    int target;           /* LoRA/Linear module index into ft_target_names, or -1 */
+} ft_train_param;
+
+/* Memory a trainer needs, in bytes, by lifetime class. */
+typedef struct {
+    int64_t n_trainable;  /* floats */
+    size_t trainable_bytes, grad_bytes, activation_bytes, scratch_bytes;
+} ft_train_plan;
+
+typedef struct ft_trainer ft_trainer;
+
+/* Sizes a trainer for cfg without building it (for `ftune plan`). */
+ftune_status ft_trainer_plan(const ft_config *cfg, const ft_train_opts *o, ft_train_plan *plan);
+
+/* Builds a trainer on m, which must outlive it and is not modified: base
+ * weights stay where the model has them (shared, never copied in LoRA
+ * mode); the trainer holds its own view of the layers with adapters
+ * attached. LoRA adapters are initialised as PEFT does (A Kaiming-uniform
+ * from opts->seed, B zero); full mode copies every weight to f32. */
+ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_train_opts *o);
+void ft_trainer_free(ft_trainer *tr);
+
+/* Forward and backward of one micro-batch (B <= max_B rows of T <= max_T;
+ * targets -1 ignored; pos NULL means 0..T-1 per row; doc NULL means one
+ * document per row). Adds the gradient of sum(loss) / n_targets_total to
+ * the grads and returns the summed (unnormalised) loss of this batch in
+ * *loss_sum. Draws fresh dropout masks each call. */
+ftune_status ft_trainer_step(ft_trainer *tr, const ft_batch *b, int64_t n_targets_total, double *loss_sum);
+/* Forward only, no dropout, grads untouched: summed loss and the number of
+ * targets (for validation loss). */
+ftune_status ft_trainer_eval(ft_trainer *tr, const ft_batch *b, double *loss_sum, int64_t *n_targets);
+void ft_trainer_zero_grad(ft_trainer *tr);
+
+int ft_trainer_n_params(const ft_trainer *tr);
+const ft_train_param *ft_trainer_param(const ft_trainer *tr, int i);
+/* Index of the parameter named name, or -1. */
+int ft_trainer_find_param(const ft_trainer *tr, const char *name);
+/* All trainable values and their gradients, each one flat f32 array of *n
+ * floats in parameter order (for the optimizer, all-reduce, checkpoints). */
+float *ft_trainer_values(ft_trainer *tr, int64_t *n);
+float *ft_trainer_grads(ft_trainer *tr, int64_t *n);
+/* The micro-step counter that seeds dropout masks (save it in checkpoints
+ * and restore it to replay the same masks). */
+uint64_t ft_trainer_get_micro_step(const ft_trainer *tr);
+void ft_trainer_set_micro_step(ft_trainer *tr, uint64_t step);
+const ft_train_opts *ft_trainer_opts(const ft_trainer *tr);
+
+#endif

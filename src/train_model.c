@@ -1,0 +1,639 @@
+/* train_model.c — the model-level training step: forward over a (B, T)
+ * micro-batch keeping what backward needs, final norm + lm_head +
+ * cross-entropy in chunks of rows, and backward block by block into LoRA
+ * adapters or into f32 copies of every weight. llm.c-style memory: sizes
+ * are planned once by carve(), which both measures and lays out each arena.
+ *
+ * What a block keeps for backward (rows BT = B·T): the block input (the
+ * residual stream), both norms' outputs and rstd, q and k after RoPE, v,
+ * the attention output, the residual after attention, gate and up, and
+ * each adapter's u = dropout(x)·Aᵀ. Attention probabilities are not kept:
+ * backward recomputes them one row of the batch at a time, so they cost
+ * NH·T² floats once, not per layer. Dropout masks are regenerated from
+ * their seed. The SwiGLU output is recomputed too (one pass over F). */
+#include "train.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const ft_target_names[FT_N_TARGETS] = { "q_proj", "k_proj", "v_proj", "o_proj",
+                                                    "gate_proj", "up_proj", "down_proj" };
+static const char *const target_short[FT_N_TARGETS] = { "q", "k", "v", "o", "gate", "up", "down" };
+static const char *const target_block[FT_N_TARGETS] = { "self_attn", "self_attn", "self_attn", "self_attn",
+                                                        "mlp", "mlp", "mlp" };
+enum { TQ, TK, TV, TO, TGATE, TUP, TDOWN };
+
+#define CE_CHUNK_FLOATS (8u << 20) /* logits rows per chunk: at most 8M floats (32 MiB) at a time */
+
+typedef struct {
+    float *ln1, *rstd1;       /* (BT, C), (BT) */
+    float *q;                 /* (BT, NH*HS) after RoPE */
+    float *k, *v;             /* (BT, NKV*HS), k after RoPE */
+    float *atty;              /* (BT, NH*HS) attention output, wo's input */
+    float *res_mid;           /* (BT, C) residual after attention */
+    float *ln2, *rstd2;       /* (BT, C), (BT) */
+    float *gate, *up;         /* (BT, F) */
+    float *u[FT_N_TARGETS];   /* (BT, R) adapter activations, NULL if not targeted */
+} layer_acts;
+
+typedef struct {
+    float *attn_norm, *ffn_norm;  /* (C) */
+    float *w[FT_N_TARGETS];       /* (out, in) */
+    float *b[FT_N_TARGETS];       /* (out), q/k/v with qkv_bias */
+} layer_grads;
+
+struct ft_trainer {
+    const ftune_model *m;
+    ft_config cfg;
+    ft_train_opts o;
+    int nt;
+    uint64_t micro_step;
+    /* the trainer's view of the model */
+    ft_tensor tok_embd;       /* (V, C): the model's, or the f32 trainable copy */
+    float *out_norm;          /* (C) */
+    ft_linear lm_head;        /* (V, C) */
+    ft_layer *layers;         /* (L) */
+    ft_lora *loras;           /* (L, 7) */
+    float *inv_freq;          /* (HS/2) */
+    /* trainables */
+    ft_train_param *params;
+    int n_params;
+    int64_t n_values;
+    float *values, *grads;    /* (n_values) each */
+    float *d_tok_embd, *d_out_norm, *d_lm_head; /* into grads (full mode), else NULL */
+    layer_grads *lg;          /* (L) */
+    /* activations */
+    float *act_arena;
+    float *res;               /* (L+1, BT, C) residual stream: block inputs, then the last output */
+    layer_acts *la;           /* (L) */
+    float *lnf, *rstdf;       /* (BT, C), (BT) */
+    /* scratch */
+    float *scr_arena;
+    float *dres, *dln;        /* (BT, C) */
+    float *dq, *datty;        /* (BT, NH*HS) */
+    float *dk, *dv;           /* (BT, NKV*HS) */
+    float *hbuf, *dh, *dgate, *dup; /* (BT, F) */
+    float *att;               /* (NH, T, T) one batch row's probabilities */
+    float *att_out;           /* (T, NH*HS) */
+    float *logits, *dlogits;  /* (CH, V) */
+    float *lin_scratch;       /* linear_train_scratch_floats */
+    int *idx;                 /* (max_T) 0..T-1: causal positions */
+    int *pos0;                /* (BT) default positions */
+    int CH;                   /* cross-entropy rows per chunk */
+};
+
+void ft_train_opts_default(ft_train_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->mode = FT_TRAIN_LORA;
+    o->r = 8;
+    o->alpha = 16;
+    o->targets = FT_TARGET_ALL;
+    o->max_B = 1;
+    o->max_T = 512;
+}
+
+ftune_status ft_lora_targets_parse(const char *s, unsigned *mask) {
+    *mask = 0;
+    if (!s || !*s) return ft_err(FTUNE_ERR_ARG, "empty LoRA target list");
+    if (strcmp(s, "all") == 0 || strcmp(s, "all-linear") == 0) { *mask = FT_TARGET_ALL; return FTUNE_OK; }
+    const char *p = s;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        int k = 0;
+        for (; k < FT_N_TARGETS; k++)
+            if ((strlen(target_short[k]) == n && strncmp(p, target_short[k], n) == 0) ||
+                (strlen(ft_target_names[k]) == n && strncmp(p, ft_target_names[k], n) == 0))
+                break;
+        if (k == FT_N_TARGETS)
+            return ft_err(FTUNE_ERR_ARG, "LoRA target \"%.*s\" is not one of q,k,v,o,gate,up,down", (int)n, p);
+        *mask |= 1u << k;
+        p += n;
+        if (*p == ',') p++;
+    }
+    if (!*mask) return ft_err(FTUNE_ERR_ARG, "empty LoRA target list");
+    return FTUNE_OK;
+}
+
+/* ------------------------------------------------------------ layout */
+
+static void lin_dims(const ft_config *c, int k, int *out, int *in) {
+    int qd = c->NH * c->HS, kvd = c->NKV * c->HS;
+    switch (k) {
+    case TQ: *out = qd; *in = c->C; break;
+    case TK: case TV: *out = kvd; *in = c->C; break;
+    case TO: *out = c->C; *in = qd; break;
+    case TGATE: case TUP: *out = c->F; *in = c->C; break;
+    default: *out = c->C; *in = c->F; break;
+    }
+}
+
+static ft_linear *lin_of(ft_layer *ly, int k) {
+    ft_linear *l[FT_N_TARGETS] = { &ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down };
+    return l[k];
+}
+
+/* Appends a parameter spec (when ps is non-NULL) and returns its numel. */
+static int64_t add_param(ft_train_param *ps, int *n, int64_t *off, const char *name, int ndim, int64_t d0,
+                         int64_t d1, int layer, int target) {
+    int64_t numel = ndim == 1 ? d0 : d0 * d1;
+    if (ps) {
+        ft_train_param *p = &ps[*n];
+        memset(p, 0, sizeof *p);
+        snprintf(p->name, sizeof p->name, "%s", name);
+        p->numel = numel;
+        p->offset = *off;
+        p->ndim = ndim;
+        p->shape[0] = d0;
+        p->shape[1] = ndim == 1 ? 0 : d1;
+        p->layer = layer;
+        p->target = target;
+    }
+    (*n)++;
+    *off += numel;
+    return numel;
+}
+
+/* The trainable tensors, in order: LoRA: per layer, per target, A then B.
+ * Full: the embedding, per layer its norms, linears and biases, the final
+ * norm, the head when untied. Returns the count; *total gets the floats. */
+static int param_specs(const ft_config *c, const ft_train_opts *o, ft_train_param *ps, int64_t *total) {
+    int n = 0;
+    int64_t off = 0;
+    char name[160];
+    if (o->mode == FT_TRAIN_LORA) {
+        for (int l = 0; l < c->L; l++)
+            for (int k = 0; k < FT_N_TARGETS; k++) {
+                if (!(o->targets & (1u << k))) continue;
+                int out, in;
+                lin_dims(c, k, &out, &in);
+                snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_A.weight", l,
+                         target_block[k], ft_target_names[k]);
+                add_param(ps, &n, &off, name, 2, o->r, in, l, k);
+                snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_B.weight", l,
+                         target_block[k], ft_target_names[k]);
+                add_param(ps, &n, &off, name, 2, out, o->r, l, k);
+            }
+    } else {
+        add_param(ps, &n, &off, "model.embed_tokens.weight", 2, c->V, c->C, -1, -1);
+        for (int l = 0; l < c->L; l++) {
+            snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
+            add_param(ps, &n, &off, name, 1, c->C, 0, l, -1);
+            for (int k = 0; k < FT_N_TARGETS; k++) {
+                int out, in;
+                lin_dims(c, k, &out, &in);
+                snprintf(name, sizeof name, "model.layers.%d.%s.%s.weight", l, target_block[k], ft_target_names[k]);
+                add_param(ps, &n, &off, name, 2, out, in, l, k);
+                if (c->qkv_bias && k <= TV) {
+                    snprintf(name, sizeof name, "model.layers.%d.%s.%s.bias", l, target_block[k],
+                             ft_target_names[k]);
+                    add_param(ps, &n, &off, name, 1, out, 0, l, k);
+                }
+                if (k == TO) {
+                    snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
+                    add_param(ps, &n, &off, name, 1, c->C, 0, l, -1);
+                }
+            }
+        }
+        add_param(ps, &n, &off, "model.norm.weight", 1, c->C, 0, -1, -1);
+        if (!c->tied) add_param(ps, &n, &off, "lm_head.weight", 2, c->V, c->C, -1, -1);
+    }
+    *total = off;
+    return n;
+}
+
+/* Lays out an arena: with base NULL only measures. Every piece starts on a
+ * 64-byte boundary. */
+typedef struct { float *base; size_t off; } carver;
+static float *carve(carver *cv, size_t n) {
+    float *p = cv->base ? cv->base + cv->off : NULL;
+    cv->off += (n + 15) & ~(size_t)15;
+    return p;
+}
+
+static int max_in(const ft_config *c) {
+    int m = c->C > c->F ? c->C : c->F;
+    return m > c->NH * c->HS ? m : c->NH * c->HS;
+}
+
+static int ce_rows(const ft_config *c, size_t BT) {
+    size_t ch = CE_CHUNK_FLOATS / (size_t)c->V;
+    if (ch < 1) ch = 1;
+    return (int)(ch < BT ? ch : BT);
+}
+
+static void carve_acts(ft_trainer *tr, carver *cv, const ft_config *c, const ft_train_opts *o) {
+    size_t BT = (size_t)o->max_B * o->max_T, C = c->C, F = c->F, qd = (size_t)c->NH * c->HS,
+           kvd = (size_t)c->NKV * c->HS;
+    float *res = carve(cv, (size_t)(c->L + 1) * BT * C);
+    if (tr) tr->res = res;
+    for (int l = 0; l < c->L; l++) {
+        layer_acts a = { 0 };
+        a.ln1 = carve(cv, BT * C); a.rstd1 = carve(cv, BT);
+        a.q = carve(cv, BT * qd); a.k = carve(cv, BT * kvd); a.v = carve(cv, BT * kvd);
+        a.atty = carve(cv, BT * qd); a.res_mid = carve(cv, BT * C);
+        a.ln2 = carve(cv, BT * C); a.rstd2 = carve(cv, BT);
+        a.gate = carve(cv, BT * F); a.up = carve(cv, BT * F);
+        if (o->mode == FT_TRAIN_LORA)
+            for (int k = 0; k < FT_N_TARGETS; k++)
+                if (o->targets & (1u << k)) a.u[k] = carve(cv, BT * (size_t)o->r);
+        if (tr) tr->la[l] = a;
+    }
+    float *lnf = carve(cv, BT * C), *rstdf = carve(cv, BT);
+    if (tr) { tr->lnf = lnf; tr->rstdf = rstdf; }
+}
+
+static void carve_scratch(ft_trainer *tr, carver *cv, const ft_config *c, const ft_train_opts *o, int nt) {
+    size_t BT = (size_t)o->max_B * o->max_T, T = (size_t)o->max_T, C = c->C, F = c->F,
+           qd = (size_t)c->NH * c->HS, kvd = (size_t)c->NKV * c->HS;
+    int CH = ce_rows(c, BT);
+    int R = o->mode == FT_TRAIN_LORA ? o->r : 0;
+    float *p[16];
+    p[0] = carve(cv, BT * C); p[1] = carve(cv, BT * C);
+    p[2] = carve(cv, BT * qd); p[3] = carve(cv, BT * qd);
+    p[4] = carve(cv, BT * kvd); p[5] = carve(cv, BT * kvd);
+    p[6] = carve(cv, BT * F); p[7] = carve(cv, BT * F); p[8] = carve(cv, BT * F); p[9] = carve(cv, BT * F);
+    p[10] = carve(cv, (size_t)c->NH * T * T); p[11] = carve(cv, T * qd);
+    p[12] = carve(cv, (size_t)CH * c->V); p[13] = carve(cv, (size_t)CH * c->V);
+    p[14] = carve(cv, linear_train_scratch_floats(max_in(c), R, (int)BT, nt));
+    if (!tr) return;
+    tr->dres = p[0]; tr->dln = p[1]; tr->dq = p[2]; tr->datty = p[3]; tr->dk = p[4]; tr->dv = p[5];
+    tr->hbuf = p[6]; tr->dh = p[7]; tr->dgate = p[8]; tr->dup = p[9];
+    tr->att = p[10]; tr->att_out = p[11]; tr->logits = p[12]; tr->dlogits = p[13]; tr->lin_scratch = p[14];
+    tr->CH = CH;
+}
+
+static ftune_status check_opts(const ft_config *c, const ft_train_opts *o) {
+    if (o->mode != FT_TRAIN_LORA && o->mode != FT_TRAIN_FULL)
+        return ft_err(FTUNE_ERR_ARG, "training mode %d is not LoRA or full", (int)o->mode);
+    if (o->max_B < 1 || o->max_T < 1 || (int64_t)o->max_B * o->max_T > (1 << 24))
+        return ft_err(FTUNE_ERR_ARG, "micro-batch of %d x %d tokens is not a valid size", o->max_B, o->max_T);
+    if (o->mode == FT_TRAIN_LORA) {
+        if (o->r < 1 || o->r > 65536) return ft_err(FTUNE_ERR_ARG, "LoRA rank %d is not in 1..65536", o->r);
+        if (!(o->targets & FT_TARGET_ALL) || (o->targets & ~(unsigned)FT_TARGET_ALL))
+            return ft_err(FTUNE_ERR_ARG, "LoRA target mask 0x%x selects none of q,k,v,o,gate,up,down", o->targets);
+        if (!(o->dropout >= 0 && o->dropout < 1))
+            return ft_err(FTUNE_ERR_ARG, "LoRA dropout %g is not in [0, 1)", o->dropout);
+        if (!isfinite(o->alpha)) return ft_err(FTUNE_ERR_ARG, "LoRA alpha is not finite");
+        /* linear_forward runs an adapter's u = x·Aᵀ through 128·in floats of scratch */
+        int min_in = c->C < c->F ? c->C : c->F;
+        if (c->NH * c->HS < min_in) min_in = c->NH * c->HS;
+        if ((int64_t)o->r > 128 * (int64_t)min_in)
+            return ft_err(FTUNE_ERR_ARG, "LoRA rank %d is more than 128 x the smallest layer width %d", o->r, min_in);
+    }
+    return FTUNE_OK;
+}
+
+ftune_status ft_trainer_plan(const ft_config *c, const ft_train_opts *o, ft_train_plan *plan) {
+    memset(plan, 0, sizeof *plan);
+    ftune_status st = check_opts(c, o);
+    if (st) return st;
+    int64_t total;
+    param_specs(c, o, NULL, &total);
+    plan->n_trainable = total;
+    plan->trainable_bytes = plan->grad_bytes = (size_t)total * sizeof(float);
+    carver a = { 0 }, s = { 0 };
+    carve_acts(NULL, &a, c, o);
+    carve_scratch(NULL, &s, c, o, ft_num_threads(o->n_threads));
+    plan->activation_bytes = a.off * sizeof(float);
+    plan->scratch_bytes = s.off * sizeof(float);
+    return FTUNE_OK;
+}
+
+/* ------------------------------------------------------------ new / free */
+
+static ft_tensor f32_view(const char *name, float *data, int64_t d0, int64_t d1) {
+    ft_tensor t = { 0 };
+    snprintf(t.name, sizeof t.name, "%s", name);
+    t.dtype = FT_F32;
+    t.ndim = 2;
+    t.shape[0] = d0;
+    t.shape[1] = d1;
+    t.data = data;
+    t.nbytes = (size_t)(d0 * d1) * sizeof(float);
+    return t;
+}
+
+static void copy_rows(float *dst, const ft_tensor *t, int64_t rows, int64_t cols) {
+    for (int64_t r = 0; r < rows; r++) ft_tensor_row_f32(t, r, dst + r * cols);
+}
+
+/* Full mode: copies every weight into the trainable array and points the
+ * trainer's view (and the grad pointers) at the copies. */
+static void bind_full(ft_trainer *tr) {
+    const ftune_model *m = tr->m;
+    const ft_config *c = &tr->cfg;
+    int i = 0;
+    ft_train_param *p = tr->params;
+    copy_rows(p[i].data, &m->tok_embd, c->V, c->C);
+    tr->tok_embd = f32_view(m->tok_embd.name, p[i].data, c->V, c->C);
+    tr->d_tok_embd = p[i].grad;
+    i++;
+    for (int l = 0; l < c->L; l++) {
+        const ft_layer *src = &m->layers[l];
+        ft_layer *ly = &tr->layers[l];
+        layer_grads *g = &tr->lg[l];
+        memcpy(p[i].data, src->attn_norm, (size_t)c->C * sizeof(float));
+        ly->attn_norm = p[i].data; g->attn_norm = p[i].grad; i++;
+        for (int k = 0; k < FT_N_TARGETS; k++) {
+            const ft_linear *sl = lin_of((ft_layer *)src, k);
+            ft_linear *dl = lin_of(ly, k);
+            copy_rows(p[i].data, &sl->w, sl->out, sl->in);
+            dl->w = f32_view(sl->w.name, p[i].data, sl->out, sl->in);
+            g->w[k] = p[i].grad;
+            i++;
+            if (c->qkv_bias && k <= TV) {
+                if (sl->bias) memcpy(p[i].data, sl->bias, (size_t)sl->out * sizeof(float));
+                dl->bias = p[i].data; g->b[k] = p[i].grad; i++;
+            }
+            if (k == TO) {
+                memcpy(p[i].data, src->ffn_norm, (size_t)c->C * sizeof(float));
+                ly->ffn_norm = p[i].data; g->ffn_norm = p[i].grad; i++;
+            }
+        }
+    }
+    memcpy(p[i].data, m->out_norm, (size_t)c->C * sizeof(float));
+    tr->out_norm = p[i].data; tr->d_out_norm = p[i].grad; i++;
+    tr->lm_head.lora = NULL;
+    if (c->tied) {
+        tr->lm_head.w = tr->tok_embd;
+        tr->d_lm_head = tr->d_tok_embd;
+    } else {
+        copy_rows(p[i].data, &m->lm_head.w, c->V, c->C);
+        tr->lm_head.w = f32_view(m->lm_head.w.name, p[i].data, c->V, c->C);
+        tr->d_lm_head = p[i].grad;
+        i++;
+    }
+}
+
+static void bind_lora(ft_trainer *tr) {
+    const ft_config *c = &tr->cfg;
+    ft_rng rng;
+    ft_rng_seed(&rng, tr->o.seed);
+    for (int i = 0; i < tr->n_params; i += 2) {
+        ft_train_param *pa = &tr->params[i], *pb = &tr->params[i + 1];
+        int l = pa->layer, k = pa->target;
+        ft_linear *lin = lin_of(&tr->layers[l], k);
+        ft_lora *a = &tr->loras[l * FT_N_TARGETS + k];
+        lora_init(a, tr->o.r, tr->o.alpha, tr->o.rslora, tr->o.dropout, pa->data, pb->data, pa->grad, pb->grad,
+                  lin->in, lin->out, &rng);
+        lin->lora = a;
+    }
+    (void)c;
+}
+
+ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_train_opts *o) {
+    *out = NULL;
+    const ft_config *c = &m->cfg;
+    ftune_status st = check_opts(c, o);
+    if (st) return st;
+    if (m->lm_head.lora) return ft_err(FTUNE_ERR_UNSUPPORTED, "the model's lm_head carries an adapter");
+    for (int l = 0; l < c->L; l++)
+        for (int k = 0; k < FT_N_TARGETS; k++)
+            if (lin_of(&m->layers[l], k)->lora)
+                return ft_err(FTUNE_ERR_UNSUPPORTED,
+                              "layer %d %s already carries an adapter: merge it into the model before training", l,
+                              ft_target_names[k]);
+    ft_trainer *tr = calloc(1, sizeof *tr);
+    if (!tr) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    tr->m = m;
+    tr->cfg = *c;
+    tr->o = *o;
+    tr->nt = ft_num_threads(o->n_threads);
+    tr->tok_embd = m->tok_embd;
+    tr->out_norm = m->out_norm;
+    tr->lm_head = m->lm_head;
+    tr->layers = malloc((size_t)c->L * sizeof *tr->layers);
+    tr->loras = calloc((size_t)c->L * FT_N_TARGETS, sizeof *tr->loras);
+    tr->lg = calloc((size_t)c->L, sizeof *tr->lg);
+    tr->la = calloc((size_t)c->L, sizeof *tr->la);
+    tr->inv_freq = malloc((size_t)c->HS / 2 * sizeof(float));
+    tr->idx = malloc((size_t)o->max_T * sizeof(int));
+    tr->pos0 = malloc((size_t)o->max_B * o->max_T * sizeof(int));
+    int64_t total;
+    tr->n_params = param_specs(c, o, NULL, &total);
+    tr->n_values = total;
+    tr->params = calloc((size_t)tr->n_params, sizeof *tr->params);
+    tr->values = ft_aligned_alloc((size_t)total * sizeof(float));
+    tr->grads = ft_aligned_alloc((size_t)total * sizeof(float));
+    carver a = { 0 }, s = { 0 };
+    carve_acts(NULL, &a, c, o);
+    carve_scratch(NULL, &s, c, o, tr->nt);
+    tr->act_arena = ft_aligned_alloc(a.off * sizeof(float));
+    tr->scr_arena = ft_aligned_alloc(s.off * sizeof(float));
+    if (!tr->layers || !tr->loras || !tr->lg || !tr->la || !tr->inv_freq || !tr->idx || !tr->pos0 || !tr->params ||
+        !tr->values || !tr->grads || !tr->act_arena || !tr->scr_arena) {
+        ft_trainer_free(tr);
+        return ft_err(FTUNE_ERR_NOMEM,
+                      "out of memory for a trainer: %.1f MiB trainable (x2 with grads), %.1f MiB activations, "
+                      "%.1f MiB scratch",
+                      total * 4.0 / 1048576, a.off * 4.0 / 1048576, s.off * 4.0 / 1048576);
+    }
+    memcpy(tr->layers, m->layers, (size_t)c->L * sizeof *tr->layers);
+    param_specs(c, o, tr->params, &total);
+    for (int i = 0; i < tr->n_params; i++) {
+        tr->params[i].data = tr->values + tr->params[i].offset;
+        tr->params[i].grad = tr->grads + tr->params[i].offset;
+    }
+    memset(tr->grads, 0, (size_t)total * sizeof(float));
+    carver ca = { tr->act_arena, 0 }, cs = { tr->scr_arena, 0 };
+    carve_acts(tr, &ca, c, o);
+    carve_scratch(tr, &cs, c, o, tr->nt);
+    rope_freqs(tr->inv_freq, c->HS, c->rope_theta, &c->rope_scaling);
+    if (m->rope_freq_factors)
+        for (int i = 0; i < c->HS / 2; i++) tr->inv_freq[i] /= m->rope_freq_factors[i];
+    for (int t = 0; t < o->max_T; t++) tr->idx[t] = t;
+    if (o->mode == FT_TRAIN_FULL) bind_full(tr);
+    else bind_lora(tr);
+    *out = tr;
+    return FTUNE_OK;
+}
+
+void ft_trainer_free(ft_trainer *tr) {
+    if (!tr) return;
+    free(tr->layers); free(tr->loras); free(tr->lg); free(tr->la); free(tr->inv_freq); free(tr->idx);
+    free(tr->pos0); free(tr->params); free(tr->values); free(tr->grads); free(tr->act_arena); free(tr->scr_arena);
+    free(tr);
+}
+
+/* ------------------------------------------------------------ accessors */
+
+void ft_trainer_zero_grad(ft_trainer *tr) { memset(tr->grads, 0, (size_t)tr->n_values * sizeof(float)); }
+int ft_trainer_n_params(const ft_trainer *tr) { return tr->n_params; }
+const ft_train_param *ft_trainer_param(const ft_trainer *tr, int i) {
+    return i >= 0 && i < tr->n_params ? &tr->params[i] : NULL;
+}
+int ft_trainer_find_param(const ft_trainer *tr, const char *name) {
+    for (int i = 0; i < tr->n_params; i++)
+        if (strcmp(tr->params[i].name, name) == 0) return i;
+    return -1;
+}
+float *ft_trainer_values(ft_trainer *tr, int64_t *n) { if (n) *n = tr->n_values; return tr->values; }
+float *ft_trainer_grads(ft_trainer *tr, int64_t *n) { if (n) *n = tr->n_values; return tr->grads; }
+uint64_t ft_trainer_get_micro_step(const ft_trainer *tr) { return tr->micro_step; }
+void ft_trainer_set_micro_step(ft_trainer *tr, uint64_t step) { tr->micro_step = step; }
+const ft_train_opts *ft_trainer_opts(const ft_trainer *tr) { return &tr->o; }
+
+/* ------------------------------------------------------------ the step */
+
+static ftune_status check_batch(const ft_trainer *tr, const ft_batch *b) {
+    const ft_config *c = &tr->cfg;
+    if (b->B < 1 || b->T < 1 || b->B > tr->o.max_B || b->T > tr->o.max_T)
+        return ft_err(FTUNE_ERR_ARG, "batch of %d x %d tokens does not fit the trainer's %d x %d", b->B, b->T,
+                      tr->o.max_B, tr->o.max_T);
+    if (!b->tokens || !b->targets) return ft_err(FTUNE_ERR_ARG, "batch without tokens or targets");
+    size_t BT = (size_t)b->B * b->T;
+    for (size_t i = 0; i < BT; i++) {
+        if (b->tokens[i] < 0 || b->tokens[i] >= c->V)
+            return ft_err(FTUNE_ERR_ARG, "batch row %zu, column %zu: token id %d is outside the vocabulary (0..%d)",
+                          i / b->T, i % b->T, b->tokens[i], c->V - 1);
+        if (b->targets[i] >= c->V)
+            return ft_err(FTUNE_ERR_ARG, "batch row %zu, column %zu: target %d is outside the vocabulary (0..%d)",
+                          i / b->T, i % b->T, b->targets[i], c->V - 1);
+        if (b->pos && b->pos[i] < 0)
+            return ft_err(FTUNE_ERR_ARG, "batch row %zu, column %zu: negative position %d", i / b->T, i % b->T,
+                          b->pos[i]);
+    }
+    return FTUNE_OK;
+}
+
+static uint64_t mask_seed(const ft_trainer *tr, int l, int k) {
+    return tr->o.seed ^ (tr->micro_step + 1) * 0x9E3779B97F4A7C15ull ^
+           (uint64_t)(l * FT_N_TARGETS + k + 1) * 0xC2B2AE3D27D4EB4Full;
+}
+
+static void lin_fwd(ft_trainer *tr, float *out, const float *inp, int l, int k, int BT, bool train) {
+    ft_linear *lin = lin_of(&tr->layers[l], k);
+    if (train) linear_forward_train(out, tr->la[l].u[k], inp, lin, BT, mask_seed(tr, l, k), tr->nt, tr->lin_scratch);
+    else linear_forward(out, inp, lin, BT, tr->nt, tr->lin_scratch);
+}
+
+static void lin_bwd(ft_trainer *tr, float *dinp, const float *dout, const float *inp, int l, int k, int BT,
+                    bool accumulate) {
+    ft_linear *lin = lin_of(&tr->layers[l], k);
+    linear_backward(dinp, tr->lg[l].w[k], tr->lg[l].b[k], dout, inp, tr->la[l].u[k], lin, BT, mask_seed(tr, l, k),
+                    accumulate, tr->nt, tr->lin_scratch);
+}
+
+static void add_into(float *y, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+/* Forward of the blocks and the final norm; then chunks of lm_head +
+ * cross-entropy, which with train also backprop into dln (= d lnf) and
+ * the head's weight. Returns the summed loss. */
+static double forward(ft_trainer *tr, const ft_batch *b, const int *pos, bool train, float dloss_scale) {
+    const ft_config *c = &tr->cfg;
+    int B = b->B, T = b->T, BT = B * T, C = c->C, NH = c->NH, NKV = c->NKV, HS = c->HS, F = c->F;
+    int qd = NH * HS, kvd = NKV * HS;
+    for (int i = 0; i < BT; i++) ft_tensor_row_f32(&tr->tok_embd, b->tokens[i], tr->res + (size_t)i * C);
+    for (int l = 0; l < c->L; l++) {
+        const ft_layer *ly = &tr->layers[l];
+        layer_acts *a = &tr->la[l];
+        float *x = tr->res + (size_t)l * BT * C, *xo = tr->res + (size_t)(l + 1) * BT * C;
+        rmsnorm_forward(a->ln1, a->rstd1, x, ly->attn_norm, BT, C, c->norm_eps);
+        lin_fwd(tr, a->q, a->ln1, l, TQ, BT, train);
+        lin_fwd(tr, a->k, a->ln1, l, TK, BT, train);
+        lin_fwd(tr, a->v, a->ln1, l, TV, BT, train);
+        rope_forward(a->q, pos, tr->inv_freq, BT, NH, HS, c->rope_interleaved);
+        rope_forward(a->k, pos, tr->inv_freq, BT, NKV, HS, c->rope_interleaved);
+        for (int r = 0; r < B; r++) {
+            size_t o = (size_t)r * T;
+            attention_forward(a->atty + o * qd, NULL, a->q + o * qd, a->k + o * kvd, a->v + o * kvd, tr->idx,
+                              b->doc ? b->doc + o : NULL, T, T, NH, NKV, HS, kvd, tr->nt);
+        }
+        lin_fwd(tr, a->res_mid, a->atty, l, TO, BT, train);
+        add_into(a->res_mid, x, (size_t)BT * C);
+        rmsnorm_forward(a->ln2, a->rstd2, a->res_mid, ly->ffn_norm, BT, C, c->norm_eps);
+        lin_fwd(tr, a->gate, a->ln2, l, TGATE, BT, train);
+        lin_fwd(tr, a->up, a->ln2, l, TUP, BT, train);
+        swiglu_forward(tr->hbuf, a->gate, a->up, BT, F);
+        lin_fwd(tr, xo, tr->hbuf, l, TDOWN, BT, train);
+        add_into(xo, a->res_mid, (size_t)BT * C);
+    }
+    rmsnorm_forward(tr->lnf, tr->rstdf, tr->res + (size_t)c->L * BT * C, tr->out_norm, BT, C, c->norm_eps);
+    double loss = 0;
+    for (int r0 = 0; r0 < BT; r0 += tr->CH) {
+        int n = BT - r0 < tr->CH ? BT - r0 : tr->CH;
+        const float *h = tr->lnf + (size_t)r0 * C;
+        linear_forward(tr->logits, h, &tr->lm_head, n, tr->nt, tr->lin_scratch);
+        loss += crossentropy_forward_backward(train ? tr->dlogits : NULL, tr->logits, b->targets + r0, n, c->V,
+                                              dloss_scale);
+        if (train)
+            linear_backward(tr->dln + (size_t)r0 * C, tr->d_lm_head, NULL, tr->dlogits, h, NULL, &tr->lm_head, n, 0,
+                            false, tr->nt, tr->lin_scratch);
+    }
+    return loss;
+}
+
+static void backward(ft_trainer *tr, const ft_batch *b, const int *pos) {
+    const ft_config *c = &tr->cfg;
+    int B = b->B, T = b->T, BT = B * T, C = c->C, NH = c->NH, NKV = c->NKV, HS = c->HS, F = c->F;
+    int qd = NH * HS, kvd = NKV * HS;
+    memset(tr->dres, 0, (size_t)BT * C * sizeof(float));
+    rmsnorm_backward(tr->dres, tr->d_out_norm, tr->dln, tr->res + (size_t)c->L * BT * C, tr->out_norm, tr->rstdf, BT,
+                     C);
+    for (int l = c->L - 1; l >= 0; l--) {
+        const ft_layer *ly = &tr->layers[l];
+        const layer_acts *a = &tr->la[l];
+        const layer_grads *g = &tr->lg[l];
+        float *x = tr->res + (size_t)l * BT * C;
+        /* MLP: dres holds d(block output) = d(res_mid) through the residual */
+        swiglu_forward(tr->hbuf, a->gate, a->up, BT, F);
+        lin_bwd(tr, tr->dh, tr->dres, tr->hbuf, l, TDOWN, BT, false);
+        swiglu_backward(tr->dgate, tr->dup, tr->dh, a->gate, a->up, BT, F);
+        lin_bwd(tr, tr->dln, tr->dgate, a->ln2, l, TGATE, BT, false);
+        lin_bwd(tr, tr->dln, tr->dup, a->ln2, l, TUP, BT, true);
+        rmsnorm_backward(tr->dres, g->ffn_norm, tr->dln, a->res_mid, ly->ffn_norm, a->rstd2, BT, C);
+        /* attention: probabilities recomputed one batch row at a time */
+        lin_bwd(tr, tr->datty, tr->dres, a->atty, l, TO, BT, false);
+        for (int r = 0; r < B; r++) {
+            size_t o = (size_t)r * T;
+            const float *q = a->q + o * qd, *k = a->k + o * kvd, *v = a->v + o * kvd;
+            attention_forward(tr->att_out, tr->att, q, k, v, tr->idx, b->doc ? b->doc + o : NULL, T, T, NH, NKV, HS,
+                              kvd, tr->nt);
+            attention_backward(tr->dq + o * qd, tr->dk + o * kvd, tr->dv + o * kvd, tr->datty + o * qd, tr->att, q, k,
+                               v, T, T, NH, NKV, HS);
+        }
+        rope_backward(tr->dq, pos, tr->inv_freq, BT, NH, HS, c->rope_interleaved);
+        rope_backward(tr->dk, pos, tr->inv_freq, BT, NKV, HS, c->rope_interleaved);
+        lin_bwd(tr, tr->dln, tr->dq, a->ln1, l, TQ, BT, false);
+        lin_bwd(tr, tr->dln, tr->dk, a->ln1, l, TK, BT, true);
+        lin_bwd(tr, tr->dln, tr->dv, a->ln1, l, TV, BT, true);
+        rmsnorm_backward(tr->dres, g->attn_norm, tr->dln, x, ly->attn_norm, a->rstd1, BT, C);
+    }
+    if (tr->d_tok_embd) embedding_backward(tr->d_tok_embd, tr->dres, (const int *)b->tokens, BT, C, c->V);
+}
+
+static const int *positions(ft_trainer *tr, const ft_batch *b) {
+    if (b->pos) return b->pos;
+    for (int r = 0; r < b->B; r++)
+        for (int t = 0; t < b->T; t++) tr->pos0[(size_t)r * b->T + t] = t;
+    return tr->pos0;
+}
+
+ftune_status ft_trainer_step(ft_trainer *tr, const ft_batch *b, int64_t n_targets_total, double *loss_sum) {
+    *loss_sum = 0;
+    ftune_status st = check_batch(tr, b);
+    if (st) return st;
+    if (n_targets_total < 1)
+        return ft_err(FTUNE_ERR_ARG, "the loss is normalised by %lld target tokens; it must be at least 1",
+                      (long long)n_targets_total);
+    const int *pos = positions(tr, b);
+    *loss_sum = forward(tr, b, pos, true, (float)(1.0 / (double)n_targets_total));
+    backward(tr, b, pos);
+    tr->micro_step++;
+    return FTUNE_OK;
+}
+
+ftune_status ft_trainer_eval(ft_trainer *tr, const ft_batch *b, double *loss_sum, int64_t *n_targets) {
+    *loss_sum = 0;
+    *n_targets = 0;
+    ftune_status st = check_batch(tr, b);
+    if (st) return st;
+    *loss_sum = forward(tr, b, positions(tr, b), false, 0);
+    for (size_t i = 0; i < (size_t)b->B * b->T; i++) *n_targets += b->targets[i] >= 0;
+    return FTUNE_OK;
+}
