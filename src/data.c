@@ -277,10 +277,13 @@ static ftune_status get_str(const cJSON *rec, const char *name, bool optional, c
 
 static bool has(const cJSON *rec, const char *name) { return cJSON_GetObjectItemCaseSensitive(rec, name) != NULL; }
 
-static ft_data_format detect_format(const cJSON *rec) {
+static const char *prompt_key(const ft_dataset_opts *o) { return o->prompt_key ? o->prompt_key : "prompt"; }
+static const char *completion_key(const ft_dataset_opts *o) { return o->completion_key ? o->completion_key : "completion"; }
+
+static ft_data_format detect_format(const cJSON *rec, const ft_dataset_opts *o) {
     if (has(rec, "messages")) return FT_FMT_CHAT;
     if (has(rec, "instruction") && has(rec, "output")) return FT_FMT_ALPACA;
-    if (has(rec, "prompt") && has(rec, "completion")) return FT_FMT_COMPLETION;
+    if (has(rec, prompt_key(o)) && has(rec, completion_key(o))) return FT_FMT_COMPLETION;
     if (has(rec, "text")) return FT_FMT_TEXT;
     return FT_FMT_AUTO;
 }
@@ -345,8 +348,8 @@ static ftune_status record_segments(loader *L, const cJSON *rec) {
     switch (L->ds->format) {
     case FT_FMT_TEXT: TRY(get_str(rec, "text", false, &a)); break;
     case FT_FMT_COMPLETION:
-        TRY(get_str(rec, "prompt", false, &a));
-        TRY(get_str(rec, "completion", false, &b));
+        TRY(get_str(rec, prompt_key(&L->o), false, &a));
+        TRY(get_str(rec, completion_key(&L->o), false, &b));
         break;
     case FT_FMT_ALPACA:
         TRY(get_str(rec, "instruction", false, &a));
@@ -378,12 +381,12 @@ static ftune_status add_record(loader *L, const cJSON *rec, int line) {
     if (L->ds->format == FT_FMT_AUTO) {
         if (!cJSON_IsObject(rec))
             return ft_err(FTUNE_ERR_FORMAT, "%s:%d: expected a JSON object, got %s", L->ds->path, line, json_type(rec));
-        L->ds->format = detect_format(rec);
+        L->ds->format = detect_format(rec, &L->o);
         if (L->ds->format == FT_FMT_AUTO)
             return ft_err(FTUNE_ERR_FORMAT,
-                          "%s:%d: record has none of the known fields (\"text\", \"prompt\"/\"completion\", "
+                          "%s:%d: record has none of the known fields (\"text\", \"%s\"/\"%s\", "
                           "\"instruction\"/\"output\", \"messages\")",
-                          L->ds->path, line);
+                          L->ds->path, line, prompt_key(&L->o), completion_key(&L->o));
     }
     if (L->ds->format == FT_FMT_CHAT && L->o.chat_template == FT_CHAT_NONE)
         return ft_err(FTUNE_ERR_ARG, "%s: chat data needs a chat template (chatml, llama2, llama3, mistral, zephyr, alpaca)",

@@ -152,6 +152,8 @@ typedef struct {
     int ctx_len;                    /* T: the most tokens an example may have (>= 2) */
     bool train_on_prompt;           /* loss on prompt tokens too */
     bool drop_long;                 /* drop examples over ctx_len instead of truncating */
+    const char *prompt_key;         /* field names of the completion format, NULL for */
+    const char *completion_key;     /* "prompt"/"completion" (e.g. "question"/"answer") */
 } ft_dataset_opts;
 
 void ft_dataset_opts_default(ft_dataset_opts *o); /* auto format, ctx_len 512 */

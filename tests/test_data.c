@@ -5,6 +5,9 @@
  * decoding); the real tokenizers are checked where they are available. */
 #include "check.h"
 #include "data.h"
+#include "tokenizer.h"
+
+#include <cjson/cJSON.h>
 
 #include <ctype.h>
 #include <stdint.h>
@@ -163,6 +166,20 @@ static void test_format_completion(void) {
     if (!ds) return;
     tr = decode(ds, 0, 1);
     CHECK_STR(tr, "Q: two plus two?\nA: four</s>");
+    free(tr);
+    ft_dataset_free(ds);
+
+    /* other field names for the two parts (gsm8k's question/answer) */
+    const char *qa = "{\"question\": \"1+1?\", \"answer\": \" 2\"}\n";
+    o.train_on_prompt = false;
+    CHECK(ft_dataset_load_buffer(&ds, "qa.jsonl", qa, strlen(qa), &tk, &o) == FTUNE_ERR_FORMAT);
+    o.prompt_key = "question";
+    o.completion_key = "answer";
+    CHECK_OK(ft_dataset_load_buffer(&ds, "qa.jsonl", qa, strlen(qa), &tk, &o));
+    if (!ds) return;
+    CHECK(ds->format == FT_FMT_COMPLETION);
+    tr = decode(ds, 0, 1);
+    CHECK_STR(tr, " 2</s>");
     free(tr);
     ft_dataset_free(ds);
 }
@@ -790,6 +807,171 @@ static void test_segment_boundaries(void) {
     ft_segments_free(&s);
 }
 
+
+/* ------------------------------------------------------------ real tokenizers */
+
+/* Concatenated pieces of ids[i] where mask[i] == want (want < 0: all). */
+static char *decode_real(const ftune_tokenizer *t, const int32_t *ids, const uint8_t *mask, size_t n, int want) {
+    size_t cap = 16 * n + 1, len = 0;
+    char *s = calloc(cap, 1);
+    for (size_t i = 0; i < n; i++) {
+        char buf[256];
+        int k = ftune_token_to_piece(t, i ? ids[i - 1] : -1, ids[i], buf, sizeof buf);
+        if (k < 0 || (want >= 0 && mask[i] != want)) continue;
+        if (len + (size_t)k + 1 > cap) s = realloc(s, cap = 2 * (len + (size_t)k + 1));
+        memcpy(s + len, buf, (size_t)k);
+        s[len += (size_t)k] = 0;
+    }
+    return s;
+}
+
+/* Meta's Llama 3 chat_dialog test vector: system + user + the assistant
+ * header, tokenized with the Llama 3 tokenizer. */
+static void test_llama3_chat_vector(void) {
+    char path[1024];
+    ftune_tokenizer *t = NULL;
+    CHECK_OK(ft_tokenizer_from_tiktoken(&t, check_data_path(path, sizeof path, "tokenizers/llama3/tokenizer.model")));
+    char *json = NULL;
+    size_t len;
+    CHECK_OK(ft_read_file(check_data_path(path, sizeof path, "tokenizers/llama3/test_vectors.json"), &json, &len));
+    cJSON *root = json ? cJSON_Parse(json) : NULL;
+    free(json);
+    CHECK(root != NULL);
+    if (!t || !root) { ft_tokenizer_free(t); cJSON_Delete(root); return; }
+    ft_data_tokenizer tk;
+    ft_data_tokenizer_init(&tk, t);
+    int found = 0;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(root, "cases")) {
+        const cJSON *dialog = cJSON_GetObjectItem(c, "chat_dialog"), *want = cJSON_GetObjectItem(c, "ids");
+        if (!dialog || !want) continue;
+        found++;
+        ft_chat_msg m[8];
+        int n = 0;
+        const cJSON *d;
+        cJSON_ArrayForEach(d, dialog) {
+            if (n == 8) break;
+            m[n].role = (ft_chat_role)ft_chat_role_parse(cJSON_GetObjectItem(d, "role")->valuestring);
+            m[n++].content = cJSON_GetObjectItem(d, "content")->valuestring;
+        }
+        int32_t *ids = NULL;
+        uint8_t *mask = NULL;
+        size_t n_ids = 0;
+        CHECK_OK(ft_chat_tokenize(&tk, FT_CHAT_LLAMA3, m, n, true, &ids, &mask, &n_ids));
+        CHECKF(n_ids == (size_t)cJSON_GetArraySize(want), "%zu ids, expected %d", n_ids, cJSON_GetArraySize(want));
+        size_t i = 0;
+        const cJSON *w;
+        cJSON_ArrayForEach(w, want) {
+            CHECKF(i < n_ids && ids[i] == w->valueint, "id %zu: %d, expected %d", i, i < n_ids ? ids[i] : -1, w->valueint);
+            i++;
+        }
+        free(ids), free(mask);
+    }
+    CHECK(found == 1);
+    cJSON_Delete(root);
+    ft_tokenizer_free(t);
+}
+
+/* With a real tokenizer, rendering segment by segment gives the same ids
+ * as tokenizing the whole rendered string, and the trained ids decode to
+ * exactly the assistant/output text plus the end-of-turn token. */
+static void check_whole_string(const ftune_tokenizer *t, const ft_dataset *ds, int i, const char *whole,
+                               const char *trained) {
+    const int32_t *ids = ds->tokens + ds->off[i];
+    const uint8_t *mask = ds->mask + ds->off[i];
+    size_t n = (size_t)ft_dataset_len(ds, i);
+    int32_t *w = NULL;
+    size_t nw = 0;
+    CHECK_OK(ftune_tokenize(t, whole, strlen(whole), 0, 1, &w, &nw));
+    CHECKF(nw == n && memcmp(w, ids, n * sizeof *ids) == 0, "example %d: %zu ids vs %zu for the whole string", i, n, nw);
+    char *tr = decode_real(t, ids, mask, n, 1);
+    CHECK_STR(tr, trained);
+    free(tr);
+    free(w);
+}
+
+static void test_llama3_chat_dataset(void) {
+    char path[1024];
+    ftune_tokenizer *t = NULL;
+    CHECK_OK(ft_tokenizer_from_tiktoken(&t, check_data_path(path, sizeof path, "tokenizers/llama3/tokenizer.model")));
+    if (!t) return;
+    ft_data_tokenizer tk;
+    ft_data_tokenizer_init(&tk, t);
+    const char *p = write_tmp("l3.jsonl",
+                              "{\"messages\": [{\"role\": \"system\", \"content\": \"  Be brief. \"},"
+                              " {\"role\": \"user\", \"content\": \"What's 2+2?\"}, {\"role\": \"assistant\", \"content\": \"4, of course!\"},"
+                              " {\"role\": \"user\", \"content\": \"And 3+3?\\n\"}, {\"role\": \"assistant\", \"content\": \"  6\\n\\nDone.\"}]}\n");
+    ft_dataset_opts o = opts_ctx(256);
+    o.chat_template = FT_CHAT_LLAMA3;
+    ft_dataset *ds = NULL;
+    CHECK_OK(ft_dataset_load(&ds, p, &tk, &o));
+    if (ds) {
+        CHECK(ds->n == 1 && ds->tokens[0] == 128000);
+        check_whole_string(t, ds, 0,
+                           "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                           "<|start_header_id|>user<|end_header_id|>\n\nWhat's 2+2?<|eot_id|>"
+                           "<|start_header_id|>assistant<|end_header_id|>\n\n4, of course!<|eot_id|>"
+                           "<|start_header_id|>user<|end_header_id|>\n\nAnd 3+3?<|eot_id|>"
+                           "<|start_header_id|>assistant<|end_header_id|>\n\n6\n\nDone.<|eot_id|>",
+                           "4, of course!<|eot_id|>6\n\nDone.<|eot_id|>");
+    }
+    ft_dataset_free(ds);
+    ft_tokenizer_free(t);
+}
+
+/* stories260K's SentencePiece tokenizer on the Alpaca file: 200 examples,
+ * BOS first, EOS last, and the same ids as the whole string. */
+static void test_stories260K_alpaca(void) {
+    char path[1024];
+    ftune_tokenizer *t = NULL;
+    CHECK_OK(ft_tokenizer_from_hf_dir(&t, check_data_path(path, sizeof path, "models/stories260K-hf")));
+    if (!t) return;
+    ft_data_tokenizer tk;
+    ft_data_tokenizer_init(&tk, t);
+    CHECK(tk.add_bos && tk.bos_id == 1 && tk.eos_id == 2);
+    ft_dataset_opts o = opts_ctx(4096);
+    ft_dataset *ds = NULL;
+    double t0 = ft_time_s();
+    CHECK_OK(ft_dataset_load(&ds, check_data_path(path, sizeof path, "text/alpaca/alpaca_200.json"), &tk, &o));
+    if (!ds) { ft_tokenizer_free(t); return; }
+    printf("  alpaca_200 with stories260K: %d examples, %lld tokens, %lld targets, longest %d, %.2f s\n", ds->n,
+           (long long)ds->stats.n_tokens, (long long)ds->stats.n_targets, ds->stats.max_len, ft_time_s() - t0);
+    CHECK(ds->n == 200 && ds->stats.n_truncated == 0);
+    char *json = NULL;
+    size_t len;
+    CHECK_OK(ft_read_file(path, &json, &len));
+    cJSON *root = json ? cJSON_Parse(json) : NULL;
+    free(json);
+    int i = 0, same = 0;
+    const cJSON *r;
+    cJSON_ArrayForEach(r, root) {
+        if (i >= ds->n) break;
+        const char *ins = cJSON_GetObjectItem(r, "instruction")->valuestring;
+        const char *inp = cJSON_GetObjectItem(r, "input")->valuestring;
+        const char *out = cJSON_GetObjectItem(r, "output")->valuestring;
+        const int32_t *ids = ds->tokens + ds->off[i];
+        size_t n = (size_t)ft_dataset_len(ds, i);
+        CHECK(ids[0] == 1 && ids[n - 1] == 2 && ds->mask[ds->off[i]] == 0 && ds->mask[ds->off[i + 1] - 1] == 1);
+        ft_segments s = {0};
+        CHECK_OK(ft_alpaca_prompt(&s, false, ins, inp));
+        CHECK_OK(ft_segments_str(&s, true, out));
+        int32_t *w = NULL;
+        size_t nw = 0;
+        CHECK_OK(ftune_tokenize(t, s.text, s.len, 0, 1, &w, &nw));
+        same += nw + 2 == n && memcmp(w, ids + 1, nw * sizeof *w) == 0;
+        /* the trained ids decode to the output (then EOS) */
+        char *tr = decode_real(t, ids, ds->mask + ds->off[i], n - 1, 1);
+        CHECKF(strcmp(tr, out) == 0, "example %d: \"%s\" vs \"%s\"", i, tr, out);
+        free(tr), free(w);
+        ft_segments_free(&s);
+        i++;
+    }
+    CHECKF(same == 200, "%d of 200 examples match the whole-string tokenization", same);
+    cJSON_Delete(root);
+    ft_dataset_free(ds);
+    ft_tokenizer_free(t);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "%s/ftune_test_data_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(tmpdir)) { printf("FAIL mkdtemp\n"); return 1; }
@@ -809,6 +991,9 @@ int main(void) {
     RUN(test_dynamic_padding);
     RUN(test_packing);
     RUN(test_shuffle_resume);
+    RUN(test_llama3_chat_vector);
+    RUN(test_llama3_chat_dataset);
+    RUN(test_stories260K_alpaca);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
