@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 static const char *const template_names[FT_CHAT_COUNT] = {
     [FT_CHAT_NONE] = "none",     [FT_CHAT_CHATML] = "chatml", [FT_CHAT_LLAMA2] = "llama2",
