@@ -32,6 +32,7 @@ struct ftune_tokenizer {
     float *score;                 /* (V) SPM scores (0 if none) */
     uint8_t *type;                /* (V) FT_TOKTYPE_* */
     uint8_t *eog;                 /* (V) 1 if the token ends generation */
+    uint8_t *strip;               /* (V) bit 0 lstrip, bit 1 rstrip (special tokens), or NULL */
     int32_t *hash;                /* key -> id, open addressing, -1 empty */
     uint32_t hash_mask;
     pair_slot *pairs;             /* (left, right) -> merge, for MERGE_RANK */
@@ -476,6 +477,10 @@ ftune_status ft_tokenizer_build(ftune_tokenizer **out, const ft_vocab_spec *spec
     }
     free(sp);
 
+    if (spec->strip) {
+        if (!(t->strip = ft_malloc((size_t)V))) goto fail;
+        memcpy(t->strip, spec->strip, (size_t)V);
+    }
     t->bos = spec->bos_id; t->eos = spec->eos_id; t->unk = spec->unk_id;
     t->pad = spec->pad_id; t->eot = spec->eot_id;
     t->add_bos = spec->add_bos && t->bos >= 0;
@@ -505,6 +510,7 @@ void ft_tokenizer_free(ftune_tokenizer *t) {
     free(t->score);
     free(t->type);
     free(t->eog);
+    free(t->strip);
     free(t->hash);
     free(t->pairs);
     free(t->special);
@@ -736,7 +742,10 @@ static bool fvec_push(fvec *a, frag_t f) {
     return true;
 }
 
-/* Cuts special tokens out of the text, one token at a time, longest first. */
+static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+
+/* Cuts special tokens out of the text, one token at a time, longest first;
+ * a token with lstrip/rstrip takes the whitespace beside it along. */
 static ftune_status partition_specials(const ftune_tokenizer *t, const char *text, size_t len,
                                        int parse_special, fvec *frags) {
     if (!fvec_push(frags, (frag_t){ 0, len, -1 })) return ft_err(FTUNE_ERR_NOMEM, "tokenize: out of memory");
@@ -772,13 +781,16 @@ static ftune_status partition_specials(const ftune_tokenizer *t, const char *tex
             frag_t fr = frags->v[f];
             if (fr.id >= 0) { if (!fvec_push(&next, fr)) goto oom; continue; }
             size_t off = fr.off, end = fr.off + fr.len;
+            int strip = t->strip ? t->strip[id] : 0;
             for (;;) {
                 const char *m = memmem(text + off, end - off, sp, sl);
                 if (!m) break;
-                size_t mo = (size_t)(m - text);
-                if (mo > off && !fvec_push(&next, (frag_t){ off, mo - off, -1 })) goto oom;
+                size_t mo = (size_t)(m - text), left = mo;
+                if (strip & 1) while (left > off && is_space(text[left - 1])) left--;
+                if (left > off && !fvec_push(&next, (frag_t){ off, left - off, -1 })) goto oom;
                 if (!fvec_push(&next, (frag_t){ mo, sl, id })) goto oom;
                 off = mo + sl;
+                if (strip & 2) while (off < end && is_space(text[off])) off++;
             }
             if (off < end && !fvec_push(&next, (frag_t){ off, end - off, -1 })) goto oom;
         }

@@ -40,6 +40,8 @@ typedef struct {
     const int *token_lens;    /* their byte lengths, or NULL for NUL-terminated */
     const float *scores;      /* SPM merge scores, or NULL */
     const int *types;         /* FT_TOKTYPE_*, or NULL (all normal) */
+    const uint8_t *strip;     /* special tokens: bit 0 eats the whitespace before them (lstrip),
+                               * bit 1 the whitespace after them (rstrip); or NULL */
     int n_merges;             /* merges in rank order; may be 0 for SPM (scores) and tiktoken */
     const char **merges;      /* "a b" (split at the first space after the first byte) */
     const char **merges_right;/* or NULL; else merges[i] is the left piece, merges_right[i] the right */

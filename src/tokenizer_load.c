@@ -637,6 +637,7 @@ ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir) {
     cJSON *tj = NULL, *cfg = NULL, *gen = NULL, *vj = NULL, *stm = NULL;
     const char **tok = NULL, **mer = NULL, **mer_r = NULL;
     int *types = NULL, n = 0, n_mer = 0;
+    uint8_t *strip = NULL;
     char *merges_buf = NULL;
     regex_list rl = {0};
     int32_t eog[16];
@@ -701,7 +702,8 @@ ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir) {
     tok = ft_calloc((size_t)n, sizeof *tok);
     types = ft_calloc((size_t)n, sizeof *types);
     placeholders = ft_calloc((size_t)n, sizeof *placeholders);
-    if (!tok || !types || !placeholders) { st = ft_err(FTUNE_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
+    strip = ft_calloc((size_t)n, 1);
+    if (!tok || !types || !placeholders || !strip) { st = ft_err(FTUNE_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
     cJSON_ArrayForEach(it, vocab) {
         int id = (int)it->valuedouble;
         tok[id] = it->string;
@@ -717,6 +719,8 @@ ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir) {
             if (!content) continue;
             tok[id] = content;
             types[id] = cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(it, "special")) ? FT_TOKTYPE_USER_DEFINED : FT_TOKTYPE_CONTROL;
+            strip[id] = (uint8_t)(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(it, "lstrip")) |
+                                  cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(it, "rstrip")) << 1);
         }
     }
     for (int i = 0; i < n; i++)
@@ -823,13 +827,14 @@ ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir) {
     spec.n_vocab = n;
     spec.tokens = tok;
     spec.types = types;
+    spec.strip = strip;
     st = ft_tokenizer_build(out, &spec);
     if (st) ft_err_prefix(st, "%s", src);
 done:
     for (int i = 0; i < rl.n; i++) free(rl.re[i]);
     if (placeholders) for (int i = 0; i < n; i++) free(placeholders[i]);
     free(placeholders);
-    free(tok); free(types); free(mer); free(mer_r); free(merges_buf);
+    free(tok); free(types); free(strip); free(mer); free(mer_r); free(merges_buf);
     cJSON_Delete(tj); cJSON_Delete(cfg); cJSON_Delete(gen); cJSON_Delete(vj); cJSON_Delete(stm);
     free(p_tok); free(p_cfg); free(p_gen); free(p_vocab); free(p_merges); free(p_stm);
     return st;

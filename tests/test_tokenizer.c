@@ -465,6 +465,56 @@ static void test_gpt2_hf_files(void) {
     free(vc);
 }
 
+/* ------------------------------------------------------------- special tokens */
+
+/* A hand-made byte vocabulary (raw bytes, no merges) with special tokens:
+ * they are cut out longest first over the whole text (as llama.cpp does),
+ * user-defined ones even without parse_special, and lstrip/rstrip take the
+ * neighbouring whitespace. */
+static void test_special_partition(void) {
+    enum { NB = 256 };
+    const char *tokens[NB + 5];
+    int lens[NB + 5], types[NB + 5];
+    uint8_t strip[NB + 5] = {0};
+    char bytes[NB];
+    for (int i = 0; i < NB; i++) { bytes[i] = (char)i; tokens[i] = bytes + i; lens[i] = 1; types[i] = FT_TOKTYPE_NORMAL; }
+    const char *sp[5] = { "ab", "bcd", "<u>", "<r>", "<l>" };
+    int sp_type[5] = { FT_TOKTYPE_CONTROL, FT_TOKTYPE_CONTROL, FT_TOKTYPE_USER_DEFINED, FT_TOKTYPE_CONTROL, FT_TOKTYPE_CONTROL };
+    for (int k = 0; k < 5; k++) { tokens[NB + k] = sp[k]; lens[NB + k] = (int)strlen(sp[k]); types[NB + k] = sp_type[k]; }
+    strip[NB + 3] = 2; /* <r> eats the spaces after it */
+    strip[NB + 4] = 1; /* <l> eats the spaces before it */
+    ft_vocab_spec spec = { .kind = FT_TOK_BPE, .n_vocab = NB + 5, .tokens = tokens, .token_lens = lens, .types = types,
+                           .strip = strip, .pre = "gpt-2", .raw_bytes = 1,
+                           .bos_id = -1, .eos_id = -1, .unk_id = -1, .pad_id = -1, .eot_id = -1 };
+    ftune_tokenizer *t = NULL;
+    CHECK_OK(ft_tokenizer_build(&t, &spec));
+    if (!t) return;
+    struct { const char *text; int special; int32_t want[8]; int nw; } cases[] = {
+        { "abcd", 1, { 'a', NB + 1 }, 2 },                   /* "bcd" is longer than "ab", so it goes first */
+        { "abcd", 0, { 'a', 'b', 'c', 'd' }, 4 },            /* control tokens only with parse_special */
+        { "x<u>y", 0, { 'x', NB + 2, 'y' }, 3 },             /* user-defined ones always */
+        { "a<r>  b", 1, { 'a', NB + 3, 'b' }, 3 },
+        { "a  <l>b", 1, { 'a', NB + 4, 'b' }, 3 },
+        { "a <u> b", 1, { 'a', ' ', NB + 2, ' ', 'b' }, 5 },  /* no strip: spaces stay */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        CHECK_OK(ftune_tokenize(t, cases[c].text, strlen(cases[c].text), 0, cases[c].special, &ids, &n));
+        CHECKF(same_ids(ids, n, cases[c].want, (size_t)cases[c].nw), "case \"%s\" special=%d", cases[c].text, cases[c].special);
+        if (!same_ids(ids, n, cases[c].want, (size_t)cases[c].nw)) print_ids("got", ids, n);
+        free(ids);
+    }
+    CHECK(ftune_tokenizer_bos(t) == -1 && !ftune_tokenizer_add_bos(t));
+    ft_tokenizer_free(t);
+    /* ids outside the vocabulary are refused */
+    spec.eos_id = NB + 5;
+    CHECK(ft_tokenizer_build(&t, &spec) == FTUNE_ERR_FORMAT && t == NULL);
+    spec.eos_id = -1;
+    spec.pre = "no-such-pre";
+    CHECK(ft_tokenizer_build(&t, &spec) == FTUNE_ERR_UNSUPPORTED && t == NULL);
+}
+
 /* ------------------------------------------------------------- bad input */
 
 static void expect_bad_utf8(const ftune_tokenizer *t, const char *s, size_t len, long offset) {
@@ -537,6 +587,63 @@ static void test_bad_files(void) {
     free(bin);
 }
 
+/* ------------------------------------------------------------- random text */
+
+static size_t put_utf8(char *o, uint32_t cp) {
+    if (cp < 0x80) { o[0] = (char)cp; return 1; }
+    if (cp < 0x800) { o[0] = (char)(0xC0 | cp >> 6); o[1] = (char)(0x80 | (cp & 63)); return 2; }
+    if (cp < 0x10000) { o[0] = (char)(0xE0 | cp >> 12); o[1] = (char)(0x80 | ((cp >> 6) & 63)); o[2] = (char)(0x80 | (cp & 63)); return 3; }
+    o[0] = (char)(0xF0 | cp >> 18); o[1] = (char)(0x80 | ((cp >> 12) & 63));
+    o[2] = (char)(0x80 | ((cp >> 6) & 63)); o[3] = (char)(0x80 | (cp & 63));
+    return 4;
+}
+
+/* decode(encode(x)) == x on random text mixing scripts, digits, spaces,
+ * combining marks, emoji and rare characters (never U+2581, which
+ * SentencePiece reads as a space); for Llama 3 also with special tokens. */
+static void test_random_round_trips(void) {
+    static const uint32_t pool[] = {
+        ' ', ' ', ' ', '\n', '\t', '\r', 'a', 'e', 'z', 'Q', '0', '7', '\'', '.', ',', '!', '<', '|', '>', '$',
+        0xE9, 0xDF, 0xA0, 0x436, 0x6211, 0xD55C, 0xE01, 0x639, 0x663, 0x301, 0x200D, 0x3000, 0x1F999, 0x1F600,
+        0x10FFFF, 0xFFFD, 0x2028, 0x17F,
+    };
+    const char *rels[] = { "vocab-tests/ggml-vocab-llama-spm.gguf", "vocab-tests/ggml-vocab-gpt-2.gguf",
+                           "vocab-tests/ggml-vocab-falcon.gguf", "tokenizers/llama3/tokenizer.model" };
+    static const char *const specials[] = { "<|eot_id|>", "<|begin_of_text|>", "<|start_header_id|>" };
+    ft_rng rng;
+    ft_rng_seed(&rng, 1234);
+    char text[1024];
+    for (int v = 0; v < 4; v++) {
+        ftune_tokenizer *t = load_tok(rels[v]);
+        if (!t) continue;
+        int spm = ft_tokenizer_kind(t) == FT_TOK_SPM, pass = 0, n_cases = 300;
+        for (int c = 0; c < n_cases; c++) {
+            int parse = v == 3 && c % 2; /* Llama 3: every other text with special tokens */
+            size_t len = 0, nch = ft_rng_u32(&rng) % 80;
+            for (size_t k = 0; k < nch; k++) {
+                if (parse && ft_rng_u32(&rng) % 16 == 0) {
+                    const char *sp = specials[ft_rng_u32(&rng) % 3];
+                    memcpy(text + len, sp, strlen(sp));
+                    len += strlen(sp);
+                } else {
+                    len += put_utf8(text + len, pool[ft_rng_u32(&rng) % (sizeof pool / sizeof pool[0])]);
+                }
+            }
+            int32_t *ids = NULL;
+            size_t n = 0, bl = 0;
+            CHECK_OK(ftune_tokenize(t, text, len, spm, parse, &ids, &n));
+            char *back = decode(t, ids, n, (size_t)spm, &bl);
+            if (back && bl == len && memcmp(back, text, len) == 0) pass++;
+            else if (pass + 3 > c) fprintf(stderr, "  %s: round trip of \"%.*s\" gave \"%s\"\n", rels[v], (int)len, text, back ? back : "(bad id)");
+            free(back);
+            free(ids);
+        }
+        printf("  random round trips %-40s %d/%d\n", rels[v], pass, n_cases);
+        CHECK(pass == n_cases);
+        ft_tokenizer_free(t);
+    }
+}
+
 /* ------------------------------------------------------------- speed */
 
 /* 1.1 MB of Shakespeare with a 32k SentencePiece and the 128k Llama 3
@@ -577,8 +684,10 @@ int main(void) {
     RUN(test_llama3);
     RUN(test_stories260k);
     RUN(test_gpt2_hf_files);
+    RUN(test_special_partition);
     RUN(test_invalid_utf8);
     RUN(test_bad_files);
+    RUN(test_random_round_trips);
     RUN(test_speed_shakespeare);
     CHECK_EXIT();
 }
