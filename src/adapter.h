@@ -1,0 +1,164 @@
+/* adapter.h — LoRA adapters as objects and as files: attaching fresh
+ * adapters to a model's Linears, reading and writing Hugging Face PEFT
+ * directories (adapter_config.json + adapter_model.safetensors), writing
+ * llama.cpp GGUF LoRA adapters, and folding adapters into the base weights
+ * (merge.c: in memory, or streamed into a new model file).
+ *
+ * Layout of q/k rows: a model with cfg.rope_interleaved (GGUF, llama2.c)
+ * keeps q_proj/k_proj rows, and so lora_B rows, in Meta's interleaved RoPE
+ * order; PEFT files use Hugging Face's rotate-half order and llama.cpp's
+ * llama-arch files the interleaved one. Readers and writers permute lora_B
+ * (never lora_A) where the two differ, per head: n_head for q, n_head_kv
+ * for k. */
+#ifndef FT_ADAPTER_H
+#define FT_ADAPTER_H
+
+#include "model.h"
+
+/* The seven Linears of a block, in layer order. The bit order is the same
+ * as the trainer's FT_TARGET_* mask. */
+typedef enum {
+    FT_MOD_Q = 0, FT_MOD_K, FT_MOD_V, FT_MOD_O, FT_MOD_GATE, FT_MOD_UP, FT_MOD_DOWN, FT_N_MODS
+} ft_module;
+#define FT_MOD_BIT(m) (1u << (m))
+#define FT_MOD_ALL ((1u << FT_N_MODS) - 1)
+
+/* "q_proj"; "self_attn.q_proj" (path under model.layers.{i}.); "attn_q" (GGUF). */
+const char *ft_module_name(ft_module mod);
+const char *ft_module_path(ft_module mod);
+const char *ft_module_gguf_name(ft_module mod);
+/* The Linear of module mod in block l. */
+ft_linear *ft_model_linear(ftune_model *m, int l, ft_module mod);
+/* Rows of Linear mod permuted between rotate-half and interleaved layout
+ * for this model, or 0 if none (heads: NH for q, NKV for k). */
+int ft_module_rope_heads(const ft_config *c, ft_module mod);
+/* Permutes the rows of a (rows, cols) f32 matrix in place, head by head
+ * (n_heads heads of rows/n_heads rows): to_interleaved moves row
+ * h·HS + s·HS/2 + i (rotate-half) to h·HS + 2i + s (interleaved); the other
+ * direction is its inverse. */
+ftune_status ft_permute_rope_rows(float *w, int rows, int cols, int n_heads, bool to_interleaved);
+
+typedef struct {
+    int r;              /* R */
+    float alpha;
+    bool rslora;        /* scale alpha / sqrt(r) instead of alpha / r */
+    float dropout;
+    unsigned targets;   /* FT_MOD_BIT mask */
+} ft_lora_cfg;
+
+/* One adapted Linear. */
+typedef struct {
+    int layer;
+    ft_module mod;
+    ft_linear *lin;     /* in the model */
+    ft_lora *lora;      /* == lin->lora while attached */
+} ft_adapter_entry;
+
+/* A set of LoRA adapters on one model. When the adapter owns its LoRA
+ * structs (attach, load), they live in one allocation and are attached to
+ * the model's Linears until ft_adapter_free; a wrapped adapter only points
+ * at someone else's. */
+typedef struct {
+    ftune_model *m;
+    ft_lora_cfg cfg;
+    int n;
+    ft_adapter_entry *e;     /* (n), in (layer, module) order */
+    ft_lora *loras;          /* (n) owned structs, or NULL when wrapping */
+    float *mem;              /* owned A, B (and dA, dB) of every entry */
+    char base_model[256];    /* base_model_name_or_path for adapter_config.json */
+} ft_adapter;
+
+/* Attaches fresh adapters (A Kaiming-uniform from seed as PEFT, B zero) to
+ * every Linear in cfg->targets of every layer. With trainable, dA and dB
+ * are allocated (zeroed) too. A Linear that already carries an adapter is
+ * an error. */
+ftune_status ft_adapter_attach(ft_adapter **out, ftune_model *m, const ft_lora_cfg *cfg, bool trainable, uint64_t seed);
+/* An adapter object over LoRA structs owned elsewhere (e.g. a trainer's):
+ * loras[l * FT_N_MODS + mod] for block l and module mod, NULL where none.
+ * Nothing is attached to the model. r/alpha/rslora come from the structs,
+ * which must agree. */
+ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *loras, float dropout);
+/* Detaches the adapter's own LoRA structs from the model and frees them.
+ * Accepts NULL. */
+void ft_adapter_free(ft_adapter *a);
+
+/* ------------------------------------------------------------- PEFT */
+
+/* adapter_config.json as far as ftune reads it. */
+typedef struct {
+    char peft_type[16];
+    int r;
+    float alpha;
+    float dropout;
+    bool rslora, fan_in_fan_out;
+    int n_targets;
+    char **targets;          /* target_modules as a list, or NULL */
+    char *target_regex;      /* target_modules as a string (a regex or "all-linear"), or NULL */
+    int n_layers_to_transform;
+    int *layers_to_transform;/* NULL: every layer */
+    char base_model[256];
+} ft_peft_config;
+
+/* Reads adapter_config.json. Fields whose non-default values ftune cannot
+ * honour are FTUNE_ERR_UNSUPPORTED with the field named: peft_type other
+ * than LORA, use_dora, bias other than "none", lora_bias, non-empty
+ * rank_pattern / alpha_pattern, modules_to_save, exclude_modules,
+ * layer_replication, use_qalora, trainable_token_indices,
+ * target_parameters. fan_in_fan_out is read (GPT-2 adapters) and rejected
+ * when attaching to a model. */
+ftune_status ft_peft_config_read(ft_peft_config *c, const char *path);
+void ft_peft_config_free(ft_peft_config *c);
+
+/* A lora_A/lora_B pair found in adapter_model.safetensors. */
+typedef struct {
+    char module[FT_NAME_MAX * 2];   /* key without "base_model.model." and ".lora_X.weight" */
+    const st_tensor *A, *B;
+} ft_peft_pair;
+
+/* Lists the pairs of an opened adapter_model.safetensors, checking that
+ * every key is a lora_A/lora_B weight under "base_model.model.", that each
+ * has its partner, that both are 2-D with A [r, in] and B [out, r] of the
+ * same r, and that the dtype is F32, F16 or BF16. DoRA magnitudes,
+ * embedding adapters and full tensors (modules_to_save) are
+ * FTUNE_ERR_UNSUPPORTED. *pairs is malloc'd, in file order of the A keys. */
+ftune_status ft_peft_scan(const st_file *f, ft_peft_pair **pairs, int *n);
+
+/* Loads a PEFT adapter directory onto m (attached until ft_adapter_free):
+ * the config's targets must name modules the model has, every targeted
+ * Linear must have both tensors, every tensor must belong to a targeted
+ * Linear, and every shape must match the model. */
+ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *dir, bool trainable);
+/* Writes a PEFT directory (created if missing): adapter_config.json and
+ * adapter_model.safetensors (F32), each atomically. */
+ftune_status ft_adapter_save_peft(const ft_adapter *a, const char *dir);
+
+/* ------------------------------------------------------------- GGUF */
+
+/* Writes a llama.cpp LoRA adapter (general.type "adapter", adapter.type
+ * "lora", adapter.lora.alpha; tensors blk.{i}.<attn_q|...>.weight.lora_a
+ * [r, in] and .lora_b [out, r], F32). For rsLoRA alpha·sqrt(r) is written,
+ * as llama.cpp scales by alpha / r. */
+ftune_status ft_adapter_save_gguf(const ft_adapter *a, const char *path);
+
+/* ------------------------------------------------------------- merge (merge.c) */
+
+/* Folds every attached adapter into its Linear: W' = W + scale·B·A in
+ * f32, stored as a new f32 weight the model owns; the Linear no longer
+ * carries the adapter. */
+ftune_status ft_merge_lora(ftune_model *m);
+
+typedef struct {
+    const char *dtype;       /* "f32", "bf16", "f16" for every matrix; NULL keeps each
+                              * weight's dtype (f32 where safetensors has none, e.g. q8_0) */
+} ft_merge_opts;
+
+/* Writes m with every attached adapter folded in (W + scale·B·A computed
+ * in f32, one row at a time, so nothing is copied whole): a path ending in
+ * ".gguf" gets a GGUF file (the base must be a GGUF model: its metadata and
+ * tokenizer are copied); any other path a Hugging Face directory
+ * (config.json, model.safetensors with Hugging Face names in rotate-half
+ * layout, and the base directory's tokenizer files when it has them). opts
+ * may be NULL. */
+ftune_status ft_merge_write(const ftune_model *m, const char *out_path, const ft_merge_opts *opts);
+
+#endif

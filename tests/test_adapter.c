@@ -1,0 +1,563 @@
+/* test_adapter.c — LoRA adapters as files: PEFT write → read round trip
+ * (bit-exact A and B), the q/k row permutation between the interleaved
+ * (GGUF) and rotate-half (HF) layouts checked through the logits of the two
+ * stories260K models, the GGUF adapter's metadata, shapes and B layout,
+ * bad adapters (shape, target module, missing tensor, DoRA, the real GPT-2
+ * PEFT adapter) failing with the tensor or field named, and merging:
+ * merged weights in memory, written as HF or GGUF and reloaded, and the
+ * unmerged base + LoRA forward all give the same logits. */
+#include "check.h"
+#include "adapter.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char tmpdir[512];
+static char hf_path[1024], gguf_path[1024];
+
+#define T_TOK 24
+static const int32_t toks[T_TOK] = { 1, 403, 261, 378, 267, 283, 300, 285, 297, 268, 416, 289,
+                                     263, 262, 296, 290, 338, 269, 273, 287, 280, 417, 261, 266 };
+
+static const char *tmp(char *buf, size_t cap, const char *name) {
+    snprintf(buf, cap, "%s/%s", tmpdir, name);
+    return buf;
+}
+
+static ftune_model *load(const char *path) {
+    ftune_model *m = NULL;
+    ftune_status st = ftune_model_load(&m, path, NULL);
+    if (st) fprintf(stderr, "  load %s: %s\n", path, ftune_last_error());
+    return m;
+}
+
+/* Logits (T_TOK, V) of the model on toks, or NULL. */
+static float *logits(const ftune_model *m) {
+    ftune_session *s = NULL;
+    if (ftune_session_new(&s, m, 64, 1)) { fprintf(stderr, "  session: %s\n", ftune_last_error()); return NULL; }
+    float *out = malloc((size_t)T_TOK * m->cfg.V * sizeof(float));
+    if (ftune_session_forward(s, toks, T_TOK, out, 1)) {
+        fprintf(stderr, "  forward: %s\n", ftune_last_error());
+        free(out);
+        out = NULL;
+    }
+    ftune_session_free(s);
+    return out;
+}
+
+/* Max relative error of logits with the largest reference logit as the
+ * floor (so: max |a - b| / max |b|). Float32 rounding of a weight moves
+ * every logit by about the same absolute amount, whatever its size. */
+static double logit_err(const float *a, const float *b, long n) {
+    double mx = 0;
+    for (long i = 0; i < n; i++) mx = fmax(mx, fabs((double)b[i]));
+    return check_max_rel_err(a, b, n, mx);
+}
+
+/* Random B (and so a non-trivial adapter): N(0, std²) from a fixed seed. */
+static void randomize_b(ft_adapter *a, uint64_t seed, float std) {
+    ft_rng rng;
+    ft_rng_seed(&rng, seed);
+    for (int i = 0; i < a->n; i++) {
+        size_t nb = (size_t)a->e[i].lin->out * a->e[i].lora->r;
+        for (size_t j = 0; j < nb; j++) a->e[i].lora->B[j] = std * ft_rng_normal(&rng);
+    }
+}
+
+static bool contains(const char *s, const char *needle) { return strstr(s, needle) != NULL; }
+
+/* ------------------------------------------------------------- layout */
+
+static void test_permute_rows(void) {
+    /* 2 heads of 4 rows, 1 column: rotate-half rows (a0 a1 b0 b1) <-> interleaved (a0 b0 a1 b1) */
+    float w[8] = { 0, 1, 2, 3, 10, 11, 12, 13 };
+    CHECK_OK(ft_permute_rope_rows(w, 8, 1, 2, true));
+    const float want[8] = { 0, 2, 1, 3, 10, 12, 11, 13 };
+    CHECK(memcmp(w, want, sizeof w) == 0);
+    CHECK_OK(ft_permute_rope_rows(w, 8, 1, 2, false));
+    const float orig[8] = { 0, 1, 2, 3, 10, 11, 12, 13 };
+    CHECK(memcmp(w, orig, sizeof w) == 0);
+    /* a larger matrix: the inverse undoes it exactly, and it is not the identity */
+    float *x = malloc(64 * 3 * sizeof(float)), *y = malloc(64 * 3 * sizeof(float));
+    for (int i = 0; i < 64 * 3; i++) x[i] = y[i] = (float)i;
+    CHECK_OK(ft_permute_rope_rows(y, 64, 3, 8, true));
+    CHECK(memcmp(x, y, 64 * 3 * sizeof(float)) != 0);
+    CHECK_OK(ft_permute_rope_rows(y, 64, 3, 8, false));
+    CHECK(memcmp(x, y, 64 * 3 * sizeof(float)) == 0);
+    CHECK(ft_permute_rope_rows(y, 63, 3, 8, true) == FTUNE_ERR_ARG);
+    free(x);
+    free(y);
+}
+
+/* ------------------------------------------------------------- PEFT */
+
+static void test_peft_round_trip(void) {
+    ftune_model *m = load(hf_path);
+    if (!m) { CHECK(m != NULL); return; }
+    ft_lora_cfg cfg = { .r = 4, .alpha = 8, .dropout = 0.05f, .targets = FT_MOD_ALL };
+    ft_adapter *a = NULL;
+    CHECK_OK(ft_adapter_attach(&a, m, &cfg, true, 42));
+    if (!a) { ftune_model_free(m); return; }
+    CHECK(a->n == 5 * 7);
+    CHECK(m->layers[2].w_up.lora == a->e[2 * 7 + FT_MOD_UP].lora);
+    CHECK(a->e[0].lora->dA && a->e[0].lora->dB && a->e[0].lora->scale == 2.0f);
+    /* PEFT init: A in [-1/sqrt(in), 1/sqrt(in)], B zero */
+    float amax = 0;
+    for (int j = 0; j < 4 * 64; j++) amax = fmaxf(amax, fabsf(a->e[0].lora->A[j]));
+    CHECK(amax > 0.1f && amax <= 0.125f);
+    CHECK(a->e[0].lora->B[0] == 0 && a->e[0].lora->B[63 * 4 + 3] == 0);
+    /* attaching twice is refused */
+    ft_adapter *a2 = NULL;
+    CHECK(ft_adapter_attach(&a2, m, &cfg, false, 1) == FTUNE_ERR_ARG);
+    CHECK(contains(ftune_last_error(), "already carries an adapter"));
+    randomize_b(a, 7, 0.05f);
+    snprintf(a->base_model, sizeof a->base_model, "stories260K-hf");
+    char dir[600], p[700];
+    tmp(dir, sizeof dir, "peft_hf");
+    CHECK_OK(ft_adapter_save_peft(a, dir));
+    /* keep copies, then drop the adapter and load the files */
+    int n = a->n;
+    size_t tot = 0;
+    for (int i = 0; i < n; i++) tot += (size_t)4 * (a->e[i].lin->in + a->e[i].lin->out);
+    float *copy = malloc(tot * sizeof(float)), *c = copy;
+    for (int i = 0; i < n; i++) {
+        size_t na = (size_t)4 * a->e[i].lin->in, nb = (size_t)4 * a->e[i].lin->out;
+        memcpy(c, a->e[i].lora->A, na * 4); c += na;
+        memcpy(c, a->e[i].lora->B, nb * 4); c += nb;
+    }
+    ft_adapter_free(a);
+    CHECK(m->layers[0].wq.lora == NULL);
+
+    ft_peft_config pc;
+    snprintf(p, sizeof p, "%s/adapter_config.json", dir);
+    CHECK_OK(ft_peft_config_read(&pc, p));
+    CHECK(pc.r == 4 && pc.alpha == 8 && fabsf(pc.dropout - 0.05f) < 1e-7f && !pc.rslora && pc.n_targets == 7);
+    CHECK(pc.n_targets == 7 && strcmp(pc.targets[0], "q_proj") == 0 && strcmp(pc.targets[6], "down_proj") == 0);
+    CHECK(strcmp(pc.base_model, "stories260K-hf") == 0);
+    ft_peft_config_free(&pc);
+    char *text = NULL;
+    CHECK_OK(ft_read_file(p, &text, NULL));
+    cJSON *j = text ? cJSON_Parse(text) : NULL;
+    CHECK(j != NULL);
+    if (j) {
+        CHECK(strcmp(cJSON_GetObjectItem(j, "peft_type")->valuestring, "LORA") == 0);
+        CHECK(strcmp(cJSON_GetObjectItem(j, "task_type")->valuestring, "CAUSAL_LM") == 0);
+        CHECK(strcmp(cJSON_GetObjectItem(j, "bias")->valuestring, "none") == 0);
+        CHECK(cJSON_IsFalse(cJSON_GetObjectItem(j, "fan_in_fan_out")));
+        CHECK(cJSON_IsTrue(cJSON_GetObjectItem(j, "inference_mode")));
+        CHECK(cJSON_IsFalse(cJSON_GetObjectItem(j, "use_rslora")));
+        CHECK(cJSON_GetObjectItem(j, "layers_to_transform") == NULL);
+    }
+    cJSON_Delete(j);
+    free(text);
+    st_file f;
+    snprintf(p, sizeof p, "%s/adapter_model.safetensors", dir);
+    CHECK_OK(st_open(&f, p));
+    CHECK(f.n == 2 * n);
+    const st_tensor *t = st_find(&f, "base_model.model.model.layers.3.mlp.down_proj.lora_B.weight");
+    CHECK(t && t->dtype == FT_F32 && t->ndim == 2 && t->shape[0] == 64 && t->shape[1] == 4);
+    t = st_find(&f, "base_model.model.model.layers.0.mlp.down_proj.lora_A.weight");
+    CHECK(t && t->shape[0] == 4 && t->shape[1] == 172);
+    CHECK(st_meta(&f, "format") && strcmp(st_meta(&f, "format"), "pt") == 0);
+    st_close(&f);
+
+    CHECK_OK(ft_adapter_load_peft(&a, m, dir, false));
+    if (a) {
+        CHECK(a->n == n && a->cfg.r == 4 && a->cfg.alpha == 8 && a->e[0].lora->scale == 2.0f);
+        CHECK(a->e[0].lora->dA == NULL);
+        c = copy;
+        bool same = true;
+        for (int i = 0; i < n; i++) {
+            size_t na = (size_t)4 * a->e[i].lin->in, nb = (size_t)4 * a->e[i].lin->out;
+            same &= memcmp(c, a->e[i].lora->A, na * 4) == 0; c += na;
+            same &= memcmp(c, a->e[i].lora->B, nb * 4) == 0; c += nb;
+            same &= a->e[i].lin->lora == a->e[i].lora;
+        }
+        CHECK(same);
+    }
+    ft_adapter_free(a);
+    free(copy);
+    ftune_model_free(m);
+}
+
+/* A GGUF (interleaved) adapter written as PEFT loads onto the HF model and
+ * back onto the GGUF one: B round-trips bit-exactly and both merged models
+ * give the same logits. */
+static void test_qk_layout_across_models(void) {
+    ftune_model *g = load(gguf_path), *h = load(hf_path), *g2 = load(gguf_path);
+    if (!g || !h || !g2) { CHECK(0); goto out; }
+    CHECK(g->cfg.rope_interleaved && !h->cfg.rope_interleaved);
+    ft_lora_cfg cfg = { .r = 4, .alpha = 6, .rslora = true, .targets = FT_MOD_ALL };
+    ft_adapter *ag = NULL, *ah = NULL, *ag2 = NULL;
+    CHECK_OK(ft_adapter_attach(&ag, g, &cfg, false, 3));
+    if (!ag) goto out;
+    randomize_b(ag, 11, 0.05f);
+    char dir[600], p[700];
+    tmp(dir, sizeof dir, "peft_from_gguf");
+    CHECK_OK(ft_adapter_save_peft(ag, dir));
+    CHECK_OK(ft_adapter_load_peft(&ah, h, dir, false));
+    CHECK_OK(ft_adapter_load_peft(&ag2, g2, dir, false));
+    if (!ah || !ag2) goto free_adapters;
+    /* the file holds q's B in rotate-half order: it differs from the interleaved one, v's does not */
+    st_file f;
+    snprintf(p, sizeof p, "%s/adapter_model.safetensors", dir);
+    CHECK_OK(st_open(&f, p));
+    const st_tensor *bq = st_find(&f, "base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight");
+    const st_tensor *bv = st_find(&f, "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight");
+    CHECK(bq && memcmp(bq->data, ag->e[7 + FT_MOD_Q].lora->B, 64 * 4 * 4) != 0);
+    CHECK(bv && memcmp(bv->data, ag->e[7 + FT_MOD_V].lora->B, 32 * 4 * 4) == 0);
+    CHECK(bq && memcmp(bq->data, ah->e[7 + FT_MOD_Q].lora->B, 64 * 4 * 4) == 0);
+    st_close(&f);
+    bool same = ag2->n == ag->n;
+    for (int i = 0; same && i < ag->n; i++) {
+        const ft_adapter_entry *x = &ag->e[i], *y = &ag2->e[i];
+        same &= memcmp(x->lora->A, y->lora->A, (size_t)4 * x->lin->in * 4) == 0;
+        same &= memcmp(x->lora->B, y->lora->B, (size_t)4 * x->lin->out * 4) == 0;
+    }
+    CHECK(same);
+    CHECK(ah->e[0].lora->rslora && ah->e[0].lora->scale == 3.0f); /* 6 / sqrt(4) */
+    CHECK_OK(ft_merge_lora(g));
+    CHECK_OK(ft_merge_lora(h));
+    CHECK(g->layers[0].wq.lora == NULL && g->layers[0].wq.w.dtype == FT_F32);
+    float *lg = logits(g), *lh = logits(h);
+    if (lg && lh) {
+        ft_adapter_free(ag2);
+        ag2 = NULL;
+        float *lplain = logits(g2); /* g2 without its adapter: the base model */
+        long n = (long)T_TOK * g->cfg.V;
+        double err = logit_err(lh, lg, n), moved = lplain ? logit_err(lplain, lg, n) : 0;
+        printf("  merged HF vs merged GGUF logits: max rel err %.3g (the adapter moves them by %.3g)\n", err, moved);
+        /* the same merged rows in two layouts: float32 forwards that differ only in the order of
+         * RoPE pairs; a wrong permutation moves logits by ~the adapter's effect */
+        CHECKF(err < 1e-6, "%g", err);
+        /* the adapter must matter, or the comparison proves nothing */
+        CHECKF(moved > 1e-1, "%g", moved);
+        free(lplain);
+    }
+    free(lg); free(lh);
+free_adapters:
+    ft_adapter_free(ag);
+    ft_adapter_free(ah);
+    ft_adapter_free(ag2);
+out:
+    ftune_model_free(g);
+    ftune_model_free(h);
+    ftune_model_free(g2);
+}
+
+/* ------------------------------------------------------------- GGUF adapter */
+
+static void test_gguf_adapter(void) {
+    ftune_model *h = load(hf_path), *g = load(gguf_path);
+    if (!h || !g) { CHECK(0); goto out; }
+    ft_lora_cfg cfg = { .r = 4, .alpha = 8, .rslora = true, .targets = FT_MOD_BIT(FT_MOD_Q) | FT_MOD_BIT(FT_MOD_K) |
+                                                                     FT_MOD_BIT(FT_MOD_V) | FT_MOD_BIT(FT_MOD_DOWN) };
+    ft_adapter *ah = NULL, *ag = NULL;
+    CHECK_OK(ft_adapter_attach(&ah, h, &cfg, false, 5));
+    if (!ah) goto out;
+    randomize_b(ah, 13, 0.05f);
+    char p[600], dir[600];
+    tmp(p, sizeof p, "from_hf.gguf");
+    CHECK_OK(ft_adapter_save_gguf(ah, p));
+    /* the same adapter as PEFT, loaded onto the GGUF model: its B is in the interleaved layout llama.cpp uses */
+    tmp(dir, sizeof dir, "peft_qkvd");
+    CHECK_OK(ft_adapter_save_peft(ah, dir));
+    CHECK_OK(ft_adapter_load_peft(&ag, g, dir, false));
+    gguf_file gf;
+    CHECK_OK(gguf_open(&gf, p));
+    gguf_str s;
+    double alpha = 0;
+    CHECK(gguf_get_str(&gf, "general.architecture", &s) && gguf_str_eq(s, "llama"));
+    CHECK(gguf_get_str(&gf, "general.type", &s) && gguf_str_eq(s, "adapter"));
+    CHECK(gguf_get_str(&gf, "adapter.type", &s) && gguf_str_eq(s, "lora"));
+    const gguf_kv *kv = gguf_find(&gf, "adapter.lora.alpha");
+    CHECK(kv && kv->type == GGUF_T_F32);
+    CHECK(gguf_get_f64(&gf, "adapter.lora.alpha", &alpha) && alpha == 16.0); /* rsLoRA: 8·sqrt(4), so 16/4 = 8/sqrt(4) */
+    CHECK(gf.n_tensors == (uint64_t)2 * 4 * 5);
+    const gguf_tensor_info *ta = gguf_find_tensor(&gf, "blk.2.attn_q.weight.lora_a");
+    const gguf_tensor_info *tb = gguf_find_tensor(&gf, "blk.2.attn_q.weight.lora_b");
+    const gguf_tensor_info *tk = gguf_find_tensor(&gf, "blk.2.attn_k.weight.lora_b");
+    const gguf_tensor_info *tv = gguf_find_tensor(&gf, "blk.2.attn_v.weight.lora_b");
+    const gguf_tensor_info *td = gguf_find_tensor(&gf, "blk.4.ffn_down.weight.lora_a");
+    CHECK(ta && ta->n_dims == 2 && ta->ne[0] == 64 && ta->ne[1] == 4 && ta->ggml_type == GGML_TYPE_F32);
+    CHECK(tb && tb->n_dims == 2 && tb->ne[0] == 4 && tb->ne[1] == 64);
+    CHECK(td && td->ne[0] == 172 && td->ne[1] == 4);
+    CHECK(gguf_find_tensor(&gf, "blk.0.attn_output.weight.lora_a") == NULL);
+    if (ta && tb && tk && tv && ag) {
+        const ft_adapter_entry *hq = &ah->e[2 * 4 + 0], *gq = &ag->e[2 * 4 + 0];
+        const ft_adapter_entry *gk = &ag->e[2 * 4 + 1], *hv = &ah->e[2 * 4 + 2];
+        CHECK(hq->layer == 2 && hq->mod == FT_MOD_Q && gq->mod == FT_MOD_Q && gk->mod == FT_MOD_K);
+        CHECK(memcmp(ta->data, hq->lora->A, 4 * 64 * 4) == 0);               /* A as it is */
+        CHECK(memcmp(tb->data, gq->lora->B, 64 * 4 * 4) == 0);               /* q's B permuted, with 8 heads */
+        CHECK(memcmp(tb->data, hq->lora->B, 64 * 4 * 4) != 0);
+        CHECK(memcmp(tk->data, gk->lora->B, 32 * 4 * 4) == 0);               /* k's B permuted, with 4 heads */
+        CHECK(memcmp(tv->data, hv->lora->B, 32 * 4 * 4) == 0);               /* v's B untouched */
+        /* and an explicit permutation of the HF B gives the same bytes */
+        float bq[64 * 4];
+        memcpy(bq, hq->lora->B, sizeof bq);
+        CHECK_OK(ft_permute_rope_rows(bq, 64, 4, 8, true));
+        CHECK(memcmp(tb->data, bq, sizeof bq) == 0);
+    }
+    gguf_close(&gf);
+    /* written from the GGUF model, B is stored as the model holds it */
+    if (ag) {
+        tmp(p, sizeof p, "from_gguf.gguf");
+        CHECK_OK(ft_adapter_save_gguf(ag, p));
+        CHECK_OK(gguf_open(&gf, p));
+        tb = gguf_find_tensor(&gf, "blk.3.attn_q.weight.lora_b");
+        CHECK(tb && memcmp(tb->data, ag->e[3 * 4].lora->B, 64 * 4 * 4) == 0);
+        gguf_close(&gf);
+    }
+    /* a GGUF adapter is not a model */
+    ftune_model *bad = NULL;
+    tmp(p, sizeof p, "from_hf.gguf");
+    CHECK(ftune_model_load(&bad, p, NULL) != FTUNE_OK);
+    CHECK(contains(ftune_last_error(), "adapter"));
+    ft_adapter_free(ah);
+    ft_adapter_free(ag);
+out:
+    ftune_model_free(h);
+    ftune_model_free(g);
+}
+
+/* ------------------------------------------------------------- bad input */
+
+static void write_text(const char *path, const char *text) {
+    if (ft_write_file_atomic(path, text, strlen(text)) != FTUNE_OK) fprintf(stderr, "  cannot write %s\n", path);
+}
+
+/* A PEFT directory with the given config and lora pairs on layer 0 (shape of
+ * each A and B given), values 0.01. */
+typedef struct { const char *module; int a0, a1, b0, b1; } pair_spec;
+static void make_peft(const char *dir, const char *config, const pair_spec *ps, int n) {
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) fprintf(stderr, "  mkdir %s failed\n", dir);
+    char p[700];
+    snprintf(p, sizeof p, "%s/adapter_config.json", dir);
+    write_text(p, config);
+    st_out_tensor ts[16];
+    char names[16][128];
+    static float vals[256 * 256];
+    for (int i = 0; i < 256 * 256; i++) vals[i] = 0.01f;
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < 2; k++) {
+            snprintf(names[2 * i + k], 128, "base_model.model.model.layers.0.%s.lora_%c.weight", ps[i].module, k ? 'B' : 'A');
+            ts[2 * i + k] = (st_out_tensor){ .name = names[2 * i + k], .dtype = FT_F32, .ndim = 2,
+                                             .shape = { k ? ps[i].b0 : ps[i].a0, k ? ps[i].b1 : ps[i].a1 }, .data = vals };
+        }
+    snprintf(p, sizeof p, "%s/adapter_model.safetensors", dir);
+    if (st_write(p, ts, 2 * n, NULL) != FTUNE_OK) fprintf(stderr, "  st_write: %s\n", ftune_last_error());
+}
+
+static ftune_status try_load(ftune_model *m, const char *dir) {
+    ft_adapter *a = NULL;
+    ftune_status st = ft_adapter_load_peft(&a, m, dir, false);
+    ft_adapter_free(a);
+    if (st) printf("  expected error: %s\n", ftune_last_error());
+    return st;
+}
+
+static void test_bad_adapters(void) {
+    ftune_model *m = load(hf_path);
+    if (!m) { CHECK(0); return; }
+    char dir[600];
+    const char *cfg_q = "{\"peft_type\":\"LORA\",\"r\":4,\"lora_alpha\":8,\"target_modules\":[\"q_proj\"],"
+                        "\"layers_to_transform\":[0]}";
+    /* a good one first, so the failures below are about what they change */
+    pair_spec good[] = { { "self_attn.q_proj", 4, 64, 64, 4 } };
+    make_peft(tmp(dir, sizeof dir, "good"), cfg_q, good, 1);
+    CHECK_OK(try_load(m, dir));
+    /* B with 32 rows for a q_proj with 64 outputs */
+    pair_spec bad_b[] = { { "self_attn.q_proj", 4, 64, 32, 4 } };
+    make_peft(tmp(dir, sizeof dir, "bad_shape"), cfg_q, bad_b, 1);
+    CHECK(try_load(m, dir) == FTUNE_ERR_FORMAT);
+    CHECKF(contains(ftune_last_error(), "q_proj.lora_B.weight\": shape [32, 4] but the model's layer 0 q_proj has 64 "
+                    "outputs and r=4"), "%s", ftune_last_error());
+    /* r in the tensors differs from the config's */
+    pair_spec bad_r[] = { { "self_attn.q_proj", 8, 64, 64, 8 } };
+    make_peft(tmp(dir, sizeof dir, "bad_r"), cfg_q, bad_r, 1);
+    CHECK(try_load(m, dir) == FTUNE_ERR_FORMAT);
+    CHECKF(contains(ftune_last_error(), "q_proj.lora_A.weight\": shape [8, 64]") && contains(ftune_last_error(), "r=4"),
+           "%s", ftune_last_error());
+    /* a target module a Llama model does not have */
+    make_peft(tmp(dir, sizeof dir, "bad_target"),
+              "{\"peft_type\":\"LORA\",\"r\":4,\"target_modules\":[\"q_proj\",\"c_attn\"]}", good, 1);
+    CHECK(try_load(m, dir) == FTUNE_ERR_UNSUPPORTED);
+    CHECKF(contains(ftune_last_error(), "\"c_attn\" does not exist"), "%s", ftune_last_error());
+    /* v_proj is targeted but has no tensors */
+    make_peft(tmp(dir, sizeof dir, "missing"),
+              "{\"peft_type\":\"LORA\",\"r\":4,\"target_modules\":[\"q_proj\",\"v_proj\"],\"layers_to_transform\":0}",
+              good, 1);
+    CHECK(try_load(m, dir) == FTUNE_ERR_FORMAT);
+    CHECKF(contains(ftune_last_error(), "model.layers.0.self_attn.v_proj.lora_A.weight\" is missing"), "%s",
+           ftune_last_error());
+    /* tensors for a module the config does not target */
+    pair_spec qv[] = { { "self_attn.q_proj", 4, 64, 64, 4 }, { "self_attn.v_proj", 4, 64, 32, 4 } };
+    make_peft(tmp(dir, sizeof dir, "untargeted"), cfg_q, qv, 2);
+    CHECK(try_load(m, dir) == FTUNE_ERR_FORMAT);
+    CHECKF(contains(ftune_last_error(), "v_proj.lora_A.weight\" adapts"), "%s", ftune_last_error());
+    /* DoRA */
+    make_peft(tmp(dir, sizeof dir, "dora"),
+              "{\"peft_type\":\"LORA\",\"r\":4,\"use_dora\":true,\"target_modules\":[\"q_proj\"]}", good, 1);
+    CHECK(try_load(m, dir) == FTUNE_ERR_UNSUPPORTED);
+    CHECKF(contains(ftune_last_error(), "use_dora"), "%s", ftune_last_error());
+    /* a regex selecting q and v of layers 0 and 1 (PEFT matches the whole module name) */
+    pair_spec qv01[] = { { "self_attn.q_proj", 4, 64, 64, 4 }, { "self_attn.v_proj", 4, 64, 32, 4 } };
+    make_peft(tmp(dir, sizeof dir, "regex"),
+              "{\"peft_type\":\"LORA\",\"r\":4,\"target_modules\":\"model\\\\.layers\\\\.0\\\\.self_attn\\\\.(q|v)_proj\"}",
+              qv01, 2);
+    ft_adapter *a = NULL;
+    CHECK_OK(ft_adapter_load_peft(&a, m, dir, false));
+    CHECK(a && a->n == 2 && a->e[0].mod == FT_MOD_Q && a->e[1].mod == FT_MOD_V && m->layers[1].wq.lora == NULL);
+    ft_adapter_free(a);
+    /* not a directory with a config; a truncated tensor file */
+    CHECK(try_load(m, tmpdir) == FTUNE_ERR_IO);
+    make_peft(tmp(dir, sizeof dir, "trunc"), cfg_q, good, 1);
+    char p[700];
+    snprintf(p, sizeof p, "%s/adapter_model.safetensors", dir);
+    CHECK(truncate(p, 100) == 0);
+    CHECK(try_load(m, dir) == FTUNE_ERR_FORMAT);
+    CHECKF(contains(ftune_last_error(), "adapter_model.safetensors"), "%s", ftune_last_error());
+    CHECK(m->layers[0].wq.lora == NULL); /* nothing stays attached after a failure */
+    ftune_model_free(m);
+}
+
+/* The real PEFT adapter for GPT-2: its config and tensors parse, and a
+ * Llama model refuses it because GPT-2's modules are not there. */
+static void test_gpt2_adapter(void) {
+    char dir[1024], p[1100];
+    check_data_path(dir, sizeof dir, "adapters/gpt2-lora-tigrinya");
+    ft_peft_config pc;
+    snprintf(p, sizeof p, "%s/adapter_config.json", dir);
+    CHECK_OK(ft_peft_config_read(&pc, p));
+    CHECK(pc.r == 8 && pc.alpha == 32 && fabsf(pc.dropout - 0.05f) < 1e-7f && pc.fan_in_fan_out && !pc.rslora);
+    CHECK(pc.n_targets == 2 && strcmp(pc.targets[0], "c_attn") == 0 && strcmp(pc.targets[1], "c_proj") == 0);
+    CHECK(strcmp(pc.base_model, "gpt2") == 0);
+    ft_peft_config_free(&pc);
+    st_file f;
+    snprintf(p, sizeof p, "%s/adapter_model.safetensors", dir);
+    CHECK_OK(st_open(&f, p));
+    ft_peft_pair *pairs = NULL;
+    int n = 0;
+    CHECK_OK(ft_peft_scan(&f, &pairs, &n));
+    CHECK(n == 36);
+    int c_attn = 0;
+    for (int i = 0; i < n; i++) {
+        CHECK(pairs[i].A->shape[0] == 8 && pairs[i].B->shape[1] == 8);
+        if (strcmp(pairs[i].module, "transformer.h.5.attn.c_attn") == 0) {
+            c_attn++;
+            CHECK(pairs[i].A->shape[1] == 768 && pairs[i].B->shape[0] == 2304);
+        }
+    }
+    CHECK(c_attn == 1);
+    free(pairs);
+    st_close(&f);
+    ftune_model *m = load(hf_path);
+    if (!m) { CHECK(0); return; }
+    ft_adapter *a = NULL;
+    CHECK(ft_adapter_load_peft(&a, m, dir, false) == FTUNE_ERR_UNSUPPORTED);
+    printf("  expected error: %s\n", ftune_last_error());
+    CHECKF(contains(ftune_last_error(), "\"c_attn\" does not exist in a llama model"), "%s", ftune_last_error());
+    CHECK(a == NULL);
+    ftune_model_free(m);
+}
+
+/* ------------------------------------------------------------- merge */
+
+static void test_merge(void) {
+    const char *bases[2] = { hf_path, gguf_path };
+    for (int b = 0; b < 2; b++) {
+        ftune_model *m = load(bases[b]), *ref = load(bases[b]);
+        if (!m || !ref) { CHECK(0); ftune_model_free(m); ftune_model_free(ref); continue; }
+        ft_lora_cfg cfg = { .r = 8, .alpha = 16, .targets = FT_MOD_ALL & ~FT_MOD_BIT(FT_MOD_UP) };
+        ft_adapter *a = NULL, *ar = NULL;
+        CHECK_OK(ft_adapter_attach(&a, m, &cfg, false, 21));
+        CHECK_OK(ft_adapter_attach(&ar, ref, &cfg, false, 21));
+        if (!a || !ar) { ftune_model_free(m); ftune_model_free(ref); continue; }
+        randomize_b(a, 99, 0.01f);
+        randomize_b(ar, 99, 0.01f);
+        long n = (long)T_TOK * m->cfg.V;
+        float *l_lora = logits(m);       /* base + LoRA, unmerged (Linear applies the adapter) */
+        char out[600], out_gguf[600];
+        snprintf(out, sizeof out, "%s/merged_%s", tmpdir, b ? "from_gguf" : "from_hf");
+        snprintf(out_gguf, sizeof out_gguf, "%s/merged.gguf", tmpdir);
+        CHECK_OK(ft_merge_write(m, out, NULL));
+        if (b == 1) CHECK_OK(ft_merge_write(m, out_gguf, NULL));
+        else CHECK(ft_merge_write(m, out_gguf, NULL) == FTUNE_ERR_UNSUPPORTED);
+        CHECK_OK(ft_merge_lora(ref));     /* merged in memory */
+        float *l_mem = logits(ref);
+        ftune_model *w = load(out);
+        float *l_file = w ? logits(w) : NULL;
+        if (w) {
+            CHECK(strcmp(w->format, "hf") == 0 && !w->cfg.rope_interleaved && w->cfg.tied == (b == 0));
+            CHECK(w->layers[0].wq.w.dtype == FT_F32 && w->layers[0].wq.lora == NULL);
+        }
+        if (l_lora && l_mem && l_file) {
+            double e_file = logit_err(l_file, l_mem, n), e_lora = logit_err(l_lora, l_mem, n);
+            printf("  %s base: merged+written+reloaded vs merged in memory %.3g; base+LoRA vs merged %.3g\n",
+                   b ? "GGUF" : "HF", e_file, e_lora);
+            /* the same f32 rows written and read back (for the GGUF base, in the other RoPE layout) */
+            CHECKF(e_file < 1e-6, "%g", e_file);
+            /* (W + sBA)x vs Wx + s·B(Ax) in float32: W + sBA rounds W by an ulp (6e-8), which 5 layers
+             * turn into ~2e-6 of the largest logit; the adapter itself moves them by > 1e-2 */
+            CHECKF(e_lora < 1e-5, "%g", e_lora);
+        } else CHECK(0);
+        if (b == 1) {
+            ftune_model *wg = load(out_gguf);
+            float *l_g = wg ? logits(wg) : NULL;
+            if (l_g && l_mem) {
+                double e = logit_err(l_g, l_mem, n);
+                printf("  GGUF base: merged GGUF written and reloaded vs merged in memory %.3g\n", e);
+                CHECKF(e < 1e-6, "%g", e); /* the same f32 weights, the same forward */
+            } else CHECK(0);
+            if (wg) CHECK(strcmp(wg->format, "gguf") == 0 && wg->tok != NULL && wg->cfg.rope_interleaved);
+            free(l_g);
+            ftune_model_free(wg);
+        }
+        /* bf16 output: config says so and tensors are BF16 */
+        if (b == 0) {
+            char out16[600];
+            snprintf(out16, sizeof out16, "%s/merged_bf16", tmpdir);
+            ft_merge_opts o = { .dtype = "bf16" };
+            CHECK_OK(ft_merge_write(m, out16, &o));
+            ftune_model *w16 = load(out16);
+            CHECK(w16 && w16->layers[1].w_down.w.dtype == FT_BF16 && w16->tok != NULL);
+            ftune_model_free(w16);
+            char cfgp[700], *text = NULL;
+            snprintf(cfgp, sizeof cfgp, "%s/config.json", out16);
+            CHECK_OK(ft_read_file(cfgp, &text, NULL));
+            CHECK(text && contains(text, "\"torch_dtype\":\t\"bfloat16\""));
+            free(text);
+            o.dtype = "q4";
+            CHECK(ft_merge_write(m, out16, &o) == FTUNE_ERR_ARG);
+        }
+        free(l_lora);
+        free(l_mem);
+        free(l_file);
+        ftune_model_free(w);
+        ft_adapter_free(a);
+        ft_adapter_free(ar);
+        ftune_model_free(m);
+        ftune_model_free(ref);
+    }
+}
+
+int main(void) {
+    const char *base = getenv("TMPDIR");
+    snprintf(tmpdir, sizeof tmpdir, "%s/ftune-test-adapter-XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(tmpdir)) { perror("mkdtemp"); return 1; }
+    check_data_path(hf_path, sizeof hf_path, "models/stories260K-hf");
+    check_data_path(gguf_path, sizeof gguf_path, "models/stories260K/stories260K.gguf");
+    RUN(test_permute_rows);
+    RUN(test_peft_round_trip);
+    RUN(test_qk_layout_across_models);
+    RUN(test_gguf_adapter);
+    RUN(test_bad_adapters);
+    RUN(test_gpt2_adapter);
+    RUN(test_merge);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    CHECK_EXIT();
+}
