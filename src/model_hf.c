@@ -252,7 +252,7 @@ ftune_status ft_load_hf(ftune_model *m, const char *dir) {
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     if (!ft_file_exists(path)) return FTUNE_OK;
     if ((st = ft_tokenizer_from_hf_dir(&m->tok, dir))) return st;
-    snprintf(m->tok_kind, sizeof m->tok_kind, "%s", ft_tokenizer_kind(m->tok) == FT_TOK_SPM ? "spm" : "bpe");
+    if (m->tok) snprintf(m->tok_kind, sizeof m->tok_kind, "%s", ft_tokenizer_kind(m->tok) == FT_TOK_SPM ? "spm" : "bpe");
     return FTUNE_OK;
 fail:
     return ft_err_prefix(st, "%s", dir);

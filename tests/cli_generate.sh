@@ -11,20 +11,23 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; }
 
-# 1. greedy from BOS, 199 new tokens (llama2.c's -n 200 counts the BOS position)
+# 1. greedy from BOS. llama2.c's run loops `while (pos < steps)` and prints
+# the token sampled at every position, the last one included, so its -n 200
+# from BOS alone prints 200 new tokens.
 for m in "$S/stories260K.bin" "$S/stories260K.gguf" "$D/models/stories260K-hf"; do
     name="greedy_bos_$(basename "$m")"
-    "$FT" generate -m "$m" --temp 0 -n 199 --quiet > "$tmp/out.txt" 2> "$tmp/err.txt"
+    "$FT" generate -m "$m" --temp 0 -n 200 --quiet > "$tmp/out.txt" 2> "$tmp/err.txt"
     if [ $? -ne 0 ]; then fail "$name" "exit $? $(cat "$tmp/err.txt")"; continue; fi
     # llama2.c prints a final newline; the expected file has it stripped
     if cmp -s <(printf '%s\n' "$(cat "$S/expected_greedy_t0_n200.txt")") "$tmp/out.txt"; then pass "$name"
     else fail "$name" "output differs: $(head -c 200 "$tmp/out.txt")"; fi
 done
 
-# 2. with a prompt: llama2.c's STEPS counts BOS + prompt tokens
+# 2. with a prompt: llama2.c's STEPS positions start with BOS + prompt, and
+# the token sampled at the last prompt position is new: STEPS - n + 1 new
 while IFS=$'\t' read -r file steps prompt; do
     ids=$(printf '%s' "$prompt" | "$FT" tokenize -m "$S/stories260K.bin") || { fail "prompt_$file" "tokenize failed"; continue; }
-    n=$(( steps - $(echo "$ids" | wc -w) ))
+    n=$(( steps - $(echo "$ids" | wc -w) + 1 ))
     for m in "$S/stories260K.bin" "$S/stories260K.gguf" "$D/models/stories260K-hf"; do
         name="greedy_prompt_${file%.txt}_$(basename "$m")"
         "$FT" generate -m "$m" -p "$prompt" --temp 0 -n "$n" --quiet > "$tmp/out.txt" 2> "$tmp/err.txt" \

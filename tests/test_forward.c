@@ -71,10 +71,17 @@ static float *ftune_logits(const ftune_model *m, const int32_t *ids, int T, int 
     return out;
 }
 
-/* Compares a model's logits with the reference of an HF directory.
- * Error metric: max over elements of |ours - ref| / max(|ref|, 1); logits
- * are O(1..10), so the floor of 1 only keeps near-zero logits from turning
- * float32 rounding into a huge "relative" error. */
+/* Max over elements of |ours - ref| / max(|ref|, 1% of max |ref|): the
+ * floor keeps logits that happen to be near zero from turning float32
+ * rounding into a huge "relative" error, while scaling with the logits
+ * (random-weight models have logits of ~0.1, trained ones of ~10). */
+static double logit_err(const float *ours, const float *ref, long n) {
+    double mx = 0;
+    for (long i = 0; i < n; i++) mx = fmax(mx, fabs((double)ref[i]));
+    return check_max_rel_err(ours, ref, n, 0.01 * mx);
+}
+
+/* Compares a model's logits with the reference of an HF directory. */
 static double compare(const char *model_path, const char *ref_dir, const char *tag, int T, int bos, bool also_decode) {
     ftune_model *m = NULL;
     ftune_status st = ftune_model_load(&m, model_path, NULL);
@@ -95,11 +102,11 @@ static double compare(const char *model_path, const char *ref_dir, const char *t
         float *ref = read_ref(out, 0, &rT, &rV);
         float *ours = ftune_logits(m, ids, T, V, false);
         if (ref && ours && rT == T && rV == V) {
-            err = check_max_rel_err(ours, ref, (long)T * V, 1.0);
+            err = logit_err(ours, ref, (long)T * V);
             printf("  %-24s T=%d V=%d  batched max rel err %.3g\n", tag, T, V, err);
             if (also_decode) {
                 float *dec = ftune_logits(m, ids, T, V, true);
-                double e2 = dec ? check_max_rel_err(dec, ref, (long)T * V, 1.0) : INFINITY;
+                double e2 = dec ? logit_err(dec, ref, (long)T * V) : INFINITY;
                 printf("  %-24s one token at a time max rel err %.3g\n", tag, e2);
                 if (e2 > err) err = e2;
                 free(dec);
@@ -116,9 +123,9 @@ static double compare(const char *model_path, const char *ref_dir, const char *t
     return err;
 }
 
-/* 1e-4: float32 accumulation over a few hundred terms per dot product in a
- * 5-layer model gives ~1e-6..1e-5 relative; 1e-4 leaves a margin while
- * catching any real mistake (a wrong RoPE pair or norm is >1e-2). */
+/* 1e-4: float32 rounding through a few layers, against a float64
+ * reference, measures 1e-5..5e-5 here; a real mistake (a wrong RoPE pair,
+ * a missing bias, a norm epsilon off) shows up at 1e-2 or more. */
 #define LOGIT_TOL 1e-4
 
 static char stories_hf[512];
