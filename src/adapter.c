@@ -71,6 +71,17 @@ static float scale_of(float alpha, int r, bool rslora) {
 
 /* ------------------------------------------------------------- objects */
 
+/* Where the base came from, for base_model_name_or_path. */
+static void set_base_model(ft_adapter *a) {
+    const ftune_model *m = a->m;
+    if (m->n_shards > 0 && m->shards[0].map.path) {
+        snprintf(a->base_model, sizeof a->base_model, "%s", m->shards[0].map.path);
+        char *slash = strrchr(a->base_model, '/');
+        if (slash) *slash = 0;
+    } else if (m->gguf && m->gguf->map.path) snprintf(a->base_model, sizeof a->base_model, "%s", m->gguf->map.path);
+    else if (m->bin.path) snprintf(a->base_model, sizeof a->base_model, "%s", m->bin.path);
+}
+
 /* Allocates an adapter with owned LoRA structs for the (layer, module)
  * pairs where sel[l * FT_N_MODS + mod] is set, memory for A and B (and
  * grads), without initialising the values. */
@@ -104,6 +115,7 @@ static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_lora_
         return ft_err(FTUNE_ERR_NOMEM, "out of memory for %d adapters (%.1f MiB)", n, floats * 4.0 / 1048576.0);
     }
     memset(a->mem, 0, floats * sizeof(float));
+    set_base_model(a);
     float *p = a->mem;
     float scale = scale_of(cfg->alpha, cfg->r, cfg->rslora);
     for (int l = 0; l < c->L; l++)
@@ -184,6 +196,7 @@ ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *l
     }
     a->m = m;
     a->cfg = (ft_lora_cfg){ .r = first->r, .alpha = first->alpha, .rslora = first->rslora, .dropout = dropout };
+    set_base_model(a);
     for (int i = 0; i < c->L * FT_N_MODS; i++) {
         if (!loras[i]) continue;
         ft_adapter_entry *e = &a->e[a->n++];
@@ -561,7 +574,7 @@ ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *
     for (int i = 0; i < L * FT_N_MODS; i++)
         if (sel[i]) lc.targets |= FT_MOD_BIT(i % FT_N_MODS);
     if ((st = alloc_owned(&a, m, &lc, sel, trainable))) goto done;
-    snprintf(a->base_model, sizeof a->base_model, "%s", pc.base_model);
+    if (pc.base_model[0]) snprintf(a->base_model, sizeof a->base_model, "%s", pc.base_model);
     for (int i = 0; i < a->n; i++) {
         ft_adapter_entry *e = &a->e[i];
         const ft_peft_pair *p = byidx[e->layer * FT_N_MODS + e->mod];

@@ -247,6 +247,137 @@ out:
     ftune_model_free(g2);
 }
 
+/* An adapter over LoRA structs owned elsewhere (as a trainer holds them)
+ * writes the same file; partial target sets round-trip through
+ * layers_to_transform or a regex. */
+static bool same_file(const char *a, const char *b) {
+    char *x = NULL, *y = NULL;
+    size_t nx = 0, ny = 0;
+    bool same = ft_read_file(a, &x, &nx) == FTUNE_OK && ft_read_file(b, &y, &ny) == FTUNE_OK && nx == ny &&
+                memcmp(x, y, nx) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+static void test_wrap_and_partial(void) {
+    ftune_model *m = load(hf_path), *m2 = load(hf_path);
+    if (!m || !m2) { CHECK(0); ftune_model_free(m); ftune_model_free(m2); return; }
+    ft_lora_cfg cfg = { .r = 2, .alpha = 4, .targets = FT_MOD_BIT(FT_MOD_Q) | FT_MOD_BIT(FT_MOD_V) };
+    ft_adapter *a = NULL, *w = NULL, *b = NULL;
+    CHECK_OK(ft_adapter_attach(&a, m, &cfg, false, 8));
+    if (!a) goto out;
+    randomize_b(a, 17, 0.05f);
+    ft_lora *loras[5 * FT_N_MODS] = { 0 };
+    for (int i = 0; i < a->n; i++) loras[a->e[i].layer * FT_N_MODS + a->e[i].mod] = a->e[i].lora;
+    CHECK_OK(ft_adapter_wrap(&w, m, loras, 0));
+    char d1[600], d2[600], p1[700], p2[700];
+    CHECK_OK(ft_adapter_save_peft(a, tmp(d1, sizeof d1, "owned")));
+    if (w) {
+        CHECK(w->n == a->n && w->cfg.targets == cfg.targets && w->cfg.r == 2);
+        CHECK_OK(ft_adapter_save_peft(w, tmp(d2, sizeof d2, "wrapped")));
+        snprintf(p1, sizeof p1, "%s/adapter_model.safetensors", d1);
+        snprintf(p2, sizeof p2, "%s/adapter_model.safetensors", d2);
+        CHECK(same_file(p1, p2));
+        snprintf(p1, sizeof p1, "%s/adapter_config.json", d1);
+        snprintf(p2, sizeof p2, "%s/adapter_config.json", d2);
+        CHECK(same_file(p1, p2));
+        ft_adapter_free(w);
+        w = NULL;
+    }
+    CHECK(m->layers[0].wq.lora == a->e[0].lora); /* freeing a wrapper leaves the owner's adapters attached */
+    /* structs that disagree on r are refused */
+    ft_lora odd = *loras[FT_MOD_Q];
+    odd.r = 3;
+    loras[FT_MOD_V] = &odd;
+    CHECK(ft_adapter_wrap(&w, m, loras, 0) == FTUNE_ERR_ARG);
+    loras[FT_MOD_V] = a->e[1].lora;
+    /* the same modules on a subset of layers: a list and layers_to_transform */
+    for (int l = 0; l < 5; l++)
+        if (l != 1 && l != 3) loras[l * FT_N_MODS + FT_MOD_Q] = loras[l * FT_N_MODS + FT_MOD_V] = NULL;
+    CHECK_OK(ft_adapter_wrap(&w, m, loras, 0));
+    if (w) CHECK_OK(ft_adapter_save_peft(w, tmp(d1, sizeof d1, "layers13")));
+    ft_adapter_free(w);
+    w = NULL;
+    ft_peft_config pc;
+    snprintf(p1, sizeof p1, "%s/adapter_config.json", d1);
+    CHECK_OK(ft_peft_config_read(&pc, p1));
+    CHECK(pc.n_targets == 2 && pc.n_layers_to_transform == 2 && pc.layers_to_transform[0] == 1 &&
+          pc.layers_to_transform[1] == 3);
+    ft_peft_config_free(&pc);
+    CHECK_OK(ft_adapter_load_peft(&b, m2, d1, false));
+    CHECK(b && b->n == 4 && b->e[0].layer == 1 && b->e[3].layer == 3 && m2->layers[0].wq.lora == NULL);
+    if (b) CHECK(memcmp(b->e[2].lora->B, loras[3 * FT_N_MODS + FT_MOD_Q]->B, 64 * 2 * 4) == 0);
+    ft_adapter_free(b);
+    b = NULL;
+    /* different modules on different layers: a regex naming each Linear */
+    loras[1 * FT_N_MODS + FT_MOD_V] = NULL;
+    loras[3 * FT_N_MODS + FT_MOD_Q] = NULL;
+    CHECK_OK(ft_adapter_wrap(&w, m, loras, 0));
+    if (w) CHECK_OK(ft_adapter_save_peft(w, tmp(d1, sizeof d1, "mixed")));
+    ft_adapter_free(w);
+    w = NULL;
+    snprintf(p1, sizeof p1, "%s/adapter_config.json", d1);
+    CHECK_OK(ft_peft_config_read(&pc, p1));
+    CHECK(pc.target_regex && strcmp(pc.target_regex, "(model\\.layers\\.1\\.self_attn\\.q_proj|"
+                                                     "model\\.layers\\.3\\.self_attn\\.v_proj)") == 0);
+    ft_peft_config_free(&pc);
+    CHECK_OK(ft_adapter_load_peft(&b, m2, d1, false));
+    CHECK(b && b->n == 2 && b->e[0].layer == 1 && b->e[0].mod == FT_MOD_Q && b->e[1].layer == 3 && b->e[1].mod == FT_MOD_V);
+    ft_adapter_free(b);
+out:
+    ft_adapter_free(a);
+    ftune_model_free(m);
+    ftune_model_free(m2);
+}
+
+/* PyTorch applies the PEFT file (written from the GGUF model, so with q/k
+ * B permuted back to rotate-half) to the HF model in float64
+ * (scripts/ref_peft.py); our GGUF model with the adapter attached, not
+ * merged, must give the same logits. */
+static void test_peft_vs_torch(void) {
+    ftune_model *g = load(gguf_path);
+    if (!g) { CHECK(0); return; }
+    ft_lora_cfg cfg = { .r = 4, .alpha = 6, .rslora = true, .targets = FT_MOD_ALL };
+    ft_adapter *a = NULL;
+    CHECK_OK(ft_adapter_attach(&a, g, &cfg, false, 31));
+    float *ours = NULL, *ref = NULL;
+    char *buf = NULL;
+    if (!a) goto out;
+    randomize_b(a, 37, 0.02f);
+    char dir[600], out[600], cmd[4096], arg[T_TOK * 8];
+    CHECK_OK(ft_adapter_save_peft(a, tmp(dir, sizeof dir, "peft_for_torch")));
+    size_t k = 0;
+    for (int i = 0; i < T_TOK; i++) k += (size_t)snprintf(arg + k, sizeof arg - k, "%s%d", i ? "," : "", toks[i]);
+    tmp(out, sizeof out, "ref_peft.logits");
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 scripts/ref_peft.py --model %s --adapter %s --tokens %s --out %s",
+             hf_path, dir, arg, out);
+    CHECK(system(cmd) == 0);
+    size_t n = 0;
+    long NV = (long)T_TOK * g->cfg.V;
+    CHECK_OK(ft_read_file(out, &buf, &n));
+    if (!buf || n != 12 + (size_t)NV * 4) { CHECK(0); goto out; }
+    int32_t hdr[3];
+    memcpy(hdr, buf, 12);
+    CHECK(hdr[0] == 1 && hdr[1] == T_TOK && hdr[2] == g->cfg.V);
+    ref = malloc((size_t)NV * 4);
+    memcpy(ref, buf + 12, (size_t)NV * 4);
+    ours = logits(g);
+    if (ours) {
+        double e = logit_err(ours, ref, NV);
+        printf("  GGUF base + LoRA (float32) vs PEFT applied by PyTorch to the HF base (float64): max rel err %.3g\n", e);
+        /* float32 against float64 through 5 layers: ~1e-6 of the largest logit measured; a q/k B left in the
+         * wrong layout moves logits by ~1e-1 */
+        CHECKF(e < 1e-5, "%g", e);
+    }
+out:
+    free(buf);
+    free(ref);
+    free(ours);
+    ft_adapter_free(a);
+    ftune_model_free(g);
+}
+
 /* ------------------------------------------------------------- GGUF adapter */
 
 static void test_gguf_adapter(void) {
@@ -402,6 +533,26 @@ static void test_bad_adapters(void) {
               "{\"peft_type\":\"LORA\",\"r\":4,\"use_dora\":true,\"target_modules\":[\"q_proj\"]}", good, 1);
     CHECK(try_load(m, dir) == FTUNE_ERR_UNSUPPORTED);
     CHECKF(contains(ftune_last_error(), "use_dora"), "%s", ftune_last_error());
+    /* a DoRA magnitude among the tensors (config not saying so) */
+    make_peft(tmp(dir, sizeof dir, "dora_tensor"), cfg_q, good, 1);
+    {
+        char p[700];
+        snprintf(p, sizeof p, "%s/adapter_model.safetensors", dir);
+        static float v[64 * 64];
+        st_out_tensor ts[3] = {
+            { .name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", .dtype = FT_F32, .ndim = 2, .shape = { 4, 64 }, .data = v },
+            { .name = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight", .dtype = FT_F32, .ndim = 2, .shape = { 64, 4 }, .data = v },
+            { .name = "base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector", .dtype = FT_F32, .ndim = 1, .shape = { 64 }, .data = v },
+        };
+        CHECK_OK(st_write(p, ts, 3, NULL));
+        CHECK(try_load(m, dir) == FTUNE_ERR_UNSUPPORTED);
+        CHECKF(contains(ftune_last_error(), "lora_magnitude_vector\" is a DoRA magnitude"), "%s", ftune_last_error());
+        /* a full tensor (modules_to_save / resized embedding) */
+        ts[2] = (st_out_tensor){ .name = "base_model.model.lm_head.weight", .dtype = FT_F32, .ndim = 2, .shape = { 8, 64 }, .data = v };
+        CHECK_OK(st_write(p, ts, 3, NULL));
+        CHECK(try_load(m, dir) == FTUNE_ERR_UNSUPPORTED);
+        CHECKF(contains(ftune_last_error(), "lm_head.weight\" is not a lora_A/lora_B weight"), "%s", ftune_last_error());
+    }
     /* a regex selecting q and v of layers 0 and 1 (PEFT matches the whole module name) */
     pair_spec qv01[] = { { "self_attn.q_proj", 4, 64, 64, 4 }, { "self_attn.v_proj", 4, 64, 32, 4 } };
     make_peft(tmp(dir, sizeof dir, "regex"),
@@ -552,6 +703,8 @@ int main(void) {
     RUN(test_permute_rows);
     RUN(test_peft_round_trip);
     RUN(test_qk_layout_across_models);
+    RUN(test_peft_vs_torch);
+    RUN(test_wrap_and_partial);
     RUN(test_gguf_adapter);
     RUN(test_bad_adapters);
     RUN(test_gpt2_adapter);
