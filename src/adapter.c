@@ -522,6 +522,13 @@ ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *
                     "are (out, in)", cfg_path, c->arch);
         goto done;
     }
+    if (!ft_file_exists(st_path)) {
+        snprintf(st_path, sizeof st_path, "%s/adapter_model.bin", dir);
+        st = ft_file_exists(st_path) ? ft_err(FTUNE_ERR_UNSUPPORTED, "%s: pickled PyTorch adapters are not read; save "
+                                              "the adapter with safe_serialization (adapter_model.safetensors)", st_path)
+                                     : ft_err(FTUNE_ERR_IO, "%s: no adapter_model.safetensors", dir);
+        goto done;
+    }
     if ((st = st_open(&f, st_path))) goto done;
     if ((st = ft_peft_scan(&f, &pairs, &np))) goto done;
     for (int i = 0; i < np; i++) {

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/stat.h>
 
 /* row (in) += scale · B[o, :] · A: the adapter's contribution to row o */
@@ -432,7 +433,24 @@ done:
     return st;
 }
 
+/* True if path names the file or directory the model's weights are mapped from. */
+static bool is_source(const ftune_model *m, const char *path) {
+    char *a = realpath(path, NULL), *b = NULL;
+    if (!a) return false;
+    if (m->gguf && m->gguf->map.path) b = ft_strdup(m->gguf->map.path);
+    else if (m->n_shards > 0) b = base_dir(m);
+    else if (m->bin.path) b = ft_strdup(m->bin.path);
+    char *rb = b ? realpath(b, NULL) : NULL;
+    bool same = rb && strcmp(a, rb) == 0;
+    free(a);
+    free(b);
+    free(rb);
+    return same;
+}
+
 ftune_status ft_merge_write(const ftune_model *m, const char *out_path, const ft_merge_opts *opts) {
+    if (is_source(m, out_path))
+        return ft_err(FTUNE_ERR_ARG, "%s: is where the base model is read from; write the merged model elsewhere", out_path);
     size_t n = strlen(out_path);
     if (n >= 5 && strcmp(out_path + n - 5, ".gguf") == 0) return write_gguf(m, out_path, opts);
     return write_hf(m, out_path, opts);

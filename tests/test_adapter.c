@@ -553,6 +553,24 @@ static void test_bad_adapters(void) {
         CHECK(try_load(m, dir) == FTUNE_ERR_UNSUPPORTED);
         CHECKF(contains(ftune_last_error(), "lm_head.weight\" is not a lora_A/lora_B weight"), "%s", ftune_last_error());
     }
+    /* BF16 tensors are widened on load */
+    {
+        char p[700];
+        make_peft(tmp(dir, sizeof dir, "bf16"), cfg_q, good, 1);
+        snprintf(p, sizeof p, "%s/adapter_model.safetensors", dir);
+        static uint16_t one[64 * 4];
+        for (int i = 0; i < 64 * 4; i++) one[i] = 0x3F80; /* 1.0 */
+        one[5] = 0xBFC0;                                  /* -1.5 */
+        st_out_tensor ts[2] = {
+            { .name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", .dtype = FT_BF16, .ndim = 2, .shape = { 4, 64 }, .data = one },
+            { .name = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight", .dtype = FT_BF16, .ndim = 2, .shape = { 64, 4 }, .data = one },
+        };
+        CHECK_OK(st_write(p, ts, 2, NULL));
+        ft_adapter *a16 = NULL;
+        CHECK_OK(ft_adapter_load_peft(&a16, m, dir, false));
+        CHECK(a16 && a16->e[0].lora->A[0] == 1.0f && a16->e[0].lora->A[5] == -1.5f && a16->e[0].lora->B[5] == -1.5f);
+        ft_adapter_free(a16);
+    }
     /* a regex selecting q and v of layers 0 and 1 (PEFT matches the whole module name) */
     pair_spec qv01[] = { { "self_attn.q_proj", 4, 64, 64, 4 }, { "self_attn.v_proj", 4, 64, 32, 4 } };
     make_peft(tmp(dir, sizeof dir, "regex"),
@@ -617,8 +635,10 @@ static void test_gpt2_adapter(void) {
 /* ------------------------------------------------------------- merge */
 
 static void test_merge(void) {
-    const char *bases[2] = { hf_path, gguf_path };
-    for (int b = 0; b < 2; b++) {
+    char bin_path[1024];
+    check_data_path(bin_path, sizeof bin_path, "models/stories260K/stories260K.bin");
+    const char *bases[3] = { hf_path, gguf_path, bin_path };
+    for (int b = 0; b < 3; b++) {
         ftune_model *m = load(bases[b]), *ref = load(bases[b]);
         if (!m || !ref) { CHECK(0); ftune_model_free(m); ftune_model_free(ref); continue; }
         ft_lora_cfg cfg = { .r = 8, .alpha = 16, .targets = FT_MOD_ALL & ~FT_MOD_BIT(FT_MOD_UP) };
@@ -631,23 +651,24 @@ static void test_merge(void) {
         long n = (long)T_TOK * m->cfg.V;
         float *l_lora = logits(m);       /* base + LoRA, unmerged (Linear applies the adapter) */
         char out[600], out_gguf[600];
-        snprintf(out, sizeof out, "%s/merged_%s", tmpdir, b ? "from_gguf" : "from_hf");
+        snprintf(out, sizeof out, "%s/merged_%s", tmpdir, (const char *[]){ "from_hf", "from_gguf", "from_bin" }[b]);
         snprintf(out_gguf, sizeof out_gguf, "%s/merged.gguf", tmpdir);
         CHECK_OK(ft_merge_write(m, out, NULL));
         if (b == 1) CHECK_OK(ft_merge_write(m, out_gguf, NULL));
         else CHECK(ft_merge_write(m, out_gguf, NULL) == FTUNE_ERR_UNSUPPORTED);
+        CHECK(ft_merge_write(m, bases[b], NULL) == FTUNE_ERR_ARG); /* never over the files being read */
         CHECK_OK(ft_merge_lora(ref));     /* merged in memory */
         float *l_mem = logits(ref);
         ftune_model *w = load(out);
         float *l_file = w ? logits(w) : NULL;
         if (w) {
-            CHECK(strcmp(w->format, "hf") == 0 && !w->cfg.rope_interleaved && w->cfg.tied == (b == 0));
+            CHECK(strcmp(w->format, "hf") == 0 && !w->cfg.rope_interleaved && w->cfg.tied == (b != 1));
             CHECK(w->layers[0].wq.w.dtype == FT_F32 && w->layers[0].wq.lora == NULL);
         }
         if (l_lora && l_mem && l_file) {
             double e_file = logit_err(l_file, l_mem, n), e_lora = logit_err(l_lora, l_mem, n);
             printf("  %s base: merged+written+reloaded vs merged in memory %.3g; base+LoRA vs merged %.3g\n",
-                   b ? "GGUF" : "HF", e_file, e_lora);
+                   (const char *[]){ "HF", "GGUF", "llama2.c" }[b], e_file, e_lora);
             /* the same f32 rows written and read back (for the GGUF base, in the other RoPE layout) */
             CHECKF(e_file < 1e-6, "%g", e_file);
             /* (W + sBA)x vs Wx + s·B(Ax) in float32: W + sBA rounds W by an ulp (6e-8), which 5 layers
