@@ -20,6 +20,7 @@ static const char *const mod_paths[FT_N_MODS] = { "self_attn.q_proj", "self_attn
                                                   "mlp.down_proj" };
 static const char *const mod_gguf[FT_N_MODS] = { "attn_q", "attn_k", "attn_v", "attn_output",
                                                  "ffn_gate", "ffn_up", "ffn_down" };
+#define PEFT_PREFIX "base_model.model."
 #define MOD_LIST "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
 
 const char *ft_module_name(ft_module mod) { return mod < FT_N_MODS ? mod_names[mod] : "?"; }
@@ -221,6 +222,29 @@ void ft_adapter_free(ft_adapter *a) {
     free(a);
 }
 
+ftune_status ft_adapter_params(const ft_adapter *a, ft_param *out) {
+    for (int i = 0; i < a->n; i++) {
+        const ft_adapter_entry *e = &a->e[i];
+        if (!e->lora->dA || !e->lora->dB)
+            return ft_err(FTUNE_ERR_ARG, "layer %d %s: the adapter has no gradients (attach it as trainable)", e->layer,
+                          mod_names[e->mod]);
+        for (int k = 0; k < 2; k++) {
+            ft_param *p = &out[2 * i + k];
+            memset(p, 0, sizeof *p);
+            snprintf(p->name, sizeof p->name, PEFT_PREFIX "model.layers.%d.%s.lora_%c.weight", e->layer,
+                     mod_paths[e->mod], k ? 'B' : 'A');
+            p->data = k ? e->lora->B : e->lora->A;
+            p->grad = k ? e->lora->dB : e->lora->dA;
+            p->ndim = 2;
+            p->shape[0] = k ? e->lin->out : e->lora->r;
+            p->shape[1] = k ? e->lora->r : e->lin->in;
+            p->numel = p->shape[0] * p->shape[1];
+            p->decay = true;
+        }
+    }
+    return FTUNE_OK;
+}
+
 /* ------------------------------------------------------------- PEFT config */
 
 /* A field that is absent, null, false, or an empty string/list/object. */
@@ -325,8 +349,6 @@ done:
 }
 
 /* ------------------------------------------------------------- PEFT tensors */
-
-#define PEFT_PREFIX "base_model.model."
 
 static bool ends_with(const char *s, const char *suf) {
     size_t a = strlen(s), b = strlen(suf);

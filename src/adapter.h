@@ -14,6 +14,7 @@
 #define FT_ADAPTER_H
 
 #include "model.h"
+#include "optim.h"
 
 /* The seven Linears of a block, in layer order. The bit order is the same
  * as the trainer's FT_TARGET_* mask. */
@@ -81,6 +82,13 @@ ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *l
 /* Detaches the adapter's own LoRA structs from the model and frees them.
  * Accepts NULL. */
 void ft_adapter_free(ft_adapter *a);
+
+/* The trainable tensors of an adapter attached with trainable: 2·n
+ * parameters (A then B of each entry) named as in the PEFT file
+ * ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"), with
+ * weight decay. out holds 2·a->n entries. FTUNE_ERR_ARG if the adapter has
+ * no gradients. */
+ftune_status ft_adapter_params(const ft_adapter *a, ft_param *out);
 
 /* ------------------------------------------------------------- PEFT */
 

@@ -108,6 +108,33 @@ static void test_peft_round_trip(void) {
     for (int j = 0; j < 4 * 64; j++) amax = fmaxf(amax, fabsf(a->e[0].lora->A[j]));
     CHECK(amax > 0.1f && amax <= 0.125f);
     CHECK(a->e[0].lora->B[0] == 0 && a->e[0].lora->B[63 * 4 + 3] == 0);
+    /* its trainables, as the optimizer sees them: one AdamW step with every grad 1 moves each value by -lr */
+    ft_param *ps = calloc((size_t)2 * a->n, sizeof *ps);
+    CHECK_OK(ft_adapter_params(a, ps));
+    CHECK(strcmp(ps[1].name, "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight") == 0);
+    CHECK(ps[1].shape[0] == 64 && ps[1].shape[1] == 4 && ps[1].numel == 256 && ps[1].data == a->e[0].lora->B);
+    CHECK(ps[12].shape[0] == 4 && ps[12].shape[1] == 172); /* layer 0 down_proj A */
+    for (int i = 0; i < 2 * a->n; i++)
+        for (int64_t j = 0; j < ps[i].numel; j++) ps[i].grad[j] = 1.0f;
+    ft_adamw_cfg oc;
+    ft_adamw_defaults(&oc);
+    ft_adamw opt;
+    CHECK_OK(ft_adamw_init(&opt, ps, 2 * a->n, &oc));
+    float a0 = a->e[0].lora->A[0];
+    ft_adamw_step(&opt, 1e-3);
+    /* first Adam step: m̂/sqrt(v̂) = 1/(1 + 1e-8), so the change is lr to float rounding (1e-7 of 1e-3) */
+    CHECK(fabsf(a->e[0].lora->B[7] + 1e-3f) < 1e-9f && fabsf(a->e[0].lora->A[0] - (a0 - 1e-3f)) < 1e-7f);
+    ft_adamw_free(&opt);
+    memset(a->e[0].lora->B, 0, 256 * sizeof(float));
+    free(ps);
+    ft_adapter *fz = NULL;
+    ft_lora_cfg one = { .r = 2, .alpha = 2, .targets = FT_MOD_BIT(FT_MOD_Q) };
+    ftune_model *m2 = load(hf_path);
+    CHECK_OK(ft_adapter_attach(&fz, m2, &one, false, 1));
+    ft_param fp[10];
+    CHECK(fz && ft_adapter_params(fz, fp) == FTUNE_ERR_ARG);
+    ft_adapter_free(fz);
+    ftune_model_free(m2);
     /* attaching twice is refused */
     ft_adapter *a2 = NULL;
     CHECK(ft_adapter_attach(&a2, m, &cfg, false, 1) == FTUNE_ERR_ARG);
