@@ -107,6 +107,11 @@ int ft_trainer_find_param(const ft_trainer *tr, const char *name);
  * floats in parameter order (for the optimizer, all-reduce, checkpoints). */
 float *ft_trainer_values(ft_trainer *tr, int64_t *n);
 float *ft_trainer_grads(ft_trainer *tr, int64_t *n);
+/* The adapter on Linear `target` (FT_TARGET_* bit index, ft_target_names
+ * order) of block `layer`, or NULL (not targeted, full mode, out of range).
+ * Its A/B/dA/dB point into ft_trainer_values()/ft_trainer_grads(); the
+ * model's own Linears never see it (wrap these to export or sample). */
+ft_lora *ft_trainer_lora(ft_trainer *tr, int layer, int target);
 /* The micro-step counter that seeds dropout masks (save it in checkpoints
  * and restore it to replay the same masks). */
 uint64_t ft_trainer_get_micro_step(const ft_trainer *tr);

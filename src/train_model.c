@@ -472,6 +472,12 @@ int ft_trainer_find_param(const ft_trainer *tr, const char *name) {
 }
 float *ft_trainer_values(ft_trainer *tr, int64_t *n) { if (n) *n = tr->n_values; return tr->values; }
 float *ft_trainer_grads(ft_trainer *tr, int64_t *n) { if (n) *n = tr->n_values; return tr->grads; }
+ft_lora *ft_trainer_lora(ft_trainer *tr, int layer, int target) {
+    if (tr->o.mode != FT_TRAIN_LORA || layer < 0 || layer >= tr->cfg.L || target < 0 || target >= FT_N_TARGETS ||
+        !(tr->o.targets & (1u << target)))
+        return NULL;
+    return &tr->loras[layer * FT_N_TARGETS + target];
+}
 uint64_t ft_trainer_get_micro_step(const ft_trainer *tr) { return tr->micro_step; }
 void ft_trainer_set_micro_step(ft_trainer *tr, uint64_t step) { tr->micro_step = step; }
 const ft_train_opts *ft_trainer_opts(const ft_trainer *tr) { return &tr->o; }

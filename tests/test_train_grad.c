@@ -200,6 +200,13 @@ static void test_lora_all_targets_vs_torch(void) {
     CHECK_OK(ft_trainer_new(&tr, m, &o));
     if (!tr) { ftune_model_free(m); return; }
     CHECK(ft_trainer_n_params(tr) == 5 * 7 * 2);
+    {
+        ft_lora *a = ft_trainer_lora(tr, 2, 5); /* layer 2 up_proj: the 2·(2·7+5)-th parameter */
+        const ft_train_param *p = ft_trainer_param(tr, 2 * (2 * 7 + 5));
+        CHECK(a && p && a->A == p->data && a->dA == p->grad && a->r == 4 && a->scale == 2.0f);
+        CHECK(p && strcmp(p->name, "base_model.model.model.layers.2.mlp.up_proj.lora_A.weight") == 0);
+        CHECK(!ft_trainer_lora(tr, 5, 0) && !ft_trainer_lora(tr, 0, 7));
+    }
     randomise_lora_B(tr, 5);
     test_batch tb;
     make_batch(&tb, 2, 24, m->cfg.V, 3);
