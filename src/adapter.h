@@ -128,7 +128,7 @@ typedef struct {
  * has its partner, that both are 2-D with A [r, in] and B [out, r] of the
  * same r, and that the dtype is F32, F16 or BF16. DoRA magnitudes,
  * embedding adapters and full tensors (modules_to_save) are
- * FTUNE_ERR_UNSUPPORTED. *pairs is malloc'd, in file order of the A keys. */
+ * FTUNE_ERR_UNSUPPORTED. *pairs is malloc'd, in the order of f->tensors. */
 ftune_status ft_peft_scan(const st_file *f, ft_peft_pair **pairs, int *n);
 
 /* Loads a PEFT adapter directory onto m (attached until ft_adapter_free):
