@@ -5,6 +5,7 @@ set -euo pipefail
 PKGS=(
   build-essential     # gcc, make
   libopenblas-dev     # BLAS for fp32 matrix products (and PyTorch's fast BLAS)
+  libopenblas-openmp-dev  # the OpenMP build of OpenBLAS, which ftune links (shares its thread pool)
   libpcre2-dev        # Unicode regex pre-tokenization for byte-level BPE
   libcjson-dev        # JSON parsing: config.json, tokenizer.json, JSONL, safetensors headers
   clang               # libFuzzer target for the file parsers
