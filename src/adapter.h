@@ -157,7 +157,9 @@ ftune_status ft_merge_lora(ftune_model *m);
 
 typedef struct {
     const char *dtype;       /* "f32", "bf16", "f16" for every matrix; NULL keeps each
-                              * weight's dtype (f32 where safetensors has none, e.g. q8_0) */
+                              * weight's dtype (f32 where safetensors has none, e.g. q8_0).
+                              * A GGUF output also takes "q8_0" and "q4_0" (for the
+                              * Linear weights whose rows are whole blocks) */
 } ft_merge_opts;
 
 /* Writes m with every attached adapter folded in (W + scale·B·A computed

@@ -378,8 +378,16 @@ static ftune_status write_gguf(const ftune_model *mc, const char *path, const ft
     if (!m->gguf)
         return ft_err(FTUNE_ERR_UNSUPPORTED, "%s: writing a merged GGUF needs a GGUF base model (its metadata and "
                       "tokenizer are copied); write a Hugging Face directory instead", path);
-    if (opts && opts->dtype)
-        return ft_err(FTUNE_ERR_UNSUPPORTED, "%s: a merged GGUF keeps each tensor's type; a dtype cannot be chosen", path);
+    /* a chosen dtype applies to the Linear weights (and so quantizes a
+     * model); rows that are not whole blocks of it keep their type */
+    ft_dtype forced = FT_NTYPES;
+    if (opts && opts->dtype) {
+        const char *d = opts->dtype;
+        forced = !strcmp(d, "f32") ? FT_F32 : !strcmp(d, "f16") ? FT_F16 : !strcmp(d, "bf16") ? FT_BF16
+               : !strcmp(d, "q8_0") ? FT_Q8_0 : !strcmp(d, "q4_0") ? FT_Q4_0 : FT_NTYPES;
+        if (forced == FT_NTYPES)
+            return ft_err(FTUNE_ERR_ARG, "%s: dtype \"%s\" is not one of f32, f16, bf16, q8_0, q4_0", path, d);
+    }
     const gguf_file *g = m->gguf;
     const ft_config *c = &m->cfg;
     int n_merged = 0;
@@ -410,19 +418,21 @@ static ftune_status write_gguf(const ftune_model *mc, const char *path, const ft
             l < c->L)
             for (k = 0; k < FT_N_MODS && strcmp(mod, ft_module_gguf_name((ft_module)k)) != 0; k++) {}
         const ft_linear *lin = k < FT_N_MODS ? ft_model_linear(m, l, (ft_module)k) : NULL;
-        if (lin && (lin->lora || lin->w.data != ti->data)) {
-            size_t rb = (size_t)ft_dtype_nbytes(ti->dtype, lin->in);
+        ft_dtype out_dt = ti->dtype;
+        if (lin && forced != FT_NTYPES && lin->in % ft_types[forced].block == 0) out_dt = forced;
+        if (lin && (lin->lora || lin->w.data != ti->data || out_dt != ti->dtype)) {
+            size_t rb = (size_t)ft_dtype_nbytes(out_dt, lin->in);
             uint8_t *b = ft_malloc(rb * lin->out);
             if (!b) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); break; }
             bufs[n_merged++] = b;
             for (int o = 0; o < lin->out; o++) {
                 ft_tensor_row_f32(&lin->w, o, row);
                 if (lin->lora) add_lora_row(row, lin->lora, o, lin->in);
-                ft_types[ti->dtype].from_f32(row, b + (size_t)o * rb, lin->in);
+                ft_types[out_dt].from_f32(row, b + (size_t)o * rb, lin->in);
             }
             data = b;
         }
-        if (!st) st = gguf_writer_add_tensor(w, name, ti->dtype, (int)ti->n_dims, shape, data);
+        if (!st) st = gguf_writer_add_tensor(w, name, out_dt, (int)ti->n_dims, shape, data);
     }
     if (!st) st = gguf_writer_write(w, path);
 done:
