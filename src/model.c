@@ -121,6 +121,7 @@ ftune_status ftune_model_load(ftune_model **out, const char *path, const ftune_l
 
 void ftune_model_free(ftune_model *m) {
     if (!m) return;
+    if (m->adapter && m->free_adapter) m->free_adapter(m->adapter);
     ft_tokenizer_free(m->tok);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
