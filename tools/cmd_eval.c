@@ -48,10 +48,12 @@ static int eval_doc(ftune_session *s, const ftune_tokenizer *tok, const char *te
 
 int cmd_eval(int argc, char **argv) {
     const char *model = NULL, *text_path = NULL, *jsonl_path = NULL, *tokenizer = NULL, *field = "text";
+    const char *adapter = NULL;
     int threads = 0, ctx = 0;
     bool json = false, no_bos = false;
     cli_opt opts[] = {
         { "-m", "--model", OPT_STR, &model, "MODEL", "Hugging Face directory, .gguf, or llama2.c .bin" },
+        { NULL, "--adapter", OPT_STR, &adapter, "DIR", "apply a PEFT LoRA adapter directory" },
         { NULL, "--text", OPT_STR, &text_path, "FILE", "evaluate a plain text file as one document" },
         { NULL, "--jsonl", OPT_STR, &jsonl_path, "FILE", "evaluate each line's text field as a document" },
         { NULL, "--field", OPT_STR, &field, "NAME", "the JSONL field holding the text" },
@@ -79,6 +81,10 @@ int cmd_eval(int argc, char **argv) {
     if (!data) { fprintf(stderr, "ftune eval: error: %s: cannot read\n", path); return 1; }
     ftune_model *m = cli_load_model("eval", model, tokenizer, ctx, true);
     if (!m) { free(data); return 1; }
+    if (adapter) {
+        ftune_status sa = ftune_model_load_adapter(m, adapter);
+        if (sa) { cli_fail("eval", sa); ftune_model_free(m); free(data); return 1; }
+    }
     const ftune_tokenizer *tok = ftune_model_tokenizer(m);
     ftune_session *s = NULL;
     ftune_eval_result acc = { 0, 0 };

@@ -10,7 +10,7 @@
 #include "cli.h"
 
 int cmd_generate(int argc, char **argv) {
-    const char *model = NULL, *prompt = "", *tokenizer = NULL;
+    const char *model = NULL, *prompt = "", *tokenizer = NULL, *adapter = NULL;
     int n_predict = -1, threads = 0, ctx = 0;
     bool no_bos = false, quiet = false;
     ftune_sampler_params sp;
@@ -18,6 +18,7 @@ int cmd_generate(int argc, char **argv) {
     uint64_t seed = 0;
     cli_opt opts[] = {
         { "-m", "--model", OPT_STR, &model, "MODEL", "Hugging Face directory, .gguf, or llama2.c .bin" },
+        { NULL, "--adapter", OPT_STR, &adapter, "DIR", "apply a PEFT LoRA adapter directory" },
         { "-p", "--prompt", OPT_STR, &prompt, "TEXT", "prompt to continue (UTF-8)" },
         { "-n", "--n-predict", OPT_INT, &n_predict, "N", "new tokens to generate; -1 = until end of text or context full" },
         { NULL, "--temp", OPT_FLOAT, &sp.temperature, "T", "temperature; 0 = greedy" },
@@ -45,6 +46,12 @@ int cmd_generate(int argc, char **argv) {
 
     ftune_model *m = cli_load_model("generate", model, tokenizer, ctx, true);
     if (!m) return 1;
+    ftune_status st;
+    if (adapter && (st = ftune_model_load_adapter(m, adapter))) {
+        cli_fail("generate", st);
+        ftune_model_free(m);
+        return 1;
+    }
     int rc = 1;
     const ftune_tokenizer *tok = ftune_model_tokenizer(m);
     ftune_model_info info;
@@ -54,7 +61,6 @@ int cmd_generate(int argc, char **argv) {
     int32_t *ids = NULL, *hist = NULL;
     float *logits = NULL;
     size_t n_ids = 0;
-    ftune_status st;
     int add_bos = !no_bos && ftune_tokenizer_bos(tok) >= 0;
     if ((st = ftune_tokenize(tok, prompt, strlen(prompt), add_bos, 0, &ids, &n_ids))) { cli_fail("generate", st); goto out; }
     if (n_ids == 0) {

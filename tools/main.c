@@ -4,11 +4,16 @@
 
 #include "cli.h"
 
+int cmd_train(int argc, char **argv);
+int cmd_merge(int argc, char **argv);
+
 static const struct { const char *name; int (*fn)(int, char **); const char *about; } cmds[] = {
     { "generate", cmd_generate, "generate text from a model (KV cache, sampling, streaming)" },
     { "eval", cmd_eval, "loss and perplexity of a model on a text or JSONL file" },
     { "tokenize", cmd_tokenize, "print the token ids of text read from stdin" },
     { "info", cmd_info, "architecture, parameters, dtypes and tokenizer of a model" },
+    { "train", cmd_train, "fine-tune a model (LoRA or full) on a dataset; checkpoints, resume" },
+    { "merge", cmd_merge, "fold a LoRA adapter into the base weights and write the model" },
     { "init", cmd_init, "write a model with random weights from a preset or config" },
 };
 

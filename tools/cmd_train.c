@@ -1,0 +1,226 @@
+/* cmd_train.c — `ftune train`: fine-tunes a model (LoRA or full) on a
+ * dataset through ft_train_run, showing a live progress line on stderr.
+ * Ctrl-C finishes the current step, saves a checkpoint and exits non-zero. */
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "train_loop.h"
+
+static volatile sig_atomic_t g_stop = 0;
+static void on_sigint(int sig) { (void)sig; g_stop = 1; }
+
+typedef struct {
+    bool quiet, tty, line_open;
+} progress_ctx;
+
+static void fmt_duration(char *buf, size_t cap, double s) {
+    if (!(s >= 0) || s > 1e8) { snprintf(buf, cap, "?"); return; }
+    long t = lround(s);
+    if (t >= 3600) snprintf(buf, cap, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60) snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(buf, cap, "%lds", t);
+}
+
+static void end_line(progress_ctx *pc) {
+    if (pc->line_open) fputc('\n', stderr);
+    pc->line_open = false;
+}
+
+static void on_progress(void *ctx, const ft_train_progress *p) {
+    progress_ctx *pc = ctx;
+    if (pc->quiet) return;
+    char eta[32];
+    switch (p->ev) {
+    case FT_RUN_START:
+        fprintf(stderr, "data: %d training examples (%lld tokens, %lld targets, format %s), %d validation examples\n",
+                p->n_train, (long long)p->train_tokens, (long long)p->train_targets, p->data_format, p->n_val);
+        if (p->n_truncated)
+            fprintf(stderr, "warning: %lld example(s) longer than %d tokens were truncated (--drop-long drops them; "
+                    "--ctx sets the length)\n", (long long)p->n_truncated, p->T);
+        if (p->n_dropped_long) fprintf(stderr, "note: %lld example(s) longer than %d tokens were dropped\n",
+                                       (long long)p->n_dropped_long, p->T);
+        if (p->n_dropped_empty) fprintf(stderr, "note: %lld example(s) with no tokens to train on were dropped\n",
+                                        (long long)p->n_dropped_empty);
+        fprintf(stderr, "trainable parameters: %lld\n", (long long)p->n_trainable);
+        fprintf(stderr, "steps: %lld (micro-batch %d x %d tokens, %d micro-batch(es) per step)\n",
+                (long long)p->total_steps, p->B, p->T, p->K);
+        if (p->start_step) fprintf(stderr, "resuming after step %lld\n", (long long)p->start_step);
+        break;
+    case FT_RUN_STEP:
+        fmt_duration(eta, sizeof eta, p->eta_s);
+        fprintf(stderr, "%sstep %lld/%lld  loss %.4f  lr %.1e  gnorm %.2f  %.0f tok/s  mem %.1f MiB  ETA %s%s",
+                pc->tty ? "\r" : "", (long long)p->step, (long long)p->total_steps, p->loss, p->lr, p->grad_norm,
+                p->tokens_per_s, p->peak_mib, eta, pc->tty ? "\033[K" : "\n");
+        pc->line_open = pc->tty;
+        if (p->has_val_loss) {
+            end_line(pc);
+            fprintf(stderr, "step %lld: val loss %.4f\n", (long long)p->step, p->val_loss);
+        }
+        break;
+    case FT_RUN_EVAL:
+        end_line(pc);
+        fprintf(stderr, "step %lld: val loss %.4f%s\n", (long long)p->step, p->val_loss,
+                p->step == 0 ? " (before training)" : "");
+        break;
+    case FT_RUN_SAVE:
+        end_line(pc);
+        fprintf(stderr, "saved %s\n", p->path);
+        break;
+    case FT_RUN_DONE:
+        end_line(pc);
+        fprintf(stderr, "wrote %s\n", p->path);
+        break;
+    }
+    fflush(stderr);
+}
+
+static int parse_num(const char *name, const char *s, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (!*s || *end || errno || !isfinite(v)) {
+        fprintf(stderr, "ftune train: %s expects a number, got \"%s\"\n(see ftune train --help)\n", name, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cmd_train(int argc, char **argv) {
+    ft_train_run_opts o;
+    ft_train_run_opts_default(&o);
+    const char *model = NULL, *tokenizer = NULL, *format = "auto", *targets = "q,k,v,o,gate,up,down";
+    const char *val_split = "0.05", *lora_alpha = "16", *lora_dropout = "0.05", *lr = "2e-4", *wd = "0.0";
+    const char *beta1 = "0.9", *beta2 = "0.999", *eps = "1e-8", *max_norm = "1.0", *schedule = "cosine", *min_lr = "0";
+    int warmup = 0, steps = 0, epochs = 0;
+    bool full = false, quiet = false, no_shuffle = false;
+    cli_opt opts[] = {
+        { "-m", "--model", OPT_STR, &model, "MODEL", "base model: Hugging Face directory, .gguf, or llama2.c .bin" },
+        { NULL, "--data", OPT_STR, &o.data_path, "FILE", "training data: JSONL, JSON array, or .txt" },
+        { "-o", "--output", OPT_STR, &o.out_dir, "DIR", "where the adapter (or model), metrics and checkpoints go" },
+        { NULL, "--val", OPT_STR, &o.val_path, "FILE", "validation data (instead of --val-split)" },
+        { NULL, "--val-split", OPT_STR, &val_split, "F", "fraction of --data held out for validation; 0 = none" },
+        { NULL, "--format", OPT_STR, &format, "NAME", "auto, text, prompt-completion, alpaca, chat, txt" },
+        { NULL, "--chat-template", OPT_STR, &o.chat_template, "NAME",
+          "chatml, llama2, llama3, mistral, zephyr, alpaca (default: from tokenizer_config.json)" },
+        { NULL, "--train-on-prompt", OPT_FLAG, &o.train_on_prompt, "", "train on prompt tokens too" },
+        { NULL, "--drop-long", OPT_FLAG, &o.drop_long, "", "drop examples longer than --ctx instead of truncating" },
+        { NULL, "--pack", OPT_FLAG, &o.pack, "", "pack several examples per row (they never attend to each other)" },
+        { NULL, "--ctx", OPT_INT, &o.ctx, "N", "sequence length; 0 = min(512, the model's context)" },
+        { NULL, "--full", OPT_FLAG, &full, "", "full fine-tuning (every weight, f32) instead of LoRA" },
+        { NULL, "--lora-r", OPT_INT, &o.lora_r, "R", "LoRA rank" },
+        { NULL, "--lora-alpha", OPT_STR, &lora_alpha, "A", "LoRA alpha (scale alpha/r)" },
+        { NULL, "--lora-dropout", OPT_STR, &lora_dropout, "P", "dropout on the LoRA input" },
+        { NULL, "--lora-targets", OPT_STR, &targets, "LIST", "Linears to adapt: q,k,v,o,gate,up,down or all" },
+        { NULL, "--rslora", OPT_FLAG, &o.rslora, "", "rank-stabilised scale alpha/sqrt(r)" },
+        { NULL, "--init-adapter", OPT_STR, &o.init_adapter, "DIR", "start LoRA from this PEFT adapter" },
+        { NULL, "--lr", OPT_STR, &lr, "LR", "peak learning rate" },
+        { NULL, "--weight-decay", OPT_STR, &wd, "W", "AdamW decoupled weight decay" },
+        { NULL, "--beta1", OPT_STR, &beta1, "B", "AdamW beta1" },
+        { NULL, "--beta2", OPT_STR, &beta2, "B", "AdamW beta2" },
+        { NULL, "--adam-eps", OPT_STR, &eps, "E", "AdamW epsilon" },
+        { NULL, "--max-grad-norm", OPT_STR, &max_norm, "N", "clip the global gradient norm; 0 = off" },
+        { NULL, "--schedule", OPT_STR, &schedule, "NAME", "cosine, linear or constant (after warmup)" },
+        { NULL, "--warmup", OPT_INT, &warmup, "N", "linear warmup steps" },
+        { NULL, "--min-lr", OPT_STR, &min_lr, "LR", "learning rate at the end of the decay" },
+        { NULL, "--steps", OPT_INT, &steps, "N", "optimizer steps; 0 = from --epochs" },
+        { NULL, "--epochs", OPT_INT, &epochs, "N", "passes over the training data when --steps is 0 (0 = 1)" },
+        { NULL, "--batch-size", OPT_INT, &o.batch_size, "B", "rows per micro-batch" },
+        { NULL, "--grad-accum", OPT_INT, &o.grad_accum, "K", "micro-batches per optimizer step" },
+        { NULL, "--seed", OPT_U64, &o.seed, "S", "LoRA init, dropout, shuffling and the validation split" },
+        { NULL, "--no-shuffle", OPT_FLAG, &no_shuffle, "", "keep the file's order in every epoch" },
+        { NULL, "--eval-every", OPT_INT, &o.eval_every, "N", "validate every N steps; 0 = before and after only" },
+        { NULL, "--save-every", OPT_INT, &o.save_every, "N", "write OUT/checkpoint-STEP every N steps; 0 = never" },
+        { NULL, "--resume", OPT_STR, &o.resume, "DIR", "continue from OUT/checkpoint-STEP" },
+        { NULL, "--export-gguf", OPT_FLAG, &o.export_gguf, "", "also write OUT/adapter.gguf (llama.cpp LoRA)" },
+        { NULL, "--save-initial-adapter", OPT_FLAG, &o.save_initial_adapter, "",
+          "write OUT/initial/ (the PEFT adapter before step 1)" },
+        { NULL, "--dump-batches", OPT_STR, &o.dump_batches, "FILE", "write every micro-batch as a JSON line" },
+        { "-t", "--threads", OPT_INT, &o.n_threads, "N", "threads; 0 = all cores" },
+        { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
+        { NULL, "--quiet", OPT_FLAG, &quiet, "", "no progress output" },
+        { 0 },
+    };
+    cli_cmd cmd = { "train", "-m MODEL --data FILE -o OUT_DIR [options]",
+                    "Fine-tunes a model with LoRA (default) or fully. Writes OUT_DIR/adapter_config.json and\n"
+                    "adapter_model.safetensors (a PEFT adapter), or with --full a Hugging Face model; and\n"
+                    "OUT_DIR/metrics.jsonl with one line per optimizer step. The loss of a step is normalised\n"
+                    "by the target tokens of all its micro-batches. Ctrl-C saves a checkpoint and stops.",
+                    opts, NULL, 0, 0 };
+    int r = cli_parse(&cmd, argc, argv);
+    if (r) return r > 0 ? 0 : 2;
+    double v;
+    struct { const char *name, *s; double *d; float *f; } nums[] = {
+        { "--val-split", val_split, &o.val_split, NULL }, { "--lora-alpha", lora_alpha, NULL, &o.lora_alpha },
+        { "--lora-dropout", lora_dropout, NULL, &o.lora_dropout }, { "--lr", lr, &o.lr, NULL },
+        { "--weight-decay", wd, &o.adamw.weight_decay, NULL }, { "--beta1", beta1, &o.adamw.beta1, NULL },
+        { "--beta2", beta2, &o.adamw.beta2, NULL }, { "--adam-eps", eps, &o.adamw.eps, NULL },
+        { "--max-grad-norm", max_norm, &o.max_grad_norm, NULL }, { "--min-lr", min_lr, &o.min_lr, NULL },
+    };
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        if (parse_num(nums[i].name, nums[i].s, &v)) return 2;
+        if (nums[i].d) *nums[i].d = v;
+        else *nums[i].f = (float)v;
+    }
+    if (!o.data_path || !o.out_dir) {
+        fprintf(stderr, "ftune train: --data FILE and -o OUT_DIR are required\n(see ftune train --help)\n");
+        return 2;
+    }
+    if (strcmp(format, "prompt-completion") == 0) format = "completion";
+    else if (strcmp(format, "txt") == 0) format = "plain";
+    ftune_status st;
+    if ((st = ft_data_format_from_name(&o.format, format))) return cli_fail("train", st);
+    if ((st = ft_lora_targets_parse(targets, &o.lora_targets))) return cli_fail("train", st);
+    if ((st = ft_sched_kind_parse(schedule, &o.schedule))) return cli_fail("train", st);
+    o.mode = full ? FT_TRAIN_FULL : FT_TRAIN_LORA;
+    o.warmup = warmup;
+    o.steps = steps;
+    o.epochs = epochs;
+    o.shuffle = !no_shuffle;
+    o.lora_set = (cli_seen(&cmd, "--lora-r") ? FT_RUN_SET_R : 0) | (cli_seen(&cmd, "--lora-alpha") ? FT_RUN_SET_ALPHA : 0) |
+                 (cli_seen(&cmd, "--lora-targets") ? FT_RUN_SET_TARGETS : 0) |
+                 (cli_seen(&cmd, "--rslora") ? FT_RUN_SET_RSLORA : 0);
+    if (cli_seen(&cmd, "--val") && cli_seen(&cmd, "--val-split")) {
+        fprintf(stderr, "ftune train: give --val FILE or --val-split F, not both\n");
+        return 2;
+    }
+
+    ftune_model *m = cli_load_model("train", model, tokenizer, 0, true);
+    if (!m) return 1;
+    o.model = m;
+    o.model_path = model;
+    o.stop = &g_stop;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sa.sa_flags = SA_RESETHAND; /* a second Ctrl-C stops at once */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGXFSZ, SIG_IGN); /* a file-size limit is a write error, not a kill */
+
+    progress_ctx pc = { .quiet = quiet, .tty = isatty(2) };
+    ft_train_result res;
+    st = ft_train_run(&o, on_progress, &pc, &res);
+    end_line(&pc);
+    signal(SIGINT, SIG_DFL);
+    int rc = 0;
+    if (st) rc = cli_fail("train", st);
+    else if (!quiet) {
+        if (res.has_val)
+            fprintf(stderr, "val loss: %.4f before, %.4f after %lld steps\n", res.val_loss_first, res.val_loss_last,
+                    (long long)res.steps_done);
+        ftune_model_info info;
+        ftune_model_get_info(m, &info);
+        if (full && strcmp(info.format, "hf") != 0)
+            fprintf(stderr, "note: the base is not a Hugging Face directory, so %s has no tokenizer files; copy "
+                    "them in (or pass the base's tokenizer) to use it\n", o.out_dir);
+    }
+    ftune_model_free(m);
+    return rc;
+}
