@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# `ftune train`, `ftune merge` and `--adapter` end to end on stories260K:
+# LoRA training lowers the loss and its adapter loads in generate and eval;
+# checkpoints resume bit for bit (dropout, gradient accumulation, Ctrl-C);
+# full fine-tuning writes a loadable model; merging gives the same loss as
+# base + adapter; bad data, adapters and checkpoints give clear errors; a
+# disk that fills while saving leaves the previous checkpoint usable.
+set -u
+FT=${FTUNE:-build/ftune}
+D=${FTUNE_DATA:-../shared/data}
+HF=$D/models/stories260K-hf
+GG=$D/models/stories260K/stories260K.gguf
+PY=/usr/bin/python3
+# one thread: the runs are tiny, and bit-exact comparisons need the same
+# reduction order in every run
+export OMP_NUM_THREADS=1
+tmp=${KEEP_TMP:-$(mktemp -d)}; [ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; }
+
+cat > "$tmp/d.jsonl" <<'EOF'
+{"text": "Once upon a time, there was a little cat named Tom. Tom liked to play with his red ball."}
+{"text": "The sun was hot. Lily went to the park with her mom. She saw a big dog and said hello."}
+{"text": "Ben had a toy car. He drove it around the room. The car was fast and blue."}
+{"text": "One day, a bird sat on a tree. The bird sang a happy song for all the kids."}
+{"text": "Sara wanted a cake. Her dad made a big cake with red cherries. Sara was very happy."}
+{"text": "The frog jumped into the pond. Splash! The water was cold, but the frog liked it."}
+{"text": "Max found a shiny stone in the garden. He gave it to his sister, and she smiled."}
+{"text": "It was raining. Tim and Sue stayed inside and built a tall tower with blocks."}
+EOF
+train() { "$FT" train -m "$HF" --data "$tmp/d.jsonl" --ctx 64 -t 1 --quiet "$@"; }
+losses() { $PY -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1])))" "$1"; }
+
+# 1. LoRA at a high learning rate: the loss falls over 30 steps; the outputs exist
+train -o "$tmp/a" --steps 30 --lr 1e-2 --val-split 0 --seed 1 2> "$tmp/err.txt"
+rc=$?
+if [ $rc -ne 0 ]; then fail lora_trains "exit $rc: $(cat "$tmp/err.txt")"
+else
+    $PY - "$tmp/a/metrics.jsonl" <<'EOF' && pass lora_loss_decreases || fail lora_loss_decreases "$(cat "$tmp/a/metrics.jsonl")"
+import json, sys
+m = [json.loads(l) for l in open(sys.argv[1])]
+assert [x["step"] for x in m] == list(range(1, 31)), "one line per step"
+assert all(k in x for x in m for k in ("loss", "lr", "grad_norm", "tokens_per_s"))
+first, last = sum(x["loss"] for x in m[:5]) / 5, sum(x["loss"] for x in m[-5:]) / 5
+print("mean loss of steps 1-5 %.4f, of steps 26-30 %.4f" % (first, last))
+# memorising 8 short stories at lr 1e-2 halves the loss easily (measured: 2.2 -> 0.6)
+assert last < 0.6 * first
+EOF
+    [ -s "$tmp/a/adapter_config.json" ] && [ -s "$tmp/a/adapter_model.safetensors" ] && pass lora_outputs \
+        || fail lora_outputs "$(ls "$tmp/a")"
+fi
+
+# 2. the adapter in generate and eval: on the training text, eval loss with it < without
+"$FT" generate -m "$HF" --adapter "$tmp/a" -p "Once upon a time" -n 20 --temp 0 --quiet > "$tmp/gen.txt" 2> "$tmp/err.txt" \
+    && [ -s "$tmp/gen.txt" ] && pass generate_adapter || fail generate_adapter "$(cat "$tmp/err.txt")"
+base=$("$FT" eval -m "$HF" --jsonl "$tmp/d.jsonl" --json 2>/dev/null)
+with=$("$FT" eval -m "$HF" --adapter "$tmp/a" --jsonl "$tmp/d.jsonl" --json 2> "$tmp/err.txt")
+$PY -c "
+import json,sys; b=json.loads('''$base'''); w=json.loads('''$with''')
+print('eval loss on the training text: base %.4f, with adapter %.4f' % (b['loss'], w['loss']))
+sys.exit(0 if w['loss'] < b['loss'] and w['tokens'] == b['tokens'] else 1)" && pass eval_adapter_lower_loss \
+    || fail eval_adapter_lower_loss "base=$base with=$with $(cat "$tmp/err.txt")"
+# the HF-trained adapter applies to the GGUF base (interleaved q/k rows) with the same result
+wg=$("$FT" eval -m "$GG" --adapter "$tmp/a" --jsonl "$tmp/d.jsonl" --json 2>/dev/null)
+$PY -c "
+import json,sys; a=json.loads('''$with'''); b=json.loads('''$wg''')
+# 1e-5 relative: the same f32 model computed with rows in another order (summation order differs)
+sys.exit(0 if abs(a['loss']-b['loss']) <= 1e-5*a['loss'] else 1)" && pass adapter_on_gguf_base || fail adapter_on_gguf_base "$with vs $wg"
+
+# 3. --export-gguf writes a llama.cpp LoRA adapter with every A/B pair
+train -o "$tmp/g" --steps 2 --val-split 0 --export-gguf --lora-targets q,v 2> "$tmp/err.txt" || fail export_gguf "$(cat "$tmp/err.txt")"
+$PY - "$tmp/g/adapter.gguf" <<'EOF' && pass export_gguf_parses || fail export_gguf_parses "bad adapter.gguf"
+import struct, sys
+b = open(sys.argv[1], "rb").read()
+assert b[:4] == b"GGUF"
+ver, nt, nkv = struct.unpack_from("<IQQ", b, 4)
+off = 24
+def s(o):
+    n, = struct.unpack_from("<Q", b, o); return b[o+8:o+8+n].decode(), o + 8 + n
+kv = {}
+sizes = {0:1,1:1,2:2,3:2,4:4,5:4,6:4,7:1,10:8,11:8,12:8}
+for _ in range(nkv):
+    k, off = s(off)
+    t, = struct.unpack_from("<I", b, off); off += 4
+    if t == 8: v, off = s(off)
+    elif t == 9:
+        at, n = struct.unpack_from("<IQ", b, off); off += 12
+        for _ in range(n):
+            if at == 8: _, off = s(off)
+            else: off += sizes[at]
+        v = None
+    else: v = b[off:off+sizes[t]]; off += sizes[t]
+    kv[k] = v
+names = []
+for _ in range(nt):
+    n, off = s(off)
+    nd, = struct.unpack_from("<I", b, off); off += 4 + 8 * nd + 4 + 8
+    names.append(n)
+assert kv.get("general.type") == "adapter" and kv.get("adapter.type") == "lora", kv
+# 5 layers x (q, v) x (lora_a, lora_b)
+assert nt == 20 and all(n.endswith((".lora_a", ".lora_b")) for n in names), names
+print("adapter.gguf: version", ver, "tensors", nt)
+EOF
+
+# 4. resume is bit-exact: dropout on, 2 micro-batches of 2 rows per step, shuffled
+rt=(--steps 10 --lora-dropout 0.1 --grad-accum 2 --batch-size 2 --lr 1e-3 --seed 7)
+train -o "$tmp/full10" "${rt[@]}" 2> "$tmp/err.txt" || fail resume_reference "$(cat "$tmp/err.txt")"
+train -o "$tmp/r" "${rt[@]}" --save-every 5 2> "$tmp/err.txt" || fail resume_save "$(cat "$tmp/err.txt")"
+[ -f "$tmp/r/checkpoint-5/trainer_state.json" ] && [ -f "$tmp/r/checkpoint-5/adapter_model.safetensors" ] \
+    && [ ! -e "$tmp/r/checkpoint-5.tmp" ] && pass checkpoint_written || fail checkpoint_written "$(ls "$tmp/r")"
+train -o "$tmp/r" "${rt[@]}" --resume "$tmp/r/checkpoint-5" 2> "$tmp/err.txt" || fail resume_run "$(cat "$tmp/err.txt")"
+a=$(losses "$tmp/full10/metrics.jsonl"); b=$(losses "$tmp/r/metrics.jsonl")
+[ -n "$a" ] && [ "$a" = "$b" ] && pass resume_bit_exact || fail resume_bit_exact "uninterrupted: $a; resumed: $b"
+cmp -s "$tmp/full10/adapter_model.safetensors" "$tmp/r/adapter_model.safetensors" && pass resume_same_adapter \
+    || fail resume_same_adapter "final adapters differ"
+
+# 5. Ctrl-C: the current step finishes, a checkpoint is saved, exit non-zero; resuming completes the same run
+st=(--steps 100 --lora-dropout 0.1 --lr 1e-3 --seed 3 --val-split 0)
+train -o "$tmp/s100" "${st[@]}" 2> "$tmp/err.txt" || fail sigint_reference "$(cat "$tmp/err.txt")"
+"$FT" train -m "$HF" --data "$tmp/d.jsonl" --ctx 64 -t 1 --quiet -o "$tmp/c" "${st[@]}" 2> "$tmp/err.txt" &
+pid=$!  # ftune itself (a background job of a script starts with SIGINT ignored; ftune installs its handler)
+for _ in $(seq 1 500); do [ -s "$tmp/c/metrics.jsonl" ] && break; sleep 0.01; done
+kill -INT $pid; wait $pid; rc=$?
+ck=$(ls -d "$tmp"/c/checkpoint-* 2>/dev/null | head -1)
+if [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q "interrupted after step" "$tmp/err.txt" && [ -n "$ck" ]; then
+    train -o "$tmp/c" "${st[@]}" --resume "$ck" 2> "$tmp/err.txt"
+    s1=$(losses "$tmp/s100/metrics.jsonl"); s2=$(losses "$tmp/c/metrics.jsonl")
+    [ -n "$s1" ] && [ "$s1" = "$s2" ] && pass sigint_checkpoint_resume || fail sigint_checkpoint_resume "$s1 vs $s2"
+else fail sigint_checkpoint_resume "exit $rc, checkpoint '$ck': $(cat "$tmp/err.txt")"; fi
+
+# 6. a checkpoint from another configuration or model is refused, naming the difference
+expect_error() {  # name, pattern, command...
+    local name=$1 pat=$2; shift 2
+    "$@" > "$tmp/out.txt" 2> "$tmp/err.txt" < /dev/null
+    local rc=$?
+    if [ $rc -eq 0 ] || [ $rc -ge 128 ]; then fail "$name" "exit $rc"; return; fi
+    if grep -qi -- "$pat" "$tmp/err.txt"; then pass "$name"; else fail "$name" "message lacks '$pat': $(cat "$tmp/err.txt")"; fi
+}
+expect_error resume_other_config "different configuration: lora_r" \
+    train -o "$tmp/x" "${rt[@]}" --lora-r 4 --resume "$tmp/r/checkpoint-5"
+"$FT" init --preset stories260K "$tmp/rand" > /dev/null 2>&1; cp "$HF/tokenizer.json" "$HF/tokenizer_config.json" "$tmp/rand/"
+expect_error resume_other_model "different model" \
+    "$FT" train -m "$tmp/rand" --data "$tmp/d.jsonl" --ctx 64 -t 1 -o "$tmp/x" "${rt[@]}" --resume "$tmp/r/checkpoint-5"
+
+# 7. the disk fills while a checkpoint is written: a clear error, no half checkpoint,
+# and the previous one still resumes to the uninterrupted result
+rm -rf "$tmp/r/checkpoint-10"
+( ulimit -f 100; exec "$FT" train -m "$HF" --data "$tmp/d.jsonl" --ctx 64 -t 1 --quiet -o "$tmp/r" "${rt[@]}" \
+      --save-every 5 --resume "$tmp/r/checkpoint-5" ) 2> "$tmp/err.txt"
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q "saving checkpoint" "$tmp/err.txt" && [ ! -e "$tmp/r/checkpoint-10" ] \
+    && [ ! -e "$tmp/r/checkpoint-10.tmp" ]; then
+    train -o "$tmp/r" "${rt[@]}" --resume "$tmp/r/checkpoint-5" 2> "$tmp/err.txt"
+    b=$(losses "$tmp/r/metrics.jsonl")
+    [ "$a" = "$b" ] && pass disk_full_keeps_checkpoint || fail disk_full_keeps_checkpoint "$a vs $b"
+else fail disk_full_keeps_checkpoint "exit $rc: $(cat "$tmp/err.txt"); $(ls "$tmp/r")"; fi
+
+# 8. --init-adapter starts from an adapter (lr 0 keeps it); --save-initial-adapter is the start
+train -o "$tmp/i" --steps 1 --lr 0 --val-split 0 --init-adapter "$tmp/a" --save-initial-adapter 2> "$tmp/err.txt" \
+    || fail init_adapter "$(cat "$tmp/err.txt")"
+e1=$("$FT" eval -m "$HF" --adapter "$tmp/i" --jsonl "$tmp/d.jsonl" --json 2>/dev/null)
+e0=$("$FT" eval -m "$HF" --adapter "$tmp/i/initial" --jsonl "$tmp/d.jsonl" --json 2>/dev/null)
+[ -n "$e1" ] && [ "$e1" = "$with" ] && [ "$e0" = "$with" ] && pass init_adapter || fail init_adapter "$e1 / $e0 vs $with"
+expect_error init_adapter_conflict "lora-r" train -o "$tmp/x" --steps 1 --init-adapter "$tmp/a" --lora-r 4
+
+# 9. full fine-tuning writes a Hugging Face model that ftune loads
+train -o "$tmp/f" --full --steps 10 --lr 1e-3 --val-split 0 2> "$tmp/err.txt" || fail full_trains "$(cat "$tmp/err.txt")"
+ff=$("$FT" eval -m "$tmp/f" --jsonl "$tmp/d.jsonl" --json 2> "$tmp/err.txt")
+$PY -c "
+import json,sys; b=json.loads('''$base'''); f=json.loads('''$ff''')
+print('full fine-tune: eval loss %.4f (base %.4f)' % (f['loss'], b['loss'])); sys.exit(0 if f['loss'] < b['loss'] else 1)" \
+    && pass full_model_loads || fail full_model_loads "$ff $(cat "$tmp/err.txt")"
+
+# 10. merge: same loss as base + adapter, to HF and to GGUF
+for out in "$tmp/merged" "$tmp/merged.gguf"; do
+    src=$HF; [ "${out%.gguf}" != "$out" ] && src=$GG
+    name=merge_$(basename "$out" | tr . _)
+    "$FT" merge -m "$src" --adapter "$tmp/a" -o "$out" 2> "$tmp/err.txt" || { fail "$name" "$(cat "$tmp/err.txt")"; continue; }
+    me=$("$FT" eval -m "$out" --jsonl "$tmp/d.jsonl" --json 2>/dev/null)
+    $PY -c "
+import json,sys; a=json.loads('''$with'''); m=json.loads('''$me''')
+# 1e-5 relative: W + s*B*A folded in f32 vs applied on the fly, rounding differs by a few ulp per weight
+sys.exit(0 if abs(a['loss']-m['loss']) <= 1e-5*a['loss'] else 1)" && pass "$name" || fail "$name" "$me vs $with"
+done
+
+# 11. bad data: non-zero exit, a message with file:line
+printf '{"text": "ok"}\n{"text": "broken\n' > "$tmp/bad1.jsonl"
+expect_error data_not_json "bad1.jsonl:2" train -o "$tmp/x" --data "$tmp/bad1.jsonl" --steps 1
+printf '{"text": "ok"}\n{"txt": "wrong field"}\n' > "$tmp/bad2.jsonl"
+expect_error data_missing_field "bad2.jsonl:2" train -o "$tmp/x" --data "$tmp/bad2.jsonl" --steps 1
+printf '{"text": "ok"}\n\n{}\n' > "$tmp/bad3.jsonl"
+expect_error data_empty_object "bad3.jsonl:3" train -o "$tmp/x" --data "$tmp/bad3.jsonl" --steps 1
+printf '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n{"messages": [{"role": "wizard", "content": "hi"}]}\n' > "$tmp/bad4.jsonl"
+expect_error data_chat_unknown_role "bad4.jsonl:2.*role" train -o "$tmp/x" --data "$tmp/bad4.jsonl" --chat-template chatml --steps 1
+
+# 12. examples longer than the context: truncated and counted, or dropped with --drop-long
+train -o "$tmp/t" --ctx 16 --steps 1 --val-split 0 --quiet 2> /dev/null
+"$FT" train -m "$HF" --data "$tmp/d.jsonl" -o "$tmp/t" --ctx 16 --steps 1 -t 1 --val-split 0 2> "$tmp/err.txt" \
+    && grep -q "warning: 8 example(s) longer than 16 tokens were truncated" "$tmp/err.txt" && pass long_truncated \
+    || fail long_truncated "$(cat "$tmp/err.txt")"
+printf '{"text": "Hi."}\n{"text": "Once upon a time, there was a little cat named Tom. Tom liked to play."}\n' > "$tmp/long.jsonl"
+"$FT" train -m "$HF" --data "$tmp/long.jsonl" -o "$tmp/t" --ctx 16 --steps 1 -t 1 --val-split 0 --drop-long 2> "$tmp/err.txt" \
+    && grep -q "1 example(s) longer than 16 tokens were dropped" "$tmp/err.txt" && grep -q "data: 1 training examples" "$tmp/err.txt" \
+    && pass long_dropped || fail long_dropped "$(cat "$tmp/err.txt")"
+
+# 13. adapters that do not fit the model
+cp -r "$tmp/a" "$tmp/badr"; sed -i -E 's/"r":\s*8/"r": 4/' "$tmp/badr/adapter_config.json"
+expect_error adapter_wrong_shape "shape\|rank\|\br\b" "$FT" eval -m "$HF" --adapter "$tmp/badr" --jsonl "$tmp/d.jsonl"
+cp -r "$tmp/g" "$tmp/badt"; sed -i 's/"q_proj"/"k_proj"/' "$tmp/badt/adapter_config.json"
+expect_error adapter_wrong_targets "q_proj" "$FT" generate -m "$HF" --adapter "$tmp/badt" -n 2
+expect_error merge_missing_adapter "adapter_config.json" "$FT" merge -m "$HF" --adapter "$tmp/nope" -o "$tmp/x2"
+
+# 14. --help lists the options with their defaults
+"$FT" train --help > "$tmp/h.txt"
+grep -q -- "--lora-r R .*(default: 8)" "$tmp/h.txt" && grep -q -- "--lr LR .*(default: 2e-4)" "$tmp/h.txt" \
+    && grep -q -- "--dump-batches FILE" "$tmp/h.txt" && "$FT" merge --help | grep -q -- "--adapter DIR" \
+    && pass help_train_merge || fail help_train_merge "$(cat "$tmp/h.txt")"
