@@ -276,7 +276,6 @@ static ftune_status load_data(run *r) {
     }
     TRY(ft_dataset_load(&r->train, o->data_path, &r->dt, &dop));
     if (o->val_path) {
-        if (o->format == FT_FMT_AUTO || o->format == r->train->format) dop.format = o->format;
         TRY(ft_dataset_load(&r->val, o->val_path, &r->dt, &dop));
     } else if (o->val_split > 0) {
         if (!(o->val_split < 1)) return ft_err(FTUNE_ERR_ARG, "--val-split %g: expected a fraction in [0, 1)", o->val_split);

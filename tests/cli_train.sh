@@ -215,3 +215,30 @@ expect_error merge_missing_adapter "adapter_config.json" "$FT" merge -m "$HF" --
 grep -q -- "--lora-r R .*(default: 8)" "$tmp/h.txt" && grep -q -- "--lr LR .*(default: 2e-4)" "$tmp/h.txt" \
     && grep -q -- "--dump-batches FILE" "$tmp/h.txt" && "$FT" merge --help | grep -q -- "--adapter DIR" \
     && pass help_train_merge || fail help_train_merge "$(cat "$tmp/h.txt")"
+
+# 15. normalisation across accumulation: 2 rows in one micro-batch or 1 row in
+# each of 2 give the same step losses and gradient norms
+acc=(--steps 3 --no-shuffle --lora-dropout 0 --val-split 0 --lr 1e-3)
+train -o "$tmp/b2" "${acc[@]}" --batch-size 2 --grad-accum 1 2> /dev/null
+train -o "$tmp/k2" "${acc[@]}" --batch-size 1 --grad-accum 2 --dump-batches "$tmp/k2.jsonl" 2> /dev/null
+$PY - "$tmp/b2/metrics.jsonl" "$tmp/k2/metrics.jsonl" "$tmp/k2.jsonl" <<'EOF' && pass accumulation_normalised || fail accumulation_normalised "see above"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+d = [json.loads(l) for l in open(sys.argv[3])]
+assert len(a) == len(b) == 3 and len(d) == 6
+err = max(max(abs(x[k] - y[k]) / abs(y[k]) for k in ("loss", "grad_norm")) for x, y in zip(a, b))
+print("max relative difference of loss / grad norm, B=2 vs 2 micro-batches of 1: %.2e" % err)
+# 1e-5: the same float32 sums over a padded batch of 2 rows or 2 batches of 1 row, in another order
+assert err < 1e-5
+for s in (1, 2, 3):
+    m = [x for x in d if x["step"] == s]
+    assert [x["micro"] for x in m] == [0, 1]
+    n = sum(t >= 0 for x in m for row in x["targets"] for t in row)
+    assert all(x["n_targets_total"] == n for x in m), "n_targets_total counts both micro-batches"
+EOF
+
+# 16. --epochs: 8 examples in micro-batches of 3 is 3 per epoch; 2 epochs with 2 per step is 3 steps
+train -o "$tmp/ep" --epochs 2 --batch-size 3 --grad-accum 2 --val-split 0 --dump-batches "$tmp/ep.jsonl" 2> "$tmp/err.txt"
+[ "$(wc -l < "$tmp/ep/metrics.jsonl")" -eq 3 ] && [ "$(wc -l < "$tmp/ep.jsonl")" -eq 6 ] && pass epochs_steps \
+    || fail epochs_steps "$(cat "$tmp/err.txt"; wc -l "$tmp/ep/metrics.jsonl" "$tmp/ep.jsonl")"
