@@ -5,6 +5,8 @@
  * f32 and call sgemm, so the f32 copy of W never exists whole (forward and
  * backward to the input alike). */
 #include "linear.h"
+#include "cpu.h"
+#include "kernels.h"
 #include "ops.h"
 
 #include <cblas.h>
@@ -76,6 +78,18 @@ static void dequant_tile(float *tile, const ft_linear *l, int o0, int nr, int n_
         tr->to_f32((const uint8_t *)l->w.data + (size_t)(o0 + r) * row_bytes, tile + (size_t)r * l->in, l->in);
 }
 
+/* The fastest kernels this CPU has (kernels.h) for a non-f32 weight; false
+ * when none applies and the portable paths below should run. */
+static bool fast_forward(float *out, const float *inp, const ft_linear *l, int T, int n_threads, float *scratch) {
+    size_t n = linear_scratch_floats(l->in, n_threads);
+    int level = ft_cpu_level();
+    if (level >= FT_CPU_AVX512 &&
+        ft_matmul_avx512(out, inp, l->w.data, l->w.dtype, T, l->in, l->out, n_threads, scratch, n))
+        return true;
+    return level >= FT_CPU_AVX2 &&
+           ft_matmul_avx2(out, inp, l->w.data, l->w.dtype, T, l->in, l->out, n_threads, scratch, n);
+}
+
 /* out = inp · W^T + bias, without the adapter. */
 static void base_forward(float *out, const float *inp, const ft_linear *l, int T, int n_threads, float *scratch) {
     int IC = l->in, OC = l->out;
@@ -85,6 +99,7 @@ static void base_forward(float *out, const float *inp, const ft_linear *l, int T
         else
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, OC, IC, 1.0f, inp, IC, l->w.data, IC,
                         0.0f, out, OC);
+    } else if (fast_forward(out, inp, l, T, n_threads, scratch)) {
     } else if (T == 1) {
         gemv_any(out, inp, l, n_threads, scratch);
     } else {

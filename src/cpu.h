@@ -1,0 +1,30 @@
+/* cpu.h — which vector instruction sets this CPU and OS support, detected
+ * once at run time (cpuid + xgetbv), so one binary runs everywhere and picks
+ * its fastest kernels. Tests can cap the level to exercise every path. */
+#ifndef FT_CPU_H
+#define FT_CPU_H
+
+#include <stdbool.h>
+
+/* Kernel levels, each including the ones below it. */
+enum {
+    FT_CPU_GENERIC = 0, /* portable C */
+    FT_CPU_AVX2 = 1,    /* AVX2 + FMA + F16C */
+    FT_CPU_AVX512 = 2,  /* AVX-512 F, BW, VL, DQ (+ AVX2, FMA, F16C) */
+};
+
+bool ft_cpu_has_avx2(void);       /* AVX2, FMA and F16C, with the OS saving ymm state */
+bool ft_cpu_has_avx512f(void);    /* AVX-512 F, BW, VL, DQ, with the OS saving zmm state */
+bool ft_cpu_has_avx512bf16(void); /* AVX512_BF16 (vdpbf16ps) on top of ft_cpu_has_avx512f */
+
+/* The level kernels dispatch on: the best the CPU supports, capped by
+ * ft_cpu_force_level. */
+int ft_cpu_level(void);
+/* Caps the dispatch level at `level` (FT_CPU_GENERIC forces the portable
+ * path); a negative level removes the cap. For tests and benchmarks; not
+ * meant to be changed while kernels run on other threads. */
+void ft_cpu_force_level(int level);
+/* "generic", "avx2" or "avx512". */
+const char *ft_cpu_level_name(int level);
+
+#endif

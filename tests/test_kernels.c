@@ -1,0 +1,232 @@
+/* test_kernels.c — the fast Linear kernels (kernels_*.c, chosen by
+ * cpu.c) against linear_forward_ref: every weight dtype, awkward sizes,
+ * one row (decode) and several (prefill, across the 128-row packing
+ * boundary), 1 to 3 threads, with the dispatch forced to every level this
+ * CPU supports (the portable path included). */
+#include "check.h"
+#include "cpu.h"
+#include "kernels.h"
+#include "linear.h"
+
+#include <math.h>
+
+static const ft_dtype types[] = { FT_F32, FT_BF16, FT_F16, FT_Q8_0, FT_Q4_0 };
+#define NTYPES (int)(sizeof types / sizeof types[0])
+
+typedef struct {
+    ft_linear l;
+    float *w, *x, *bias, *y, *yr, *scratch;
+    void *q;
+} lin_case;
+
+/* Random N(0, 1) weights converted to dt, input rows and bias. */
+static bool case_new(lin_case *c, ft_dtype dt, int OC, int IC, int T, int n_threads, bool bias, ft_rng *rng) {
+    memset(c, 0, sizeof *c);
+    int64_t nb = ft_dtype_nbytes(dt, (int64_t)OC * IC);
+    c->w = malloc((size_t)OC * IC * sizeof(float));
+    c->x = malloc((size_t)T * IC * sizeof(float));
+    c->bias = malloc((size_t)OC * sizeof(float));
+    c->y = malloc((size_t)T * OC * sizeof(float));
+    c->yr = malloc((size_t)T * OC * sizeof(float));
+    c->scratch = ft_aligned_alloc(linear_scratch_floats(IC, n_threads) * sizeof(float));
+    c->q = malloc((size_t)nb);
+    if (!c->w || !c->x || !c->bias || !c->y || !c->yr || !c->scratch || !c->q) return false;
+    for (size_t i = 0; i < (size_t)OC * IC; i++) c->w[i] = ft_rng_normal(rng);
+    for (size_t i = 0; i < (size_t)T * IC; i++) c->x[i] = ft_rng_normal(rng);
+    for (int i = 0; i < OC; i++) c->bias[i] = ft_rng_normal(rng);
+    ft_types[dt].from_f32(c->w, c->q, (int64_t)OC * IC);
+    c->l = (ft_linear){ .w = { .dtype = dt, .ndim = 2, .shape = { OC, IC }, .data = c->q, .nbytes = (size_t)nb },
+                        .bias = bias ? c->bias : NULL, .in = IC, .out = OC };
+    return true;
+}
+
+static void case_free(lin_case *c) {
+    free(c->w); free(c->x); free(c->bias); free(c->y); free(c->yr); free(c->scratch); free(c->q);
+}
+
+static int levels[3], n_levels;
+
+static void find_levels(void) {
+    ft_cpu_force_level(-1);
+    int best = ft_cpu_level();
+    n_levels = 0;
+    for (int lv = FT_CPU_GENERIC; lv <= best; lv++) levels[n_levels++] = lv;
+}
+
+/* The dispatch level can be capped and the cap removed again. */
+static void test_cpu_levels(void) {
+    ft_cpu_force_level(-1);
+    int best = ft_cpu_level();
+    CHECK(best >= FT_CPU_GENERIC && best <= FT_CPU_AVX512);
+    CHECK(!ft_cpu_has_avx512f() || ft_cpu_has_avx2());
+    CHECK(!ft_cpu_has_avx512bf16() || ft_cpu_has_avx512f());
+    CHECK(best == (ft_cpu_has_avx512f() ? FT_CPU_AVX512 : ft_cpu_has_avx2() ? FT_CPU_AVX2 : FT_CPU_GENERIC));
+    ft_cpu_force_level(FT_CPU_GENERIC);
+    CHECK(ft_cpu_level() == FT_CPU_GENERIC);
+    ft_cpu_force_level(FT_CPU_AVX512 + 1); /* a cap above what the CPU has changes nothing */
+    CHECK(ft_cpu_level() == best);
+    ft_cpu_force_level(-1);
+    CHECK(ft_cpu_level() == best);
+    printf("  cpu: avx2 %d, avx512 %d, avx512bf16 %d; dispatch level %s\n", ft_cpu_has_avx2(),
+           ft_cpu_has_avx512f(), ft_cpu_has_avx512bf16(), ft_cpu_level_name(best));
+}
+
+/* linear_forward (and so the kernels) against the reference for every
+ * dtype, level, size and thread count. */
+static void test_linear_kernels(void) {
+    int outs[] = { 1, 7, 129 };
+    int ins[] = { 32, 96, 4096 + 32 };
+    int odd_ins[] = { 1, 15, 47 }; /* bf16/f16/f32 only: no block structure */
+    int Ts[] = { 1, 2, 17, 130 };
+    ft_rng rng;
+    ft_rng_seed(&rng, 11);
+    int n_cases = 0;
+    for (int li = 0; li < n_levels; li++) {
+        double worst = 0;
+        ft_cpu_force_level(levels[li]);
+        CHECK(ft_cpu_level() == levels[li]);
+        for (int ti = 0; ti < NTYPES; ti++)
+            for (int oi = 0; oi < 3; oi++)
+                for (int ii = 0; ii < 6; ii++)
+                    for (int k = 0; k < 4; k++) {
+                        ft_dtype dt = types[ti];
+                        int OC = outs[oi], IC = ii < 3 ? ins[ii] : odd_ins[ii - 3], T = Ts[k];
+                        if (ii >= 3 && ft_types[dt].block > 1) continue;
+                        if (T == 130 && IC > 96) continue; /* the reference is slow; 130 rows cross 128 anyway */
+                        int n_threads = 1 + (oi + ii + k) % 3;
+                        lin_case c;
+                        bool bias = (oi + k) % 2;
+                        if (!case_new(&c, dt, OC, IC, T, n_threads, bias, &rng)) {
+                            CHECKF(0, "out of memory");
+                            case_free(&c);
+                            return;
+                        }
+                        linear_forward(c.y, c.x, &c.l, T, n_threads, c.scratch);
+                        linear_forward_ref(c.yr, c.x, &c.l, T);
+                        /* The same dequantized weights; only the order of the
+                         * f32 sums differs (the reference sums in double).
+                         * Each output sums IC products of unit normals, so it
+                         * has scale sqrt(IC) and f32 rounding of its partial
+                         * sums is ~1e-7·sqrt(IC) of that scale at worst in
+                         * these sizes (blocked sums of ≤ 256 terms); the floor
+                         * sqrt(IC) measures the error against that scale so
+                         * that outputs that cancel to near zero are not
+                         * judged relative to themselves. 1e-5 leaves ~10x
+                         * room over the f32 error and catches any wrong
+                         * element (an error of one weight·input ~ 1/sqrt(IC)). */
+                        double e = check_max_rel_err(c.y, c.yr, (long)T * OC, sqrt((double)IC));
+                        CHECKF(e < 1e-5, "%s %s OC=%d IC=%d T=%d threads=%d: max rel err %.3g",
+                               ft_cpu_level_name(levels[li]), ft_types[dt].name, OC, IC, T, n_threads, e);
+                        if (e > worst) worst = e;
+                        case_free(&c);
+                        n_cases++;
+                    }
+        printf("  %s: max rel err %.3g\n", ft_cpu_level_name(levels[li]), worst);
+    }
+    ft_cpu_force_level(-1);
+    printf("  %d cases over %d levels\n", n_cases, n_levels);
+}
+
+/* Non-finite inputs propagate as in the reference: a NaN or Inf in x makes
+ * every output of its row NaN or Inf on every path. */
+static void test_nonfinite(void) {
+    ft_rng rng;
+    ft_rng_seed(&rng, 5);
+    for (int li = 0; li < n_levels; li++) {
+        ft_cpu_force_level(levels[li]);
+        for (int ti = 0; ti < NTYPES; ti++) {
+            int OC = 9, IC = 64, T = 3;
+            lin_case c;
+            if (!case_new(&c, types[ti], OC, IC, T, 2, false, &rng)) {
+                CHECKF(0, "out of memory");
+                case_free(&c);
+                return;
+            }
+            c.x[5] = NAN;           /* row 0 */
+            c.x[IC + 7] = INFINITY; /* row 1 */
+            linear_forward(c.y, c.x, &c.l, T, 2, c.scratch);
+            for (int o = 0; o < OC; o++) {
+                CHECKF(isnan(c.y[o]), "%s %s: row 0 output %d = %g, want NaN", ft_cpu_level_name(levels[li]),
+                       ft_types[types[ti]].name, o, c.y[o]);
+                CHECKF(!isfinite(c.y[OC + o]), "%s %s: row 1 output %d = %g, want Inf or NaN",
+                       ft_cpu_level_name(levels[li]), ft_types[types[ti]].name, o, c.y[OC + o]);
+                CHECKF(isfinite(c.y[2 * OC + o]), "%s %s: row 2 output %d = %g, want finite",
+                       ft_cpu_level_name(levels[li]), ft_types[types[ti]].name, o, c.y[2 * OC + o]);
+            }
+            /* and T = 1 (the decode kernels) */
+            linear_forward(c.y, c.x, &c.l, 1, 2, c.scratch);
+            for (int o = 0; o < OC; o++) CHECK(isnan(c.y[o]));
+            case_free(&c);
+        }
+    }
+    ft_cpu_force_level(-1);
+}
+
+/* Weights at the edges of their dtype: f16 subnormals, bf16 values below
+ * f32's normal range, q8_0/q4_0 blocks with a zero scale. */
+static void test_edge_weights(void) {
+    ft_rng rng;
+    ft_rng_seed(&rng, 9);
+    ft_dtype dts[] = { FT_F16, FT_BF16, FT_Q8_0, FT_Q4_0 };
+    for (int li = 0; li < n_levels; li++) {
+        ft_cpu_force_level(levels[li]);
+        for (int di = 0; di < 4; di++)
+            for (int T = 1; T <= 3; T += 2) {
+                int OC = 5, IC = 96;
+                lin_case c;
+                if (!case_new(&c, dts[di], OC, IC, T, 2, false, &rng)) {
+                    CHECKF(0, "out of memory");
+                    case_free(&c);
+                    return;
+                }
+                /* row 0 tiny (f16 subnormal, bf16 subnormal), row 1 zero (a zero q scale) */
+                for (int i = 0; i < IC; i++) {
+                    c.w[i] = (dts[di] == FT_BF16 ? 1e-39f : 3e-6f) * (float)(i % 7 - 3);
+                    c.w[IC + i] = 0;
+                }
+                ft_types[dts[di]].from_f32(c.w, c.q, (int64_t)OC * IC);
+                linear_forward(c.y, c.x, &c.l, T, 2, c.scratch);
+                linear_forward_ref(c.yr, c.x, &c.l, T);
+                for (int t = 0; t < T; t++) {
+                    /* row 0: the products are tiny but exact in f32 where
+                     * the reference's are, so compare relative to their own
+                     * scale; a flushed subnormal would be off by 100% */
+                    double scale = 0;
+                    for (int i = 0; i < IC; i++) scale += fabs(c.w[i] * c.x[(size_t)t * IC + i]);
+                    double e0 = fabs((double)c.y[(size_t)t * OC] - c.yr[(size_t)t * OC]) / (scale > 0 ? scale : 1);
+                    CHECKF(e0 < 1e-5, "%s %s T=%d: tiny row rel err %.3g", ft_cpu_level_name(levels[li]),
+                           ft_types[dts[di]].name, t, e0);
+                    CHECKF(c.y[(size_t)t * OC + 1] == 0, "%s %s: zero row gives %g", ft_cpu_level_name(levels[li]),
+                           ft_types[dts[di]].name, c.y[(size_t)t * OC + 1]);
+                }
+                double e = check_max_rel_err(c.y, c.yr, (long)T * OC, sqrt((double)IC)); /* as in test_linear_kernels */
+                CHECKF(e < 1e-5, "%s %s T=%d: max rel err %.3g", ft_cpu_level_name(levels[li]),
+                       ft_types[dts[di]].name, T, e);
+                case_free(&c);
+            }
+    }
+    ft_cpu_force_level(-1);
+}
+
+/* The kernels decline what they do not handle, writing nothing. */
+static void test_kernels_decline(void) {
+    float out[4] = { 7, 7, 7, 7 }, x[64] = { 0 }, scratch[64];
+    uint16_t w[64] = { 0 };
+    CHECK(!ft_matmul_avx512(out, x, w, FT_I32, 1, 16, 4, 1, scratch, 64));
+    CHECK(!ft_matmul_avx2(out, x, w, FT_I32, 1, 16, 4, 1, scratch, 64));
+    /* several rows need 128·IC floats of scratch */
+    CHECK(!ft_matmul_avx512(out, x, w, FT_BF16, 2, 16, 2, 1, scratch, 64));
+    CHECK(!ft_matmul_avx2(out, x, w, FT_BF16, 2, 16, 2, 1, scratch, 64));
+    CHECK(!ft_matmul_avx512(out, x, w, FT_Q8_0, 1, 16, 1, 1, scratch, 64)); /* IC not a multiple of 32 */
+    CHECK(out[0] == 7 && out[1] == 7 && out[2] == 7 && out[3] == 7);
+}
+
+int main(void) {
+    find_levels();
+    RUN(test_cpu_levels);
+    RUN(test_kernels_decline);
+    RUN(test_linear_kernels);
+    RUN(test_nonfinite);
+    RUN(test_edge_weights);
+    CHECK_EXIT();
+}
