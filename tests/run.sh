@@ -11,7 +11,9 @@ pass=0; fail=0; failed_names=()
 log=$(mktemp)
 run_one() {  # name, command...
     local name=$1; shift
+    local t0=$SECONDS
     "$@" >"$log" 2>&1; local rc=$?
+    echo "[$name] took $((SECONDS - t0)) s"
     local p f
     p=$(grep -c '^PASS ' "$log"); f=$(grep -c '^FAIL ' "$log")
     grep -E '^(PASS|FAIL) ' "$log" | sed "s|^|[$name] |"
