@@ -1,9 +1,10 @@
 /* linear.c — y = x·Wᵀ + b (+ a LoRA adapter) for a weight W in any dtype,
- * and its backward. f32 weights go straight to BLAS. Other dtypes: one row
- * of input (decode) uses a fused dequantize-and-dot per output row, in
- * parallel; several rows dequantize W a tile of output rows at a time into
- * f32 and call sgemm, so the f32 copy of W never exists whole (forward and
- * backward to the input alike). */
+ * and its backward. The forward first tries the SIMD kernels for this CPU
+ * (kernels.h). Otherwise, and in backward: f32 weights go straight to BLAS.
+ * Other dtypes: one row of input (decode) uses a fused dequantize-and-dot
+ * per output row, in parallel; several rows dequantize W a tile of output
+ * rows at a time into f32 and call sgemm, so the f32 copy of W never exists
+ * whole (forward and backward to the input alike). */
 #include "linear.h"
 #include "cpu.h"
 #include "kernels.h"
@@ -78,8 +79,8 @@ static void dequant_tile(float *tile, const ft_linear *l, int o0, int nr, int n_
         tr->to_f32((const uint8_t *)l->w.data + (size_t)(o0 + r) * row_bytes, tile + (size_t)r * l->in, l->in);
 }
 
-/* The fastest kernels this CPU has (kernels.h) for a non-f32 weight; false
- * when none applies and the portable paths below should run. */
+/* The fastest kernels this CPU has (kernels.h); false when none applies and
+ * the portable paths below (BLAS for f32) should run. */
 static bool fast_forward(float *out, const float *inp, const ft_linear *l, int T, int n_threads, float *scratch) {
     size_t n = linear_scratch_floats(l->in, n_threads);
     int level = ft_cpu_level();
@@ -93,13 +94,13 @@ static bool fast_forward(float *out, const float *inp, const ft_linear *l, int T
 /* out = inp · W^T + bias, without the adapter. */
 static void base_forward(float *out, const float *inp, const ft_linear *l, int T, int n_threads, float *scratch) {
     int IC = l->in, OC = l->out;
-    if (l->w.dtype == FT_F32) {
+    if (fast_forward(out, inp, l, T, n_threads, scratch)) {
+    } else if (l->w.dtype == FT_F32) {
         if (T == 1)
             cblas_sgemv(CblasRowMajor, CblasNoTrans, OC, IC, 1.0f, l->w.data, IC, inp, 1, 0.0f, out, 1);
         else
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, OC, IC, 1.0f, inp, IC, l->w.data, IC,
                         0.0f, out, OC);
-    } else if (fast_forward(out, inp, l, T, n_threads, scratch)) {
     } else if (T == 1) {
         gemv_any(out, inp, l, n_threads, scratch);
     } else {
