@@ -83,7 +83,10 @@ build-fuzz/fuzz_%: fuzz/fuzz_%.c $(FUZZ_SRC) $(wildcard src/*.h)
 $(BUILD)/bench_forward: bench/bench_forward.c $(BUILD)/libftune.a
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libftune.a $(LDFLAGS) $(LDLIBS)
 
-bench: all $(BUILD)/bench_forward
+$(BUILD)/bench_train: bench/bench_train.c $(wildcard src/*.h) $(BUILD)/libftune.a
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libftune.a $(LDFLAGS) $(LDLIBS)
+
+bench: all $(BUILD)/bench_forward $(BUILD)/bench_train
 	BUILD=$(BUILD) bash bench/run.sh
 
 clean:
