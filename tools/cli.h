@@ -35,6 +35,10 @@ int cli_parse(cli_cmd *cmd, int argc, char **argv);
 void cli_usage(const cli_cmd *cmd, FILE *f);
 bool cli_seen(const cli_cmd *cmd, const char *lng);
 
+/* Bounds every thread pool (OpenMP, and so the OpenMP build of OpenBLAS)
+ * to n threads when n > 0: idle pool threads otherwise spin on the cores
+ * the working ones need. */
+void cli_set_threads(int n);
 /* Prints "ftune CMD: <library error>" to stderr and returns 1. */
 int cli_fail(const char *cmd, ftune_status st);
 /* Loads a model, printing the error on failure; need_tokenizer makes a
@@ -51,5 +55,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_init(int argc, char **argv);
+int cmd_train(int argc, char **argv);
+int cmd_merge(int argc, char **argv);
 
 #endif

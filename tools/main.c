@@ -4,8 +4,6 @@
 
 #include "cli.h"
 
-int cmd_train(int argc, char **argv);
-int cmd_merge(int argc, char **argv);
 
 static const struct { const char *name; int (*fn)(int, char **); const char *about; } cmds[] = {
     { "generate", cmd_generate, "generate text from a model (KV cache, sampling, streaming)" },
