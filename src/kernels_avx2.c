@@ -8,7 +8,6 @@
  * from the reference. */
 #include "kernels.h"
 
-#include <omp.h>
 #include <string.h>
 
 #if defined(__x86_64__)
@@ -287,11 +286,9 @@ TARGET static void panels_narrow(float *out, const float *xp, const uint8_t *w, 
     panels(out, xp, w, rb, dt, IC, OC, t0, nt, p0, p1, MR_NARROW, 1);
 }
 
-static void split(int n, int *lo, int *hi) {
-    int nth = omp_get_num_threads(), id = omp_get_thread_num();
-    *lo = (int)((long)n * id / nth);
-    *hi = (int)((long)n * (id + 1) / nth);
-}
+/* Work items handed out dynamically: panels of MR rows, GEMV output rows. */
+#define PANEL_GROUP 4
+#define GEMV_GROUP 64
 
 static void gemm(float *out, const float *inp, const uint8_t *w, size_t rb, ft_dtype dt, int T, int IC, int OC,
                  int n_threads, float *xp) {
@@ -307,11 +304,14 @@ static void gemm(float *out, const float *inp, const uint8_t *w, size_t rb, ft_d
             int c = job / (NV * nk8), g = job / nk8 % NV, k = job % nk8 * 8;
             pack_x8(xp + (size_t)c * IC * L + (size_t)k * L + 8 * g, (size_t)L, x, nt, IC, c * L + 8 * g, k);
         }
-        int p0, p1;
-        split(np, &p0, &p1);
-        if (NV > 1) panels_wide(out, xp, w, rb, dt, IC, OC, t0, nt, p0, p1);
-        else panels_narrow(out, xp, w, rb, dt, IC, OC, t0, nt, p0, p1);
-#pragma omp barrier
+        /* dynamic: on a shared machine a descheduled thread's share goes
+         * to the others instead of holding up the barrier */
+#pragma omp for schedule(dynamic)
+        for (int g = 0; g < (np + PANEL_GROUP - 1) / PANEL_GROUP; g++) {
+            int p0 = g * PANEL_GROUP, p1 = p0 + PANEL_GROUP < np ? p0 + PANEL_GROUP : np;
+            if (NV > 1) panels_wide(out, xp, w, rb, dt, IC, OC, t0, nt, p0, p1);
+            else panels_narrow(out, xp, w, rb, dt, IC, OC, t0, nt, p0, p1);
+        }
     }
 }
 
@@ -322,14 +322,10 @@ bool ft_matmul_avx2(float *out, const float *inp, const void *w, ft_dtype dt, in
     int64_t rb = ft_dtype_nbytes(dt, IC);
     if (rb < 0) return false;
     if (T == 1) {
-#pragma omp parallel num_threads(n_threads)
-        {
-            int o0, o1;
-            split((OC + 3) / 4, &o0, &o1);
-            o0 *= 4;
-            o1 = o1 * 4 < OC ? o1 * 4 : OC;
-            if (o0 < o1) gemv_range(out, inp, w, (size_t)rb, dt, IC, o0, o1);
-        }
+        int ng = (OC + GEMV_GROUP - 1) / GEMV_GROUP;
+#pragma omp parallel for num_threads(n_threads) schedule(dynamic)
+        for (int g = 0; g < ng; g++)
+            gemv_range(out, inp, w, (size_t)rb, dt, IC, g * GEMV_GROUP, g + 1 < ng ? (g + 1) * GEMV_GROUP : OC);
         return true;
     }
     if (scratch_floats < (size_t)MAX_ROWS * IC) return false;
