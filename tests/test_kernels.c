@@ -127,6 +127,37 @@ static void test_linear_kernels(void) {
     printf("  %d cases over %d levels\n", n_cases, n_levels);
 }
 
+/* In the SIMD kernels each output is computed by one thread in a fixed
+ * order, so the result is the same bit for bit whatever the number of
+ * threads. (Not asserted of the portable path: BLAS makes no such promise.) */
+static void test_thread_invariance(void) {
+    ft_rng rng;
+    ft_rng_seed(&rng, 3);
+    int Ts[] = { 1, 17, 130 };
+    for (int li = 0; li < n_levels; li++) {
+        if (levels[li] == FT_CPU_GENERIC) continue;
+        ft_cpu_force_level(levels[li]);
+        for (int ti = 0; ti < NTYPES; ti++)
+            for (int k = 0; k < 3; k++) {
+                int OC = 203, IC = 96, T = Ts[k];
+                lin_case c;
+                float *y3 = malloc((size_t)T * OC * sizeof(float));
+                float *s3 = ft_aligned_alloc(linear_scratch_floats(IC, 3) * sizeof(float));
+                if (!y3 || !s3 || !case_new(&c, types[ti], OC, IC, T, 1, false, &rng)) {
+                    CHECKF(0, "out of memory");
+                    free(y3); free(s3); case_free(&c);
+                    return;
+                }
+                linear_forward(c.y, c.x, &c.l, T, 1, c.scratch);
+                linear_forward(y3, c.x, &c.l, T, 3, s3);
+                CHECKF(!memcmp(c.y, y3, (size_t)T * OC * sizeof(float)), "%s %s T=%d: 1 and 3 threads differ",
+                       ft_cpu_level_name(levels[li]), ft_types[types[ti]].name, T);
+                free(y3); free(s3); case_free(&c);
+            }
+    }
+    ft_cpu_force_level(-1);
+}
+
 /* Non-finite inputs propagate as in the reference: a NaN or Inf in x makes
  * every output of its row NaN or Inf on every path. */
 static void test_nonfinite(void) {
@@ -226,6 +257,7 @@ int main(void) {
     RUN(test_cpu_levels);
     RUN(test_kernels_decline);
     RUN(test_linear_kernels);
+    RUN(test_thread_invariance);
     RUN(test_nonfinite);
     RUN(test_edge_weights);
     CHECK_EXIT();
