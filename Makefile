@@ -1,6 +1,6 @@
 # ftune — build, test, benchmark.
 #   make            library (build/libftune.a) and the ftune command (build/ftune)
-#   make demo       generate a story with stories260K (the main job, for now)
+#   make demo       the main job: LoRA fine-tune of stories260K on Shakespeare, then generate
 #   make test       build and run the whole test suite (tests/run.sh)
 #   make debug      the same binaries with AddressSanitizer + UBSan in build-debug/
 #   make fuzz       libFuzzer targets for the safetensors and GGUF parsers (clang)
@@ -65,7 +65,7 @@ $(BUILD)/tests/%: tests/%.c tests/check.h $(BUILD)/libftune.a
 
 FTUNE_DATA ?= ../shared/data
 demo: all
-	$(BUILD)/ftune generate -m $(FTUNE_DATA)/models/stories260K/stories260K.gguf -p "Once upon a time" -n 200 --temp 0
+	BUILD=$(BUILD) FTUNE_DATA=$(FTUNE_DATA) bash scripts/demo.sh
 
 test: all
 	BUILD=$(BUILD) bash tests/run.sh

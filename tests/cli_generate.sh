@@ -106,3 +106,9 @@ grep -q -- "--top-p P .*(default: 0.95)" <("$FT" generate --help) && pass help_d
 
 # 8. info on each format
 "$FT" info "$S/stories260K.gguf" > "$tmp/i.txt" && grep -q "architecture: *llama" "$tmp/i.txt" && pass info_gguf || fail info_gguf "$(cat "$tmp/i.txt")"
+
+# 9. merge without an adapter converts: a GGUF quantized to q8_0 still generates
+"$FT" merge -m "$S/stories260K.gguf" -o "$tmp/q8.gguf" --dtype q8_0 2>/dev/null \
+    && "$FT" info "$tmp/q8.gguf" | grep -q "dtypes: *f32,q8_0" \
+    && "$FT" generate -m "$tmp/q8.gguf" -p "Once upon a time" -n 20 --temp 0 --quiet | grep -q "Once upon a time" \
+    && pass quantize_q8_0_cli || fail quantize_q8_0_cli "merge --dtype q8_0 failed"
