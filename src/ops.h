@@ -100,6 +100,41 @@ void matmul_forward_ref(float *out, const float *inp, const float *w, const floa
 void matmul_backward_ref(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                          const float *w, int T, int IC, int OC);
 
+/* ------------------------------------------------ fast paths (ops_fast.c)
+ * The same maths as the references above in float32, vectorised (AVX-512,
+ * AVX2 or portable, picked by ft_cpu_level()) and spread over n_threads;
+ * results differ from the references only in the order of float sums and
+ * do not depend on the thread schedule. */
+
+/* y = exp(x) elementwise for x <= 88.7 (inf above), within ~2 ulp; exactly
+ * 0 below -103.9; NaN stays NaN. y may be x. */
+void ft_exp_fast(float *y, const float *x, size_t n);
+
+/* Floats of scratch attention_forward_fast (backward false) or
+ * attention_backward_fast (true) need for Tk keys on n_threads threads. */
+size_t attention_fast_scratch_floats(int Tk, int HS, int n_threads, bool backward);
+
+/* attention_forward over B independent batch rows: row b's queries are
+ * q + b·T·NH·HS, its keys/values k, v + b·Tk·kv_stride, its doc ids
+ * doc + b·Tk, its output out + b·T·NH·HS; q_pos (T) is shared by the rows.
+ * lse (B, NH, T), when non-NULL, gets each query's log-sum-exp of scaled
+ * scores (what backward needs instead of the probabilities). Work is split
+ * over (batch row, kv head), each on one thread. */
+void attention_forward_fast(float *out, float *lse, const float *q, const float *k, const float *v,
+                            const int *q_pos, const int *doc, int B, int T, int Tk, int NH, int NKV, int HS,
+                            int kv_stride, int n_threads, float *scratch);
+/* attention_backward over B batch rows, recomputing each probability as
+ * exp(score - lse) from the forward's lse. k, v, dk, dv rows are packed
+ * (stride NKV·HS); dq, dk, dv are overwritten. */
+void attention_backward_fast(float *dq, float *dk, float *dv, const float *dout, const float *lse, const float *q,
+                             const float *k, const float *v, const int *q_pos, const int *doc, int B, int T, int Tk,
+                             int NH, int NKV, int HS, int n_threads, float *scratch);
+
+/* crossentropy_forward_backward on n_threads threads: exp once per logit
+ * (float), the log-sum-exp in double per row, rows summed in order. */
+double crossentropy_fast(float *dlogits, const float *logits, const int *targets, int T, int V, float dloss_scale,
+                         int n_threads);
+
 /* ------------------------------------------------ float64 twins (tests) */
 
 void rmsnorm_forward_f64(double *out, double *rstd, const double *inp, const double *w, int T, int C, double eps);

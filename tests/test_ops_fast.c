@@ -1,0 +1,257 @@
+/* test_ops_fast.c — the fast paths in src/ops_fast.c against the plain
+ * references in src/ops.c: vector exp against double exp, attention forward
+ * (training rows, and inference over a cache prefix with a row stride),
+ * attention backward, cross-entropy; at every kernel level this CPU has, on
+ * awkward sizes (T = 1, 7, 65, 130; HS = 6, 8, 64; NH/NKV = 6/2, 4/4),
+ * with packed-document masks; and the same bits on 1 and 3 threads.
+ */
+#include "check.h"
+#include "cpu.h"
+#include "ops.h"
+
+#include <stdint.h>
+
+/* Attention: float32 against the float64 twin on the same inputs (the
+ * float reference is measured too and printed beside it). The reference
+ * sums each score's dot product in double; the fast path in float, so a
+ * score of size |s| ~ 10 (inputs of scale 1.5) carries an absolute error
+ * of ~1e-6, which is the relative error of its probability; outputs then
+ * sum up to 130 such terms in float, and backward's ds = p·(dp - Σp·dp)
+ * cancels by up to ~10x. Observed: up to 4e-5 (out) and 5.5e-5 (dq),
+ * 3-5x the float reference's own 1e-5; 2e-4 leaves a margin while a wrong
+ * index or a missing term shows up as 1e-2 or more. */
+#define ATT_TOL 2e-4
+/* Cross-entropy: float32 against the float32 reference, whose exp and
+ * sums are in double: the fast path's float exp (< 1e-7) and the rounding
+ * of e·(scale/sum) give ~4e-7; 1e-5 leaves a margin. */
+#define F32_TOL 1e-5
+/* entries below 1% of a tensor's largest are judged against that floor */
+#define FLOOR_FRAC 1e-2
+/* vector exp against double exp: ~7 float operations after an exact range
+ * reduction, each rounding to 2^-24 = 6e-8 relative; Taylor truncation adds
+ * 5e-9. 3e-7 is about 5 ulp: a wrong coefficient shows up as 1e-4 or more. */
+#define EXP_TOL 3e-7
+
+static ft_rng rng;
+
+static float *rand_f(size_t n, float scale) {
+    float *x = malloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = scale * (float)ft_rng_normal(&rng);
+    return x;
+}
+static double *to_d(const float *x, size_t n) {
+    double *y = malloc((n ? n : 1) * sizeof(double));
+    for (size_t i = 0; i < n; i++) y[i] = x[i];
+    return y;
+}
+static float *to_f(const double *x, size_t n) {
+    float *y = malloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) y[i] = (float)x[i];
+    return y;
+}
+static double maxabs(const float *x, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(x[i]));
+    return m;
+}
+static double rel_err(const float *a, const float *b, size_t n) {
+    return check_max_rel_err(a, b, (long)n, fmax(maxabs(b, n) * FLOOR_FRAC, 1e-30));
+}
+
+static int levels[3], n_levels;
+static void find_levels(void) {
+    int top = ft_cpu_level();
+    n_levels = 0;
+    for (int lv = FT_CPU_GENERIC; lv <= top; lv++) levels[n_levels++] = lv;
+}
+
+static void test_exp(void) {
+    size_t n = 200001;
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    for (int li = 0; li < n_levels; li++) {
+        ft_cpu_force_level(levels[li]);
+        for (size_t i = 0; i < n; i++) x[i] = -87.0f + 175.0f * (float)i / (float)(n - 1);
+        ft_exp_fast(y, x, n);
+        double m = 0;
+        for (size_t i = 0; i < n; i++) {
+            double e = exp((double)x[i]);
+            m = fmax(m, fabs(y[i] - e) / e);
+        }
+        printf("  exp %s: max rel err %.3g over [-87, 88]\n", ft_cpu_level_name(levels[li]), m);
+        CHECKF(m <= EXP_TOL, "%s: %g", ft_cpu_level_name(levels[li]), m);
+        /* the edges: exact 0 below the range and for -inf, inf above, NaN kept */
+        float ex[5] = { -INFINITY, -200.0f, 100.0f, NAN, 0.0f }, ey[5];
+        ft_exp_fast(ey, ex, 5);
+        CHECK(ey[0] == 0 && ey[1] == 0 && isinf(ey[2]) && ey[2] > 0 && isnan(ey[3]) && ey[4] == 1.0f);
+    }
+    ft_cpu_force_level(-1);
+    free(x);
+    free(y);
+}
+
+typedef struct { int B, T, Tk, NH, NKV, HS, kv_stride, with_doc; } att_case;
+
+/* Queries at positions Tk-T .. Tk-1 (a cache prefix when Tk > T). */
+static void run_attention(const att_case *c) {
+    int B = c->B, T = c->T, Tk = c->Tk, NH = c->NH, NKV = c->NKV, HS = c->HS, ks = c->kv_stride;
+    size_t qd = (size_t)NH * HS, kvd = (size_t)NKV * HS;
+    float *q = rand_f((size_t)B * T * qd, 1.5f), *k = rand_f((size_t)B * Tk * ks, 1.5f);
+    float *v = rand_f((size_t)B * Tk * ks, 1.0f), *dout = rand_f((size_t)B * T * qd, 1.0f);
+    int *pos = malloc((size_t)T * sizeof(int)), *doc = malloc((size_t)B * Tk * sizeof(int));
+    for (int t = 0; t < T; t++) pos[t] = Tk - T + t;
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < Tk; j++) doc[(size_t)b * Tk + j] = (j + b) / 5; /* documents of 5 tokens, shifted */
+    const int *dp = c->with_doc ? doc : NULL;
+    float *out_ref = calloc((size_t)B * T * qd, sizeof(float)), *att = calloc((size_t)NH * T * Tk, sizeof(float));
+    /* packed copies of k and v for backward (stride NKV·HS) */
+    float *kp = malloc((size_t)B * Tk * kvd * sizeof(float)), *vp = malloc((size_t)B * Tk * kvd * sizeof(float));
+    for (size_t j = 0; j < (size_t)B * Tk; j++) {
+        memcpy(kp + j * kvd, k + j * ks, kvd * sizeof(float));
+        memcpy(vp + j * kvd, v + j * ks, kvd * sizeof(float));
+    }
+    float *dq_ref = calloc((size_t)B * T * qd, sizeof(float)), *dk_ref = calloc((size_t)B * Tk * kvd, sizeof(float));
+    float *dv_ref = calloc((size_t)B * Tk * kvd, sizeof(float));
+    double *lse_ref = malloc((size_t)B * NH * T * sizeof(double));
+    /* the float64 twins on the same (float) inputs: the truth both float
+     * paths are measured against */
+    size_t nq = (size_t)B * T * qd, nk = (size_t)B * Tk * kvd, nkv = (size_t)B * Tk * ks;
+    double *qD = to_d(q, nq), *kD = to_d(k, nkv), *vD = to_d(v, nkv), *kpD = to_d(kp, nk), *vpD = to_d(vp, nk);
+    double *doutD = to_d(dout, nq), *attD = calloc((size_t)NH * T * Tk, sizeof(double));
+    double *oD = calloc(nq, sizeof(double)), *dqD = calloc(nq, sizeof(double)), *dkD = calloc(nk, sizeof(double));
+    double *dvD = calloc(nk, sizeof(double));
+    for (int b = 0; b < B; b++) {
+        const int *db = dp ? dp + (size_t)b * Tk : NULL;
+        attention_forward_f64(oD + (size_t)b * T * qd, attD, qD + (size_t)b * T * qd, kD + (size_t)b * Tk * ks,
+                              vD + (size_t)b * Tk * ks, pos, db, T, Tk, NH, NKV, HS, ks, 1);
+        attention_backward_f64(dqD + (size_t)b * T * qd, dkD + (size_t)b * Tk * kvd, dvD + (size_t)b * Tk * kvd,
+                               doutD + (size_t)b * T * qd, attD, qD + (size_t)b * T * qd, kpD + (size_t)b * Tk * kvd,
+                               vpD + (size_t)b * Tk * kvd, T, Tk, NH, NKV, HS);
+    }
+    float *oT = to_f(oD, nq), *dqT = to_f(dqD, nq), *dkT = to_f(dkD, nk), *dvT = to_f(dvD, nk);
+    for (int b = 0; b < B; b++) {
+        const float *qb = q + (size_t)b * T * qd, *kb = k + (size_t)b * Tk * ks, *vb = v + (size_t)b * Tk * ks;
+        const int *db = dp ? dp + (size_t)b * Tk : NULL;
+        attention_forward(out_ref + (size_t)b * T * qd, att, qb, kb, vb, pos, db, T, Tk, NH, NKV, HS, ks, 1);
+        attention_backward(dq_ref + (size_t)b * T * qd, dk_ref + (size_t)b * Tk * kvd, dv_ref + (size_t)b * Tk * kvd,
+                           dout + (size_t)b * T * qd, att, qb, kp + (size_t)b * Tk * kvd, vp + (size_t)b * Tk * kvd,
+                           T, Tk, NH, NKV, HS);
+        /* log-sum-exp of the scaled scores over the visible keys, in double */
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const float *qt = qb + (size_t)t * qd + (size_t)h * HS;
+                int last = pos[t];
+                double m = -INFINITY, s = 0, sc[4096];
+                for (int j = 0; j <= last; j++) {
+                    sc[j] = -INFINITY;
+                    if (db && db[j] != db[last]) continue;
+                    double d = 0;
+                    for (int e = 0; e < HS; e++) d += (double)qt[e] * kb[(size_t)j * ks + (size_t)(h / (NH / NKV)) * HS + e];
+                    sc[j] = d / sqrt((double)HS);
+                    m = fmax(m, sc[j]);
+                }
+                for (int j = 0; j <= last; j++) s += exp(sc[j] - m);
+                lse_ref[((size_t)b * NH + h) * T + t] = m + log(s);
+            }
+    }
+    /* the float reference's own error: what the fast path may match */
+    double r_out = rel_err(out_ref, oT, nq), r_dq = rel_err(dq_ref, dqT, nq), r_dk = rel_err(dk_ref, dkT, nk),
+           r_dv = rel_err(dv_ref, dvT, nk);
+    printf("  reference B=%d T=%d Tk=%d NH=%d NKV=%d HS=%d%s: out %.2g dq %.2g dk %.2g dv %.2g\n", B, T, Tk, NH, NKV,
+           HS, dp ? " doc" : "", r_out, r_dq, r_dk, r_dv);
+    float *out = malloc(nq * sizeof(float)), *lse = malloc((size_t)B * NH * T * sizeof(float));
+    float *dq = malloc(nq * sizeof(float)), *dk = malloc(nk * sizeof(float)), *dv = malloc(nk * sizeof(float));
+    float *out3 = malloc(nq * sizeof(float)), *dq3 = malloc(nq * sizeof(float)), *dk3 = malloc(nk * sizeof(float));
+    size_t sf = attention_fast_scratch_floats(Tk, HS, 3, true);
+    float *scr = ft_aligned_alloc(sf * sizeof(float));
+    for (int li = 0; li < n_levels; li++) {
+        ft_cpu_force_level(levels[li]);
+        attention_forward_fast(out, lse, q, k, v, pos, dp, B, T, Tk, NH, NKV, HS, ks, 1, scr);
+        double e_out = rel_err(out, oT, nq), e_lse = 0;
+        for (size_t i = 0; i < (size_t)B * NH * T; i++)
+            e_lse = fmax(e_lse, fabs(lse[i] - lse_ref[i]) / fmax(fabs(lse_ref[i]), 1.0));
+        attention_backward_fast(dq, dk, dv, dout, lse, q, kp, vp, pos, dp, B, T, Tk, NH, NKV, HS, 1, scr);
+        double e_dq = rel_err(dq, dqT, nq), e_dk = rel_err(dk, dkT, nk), e_dv = rel_err(dv, dvT, nk);
+        printf("  %s B=%d T=%d Tk=%d NH=%d NKV=%d HS=%d%s: out %.2g lse %.2g dq %.2g dk %.2g dv %.2g\n",
+               ft_cpu_level_name(levels[li]), B, T, Tk, NH, NKV, HS, dp ? " doc" : "", e_out, e_lse, e_dq, e_dk, e_dv);
+        /* lse is judged with a floor of 1 (|lse| ~ 1..5): float rounding of
+         * the max plus log of a double sum, 1e-6 */
+        CHECKF(e_out <= ATT_TOL && e_lse <= 1e-6 && e_dq <= ATT_TOL && e_dk <= ATT_TOL && e_dv <= ATT_TOL,
+               "out %g lse %g dq %g dk %g dv %g", e_out, e_lse, e_dq, e_dk, e_dv);
+        /* the lse-free forward (inference) gives the same output */
+        attention_forward_fast(out3, NULL, q, k, v, pos, dp, B, T, Tk, NH, NKV, HS, ks, 3, scr);
+        CHECK(memcmp(out3, out, nq * sizeof(float)) == 0);
+        /* 3 threads: the same bits */
+        attention_backward_fast(dq3, dk3, dv, dout, lse, q, kp, vp, pos, dp, B, T, Tk, NH, NKV, HS, 3, scr);
+        CHECK(memcmp(dq3, dq, nq * sizeof(float)) == 0 && memcmp(dk3, dk, nk * sizeof(float)) == 0);
+    }
+    ft_cpu_force_level(-1);
+    free(q); free(k); free(v); free(dout); free(pos); free(doc); free(out_ref); free(att); free(kp); free(vp);
+    free(dq_ref); free(dk_ref); free(dv_ref); free(lse_ref); free(out); free(lse); free(dq); free(dk); free(dv);
+    free(out3); free(dq3); free(dk3); free(scr);
+    free(qD); free(kD); free(vD); free(kpD); free(vpD); free(doutD); free(attD); free(oD); free(dqD); free(dkD);
+    free(dvD); free(oT); free(dqT); free(dkT); free(dvT);
+}
+
+static void test_attention_train(void) {
+    const att_case cs[] = {
+        { 2, 7, 7, 6, 2, 6, 12, 0 },     { 1, 65, 65, 4, 4, 8, 32, 1 },  { 3, 130, 130, 6, 2, 8, 16, 1 },
+        { 1, 130, 130, 4, 4, 64, 256, 0 }, { 2, 1, 1, 6, 2, 6, 12, 0 },  { 1, 33, 33, 2, 1, 64, 64, 1 },
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_attention(&cs[i]);
+}
+
+/* inference: queries after a cache prefix (Tk > T), rows kv_stride apart
+ * with room to spare, and T = 1 decode */
+static void test_attention_cache(void) {
+    const att_case cs[] = {
+        { 1, 7, 20, 6, 2, 6, 20, 0 }, { 1, 1, 130, 6, 2, 8, 24, 0 }, { 1, 65, 130, 4, 4, 64, 300, 0 },
+        { 1, 1, 1, 4, 4, 8, 32, 0 },  { 1, 1, 67, 4, 4, 64, 256, 1 },
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_attention(&cs[i]);
+}
+
+static void run_ce(int T, int V, bool with_grad) {
+    float *x = rand_f((size_t)T * V, 3.0f);
+    int *y = malloc((size_t)T * sizeof(int));
+    for (int t = 0; t < T; t++) y[t] = t % 5 == 3 ? -1 : t % 7 == 2 ? -100 : (int)(ft_rng_u32(&rng) % (uint32_t)V);
+    float scale = 1.0f / (float)T;
+    float *d_ref = with_grad ? malloc((size_t)T * V * sizeof(float)) : NULL;
+    float *d = with_grad ? malloc((size_t)T * V * sizeof(float)) : NULL;
+    float *d3 = with_grad ? malloc((size_t)T * V * sizeof(float)) : NULL;
+    double l_ref = crossentropy_forward_backward(d_ref, x, y, T, V, scale);
+    for (int li = 0; li < n_levels; li++) {
+        ft_cpu_force_level(levels[li]);
+        double l = crossentropy_fast(d, x, y, T, V, scale, 1);
+        double el = fabs(l - l_ref) / fmax(fabs(l_ref), 1e-30), ed = with_grad ? rel_err(d, d_ref, (size_t)T * V) : 0;
+        printf("  ce %s T=%d V=%d%s: loss %.2g dlogits %.2g\n", ft_cpu_level_name(levels[li]), T, V,
+               with_grad ? "" : " (loss only)", el, ed);
+        /* the loss sums rows of lse - x[y] in double; each lse differs
+         * by float exp rounding (~1e-7 relative to the row sum): 1e-6 */
+        CHECKF(el <= 1e-6 && ed <= F32_TOL, "loss %g dlogits %g", el, ed);
+        double l3 = crossentropy_fast(d3, x, y, T, V, scale, 3);
+        CHECK(l3 == l);
+        if (with_grad) CHECK(memcmp(d3, d, (size_t)T * V * sizeof(float)) == 0);
+    }
+    ft_cpu_force_level(-1);
+    /* a target >= V makes the loss NaN, as in the reference */
+    y[0] = V;
+    CHECK(isnan(crossentropy_fast(d, x, y, T, V, scale, 2)));
+    free(x); free(y); free(d_ref); free(d); free(d3);
+}
+
+static void test_crossentropy(void) {
+    run_ce(7, 17, true);
+    run_ce(65, 1000, true);
+    run_ce(130, 513, false);
+    run_ce(600, 5003, true);
+}
+
+int main(void) {
+    ft_rng_seed(&rng, 1234);
+    find_levels();
+    RUN(test_exp);
+    RUN(test_attention_train);
+    RUN(test_attention_cache);
+    RUN(test_crossentropy);
+    CHECK_EXIT();
+}
