@@ -20,6 +20,7 @@ struct ftune_session {
     float *q;                 /* (CHUNK, NH*HS) */
     float *hb, *hb2;          /* (CHUNK, F) */
     float *scratch;           /* linear_forward's tile + per-thread rows */
+    float *att_scratch;       /* attention_fast_scratch_floats(n_ctx, HS, n_threads, false) */
     int *qpos;                /* (CHUNK) */
 };
 
@@ -48,9 +49,11 @@ ftune_status ftune_session_new(ftune_session **out, const ftune_model *m, int n_
     s->hb = ft_aligned_alloc((size_t)CHUNK * c->F * sizeof(float));
     s->hb2 = ft_aligned_alloc((size_t)CHUNK * c->F * sizeof(float));
     s->scratch = ft_aligned_alloc(linear_scratch_floats((int)max_in, s->n_threads) * sizeof(float));
+    s->att_scratch =
+        ft_aligned_alloc(attention_fast_scratch_floats(n_ctx, c->HS, s->n_threads, false) * sizeof(float));
     s->qpos = malloc(CHUNK * sizeof(int));
     if (!s->k_cache || !s->v_cache || !s->inv_freq || !s->x || !s->xb || !s->xb2 || !s->q || !s->hb || !s->hb2 ||
-        !s->scratch || !s->qpos) {
+        !s->scratch || !s->att_scratch || !s->qpos) {
         ftune_session_free(s);
         return ft_err(FTUNE_ERR_NOMEM, "out of memory for a session of %d positions (KV cache %.1f MiB)", n_ctx,
                       2.0 * kv * 4 / 1048576.0);
@@ -65,7 +68,7 @@ ftune_status ftune_session_new(ftune_session **out, const ftune_model *m, int n_
 void ftune_session_free(ftune_session *s) {
     if (!s) return;
     free(s->k_cache); free(s->v_cache); free(s->inv_freq); free(s->x); free(s->xb); free(s->xb2);
-    free(s->q); free(s->hb); free(s->hb2); free(s->scratch); free(s->qpos);
+    free(s->q); free(s->hb); free(s->hb2); free(s->scratch); free(s->att_scratch); free(s->qpos);
     free(s);
 }
 
@@ -92,7 +95,8 @@ static void forward_chunk(ftune_session *s, const int32_t *tokens, int n, float 
         linear_forward(vc + (size_t)p0 * kvd, s->xb, &ly->wv, n, nt, s->scratch);
         rope_forward(s->q, s->qpos, s->inv_freq, n, NH, HS, c->rope_interleaved);
         rope_forward(kc + (size_t)p0 * kvd, s->qpos, s->inv_freq, n, NKV, HS, c->rope_interleaved);
-        attention_forward(s->xb2, NULL, s->q, kc, vc, s->qpos, NULL, n, p0 + n, NH, NKV, HS, kvd, nt);
+        attention_forward_fast(s->xb2, NULL, s->q, kc, vc, s->qpos, NULL, 1, n, p0 + n, NH, NKV, HS, kvd, nt,
+                               s->att_scratch);
         linear_forward(s->xb, s->xb2, &ly->wo, n, nt, s->scratch);
         for (size_t i = 0; i < (size_t)n * C; i++) s->x[i] += s->xb[i];
         rmsnorm_forward(s->xb, NULL, s->x, ly->ffn_norm, n, C, c->norm_eps);

@@ -7,10 +7,10 @@
  * What a block keeps for backward (rows BT = B·T): the block input (the
  * residual stream), both norms' outputs and rstd, q and k after RoPE, v,
  * the attention output, the residual after attention, gate and up, and
- * each adapter's u = dropout(x)·Aᵀ. Attention probabilities are not kept:
- * backward recomputes them one row of the batch at a time, so they cost
- * NH·T² floats once, not per layer. Dropout masks are regenerated from
- * their seed. The SwiGLU output is recomputed too (one pass over F). */
+ * each adapter's u = dropout(x)·Aᵀ, and attention's log-sum-exp per query
+ * and head. Attention probabilities are not kept: backward recomputes them
+ * from q, k and the log-sum-exp a tile of queries at a time (ops_fast.c).
+ * Dropout masks are regenerated from their seed. The SwiGLU output is recomputed too (one pass over F). */
 #include "train.h"
 
 #include <math.h>
@@ -32,6 +32,7 @@ typedef struct {
     float *q;                 /* (BT, NH*HS) after RoPE */
     float *k, *v;             /* (BT, NKV*HS), k after RoPE */
     float *atty;              /* (BT, NH*HS) attention output, wo's input */
+    float *lse;               /* (B, NH, T) attention log-sum-exp */
     float *res_mid;           /* (BT, C) residual after attention */
     float *ln2, *rstd2;       /* (BT, C), (BT) */
     float *gate, *up;         /* (BT, F) */
@@ -75,8 +76,7 @@ struct ft_trainer {
     float *dq, *datty;        /* (BT, NH*HS) */
     float *dk, *dv;           /* (BT, NKV*HS) */
     float *hbuf, *dh, *dgate, *dup; /* (BT, F) */
-    float *att;               /* (NH, T, T) one batch row's probabilities */
-    float *att_out;           /* (T, NH*HS) */
+    float *att_scratch;       /* attention_fast_scratch_floats(max_T, HS, nt, true) */
     float *logits, *dlogits;  /* (CH, V) */
     float *lin_scratch;       /* linear_train_scratch_floats */
     int *idx;                 /* (max_T) 0..T-1: causal positions */
@@ -233,7 +233,7 @@ static void carve_acts(ft_trainer *tr, carver *cv, const ft_config *c, const ft_
         layer_acts a = { 0 };
         a.ln1 = carve(cv, BT * C); a.rstd1 = carve(cv, BT);
         a.q = carve(cv, BT * qd); a.k = carve(cv, BT * kvd); a.v = carve(cv, BT * kvd);
-        a.atty = carve(cv, BT * qd); a.res_mid = carve(cv, BT * C);
+        a.atty = carve(cv, BT * qd); a.lse = carve(cv, BT * (size_t)c->NH); a.res_mid = carve(cv, BT * C);
         a.ln2 = carve(cv, BT * C); a.rstd2 = carve(cv, BT);
         a.gate = carve(cv, BT * F); a.up = carve(cv, BT * F);
         if (o->mode == FT_TRAIN_LORA)
@@ -255,13 +255,13 @@ static void carve_scratch(ft_trainer *tr, carver *cv, const ft_config *c, const 
     p[2] = carve(cv, BT * qd); p[3] = carve(cv, BT * qd);
     p[4] = carve(cv, BT * kvd); p[5] = carve(cv, BT * kvd);
     p[6] = carve(cv, BT * F); p[7] = carve(cv, BT * F); p[8] = carve(cv, BT * F); p[9] = carve(cv, BT * F);
-    p[10] = carve(cv, (size_t)c->NH * T * T); p[11] = carve(cv, T * qd);
+    p[10] = carve(cv, attention_fast_scratch_floats((int)T, c->HS, nt, true));
     p[12] = carve(cv, (size_t)CH * c->V); p[13] = carve(cv, (size_t)CH * c->V);
     p[14] = carve(cv, linear_train_scratch_floats(max_in(c), R, (int)BT, nt));
     if (!tr) return;
     tr->dres = p[0]; tr->dln = p[1]; tr->dq = p[2]; tr->datty = p[3]; tr->dk = p[4]; tr->dv = p[5];
     tr->hbuf = p[6]; tr->dh = p[7]; tr->dgate = p[8]; tr->dup = p[9];
-    tr->att = p[10]; tr->att_out = p[11]; tr->logits = p[12]; tr->dlogits = p[13]; tr->lin_scratch = p[14];
+    tr->att_scratch = p[10]; tr->logits = p[12]; tr->dlogits = p[13]; tr->lin_scratch = p[14];
     tr->CH = CH;
 }
 
@@ -533,7 +533,7 @@ static void add_into(float *y, const float *x, size_t n) {
 static double forward(ft_trainer *tr, const ft_batch *b, const int *pos, bool train, float dloss_scale) {
     const ft_config *c = &tr->cfg;
     int B = b->B, T = b->T, BT = B * T, C = c->C, NH = c->NH, NKV = c->NKV, HS = c->HS, F = c->F;
-    int qd = NH * HS, kvd = NKV * HS;
+    int kvd = NKV * HS;
     for (int i = 0; i < BT; i++) ft_tensor_row_f32(&tr->tok_embd, b->tokens[i], tr->res + (size_t)i * C);
     for (int l = 0; l < c->L; l++) {
         const ft_layer *ly = &tr->layers[l];
@@ -545,11 +545,8 @@ static double forward(ft_trainer *tr, const ft_batch *b, const int *pos, bool tr
         lin_fwd(tr, a->v, a->ln1, l, TV, BT, train);
         rope_forward(a->q, pos, tr->inv_freq, BT, NH, HS, c->rope_interleaved);
         rope_forward(a->k, pos, tr->inv_freq, BT, NKV, HS, c->rope_interleaved);
-        for (int r = 0; r < B; r++) {
-            size_t o = (size_t)r * T;
-            attention_forward(a->atty + o * qd, NULL, a->q + o * qd, a->k + o * kvd, a->v + o * kvd, tr->idx,
-                              b->doc ? b->doc + o : NULL, T, T, NH, NKV, HS, kvd, tr->nt);
-        }
+        attention_forward_fast(a->atty, train ? a->lse : NULL, a->q, a->k, a->v, tr->idx, b->doc, B, T, T, NH, NKV,
+                               HS, kvd, tr->nt, tr->att_scratch);
         lin_fwd(tr, a->res_mid, a->atty, l, TO, BT, train);
         add_into(a->res_mid, x, (size_t)BT * C);
         rmsnorm_forward(a->ln2, a->rstd2, a->res_mid, ly->ffn_norm, BT, C, c->norm_eps);
@@ -565,8 +562,8 @@ static double forward(ft_trainer *tr, const ft_batch *b, const int *pos, bool tr
         int n = BT - r0 < tr->CH ? BT - r0 : tr->CH;
         const float *h = tr->lnf + (size_t)r0 * C;
         linear_forward(tr->logits, h, &tr->lm_head, n, tr->nt, tr->lin_scratch);
-        loss += crossentropy_forward_backward(train ? tr->dlogits : NULL, tr->logits, b->targets + r0, n, c->V,
-                                              dloss_scale);
+        loss += crossentropy_fast(train ? tr->dlogits : NULL, tr->logits, b->targets + r0, n, c->V, dloss_scale,
+                                  tr->nt);
         if (train)
             linear_backward(tr->dln + (size_t)r0 * C, tr->d_lm_head, NULL, tr->dlogits, h, NULL, &tr->lm_head, n, 0,
                             false, tr->nt, tr->lin_scratch);
@@ -577,7 +574,6 @@ static double forward(ft_trainer *tr, const ft_batch *b, const int *pos, bool tr
 static void backward(ft_trainer *tr, const ft_batch *b, const int *pos) {
     const ft_config *c = &tr->cfg;
     int B = b->B, T = b->T, BT = B * T, C = c->C, NH = c->NH, NKV = c->NKV, HS = c->HS, F = c->F;
-    int qd = NH * HS, kvd = NKV * HS;
     memset(tr->dres, 0, (size_t)BT * C * sizeof(float));
     rmsnorm_backward(tr->dres, tr->d_out_norm, tr->dln, tr->res + (size_t)c->L * BT * C, tr->out_norm, tr->rstdf, BT,
                      C);
@@ -593,16 +589,10 @@ static void backward(ft_trainer *tr, const ft_batch *b, const int *pos) {
         lin_bwd(tr, tr->dln, tr->dgate, a->ln2, l, TGATE, BT, false);
         lin_bwd(tr, tr->dln, tr->dup, a->ln2, l, TUP, BT, true);
         rmsnorm_backward(tr->dres, g->ffn_norm, tr->dln, a->res_mid, ly->ffn_norm, a->rstd2, BT, C);
-        /* attention: probabilities recomputed one batch row at a time */
+        /* attention: probabilities recomputed from the saved log-sum-exp */
         lin_bwd(tr, tr->datty, tr->dres, a->atty, l, TO, BT, false);
-        for (int r = 0; r < B; r++) {
-            size_t o = (size_t)r * T;
-            const float *q = a->q + o * qd, *k = a->k + o * kvd, *v = a->v + o * kvd;
-            attention_forward(tr->att_out, tr->att, q, k, v, tr->idx, b->doc ? b->doc + o : NULL, T, T, NH, NKV, HS,
-                              kvd, tr->nt);
-            attention_backward(tr->dq + o * qd, tr->dk + o * kvd, tr->dv + o * kvd, tr->datty + o * qd, tr->att, q, k,
-                               v, T, T, NH, NKV, HS);
-        }
+        attention_backward_fast(tr->dq, tr->dk, tr->dv, tr->datty, a->lse, a->q, a->k, a->v, tr->idx, b->doc, B, T, T,
+                                NH, NKV, HS, tr->nt, tr->att_scratch);
         rope_backward(tr->dq, pos, tr->inv_freq, BT, NH, HS, c->rope_interleaved);
         rope_backward(tr->dk, pos, tr->inv_freq, BT, NKV, HS, c->rope_interleaved);
         lin_bwd(tr, tr->dln, tr->dq, a->ln1, l, TQ, BT, false);
