@@ -3,6 +3,9 @@
  * have AVX-512 while the kernel does not enable the zmm state). */
 #include "cpu.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #define FT_X86 1
@@ -11,7 +14,8 @@
 enum { F_AVX2 = 1, F_AVX512 = 2, F_AVX512BF16 = 4, F_DETECTED = 1 << 30 };
 
 static int features;    /* F_* bits, F_DETECTED once filled in */
-static int forced = -1; /* level cap, or -1 */
+static int env_level;   /* $FTUNE_CPU's cap, or -1; set with features */
+static int forced = -1; /* ft_cpu_force_level's cap, or -1 */
 
 #ifdef FT_X86
 static unsigned long long xgetbv0(void) {
@@ -47,10 +51,23 @@ static int detect(void) {
 static int detect(void) { return 0; }
 #endif
 
+/* $FTUNE_CPU (generic, avx2, avx512) caps the level for a whole run, to
+ * compare paths without rebuilding; ft_cpu_force_level overrides it. Read
+ * once, with the features (the env write is ordered before the features
+ * store that publishes it). */
+static int env_cap(void) {
+    const char *e = getenv("FTUNE_CPU");
+    if (!e || !*e) return -1;
+    for (int lv = FT_CPU_GENERIC; lv <= FT_CPU_AVX512; lv++)
+        if (!strcmp(e, ft_cpu_level_name(lv))) return lv;
+    return -1;
+}
+
 /* Detection is idempotent, so threads racing here store the same value. */
 static int cpu_features(void) {
     int f = __atomic_load_n(&features, __ATOMIC_RELAXED);
     if (!(f & F_DETECTED)) {
+        __atomic_store_n(&env_level, env_cap(), __ATOMIC_RELAXED);
         f = detect() | F_DETECTED;
         __atomic_store_n(&features, f, __ATOMIC_RELAXED);
     }
@@ -65,6 +82,7 @@ int ft_cpu_level(void) {
     int f = cpu_features();
     int level = f & F_AVX512 ? FT_CPU_AVX512 : f & F_AVX2 ? FT_CPU_AVX2 : FT_CPU_GENERIC;
     int cap = __atomic_load_n(&forced, __ATOMIC_RELAXED);
+    if (cap < 0) cap = __atomic_load_n(&env_level, __ATOMIC_RELAXED);
     return cap >= 0 && cap < level ? cap : level;
 }
 

@@ -18,10 +18,12 @@ bool ft_cpu_has_avx512f(void);    /* AVX-512 F, BW, VL, DQ, with the OS saving z
 bool ft_cpu_has_avx512bf16(void); /* AVX512_BF16 (vdpbf16ps) on top of ft_cpu_has_avx512f */
 
 /* The level kernels dispatch on: the best the CPU supports, capped by
- * ft_cpu_force_level. */
+ * ft_cpu_force_level or else by the environment variable FTUNE_CPU
+ * (generic, avx2 or avx512). */
 int ft_cpu_level(void);
 /* Caps the dispatch level at `level` (FT_CPU_GENERIC forces the portable
- * path); a negative level removes the cap. For tests and benchmarks; not
+ * path; a level above the CPU's lifts FTUNE_CPU's cap); a negative level
+ * goes back to FTUNE_CPU's cap, if any. For tests and benchmarks; not
  * meant to be changed while kernels run on other threads. */
 void ft_cpu_force_level(int level);
 /* "generic", "avx2" or "avx512". */
