@@ -257,8 +257,9 @@ static void test_qk_layout_across_models(void) {
         double err = logit_err(lh, lg, n), moved = lplain ? logit_err(lplain, lg, n) : 0;
         printf("  merged HF vs merged GGUF logits: max rel err %.3g (the adapter moves them by %.3g)\n", err, moved);
         /* the same merged rows in two layouts: float32 forwards that differ only in the order of
-         * RoPE pairs; a wrong permutation moves logits by ~the adapter's effect */
-        CHECKF(err < 1e-6, "%g", err);
+         * RoPE pairs, so attention scores are summed in float in a different order (measured
+         * ~1e-6); a wrong permutation moves logits by ~the adapter's effect (~0.1 or more) */
+        CHECKF(err < 1e-5, "%g", err);
         /* the adapter must matter, or the comparison proves nothing */
         CHECKF(moved > 1e-1, "%g", moved);
         free(lplain);
