@@ -5,6 +5,7 @@
  * streamed per second against it. Prints one JSON line. */
 #include "ftune.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,24 +26,31 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* Read bandwidth: sum a 1 GiB buffer, best of 3 passes, on n threads. */
+/* Read bandwidth: sum a 1 GiB buffer as 64-bit integers (integer adds may
+ * be reordered, so the loop vectorises and is limited by memory, not by a
+ * chain of dependent float adds), best of 3 passes, on n threads. */
 static double read_bandwidth(int threads) {
-    size_t n = (size_t)1 << 27; /* doubles: 1 GiB */
-    double *buf = malloc(n * sizeof(double));
+    size_t n = (size_t)1 << 27; /* 1 GiB of uint64 */
+    uint64_t *buf = malloc(n * sizeof *buf);
     if (!buf) return 0;
 #pragma omp parallel for num_threads(threads)
-    for (size_t i = 0; i < n; i++) buf[i] = (double)(i & 255);
-    double best = 0, sink = 0;
+    for (size_t i = 0; i < n; i++) buf[i] = i & 255;
+    double best = 0;
+    uint64_t sink = 0;
     for (int r = 0; r < 3; r++) {
-        double t0 = now(), s = 0;
+        double t0 = now();
+        uint64_t s = 0;
+        /* four streams per thread, as a GEMV reads several weight rows at
+         * once: one stream alone does not reach a core's bandwidth */
+        size_t q = n / 4;
 #pragma omp parallel for num_threads(threads) reduction(+ : s)
-        for (size_t i = 0; i < n; i++) s += buf[i];
-        double gbs = n * sizeof(double) / (now() - t0) / 1e9;
+        for (size_t i = 0; i < q; i++) s += buf[i] + buf[q + i] + buf[2 * q + i] + buf[3 * q + i];
+        double gbs = n * sizeof *buf / (now() - t0) / 1e9;
         sink += s;
         if (gbs > best) best = gbs;
     }
     free(buf);
-    return sink == -1 ? 0 : best;
+    return sink == 1 ? 0 : best;
 }
 
 int main(int argc, char **argv) {
