@@ -79,6 +79,12 @@ ftune_status ft_config_from_hf_json(ft_config *c, const char *path) {
     if (!json_int(j, "max_position_embeddings", &c->max_T)) c->max_T = 2048;
     if (!json_num(j, "rms_norm_eps", &c->norm_eps)) c->norm_eps = 1e-6f;
     if (!json_num(j, "rope_theta", &c->rope_theta)) c->rope_theta = 10000.0f;
+    /* Mistral's sliding-window attention is not implemented: within the
+     * window it equals full attention, so the context is capped there */
+    int window;
+    const cJSON *uw = cJSON_GetObjectItemCaseSensitive(j, "use_sliding_window");
+    if (!cJSON_IsFalse(uw) && json_int(j, "sliding_window", &window) && window > 0 && window < c->max_T)
+        c->max_T = window;
     bool qwen2 = strcmp(arch, "qwen2") == 0;
     c->tied = json_bool(j, "tie_word_embeddings", 0);
     c->qkv_bias = qwen2 ? 1 : json_bool(j, "attention_bias", 0);

@@ -112,3 +112,9 @@ grep -q -- "--top-p P .*(default: 0.95)" <("$FT" generate --help) && pass help_d
     && "$FT" info "$tmp/q8.gguf" | grep -q "dtypes: *f32,q8_0" \
     && "$FT" generate -m "$tmp/q8.gguf" -p "Once upon a time" -n 20 --temp 0 --quiet | grep -q "Once upon a time" \
     && pass quantize_q8_0_cli || fail quantize_q8_0_cli "merge --dtype q8_0 failed"
+
+# 10. Mistral's sliding window is not implemented: the context is capped at it (exact within it)
+mkdir -p "$tmp/mistral"; cp "$D/models/stories260K-hf/"* "$tmp/mistral/"
+sed -i 's/"model_type": "llama"/"model_type": "mistral", "sliding_window": 128/' "$tmp/mistral/config.json"
+"$FT" info "$tmp/mistral" | grep -q "context length: *128" && pass mistral_window_caps_context \
+    || fail mistral_window_caps_context "context not capped"
