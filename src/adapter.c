@@ -729,7 +729,6 @@ ftune_status ft_adapter_save_peft(const ft_adapter *a, const char *dir) {
     st_out_tensor *ts = ft_calloc((size_t)a->n * 2, sizeof *ts);
     char *names = ft_malloc((size_t)a->n * 2 * 128);
     cJSON *cfg = NULL;
-    char *json = NULL;
     if (!ts || !names) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
     for (int i = 0; i < a->n; i++) {
         const ft_adapter_entry *e = &a->e[i];
@@ -756,25 +755,17 @@ ftune_status ft_adapter_save_peft(const ft_adapter *a, const char *dir) {
     if (a->base_model[0]) cJSON_AddStringToObject(cfg, "base_model_name_or_path", a->base_model);
     else cJSON_AddNullToObject(cfg, "base_model_name_or_path");
     cJSON_AddNumberToObject(cfg, "r", a->cfg.r);
-    cJSON_AddNumberToObject(cfg, "lora_alpha", a->cfg.alpha);
-    cJSON_AddNumberToObject(cfg, "lora_dropout", a->cfg.dropout);
+    cJSON_AddNumberToObject(cfg, "lora_alpha", ft_float_shortest(a->cfg.alpha));
+    cJSON_AddNumberToObject(cfg, "lora_dropout", ft_float_shortest(a->cfg.dropout));
     if (!targets_json(a, cfg)) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
     cJSON_AddStringToObject(cfg, "bias", "none");
     cJSON_AddBoolToObject(cfg, "use_rslora", a->cfg.rslora);
     cJSON_AddBoolToObject(cfg, "fan_in_fan_out", 0);
     cJSON_AddBoolToObject(cfg, "inference_mode", 1);
-    if (!(json = cJSON_Print(cfg))) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    size_t jl = strlen(json);
-    char *withnl = ft_malloc(jl + 2);
-    if (!withnl) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
-    memcpy(withnl, json, jl);
-    withnl[jl] = '\n';
-    st = ft_write_file_atomic(path, withnl, jl + 1);
-    free(withnl);
+    st = ft_write_json_atomic(path, cfg);
 done:
     cJSON_Delete(cfg);
-    free(json);
     free(ts);
     free(names);
     free_bs(bs, a->n);

@@ -1,6 +1,8 @@
 /* core.c — error messages, file mappings, atomic writes, small utilities. */
 #include "core.h"
 
+#include <cjson/cJSON.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -149,6 +151,18 @@ ftune_status ft_write_file_atomic(const char *path, const void *buf, size_t len)
     return FTUNE_OK;
 }
 
+ftune_status ft_write_json_atomic(const char *path, const cJSON *j) {
+    char *s = cJSON_Print(j);
+    if (!s) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    size_t n = strlen(s);
+    char *t = realloc(s, n + 2);
+    if (!t) { free(s); return ft_err(FTUNE_ERR_NOMEM, "out of memory"); }
+    t[n] = '\n';
+    ftune_status st = ft_write_file_atomic(path, t, n + 1);
+    free(t);
+    return st;
+}
+
 bool ft_file_exists(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
@@ -187,6 +201,15 @@ double ft_time_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double ft_float_shortest(float f) {
+    char buf[32];
+    for (int p = 1; p <= 9; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, (double)f);
+        if ((float)strtod(buf, NULL) == f) return strtod(buf, NULL);
+    }
+    return f;
 }
 
 int64_t ft_utf8_invalid_at(const char *str, size_t n) {

@@ -94,6 +94,9 @@ void ft_mmap_close(ft_mmap *m);
 ftune_status ft_read_file(const char *path, char **out, size_t *len);
 /* Writes buf to path atomically: path.tmp, fsync, rename. */
 ftune_status ft_write_file_atomic(const char *path, const void *buf, size_t len);
+struct cJSON;
+/* Writes a JSON document (indented, with a final newline) atomically. */
+ftune_status ft_write_json_atomic(const char *path, const struct cJSON *j);
 bool ft_file_exists(const char *path);
 bool ft_is_dir(const char *path);
 
@@ -105,6 +108,9 @@ void *ft_aligned_alloc(size_t n);        /* 64-byte aligned, free with free() */
 char *ft_strdup(const char *s);
 int ft_num_threads(int requested);       /* 0 -> all cores */
 double ft_time_s(void);                  /* monotonic seconds */
+/* The double with the fewest decimal digits that rounds to f, so JSON
+ * shows 0.05 rather than 0.05000000074505806. */
+double ft_float_shortest(float f);
 /* Checks that s[0..n) is valid UTF-8; returns the byte offset of the first
  * invalid sequence or -1 if valid. */
 int64_t ft_utf8_invalid_at(const char *s, size_t n);

@@ -166,12 +166,9 @@ ftune_status ftune_init_model(const char *out_dir, const char *preset_name, cons
         cJSON_Delete(cfg_json);
         return ft_err(FTUNE_ERR_IO, "%s: cannot create directory", out_dir);
     }
-    char *cfg_text = cJSON_Print(cfg_json);
-    cJSON_Delete(cfg_json);
-    if (!cfg_text) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     snprintf(path, sizeof path, "%s/config.json", out_dir);
-    st = ft_write_file_atomic(path, cfg_text, strlen(cfg_text));
-    free(cfg_text);
+    st = ft_write_json_atomic(path, cfg_json);
+    cJSON_Delete(cfg_json);
     if (st) return st;
     ft_config c;
     if ((st = ft_config_from_hf_json(&c, path))) return st; /* validates a user's config too */

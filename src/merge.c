@@ -142,15 +142,6 @@ static ft_dtype base_vec_dtype(const ftune_model *m, const char *name) {
 }
 
 /* A float as the shortest decimal that reads back as the same float. */
-static double short_float(float f) {
-    char buf[32];
-    for (int p = 1; p <= 9; p++) {
-        snprintf(buf, sizeof buf, "%.*g", p, (double)f);
-        if ((float)strtod(buf, NULL) == f) return strtod(buf, NULL);
-    }
-    return f;
-}
-
 static cJSON *config_from_model(const ftune_model *m, ft_dtype dt) {
     const ft_config *c = &m->cfg;
     cJSON *j = cJSON_CreateObject();
@@ -169,8 +160,8 @@ static cJSON *config_from_model(const ftune_model *m, ft_dtype dt) {
     if (c->HS * c->NH != c->C) cJSON_AddNumberToObject(j, "head_dim", c->HS);
     cJSON_AddNumberToObject(j, "vocab_size", c->V);
     cJSON_AddNumberToObject(j, "max_position_embeddings", c->max_T);
-    cJSON_AddNumberToObject(j, "rms_norm_eps", short_float(c->norm_eps));
-    cJSON_AddNumberToObject(j, "rope_theta", short_float(c->rope_theta));
+    cJSON_AddNumberToObject(j, "rms_norm_eps", ft_float_shortest(c->norm_eps));
+    cJSON_AddNumberToObject(j, "rope_theta", ft_float_shortest(c->rope_theta));
     cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tied);
     cJSON_AddStringToObject(j, "hidden_act", "silu");
     if (strcmp(mt, "qwen2") != 0) cJSON_AddBoolToObject(j, "attention_bias", c->qkv_bias);
@@ -181,28 +172,16 @@ static cJSON *config_from_model(const ftune_model *m, ft_dtype dt) {
     if (rs->type == 1) {
         cJSON *o = cJSON_AddObjectToObject(j, "rope_scaling");
         cJSON_AddStringToObject(o, "rope_type", "linear");
-        cJSON_AddNumberToObject(o, "factor", short_float(rs->factor));
+        cJSON_AddNumberToObject(o, "factor", ft_float_shortest(rs->factor));
     } else if (rs->type == 2) {
         cJSON *o = cJSON_AddObjectToObject(j, "rope_scaling");
         cJSON_AddStringToObject(o, "rope_type", "llama3");
-        cJSON_AddNumberToObject(o, "factor", short_float(rs->factor));
-        cJSON_AddNumberToObject(o, "low_freq_factor", short_float(rs->low_freq_factor));
-        cJSON_AddNumberToObject(o, "high_freq_factor", short_float(rs->high_freq_factor));
+        cJSON_AddNumberToObject(o, "factor", ft_float_shortest(rs->factor));
+        cJSON_AddNumberToObject(o, "low_freq_factor", ft_float_shortest(rs->low_freq_factor));
+        cJSON_AddNumberToObject(o, "high_freq_factor", ft_float_shortest(rs->high_freq_factor));
         cJSON_AddNumberToObject(o, "original_max_position_embeddings", rs->original_max_pos);
     } else cJSON_AddNullToObject(j, "rope_scaling");
     return j;
-}
-
-static ftune_status write_json(const char *path, cJSON *j) {
-    char *s = cJSON_Print(j);
-    if (!s) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
-    size_t n = strlen(s);
-    char *t = realloc(s, n + 2);
-    if (!t) { free(s); return ft_err(FTUNE_ERR_NOMEM, "out of memory"); }
-    t[n] = '\n';
-    ftune_status st = ft_write_file_atomic(path, t, n + 1);
-    free(t);
-    return st;
 }
 
 static ftune_status copy_file(const char *from, const char *to) {
@@ -303,7 +282,7 @@ static ftune_status write_hf(const ftune_model *mc, const char *dir, const ft_me
         cJSON_AddStringToObject(cfg, "torch_dtype", torch_dtype_name(mat_dtype));
     } else if (!(cfg = config_from_model(m, mat_dtype))) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
     snprintf(path, sizeof path, "%s/config.json", dir);
-    if ((st = write_json(path, cfg))) goto done;
+    if ((st = ft_write_json_atomic(path, cfg))) goto done;
     if (bdir) {
         static const char *const files[] = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                                              "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt" };

@@ -93,18 +93,6 @@ static ftune_status fsync_dir(const char *path) {
     return FTUNE_OK;
 }
 
-static ftune_status write_json_file(const char *path, const cJSON *j) {
-    char *s = cJSON_Print(j);
-    if (!s) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
-    size_t n = strlen(s);
-    char *t = realloc(s, n + 2);
-    if (!t) { free(s); return ft_err(FTUNE_ERR_NOMEM, "out of memory"); }
-    t[n] = '\n';
-    ftune_status st = ft_write_file_atomic(path, t, n + 1);
-    free(t);
-    return st;
-}
-
 /* FNV-1a, 64 bits */
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
     const uint8_t *b = p;
@@ -478,7 +466,7 @@ static ftune_status save_checkpoint(run *r) {
         if (r->o->model_path) cJSON_AddStringToObject(j, "model_path", r->o->model_path);
         cJSON_AddItemReferenceToObject(j, "config", r->config);
         snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
-        st = write_json_file(path, j);
+        st = ft_write_json_atomic(path, j);
         cJSON_Delete(j);
     }
     if (!st) st = fsync_dir(tmp);
