@@ -80,10 +80,10 @@ build-fuzz/fuzz_%: fuzz/fuzz_%.c $(FUZZ_SRC) $(wildcard src/*.h)
 	@mkdir -p build-fuzz
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -o $@ $< $(FUZZ_SRC) -lcjson -lm
 
-$(BUILD)/bench_forward: bench/bench_forward.c $(BUILD)/libftune.a
+$(BUILD)/bench_forward: bench/bench_forward.c bench/bench_util.h $(BUILD)/libftune.a
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libftune.a $(LDFLAGS) $(LDLIBS)
 
-$(BUILD)/bench_train: bench/bench_train.c $(wildcard src/*.h) $(BUILD)/libftune.a
+$(BUILD)/bench_train: bench/bench_train.c bench/bench_util.h $(wildcard src/*.h) $(BUILD)/libftune.a
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libftune.a $(LDFLAGS) $(LDLIBS)
 
 bench: all $(BUILD)/bench_forward $(BUILD)/bench_train

@@ -4,27 +4,13 @@
  * memory read bandwidth, so decode can be reported as bytes of weights
  * streamed per second against it. Prints one JSON line. */
 #include "ftune.h"
+#include "bench_util.h"
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* Read bandwidth: sum a 1 GiB buffer as 64-bit integers (integer adds may
  * be reordered, so the loop vectorises and is limited by memory, not by a
@@ -38,14 +24,14 @@ static double read_bandwidth(int threads) {
     double best = 0;
     uint64_t sink = 0;
     for (int r = 0; r < 3; r++) {
-        double t0 = now();
+        double t0 = bench_now();
         uint64_t s = 0;
         /* four streams per thread, as a GEMV reads several weight rows at
          * once: one stream alone does not reach a core's bandwidth */
         size_t q = n / 4;
 #pragma omp parallel for num_threads(threads) reduction(+ : s)
         for (size_t i = 0; i < q; i++) s += buf[i] + buf[q + i] + buf[2 * q + i] + buf[3 * q + i];
-        double gbs = n * sizeof *buf / (now() - t0) / 1e9;
+        double gbs = n * sizeof *buf / (bench_now() - t0) / 1e9;
         sink += s;
         if (gbs > best) best = gbs;
     }
@@ -79,14 +65,14 @@ int main(int argc, char **argv) {
     /* one warm-up run, then the timed ones */
     for (int r = -1; r < runs; r++) {
         ftune_session_reset(s);
-        double t0 = now();
+        double t0 = bench_now();
         ftune_session_forward(s, ids, n_prefill, logits, 0);
-        double t1 = now();
+        double t1 = bench_now();
         for (int i = 0; i < n_decode; i++) ftune_session_forward(s, ids + n_prefill + i, 1, logits, 0);
-        double t2 = now();
+        double t2 = bench_now();
         if (r >= 0) { pre[r] = n_prefill / (t1 - t0); dec[r] = n_decode / (t2 - t1); }
     }
-    double p = median(pre, runs), d = median(dec, runs);
+    double p = bench_median(pre, runs), d = bench_median(dec, runs);
     double bw = read_bandwidth(threads > 0 ? threads : 2);
     printf("{\"engine\":\"ftune\",\"model\":\"%s\",\"dtypes\":\"%s\",\"params\":%lld,\"weight_bytes\":%lld,"
            "\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.2f,\"decode_weight_gb_s\":%.2f,\"read_bw_gb_s\":%.2f}\n",

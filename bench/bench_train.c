@@ -7,6 +7,7 @@
  * time, tokens/s = B·T / step, peak RSS. bench/torch_train_bench.py does
  * the same in PyTorch. */
 #include "ftune.h"
+#include "bench_util.h"
 #include "model.h"
 #include "optim.h"
 #include "train.h"
@@ -22,21 +23,6 @@
  * links too. */
 extern char *openblas_get_corename(void) __attribute__((weak));
 static const char *blas_core(void) { return openblas_get_corename ? openblas_get_corename() : "unknown"; }
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* B rows of T+1 random tokens: inputs are the first T, targets the last T. */
 static void random_batch(ft_batch *b, int B, int T, int V, ft_rng *rng) {
@@ -120,17 +106,17 @@ int main(int argc, char **argv) {
     if (!dt) { fprintf(stderr, "bench_train: out of memory\n"); return 1; }
     for (int s = -warmup; s < steps; s++) {
         random_batch(&b, B, T, c->V, &rng);
-        double loss, t0 = now();
+        double loss, t0 = bench_now();
         ft_trainer_zero_grad(tr);
         if (ft_trainer_step(tr, &b, b.n_targets, &loss)) return fail("step");
         ft_clip_grad_norm(ps, np, 1.0);
         ft_adamw_step(&opt, 1e-3);
-        double t1 = now();
+        double t1 = bench_now();
         if (s == -warmup) first_loss = loss / (double)b.n_targets;
         last_loss = loss / (double)b.n_targets;
         if (s >= 0) dt[s] = t1 - t0;
     }
-    double step_s = median(dt, steps);
+    double step_s = bench_median(dt, steps);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     int64_t n_trainable;
