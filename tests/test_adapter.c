@@ -697,8 +697,10 @@ static void test_merge(void) {
             double e_file = logit_err(l_file, l_mem, n), e_lora = logit_err(l_lora, l_mem, n);
             printf("  %s base: merged+written+reloaded vs merged in memory %.3g; base+LoRA vs merged %.3g\n",
                    (const char *[]){ "HF", "GGUF", "llama2.c" }[b], e_file, e_lora);
-            /* the same f32 rows written and read back (for the GGUF base, in the other RoPE layout) */
-            CHECKF(e_file < 1e-6, "%g", e_file);
+            /* the same f32 rows written and read back; for the GGUF and llama2.c bases in the other
+             * RoPE layout, so attention scores are summed in float in another order (measured
+             * 1.15e-6, as in test_qk_layout_across_models); a wrong row order moves them by ~0.1 */
+            CHECKF(e_file < (b == 0 ? 1e-6 : 1e-5), "%g", e_file);
             /* (W + sBA)x vs Wx + s·B(Ax) in float32: W + sBA rounds W by an ulp (6e-8), which 5 layers
              * turn into ~2e-6 of the largest logit; the adapter itself moves them by > 1e-2 */
             CHECKF(e_lora < 1e-5, "%g", e_lora);
