@@ -12,6 +12,8 @@ PKGS=(
   libclang-rt-14-dev  # sanitizer / fuzzer runtimes for clang
   python3-torch       # numerical reference (Debian's PyTorch, run with /usr/bin/python3)
   python3-numpy
+  python3-venv        # the virtual environment for the ecosystem test packages (.venv)
+  python3-yaml python3-requests python3-psutil  # their dependencies that Debian already packages
 )
 missing=()
 for p in "${PKGS[@]}"; do
@@ -22,3 +24,36 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -q
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+
+# The ecosystem's own readers for the tests (transformers, PEFT, tokenizers), in a
+# virtual environment that sees Debian's torch and numpy. Pinned in
+# scripts/requirements-test.txt and installed with --no-deps so that pip never
+# replaces Debian's torch; pip runs only when a pin is not yet satisfied.
+cd "$(dirname "$0")/.."
+VENV=.venv
+REQ=scripts/requirements-test.txt
+if [ ! -x "$VENV/bin/python" ]; then
+  /usr/bin/python3 -m venv --system-site-packages "$VENV"
+fi
+pins_satisfied() {
+  "$VENV/bin/python" - "$REQ" <<'PY'
+import importlib.metadata as md, re, sys
+for line in open(sys.argv[1]):
+    line = line.split("#", 1)[0].strip()
+    if not line:
+        continue
+    name, want = re.fullmatch(r"([A-Za-z0-9_.-]+)==(\S+)", line).groups()
+    try:
+        have = md.version(name)
+    except md.PackageNotFoundError:
+        sys.exit(1)
+    if have != want:
+        sys.exit(1)
+PY
+}
+if ! pins_satisfied; then
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$REQ"
+  pins_satisfied || { echo "setup.sh: $REQ is still not satisfied in $VENV after pip install" >&2; exit 1; }
+fi
+# torch must be Debian's (pip must not have brought its own)
+"$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.__file__.startswith('/usr/lib/python3/') else 'setup.sh: .venv has a torch that is not Debian\'s: ' + torch.__file__)"
