@@ -40,9 +40,12 @@ CLI_SRC   := $(sort $(wildcard tools/*.c))
 CLI_OBJ   := $(CLI_SRC:tools/%.c=$(BUILD)/obj/tools/%.o)
 TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# helpers the test scripts call (not run by themselves)
+HELPER_SRC := $(sort $(wildcard tests/helper_*.c))
+HELPER_BIN := $(HELPER_SRC:tests/%.c=$(BUILD)/tests/%)
 
 .PHONY: all test debug fuzz bench clean demo
-all: $(BUILD)/libftune.a $(BUILD)/ftune $(TEST_BIN)
+all: $(BUILD)/libftune.a $(BUILD)/ftune $(TEST_BIN) $(HELPER_BIN)
 
 $(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) include/ftune.h
 	@mkdir -p $(dir $@)
