@@ -55,4 +55,5 @@ CORPUS = [
     # text that looks like special tokens (parsed only where asked)
     "<s> a </s> <unk> <|endoftext|> text",
     "before<|endoftext|>after",
+    "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|><|reserved_special_token_7|>",
 ]

@@ -4,21 +4,28 @@ library, on the varied corpus in eco_corpus.py. Run with .venv/bin/python
 
   eco_tokenizers.py --helper build/tests/helper_eco --work DIR
 
-Tokenizers compared (each as a tokenizer.json that both sides load):
+Tokenizers compared (the reference is tokenizers on a tokenizer.json; ftune
+reads that file, or the original it was made from):
   stories260K      $FTUNE_DATA/models/stories260K-hf/tokenizer.json (SentencePiece-style BPE,
                    byte fallback)
-  gpt2-lib         GPT-2's vocab.json + merges.txt made into a tokenizer.json by the library
+  gpt2_lib         GPT-2's vocab.json + merges.txt made into a tokenizer.json by the library
                    (ByteLevel pre-tokenizer with its built-in regex)
-  gpt2-files       ftune reading vocab.json + merges.txt directly, against gpt2-lib
-  gpt2-split       the fixture form make_fixture.py writes (explicit Split regex + ByteLevel)
-  trained-bpe      a byte-level BPE trained here with the library, Llama 3's Split regex,
-                   ignore_merges
-  trained-spm      a SentencePiece-style BPE with byte fallback trained here with the library
+  gpt2_files       ftune reading vocab.json + merges.txt directly, against gpt2_lib
+  gpt2_split       the fixture form make_fixture.py writes (explicit Split regex + ByteLevel)
+  trained_bpe      a byte-level BPE trained here with the library (Llama 3's Split regex,
+                   ignore_merges as Llama 3's file sets it)
+  trained_spm      a SentencePiece-style BPE with byte fallback trained here with the library
+  llama2_*         Llama 2's tokenizer.model converted by transformers (with and without the
+                   Prepend normalizer); ftune reads the tokenizer.json and the tokenizer.model
+  llama3_*         Llama 3's tiktoken file converted by transformers' TikTokenConverter; ftune
+                   reads the tokenizer.json and the tiktoken file, which is also compared
+                   with tiktoken itself
 For each document: ids without special tokens parsed (tokenizers'
 encode_special_tokens=True) and with them (its default), and whether BOS is
 added by default. Prints PASS/FAIL lines; exits 1 if any failed.
 """
 import argparse
+import base64
 import json
 import os
 import subprocess
@@ -28,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from eco_corpus import CORPUS  # noqa: E402
 
-from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, Regex  # noqa: E402
+from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors, Regex  # noqa: E402
 from tokenizers.models import BPE  # noqa: E402
 from tokenizers.trainers import BpeTrainer  # noqa: E402
 
@@ -103,9 +110,53 @@ def build_trained_spm(out):
     final.save(out)
 
 
-def hf_ids(tok, special):
-    tok.encode_special_tokens = not special
-    return [tok.encode(d, add_special_tokens=False).ids for d in CORPUS]
+class HF:
+    """tokenizers' Tokenizer on a tokenizer.json: the reference."""
+    label = "tokenizers"
+
+    def __init__(self, path):
+        self.tok = Tokenizer.from_file(path)
+
+    def encode(self, doc, special):
+        self.tok.encode_special_tokens = not special
+        return self.tok.encode(doc, add_special_tokens=False).ids
+
+    def bos(self):
+        """the id the post-processor puts before a text, or None"""
+        self.tok.encode_special_tokens = False
+        with_special = self.tok.encode("Hello", add_special_tokens=True).ids
+        plain = self.tok.encode("Hello", add_special_tokens=False).ids
+        if with_special == plain:
+            return None
+        if with_special[1:] == plain:
+            return with_special[0]
+        return f"something else: {with_special} for {plain}"
+
+    def piece(self, i):
+        return self.tok.id_to_token(i)
+
+
+class TikToken:
+    """tiktoken's Encoding on Llama 3's ranks and special tokens (Meta's own
+    tokenizer is this), as a second reference for the tiktoken file."""
+    label = "tiktoken"
+
+    def __init__(self, ranks, pattern, specials):
+        import tiktoken
+        self.enc = tiktoken.Encoding("llama3", pat_str=pattern, mergeable_ranks=ranks,
+                                     special_tokens={t: len(ranks) + i for i, t in enumerate(specials)})
+        self.bos_id = len(ranks)  # <|begin_of_text|>: Meta's tokenizer adds it (bos=True)
+
+    def encode(self, doc, special):
+        if special:
+            return self.enc.encode(doc, allowed_special="all")
+        return self.enc.encode(doc, disallowed_special=())
+
+    def bos(self):
+        return self.bos_id
+
+    def piece(self, i):
+        return self.enc.decode_single_token_bytes(i)
 
 
 def first_diff(a, b):
@@ -115,8 +166,9 @@ def first_diff(a, b):
     return min(len(a), len(b))
 
 
-def compare(name, hf_path, ftune_path, helper, work, expect_bos=None):
-    """expect_bos: the BOS id the tokenizer's post-processor adds, or None."""
+def compare(name, ref, ftune_path, helper, work, expect_bos=None):
+    """ftune on ftune_path against ref (HF or TikToken); expect_bos: the BOS
+    id ref adds by default (its post-processor), or None."""
     corpus = os.path.join(work, "corpus.json")
     out = os.path.join(work, name + ".ftune.json")
     r = subprocess.run([helper, "tokenize", ftune_path, corpus, out], capture_output=True, text=True)
@@ -125,37 +177,79 @@ def compare(name, hf_path, ftune_path, helper, work, expect_bos=None):
         return False
     with open(out) as f:
         ft = json.load(f)
-    tok = Tokenizer.from_file(hf_path)
     ok = True
     n_tok = 0
     for mode, key in ((False, "ids"), (True, "ids_special")):
-        want = hf_ids(tok, mode)
+        want = [ref.encode(d, mode) for d in CORPUS]
         bad = [i for i in range(len(CORPUS)) if want[i] != ft[key][i]]
         n_tok += sum(len(w) for w in want)
         for i in bad[:3]:
             k = first_diff(want[i], ft[key][i])
             print(f"  {name} ({key}) doc {i} {CORPUS[i][:40]!r}: first difference at token {k}:\n"
-                  f"    tokenizers {want[i][max(0, k - 2):k + 4]} {[tok.id_to_token(x) for x in want[i][k:k + 3]]}\n"
-                  f"    ftune      {ft[key][i][max(0, k - 2):k + 4]} {[tok.id_to_token(x) for x in ft[key][i][k:k + 3]]}")
+                  f"    {ref.label:10} {want[i][max(0, k - 2):k + 4]} {[ref.piece(x) for x in want[i][k:k + 3]]}\n"
+                  f"    ftune      {ft[key][i][max(0, k - 2):k + 4]} {[ref.piece(x) for x in ft[key][i][k:k + 3]]}")
         if bad:
-            print(f"FAIL tokenizer_{name}_{key}: {len(bad)} of {len(CORPUS)} documents differ")
+            print(f"FAIL tokenizer_{name}_{key}: {len(bad)} of {len(CORPUS)} documents differ from {ref.label}")
             ok = False
         else:
             print(f"PASS tokenizer_{name}_{key}")
-    # the default: what tokenizers' post-processor adds, ftune's add_bos
-    tok.encode_special_tokens = False
-    with_special = tok.encode("Hello", add_special_tokens=True).ids
-    plain = tok.encode("Hello", add_special_tokens=False).ids
-    hf_bos = with_special[0] if len(with_special) == len(plain) + 1 and with_special[1:] == plain else None
+    # the default: what the reference adds before a text, ftune's add_bos
+    ref_bos = ref.bos()
     ft_bos = ft["bos"] if ft["add_bos"] else None
-    if with_special not in (plain, [hf_bos] + plain) or hf_bos != ft_bos or hf_bos != expect_bos:
-        print(f"FAIL tokenizer_{name}_bos: tokenizers adds {with_special} to {plain}; "
-              f"ftune add_bos={ft['add_bos']} bos={ft['bos']}; expected BOS {expect_bos}")
+    if ref_bos != ft_bos or ref_bos != expect_bos:
+        print(f"FAIL tokenizer_{name}_bos: {ref.label} adds BOS {ref_bos}, ftune {ft_bos} "
+              f"(add_bos={ft['add_bos']} bos={ft['bos']}); expected {expect_bos}")
         ok = False
     else:
         print(f"PASS tokenizer_{name}_bos")
     print(f"  {name}: {len(CORPUS)} documents, {n_tok} tokens in the two modes")
     return ok
+
+
+def build_llama2(out_dir, add_prefix_space):
+    """Llama 2's SentencePiece tokenizer.model made into a Hugging Face
+    tokenizer directory by transformers (LlamaTokenizerFast from the slow one,
+    legacy mode as the Hub's Llama 2 files). add_prefix_space=False gives the
+    variant without the Prepend("▁") normalizer."""
+    from transformers import LlamaTokenizerFast
+    model = os.path.join(data_dir(), "tokenizers", "llama2", "tokenizer.model")
+    fast = LlamaTokenizerFast(vocab_file=model, legacy=True, from_slow=True, add_prefix_space=add_prefix_space)
+    fast.save_pretrained(out_dir)
+    return os.path.join(out_dir, "tokenizer.json")
+
+
+def llama3_parts():
+    """Llama 3's tiktoken file as ranks (the format: base64 token, rank per
+    line, as tiktoken.load reads it), its split pattern and special tokens."""
+    d = os.path.join(data_dir(), "tokenizers", "llama3")
+    with open(os.path.join(d, "tokenizer.model"), "rb") as f:
+        ranks = {base64.b64decode(t): int(r) for t, r in (line.split() for line in f.read().splitlines() if line)}
+    with open(os.path.join(d, "test_vectors.json")) as f:
+        v = json.load(f)
+    named = [t for t in v["special_tokens"] if t != "reserved"]  # in id order from 128000
+    specials = named + ["<|reserved_special_token_%d|>" % (2 + i) for i in range(256 - len(named))]
+    return ranks, v["pat_str"], specials
+
+
+def build_llama3(out_dir, ranks, pattern, specials):
+    """The tiktoken file made into a tokenizer.json by transformers'
+    TikTokenConverter, with the BOS template of the Hub's Llama 3 files."""
+    import tiktoken.load
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+    # tiktoken 0.8 reads even a local file through blobfile (not installed);
+    # the converter only needs the ranks, which llama3_parts read
+    tiktoken.load.load_tiktoken_bpe = lambda path, expected_hash=None: ranks
+    model = os.path.join(data_dir(), "tokenizers", "llama3", "tokenizer.model")
+    tok = TikTokenConverter(vocab_file=model, pattern=pattern, additional_special_tokens=specials).converted()
+    bos = specials[0]
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+                                      special_tokens=[(bos, len(ranks))])])
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "tokenizer.json")
+    tok.save(path)
+    return path
 
 
 def tokenizer_path(work, name):
@@ -174,20 +268,34 @@ def main():
         json.dump(CORPUS, f, ensure_ascii=False)
     d = data_dir()
     ok = True
+    helper = a.helper
     stories = os.path.join(d, "models", "stories260K-hf", "tokenizer.json")
-    ok &= compare("stories260K", stories, stories, a.helper, w, expect_bos=1)
+    ok &= compare("stories260K", HF(stories), stories, helper, w, expect_bos=1)
     gpt2 = tokenizer_path(w, "gpt2-lib")
     build_gpt2_lib(gpt2)
-    ok &= compare("gpt2_lib", gpt2, gpt2, a.helper, w)
-    ok &= compare("gpt2_files", gpt2, os.path.join(d, "tokenizers", "gpt2"), a.helper, w)
+    ok &= compare("gpt2_lib", HF(gpt2), gpt2, helper, w)
+    ok &= compare("gpt2_files", HF(gpt2), os.path.join(d, "tokenizers", "gpt2"), helper, w)
     split = build_gpt2_split(os.path.join(w, "gpt2-split"))
-    ok &= compare("gpt2_split", split, split, a.helper, w)
+    ok &= compare("gpt2_split", HF(split), split, helper, w)
     bpe = tokenizer_path(w, "trained-bpe")
     build_trained_bpe(bpe)
-    ok &= compare("trained_bpe", bpe, bpe, a.helper, w)
+    ok &= compare("trained_bpe", HF(bpe), bpe, helper, w)
     spm = tokenizer_path(w, "trained-spm")
     build_trained_spm(spm)
-    ok &= compare("trained_spm", spm, spm, a.helper, w)
+    ok &= compare("trained_spm", HF(spm), spm, helper, w)
+    llama2 = build_llama2(os.path.join(w, "llama2"), True)
+    ok &= compare("llama2_json", HF(llama2), os.path.dirname(llama2), helper, w, expect_bos=1)
+    ok &= compare("llama2_model", HF(llama2), os.path.join(d, "tokenizers", "llama2", "tokenizer.model"),
+                  helper, w, expect_bos=1)
+    llama2_np = build_llama2(os.path.join(w, "llama2-noprefix"), False)
+    ok &= compare("llama2_noprefix_json", HF(llama2_np), os.path.dirname(llama2_np), helper, w, expect_bos=1)
+    ranks, pattern, specials = llama3_parts()
+    llama3 = build_llama3(os.path.join(w, "llama3"), ranks, pattern, specials)
+    llama3_model = os.path.join(d, "tokenizers", "llama3", "tokenizer.model")
+    ok &= compare("llama3_json", HF(llama3), os.path.dirname(llama3), helper, w, expect_bos=len(ranks))
+    ok &= compare("llama3_model", HF(llama3), llama3_model, helper, w, expect_bos=len(ranks))
+    ok &= compare("llama3_model_tiktoken", TikToken(ranks, pattern, specials), llama3_model, helper, w,
+                  expect_bos=len(ranks))
     sys.exit(0 if ok else 1)
 
 
