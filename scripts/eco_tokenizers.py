@@ -21,8 +21,8 @@ reads that file, or the original it was made from):
                    reads the tokenizer.json and the tiktoken file, which is also compared
                    with tiktoken itself
 For each document: ids without special tokens parsed (tokenizers'
-encode_special_tokens=True) and with them (its default), and whether BOS is
-added by default. Prints PASS/FAIL lines; exits 1 if any failed.
+encode_special_tokens=True) and with them (its default), the bytes the ids
+decode to, and whether BOS is added by default. Prints PASS/FAIL lines; exits 1 if any failed.
 """
 import argparse
 import base64
@@ -88,7 +88,8 @@ def build_trained_bpe(out):
 
 def build_trained_spm(out):
     """SentencePiece-style BPE the way Llama 2's tokenizer.json is laid out:
-    <unk> <s> </s>, then the 256 byte tokens, then the learned pieces."""
+    <unk> <s> </s>, then the 256 byte tokens, then the learned pieces; <s>
+    (BOS) added by the post-processor."""
     norm = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     tok = Tokenizer(BPE())
     tok.normalizer = norm
@@ -107,6 +108,8 @@ def build_trained_spm(out):
     final.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                        decoders.Strip(" ", 1, 0)])
     final.add_special_tokens(specials)
+    final.post_processor = processors.TemplateProcessing(single="<s>:0 $A:0", pair="<s>:0 $A:0 <s>:1 $B:1",
+                                                         special_tokens=[("<s>", 1)])
     final.save(out)
 
 
@@ -135,6 +138,9 @@ class HF:
     def piece(self, i):
         return self.tok.id_to_token(i)
 
+    def decode(self, ids):
+        return self.tok.decode(ids, skip_special_tokens=False).encode("utf-8")
+
 
 class TikToken:
     """tiktoken's Encoding on Llama 3's ranks and special tokens (Meta's own
@@ -157,6 +163,9 @@ class TikToken:
 
     def piece(self, i):
         return self.enc.decode_single_token_bytes(i)
+
+    def decode(self, ids):
+        return self.enc.decode_bytes(ids)
 
 
 def first_diff(a, b):
@@ -193,6 +202,17 @@ def compare(name, ref, ftune_path, helper, work, expect_bos=None):
             ok = False
         else:
             print(f"PASS tokenizer_{name}_{key}")
+    # decoding: ftune's pieces of the ids, concatenated, are the reference's decode
+    bad = [i for i in range(len(CORPUS)) if bytes.fromhex(ft["decoded_hex"][i]) != ref.decode(ft["ids"][i])]
+    for i in bad[:3]:
+        print(f"  {name} decode doc {i}: {ref.label} {ref.decode(ft['ids'][i])[:60]!r}\n"
+              f"    ftune      {bytes.fromhex(ft['decoded_hex'][i])[:60]!r}")
+    if bad:
+        print(f"FAIL tokenizer_{name}_decode: {len(bad)} of {len(CORPUS)} documents decode differently")
+        ok = False
+    else:
+        n_round = sum(bytes.fromhex(h) == d.encode("utf-8") for h, d in zip(ft["decoded_hex"], CORPUS))
+        print(f"PASS tokenizer_{name}_decode ({n_round} of {len(CORPUS)} documents decode to their text)")
     # the default: what the reference adds before a text, ftune's add_bos
     ref_bos = ref.bos()
     ft_bos = ft["bos"] if ft["add_bos"] else None
@@ -282,7 +302,7 @@ def main():
     ok &= compare("trained_bpe", HF(bpe), bpe, helper, w)
     spm = tokenizer_path(w, "trained-spm")
     build_trained_spm(spm)
-    ok &= compare("trained_spm", HF(spm), spm, helper, w)
+    ok &= compare("trained_spm", HF(spm), spm, helper, w, expect_bos=1)
     llama2 = build_llama2(os.path.join(w, "llama2"), True)
     ok &= compare("llama2_json", HF(llama2), os.path.dirname(llama2), helper, w, expect_bos=1)
     ok &= compare("llama2_model", HF(llama2), os.path.join(d, "tokenizers", "llama2", "tokenizer.model"),

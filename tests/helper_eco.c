@@ -9,9 +9,10 @@
  *       TOKENIZER: a tokenizer.json, a directory holding one (or vocab.json +
  *       merges.txt), or anything ft_tokenizer_load_path takes. CORPUS is a
  *       JSON array of strings; OUT is {"ids": [[...], ...], "ids_special":
- *       [[...], ...], "add_bos": 0|1, "bos": id}: "ids" without BOS and with
- *       special-token text left as text, "ids_special" with special-token
- *       text parsed as special tokens.
+ *       [[...], ...], "decoded_hex": ["...", ...], "add_bos": 0|1, "bos": id}:
+ *       "ids" without BOS and with special-token text left as text,
+ *       "ids_special" with special-token text parsed as special tokens,
+ *       "decoded_hex" the bytes "ids" decode to, in hex.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,6 +121,28 @@ static cJSON *ids_json(const int32_t *ids, size_t n) {
     return a;
 }
 
+/* The bytes ids decode to (ftune_token_to_piece of each, the first one
+ * after BOS, as generation sees them), as a hex string: they need not be
+ * valid UTF-8 on their own. */
+static cJSON *decode_hex(const ftune_tokenizer *t, const int32_t *ids, size_t n) {
+    int cap = ft_tokenizer_max_piece(t) + 1;
+    char *piece = malloc((size_t)cap), *hex = malloc(1), *p;
+    size_t len = 0;
+    hex[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        int k = ftune_token_to_piece(t, i ? ids[i - 1] : ftune_tokenizer_bos(t), ids[i], piece, cap);
+        if (k < 0) { fprintf(stderr, "helper_eco: token_to_piece failed on %d\n", ids[i]); exit(1); }
+        hex = realloc(hex, len + 2 * (size_t)k + 1);
+        p = hex + len;
+        for (int j = 0; j < k; j++) p += sprintf(p, "%02x", (unsigned char)piece[j]);
+        len += 2 * (size_t)k;
+    }
+    cJSON *s = cJSON_CreateString(hex);
+    free(piece);
+    free(hex);
+    return s;
+}
+
 static int cmd_tokenize(const char *tokpath, const char *corpus, const char *out) {
     ftune_tokenizer *t = NULL;
     ftune_status st = ft_tokenizer_load_path(&t, tokpath);
@@ -130,6 +153,7 @@ static int cmd_tokenize(const char *tokpath, const char *corpus, const char *out
     cJSON *docs = cJSON_Parse(text);
     if (!cJSON_IsArray(docs)) { fprintf(stderr, "helper_eco: %s: not a JSON array\n", corpus); return 1; }
     cJSON *res = cJSON_CreateObject(), *plain = cJSON_CreateArray(), *special = cJSON_CreateArray();
+    cJSON *decoded = cJSON_CreateArray();
     int k = 0;
     for (cJSON *d = docs->child; d; d = d->next, k++) {
         if (!cJSON_IsString(d)) { fprintf(stderr, "helper_eco: %s: item %d is not a string\n", corpus, k); return 1; }
@@ -143,11 +167,13 @@ static int cmd_tokenize(const char *tokpath, const char *corpus, const char *out
                 return fail(what, st);
             }
             cJSON_AddItemToArray(sp ? special : plain, ids_json(ids, n));
+            if (!sp) cJSON_AddItemToArray(decoded, decode_hex(t, ids, n));
             free(ids);
         }
     }
     cJSON_AddItemToObject(res, "ids", plain);
     cJSON_AddItemToObject(res, "ids_special", special);
+    cJSON_AddItemToObject(res, "decoded_hex", decoded);
     cJSON_AddNumberToObject(res, "add_bos", ftune_tokenizer_add_bos(t));
     cJSON_AddNumberToObject(res, "bos", ftune_tokenizer_bos(t));
     char *js = cJSON_PrintUnformatted(res);
