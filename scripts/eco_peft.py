@@ -10,7 +10,10 @@ positions' logits); the reference side is transformers' model classes
 computing in float64, with PEFT's PeftModel for adapters. Models: stories260K
 (Llama, tied head), the Qwen2-shaped fixture (q/k/v biases, untied head, BF16
 shards) and the Llama 3-shaped one (llama3 RoPE scaling, F16), both written by
-make_fixture.py. Prints PASS/FAIL lines with the max relative error; exits 1
+make_fixture.py. PEFT's other adapter options (regex or all-linear targets,
+layers_to_transform, bfloat16) load with PEFT's logits; the ones ftune does
+not implement (rank/alpha patterns, biases, DoRA, modules_to_save, lm_head)
+are refused with a message naming them. Prints PASS/FAIL lines with the max relative error; exits 1
 if any failed.
 """
 import argparse
@@ -121,15 +124,20 @@ def check(name, fn):
         report(name, False, f"{type(ex).__name__}: {str(ex)[-2000:]}")
 
 
-def peft_adapter(base_dir, out, targets, r, alpha, rslora, seed):
+def peft_adapter(base_dir, out, targets, r, alpha, rslora, seed, dtype=torch.float32, **extra):
     """An adapter written by PEFT itself on a float32 base (as users make them:
-    float32 tensors), with PEFT's random init for both A and B
-    (init_lora_weights=False: B is not zero, so the adapter changes the output)."""
+    float32 tensors; dtype bfloat16 gives bfloat16 ones), with PEFT's random
+    init for both A and B (init_lora_weights=False: B is not zero, so the
+    adapter changes the output). extra: more LoraConfig fields."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=dtype, local_files_only=True)
     cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, use_rslora=rslora,
-                     init_lora_weights=False, lora_dropout=0.0, task_type="CAUSAL_LM")
-    get_peft_model(model, cfg).save_pretrained(out)
+                     init_lora_weights=False, lora_dropout=0.0, task_type="CAUSAL_LM", **extra)
+    pm = get_peft_model(model, cfg)
+    for n, p in pm.named_parameters():  # trainable biases and module copies: make them matter too
+        if p.requires_grad and (n.endswith(".bias") or "modules_to_save" in n):
+            torch.nn.init.normal_(p, std=0.1)
+    pm.save_pretrained(out)
 
 
 def seqs_for(vocab, bos, seed):
@@ -224,6 +232,45 @@ def main():
             compare(f"ftune_loads_peft_lora_{name}", eco.ftune_logits(path, out, seqs), want, base_logits)
             pm.unload()
         check(f"ftune_loads_peft_lora_{name}", from_peft)
+
+    # 6. more of PEFT's ways to write an adapter, on stories260K: each gives PEFT's logits
+    variants = {
+        "regex_targets": dict(targets=r".*\.(q_proj|down_proj)"),
+        "all_linear": dict(targets="all-linear"),
+        "layers_to_transform": dict(targets=["q_proj", "v_proj"], layers_to_transform=[0, 2]),
+        "bf16": dict(targets=["q_proj", "o_proj"], dtype=torch.bfloat16),
+    }
+    for vname, kw in variants.items():
+        def variant(vname=vname, kw=kw):
+            out = os.path.join(w, f"peft-{vname}")
+            peft_adapter(stories, out, r=4, alpha=8, rslora=False, seed=11, **kw)
+            model, seqs, base_logits = ref["stories260K"]
+            pm = PeftModel.from_pretrained(model, out).double().eval()
+            want = hf_logits(pm, seqs)
+            compare(f"ftune_loads_peft_{vname}", eco.ftune_logits(stories, out, seqs), want, base_logits)
+            pm.unload()
+        check(f"ftune_loads_peft_{vname}", variant)
+
+    # 7. what ftune does not implement is refused by `ftune eval --adapter` with a
+    # message naming the setting, never applied wrongly
+    refused = {
+        "rank_pattern": (dict(targets=["q_proj", "v_proj"], rank_pattern={"v_proj": 2}), "rank_pattern"),
+        "alpha_pattern": (dict(targets=["q_proj", "v_proj"], alpha_pattern={"v_proj": 3.0}), "alpha_pattern"),
+        "bias": (dict(targets=["q_proj", "v_proj"], bias="lora_only"), "bias"),
+        "dora": (dict(targets=["q_proj", "v_proj"], use_dora=True), "use_dora"),
+        "modules_to_save": (dict(targets=["q_proj"], modules_to_save=["lm_head"]), "modules_to_save"),
+        "lm_head_target": (dict(targets=["q_proj", "lm_head"]), "lm_head"),
+    }
+    for vname, (kw, word) in refused.items():
+        def refuse(vname=vname, kw=kw, word=word):
+            out = os.path.join(w, f"peft-refused-{vname}")
+            peft_adapter(stories, out, r=4, alpha=8, rslora=False, seed=11, **kw)
+            r = subprocess.run([a.ftune, "eval", "-m", stories, "--adapter", out, "--text", text, "-t", "1"],
+                               capture_output=True, text=True)
+            msg = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
+            report(f"ftune_refuses_peft_{vname}", r.returncode != 0 and word in msg and "adapter_config.json" in msg,
+                   f"exit {r.returncode}: {msg}")
+        check(f"ftune_refuses_peft_{vname}", refuse)
 
     sys.exit(1 if failed else 0)
 

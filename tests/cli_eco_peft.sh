@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 export FTUNE_DATA=${FTUNE_DATA:-../shared/data}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1   # never download
+export PYTHONWARNINGS=ignore   # PEFT warns about the adapters made on purpose to be refused
 # one thread each: the models are tiny, and the machine is shared
 export OMP_NUM_THREADS=1
 PY=.venv/bin/python
