@@ -36,6 +36,18 @@ static void add_into(float *y, const float *x, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] += x[i];
 }
 
+/* keys (B, P+T) = [prefix; this row's own keys], for k and v. */
+static void assemble_prefix(const ft_block_io *io, const float *k, const float *v, size_t kvd) {
+    size_t P = (size_t)io->P, T = (size_t)io->T;
+    for (int b = 0; b < io->B; b++) {
+        float *dk = io->kv_k + b * (P + T) * kvd, *dv = io->kv_v + b * (P + T) * kvd;
+        memcpy(dk, io->prefix_k, P * kvd * sizeof(float));
+        memcpy(dv, io->prefix_v, P * kvd * sizeof(float));
+        memcpy(dk + P * kvd, k + b * T * kvd, T * kvd * sizeof(float));
+        memcpy(dv + P * kvd, v + b * T * kvd, T * kvd * sizeof(float));
+    }
+}
+
 void ft_block_forward(const ft_block_env *e, const ft_layer *ly, int layer, const ft_block_acts *a, float *out,
                       const float *x, const ft_block_io *io) {
     const ft_config *c = e->cfg;
@@ -47,6 +59,7 @@ void ft_block_forward(const ft_block_env *e, const ft_layer *ly, int layer, cons
     lin_fwd(e, ly, layer, FT_LIN_V, a, io, a->v, a->ln1, BT);
     rope_forward(a->q, io->pos, e->inv_freq, BT, NH, HS, c->rope_interleaved);
     rope_forward(a->k, io->pos, e->inv_freq, BT, NKV, HS, c->rope_interleaved);
+    if (io->P > 0) assemble_prefix(io, a->k, a->v, (size_t)NKV * HS);
     attention_forward_fast(a->atty, a->lse, a->q, io->keys, io->values, io->q_pos, io->doc, B, T, io->Tk, NH, NKV,
                            HS, NKV * HS, e->n_threads, e->att_scratch);
     lin_fwd(e, ly, layer, FT_LIN_O, a, io, a->mid, a->atty, BT);
@@ -74,8 +87,23 @@ void ft_block_backward(const ft_block_env *e, const ft_layer *ly, int layer, con
     rmsnorm_backward(dres, g->ffn_norm, s->dln, a->mid, ly->ffn_norm, a->rstd2, BT, C);
     /* attention: probabilities recomputed from the saved log-sum-exp */
     lin_bwd(e, ly, FT_LIN_O, g, a, io, s->datty, dres, a->atty, BT, false);
-    attention_backward_fast(s->dq, s->dk, s->dv, s->datty, a->lse, a->q, a->k, a->v, io->q_pos, io->doc, B, T, T,
-                            NH, NKV, HS, e->n_threads, e->att_scratch);
+    if (io->P > 0) {
+        size_t kvd = (size_t)NKV * HS, P = (size_t)io->P;
+        assemble_prefix(io, a->k, a->v, kvd);
+        attention_backward_fast(s->dq, io->dkv_k, io->dkv_v, s->datty, a->lse, a->q, io->kv_k, io->kv_v, io->q_pos,
+                                io->doc, B, T, io->Tk, NH, NKV, HS, e->n_threads, e->att_scratch);
+        /* own rows to dk/dv; the prefix rows, seen by every batch row, sum */
+        for (int b = 0; b < B; b++) {
+            const float *gk = io->dkv_k + b * (P + T) * kvd, *gv = io->dkv_v + b * (P + T) * kvd;
+            memcpy(s->dk + b * (size_t)T * kvd, gk + P * kvd, (size_t)T * kvd * sizeof(float));
+            memcpy(s->dv + b * (size_t)T * kvd, gv + P * kvd, (size_t)T * kvd * sizeof(float));
+            if (io->dprefix_k) add_into(io->dprefix_k, gk, P * kvd);
+            if (io->dprefix_v) add_into(io->dprefix_v, gv, P * kvd);
+        }
+    } else {
+        attention_backward_fast(s->dq, s->dk, s->dv, s->datty, a->lse, a->q, a->k, a->v, io->q_pos, io->doc, B, T,
+                                T, NH, NKV, HS, e->n_threads, e->att_scratch);
+    }
     rope_backward(s->dq, io->pos, e->inv_freq, BT, NH, HS, c->rope_interleaved);
     rope_backward(s->dk, io->pos, e->inv_freq, BT, NKV, HS, c->rope_interleaved);
     lin_bwd(e, ly, FT_LIN_Q, g, a, io, s->dln, s->dq, a->ln1, BT, false);

@@ -65,6 +65,17 @@ typedef struct {
     const int *doc;               /* (B, Tk) document ids (packed rows), or NULL */
     bool train;                   /* linear_forward_train: adapter dropout, u saved */
     const uint64_t *mask_seed;    /* (FT_N_LINEAR) dropout mask seed of each Linear (train) */
+    /* KV prefix (prefix tuning) in training: every batch row sees P keys
+     * (already rotated) and values before its own. With P > 0 the block
+     * assembles keys/values = kv_k/kv_v (B, P+T, NKV*HS) from the prefix
+     * and acts.k/v (forward, and again in backward: kv_k/kv_v are scratch
+     * that later layers overwrite), Tk must be P+T and q_pos[t] = P + t.
+     * A session's prefix is instead the first P rows of its cache (P = 0 here). */
+    int P;
+    const float *prefix_k, *prefix_v; /* (P, NKV*HS) this layer's */
+    float *kv_k, *kv_v;           /* (B, P+T, NKV*HS) scratch */
+    float *dprefix_k, *dprefix_v; /* (P, NKV*HS) backward accumulates (+=) into them, or NULL */
+    float *dkv_k, *dkv_v;         /* (B, P+T, NKV*HS) backward scratch */
 } ft_block_io;
 
 typedef enum {
@@ -114,8 +125,8 @@ typedef struct {
     float *h, *dh, *dgate, *dup;  /* (BT, F) */
 } ft_block_scratch;
 
-/* Backward of ft_block_forward(io with keys/values = a->k/v, Tk = T) from
- * its saved acts: dres (BT, C) holds d(out) on entry and d(x) on return;
+/* Backward of ft_block_forward(io with keys/values = a->k/v, Tk = T, or a
+ * KV prefix as described at ft_block_io) from its saved acts: dres (BT, C) holds d(out) on entry and d(x) on return;
  * parameter and adapter gradients accumulate. Attention probabilities come
  * from the saved lse, the SwiGLU output is recomputed into s->h. */
 void ft_block_backward(const ft_block_env *e, const ft_layer *ly, int layer, const ft_block_grads *g, float *dres,
@@ -135,5 +146,14 @@ void ft_trainer_set_hooks(ft_trainer *tr, const ft_block_hooks *h);
 ftune_status ft_session_set_kv_prefix(ftune_session *s, const float *k, const float *v, int P);
 /* Copies the cache rows [0, n) of layer l out (k, v each (n, NKV*HS)). */
 ftune_status ft_session_get_kv(const ftune_session *s, int l, int n, float *k, float *v);
+
+/* KV prefix for a trainer: k, v (L, P, NKV*HS) as for a session (keys
+ * rotated for positions 0..P-1), seen by every batch row before its own
+ * tokens, whose positions shift by P. dk, dv (L, P, NKV*HS), when non-NULL,
+ * accumulate the gradient of the step's loss (prefix tuning trains them).
+ * The arrays must outlive the trainer's use of them; P = 0 removes the
+ * prefix. Batches with doc ids (packed rows) are refused while a prefix is
+ * set. Allocates its scratch here, not in the step. */
+ftune_status ft_trainer_set_kv_prefix(ft_trainer *tr, const float *k, const float *v, int P, float *dk, float *dv);
 
 #endif

@@ -73,6 +73,14 @@ struct ft_trainer {
     int *idx;                 /* (max_T) 0..T-1: causal positions */
     int *pos0;                /* (BT) default positions */
     int CH;                   /* cross-entropy rows per chunk */
+    /* KV prefix (ft_trainer_set_kv_prefix), P = 0 without */
+    int P;
+    const float *pk, *pv;     /* (L, P, NKV*HS) */
+    float *pdk, *pdv;         /* (L, P, NKV*HS) gradients, or NULL */
+    float *kv_arena;          /* the four below, then attention scratch for P + max_T keys */
+    float *kv_k, *kv_v, *dkv_k, *dkv_v; /* (max_B, P + max_T, NKV*HS) */
+    float *p_att_scratch;
+    int *pidx;                /* (max_T) P + t: each query's index among the keys */
 };
 
 void ft_train_opts_default(ft_train_opts *o) {
@@ -438,6 +446,7 @@ void ft_trainer_free(ft_trainer *tr) {
     if (!tr) return;
     free(tr->layers); free(tr->loras); free(tr->lg); free(tr->la); free(tr->inv_freq); free(tr->idx);
     free(tr->pos0); free(tr->params); free(tr->values); free(tr->grads); free(tr->act_arena); free(tr->scr_arena);
+    free(tr->kv_arena); free(tr->pidx);
     free(tr);
 }
 
@@ -473,6 +482,8 @@ static ftune_status check_batch(const ft_trainer *tr, const ft_batch *b) {
         return ft_err(FTUNE_ERR_ARG, "batch of %d x %d tokens does not fit the trainer's %d x %d", b->B, b->T,
                       tr->o.max_B, tr->o.max_T);
     if (!b->tokens || !b->targets) return ft_err(FTUNE_ERR_ARG, "batch without tokens or targets");
+    if (tr->P > 0 && b->doc)
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "packed rows (document ids) with a KV prefix are not supported");
     size_t BT = (size_t)b->B * b->T;
     for (size_t i = 0; i < BT; i++) {
         if (b->tokens[i] < 0 || b->tokens[i] >= c->V)
@@ -495,17 +506,56 @@ static uint64_t mask_seed(const ft_trainer *tr, int l, int k) {
 
 void ft_trainer_set_hooks(ft_trainer *tr, const ft_block_hooks *h) { tr->hooks = h; }
 
+ftune_status ft_trainer_set_kv_prefix(ft_trainer *tr, const float *k, const float *v, int P, float *dk, float *dv) {
+    const ft_config *c = &tr->cfg;
+    free(tr->kv_arena); free(tr->pidx);
+    tr->kv_arena = NULL; tr->pidx = NULL;
+    tr->P = 0;
+    tr->pk = tr->pv = NULL; tr->pdk = tr->pdv = NULL;
+    if (P == 0) return FTUNE_OK;
+    if (P < 0 || P > (1 << 20) || !k || !v)
+        return ft_err(FTUNE_ERR_ARG, "KV prefix of %d positions is not valid (1..%d, keys and values given)", P,
+                      1 << 20);
+    size_t kvd = (size_t)c->NKV * c->HS, n = (((size_t)tr->o.max_B * (P + tr->o.max_T) * kvd) + 15) & ~(size_t)15;
+    size_t att = attention_fast_scratch_floats(P + tr->o.max_T, c->HS, tr->nt, true);
+    tr->kv_arena = ft_aligned_alloc((4 * n + att) * sizeof(float));
+    tr->pidx = malloc((size_t)tr->o.max_T * sizeof(int));
+    if (!tr->kv_arena || !tr->pidx) {
+        free(tr->kv_arena); free(tr->pidx);
+        tr->kv_arena = NULL; tr->pidx = NULL;
+        return ft_err(FTUNE_ERR_NOMEM, "out of memory for a KV prefix of %d positions", P);
+    }
+    tr->kv_k = tr->kv_arena; tr->kv_v = tr->kv_k + n; tr->dkv_k = tr->kv_v + n; tr->dkv_v = tr->dkv_k + n;
+    tr->p_att_scratch = tr->dkv_v + n;
+    for (int t = 0; t < tr->o.max_T; t++) tr->pidx[t] = P + t;
+    tr->P = P;
+    tr->pk = k; tr->pv = v; tr->pdk = dk; tr->pdv = dv;
+    return FTUNE_OK;
+}
+
 static ft_block_env block_env(const ft_trainer *tr) {
     return (ft_block_env){ .cfg = &tr->cfg, .inv_freq = tr->inv_freq, .n_threads = tr->nt,
-                           .lin_scratch = tr->lin_scratch, .att_scratch = tr->att_scratch, .hooks = tr->hooks };
+                           .lin_scratch = tr->lin_scratch, .att_scratch = tr->P ? tr->p_att_scratch : tr->att_scratch,
+                           .hooks = tr->hooks };
 }
 
 /* Block l's call: its own keys/values (no cache), causal over the row. */
 static ft_block_io block_io(const ft_trainer *tr, const ft_batch *b, const int *pos, int l, bool train,
                             uint64_t *seeds) {
     for (int k = 0; k < FT_N_LINEAR; k++) seeds[k] = mask_seed(tr, l, k);
-    return (ft_block_io){ .B = b->B, .T = b->T, .pos = pos, .q_pos = tr->idx, .keys = tr->la[l].k,
-                          .values = tr->la[l].v, .Tk = b->T, .doc = b->doc, .train = train, .mask_seed = seeds };
+    ft_block_io io = { .B = b->B, .T = b->T, .pos = pos, .q_pos = tr->idx, .keys = tr->la[l].k,
+                       .values = tr->la[l].v, .Tk = b->T, .doc = b->doc, .train = train, .mask_seed = seeds };
+    if (tr->P > 0) {
+        size_t off = (size_t)l * tr->P * tr->cfg.NKV * tr->cfg.HS;
+        io.P = tr->P;
+        io.q_pos = tr->pidx;
+        io.keys = tr->kv_k; io.values = tr->kv_v; io.Tk = tr->P + b->T;
+        io.prefix_k = tr->pk + off; io.prefix_v = tr->pv + off;
+        io.kv_k = tr->kv_k; io.kv_v = tr->kv_v; io.dkv_k = tr->dkv_k; io.dkv_v = tr->dkv_v;
+        io.dprefix_k = tr->pdk ? tr->pdk + off : NULL;
+        io.dprefix_v = tr->pdv ? tr->pdv + off : NULL;
+    }
+    return io;
 }
 
 static ft_lm_loss_env lm_env(const ft_trainer *tr) {
@@ -554,10 +604,14 @@ static void backward(ft_trainer *tr, const ft_batch *b, const int *pos) {
     if (tr->d_tok_embd) embedding_backward(tr->d_tok_embd, tr->dres, (const int *)b->tokens, BT, C, c->V);
 }
 
+/* RoPE positions: the batch's, or 0..T-1 per row; shifted by a KV prefix. */
 static const int *positions(ft_trainer *tr, const ft_batch *b) {
-    if (b->pos) return b->pos;
+    if (b->pos && tr->P == 0) return b->pos;
     for (int r = 0; r < b->B; r++)
-        for (int t = 0; t < b->T; t++) tr->pos0[(size_t)r * b->T + t] = t;
+        for (int t = 0; t < b->T; t++) {
+            size_t i = (size_t)r * b->T + t;
+            tr->pos0[i] = tr->P + (b->pos ? b->pos[i] : t);
+        }
     return tr->pos0;
 }
 
