@@ -1,7 +1,8 @@
 /* train_model.c — the model-level training step: forward over a (B, T)
- * micro-batch keeping what backward needs, final norm + lm_head +
- * cross-entropy in chunks of rows, and backward block by block into LoRA
- * adapters or into f32 copies of every weight. llm.c-style memory: sizes
+ * micro-batch keeping what backward needs (the block is block.c's, the
+ * same one sessions run), final norm + the fused lm_head + loss of
+ * lm_loss.c, and backward block by block into LoRA adapters or into f32
+ * copies of every weight. llm.c-style memory: sizes
  * are planned once by carve(), which both measures and lays out each arena.
  *
  * What a block keeps for backward (rows BT = B·T): the block input (the
