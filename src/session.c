@@ -84,6 +84,7 @@ ftune_status ft_session_set_kv_prefix(ftune_session *s, const float *k, const fl
     const ft_config *c = &s->m->cfg;
     if (P < 0 || P >= s->n_ctx)
         return ft_err(FTUNE_ERR_RANGE, "KV prefix of %d positions leaves no room in a context of %d", P, s->n_ctx);
+    if (P > 0 && (!k || !v)) return ft_err(FTUNE_ERR_ARG, "KV prefix of %d positions without keys or values", P);
     size_t kvd = (size_t)c->NKV * c->HS;
     for (int l = 0; l < c->L && P > 0; l++) {
         memcpy(s->k_cache + (size_t)l * s->n_ctx * kvd, k + (size_t)l * P * kvd, (size_t)P * kvd * sizeof(float));

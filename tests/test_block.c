@@ -502,6 +502,7 @@ static void test_kv_prefix(void) {
             CHECK_OK(ftune_session_forward(b, ids + P, 3, lb, 1));
             CHECK(memcmp(la, lb, (size_t)3 * V * 4) != 0);
             CHECK(ft_session_set_kv_prefix(b, k, v, 160) == FTUNE_ERR_RANGE);
+            CHECK(ft_session_set_kv_prefix(b, NULL, v, 2) == FTUNE_ERR_ARG);
             CHECK(ft_session_get_kv(b, L, 1, k, v) == FTUNE_ERR_RANGE);
         }
         free(la); free(lb); free(k); free(v);
