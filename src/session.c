@@ -1,8 +1,10 @@
 /* session.c — inference: the forward pass over a KV cache, batched over the
  * tokens of a chunk (prefill) or one token at a time (decode), and
- * evaluation of next-token cross-entropy in context-length windows.
+ * evaluation of next-token loss in context-length windows through the
+ * fused LM head + loss (the same op the trainer's validation uses).
  * All buffers are allocated once, when the session is created. */
-#include "model.h"
+#include "block.h"
+#include "lm_loss.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -13,6 +15,8 @@
 struct ftune_session {
     const ftune_model *m;
     int n_ctx, n_threads, pos;
+    int n_prefix;             /* KV prefix rows pinned at the cache's start (ft_session_set_kv_prefix) */
+    const ft_block_hooks *hooks;
     float *k_cache, *v_cache; /* (L, n_ctx, NKV*HS) */
     float *inv_freq;          /* (HS/2) */
     float *x;                 /* (CHUNK, C) residual stream */
@@ -22,6 +26,7 @@ struct ftune_session {
     float *scratch;           /* linear_forward's tile + per-thread rows */
     float *att_scratch;       /* attention_fast_scratch_floats(n_ctx, HS, n_threads, false) */
     int *qpos;                /* (CHUNK) */
+    float *lm_scratch;        /* ft_lm_loss_scratch_floats(CHUNK rows, V, false), made on first eval */
 };
 
 static size_t max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
@@ -58,9 +63,7 @@ ftune_status ftune_session_new(ftune_session **out, const ftune_model *m, int n_
         return ft_err(FTUNE_ERR_NOMEM, "out of memory for a session of %d positions (KV cache %.1f MiB)", n_ctx,
                       2.0 * kv * 4 / 1048576.0);
     }
-    rope_freqs(s->inv_freq, c->HS, c->rope_theta, &c->rope_scaling);
-    if (m->rope_freq_factors)
-        for (int i = 0; i < c->HS / 2; i++) s->inv_freq[i] /= m->rope_freq_factors[i];
+    ft_rope_setup(s->inv_freq, c, m->rope_freq_factors);
     *out = s;
     return FTUNE_OK;
 }
@@ -69,48 +72,70 @@ void ftune_session_free(ftune_session *s) {
     if (!s) return;
     free(s->k_cache); free(s->v_cache); free(s->inv_freq); free(s->x); free(s->xb); free(s->xb2);
     free(s->q); free(s->hb); free(s->hb2); free(s->scratch); free(s->att_scratch); free(s->qpos);
+    free(s->lm_scratch);
     free(s);
 }
 
 int ftune_session_pos(const ftune_session *s) { return s->pos; }
-void ftune_session_reset(ftune_session *s) { s->pos = 0; }
+void ftune_session_reset(ftune_session *s) { s->pos = s->n_prefix; }
+void ft_session_set_hooks(ftune_session *s, const ft_block_hooks *h) { s->hooks = h; }
 
-/* One batched pass over n ≤ CHUNK tokens at positions s->pos.. ; writes the
- * final-norm hidden states of the rows [first_row, n) to logits via lm_head. */
-static void forward_chunk(ftune_session *s, const int32_t *tokens, int n, float *logits, int first_row) {
+ftune_status ft_session_set_kv_prefix(ftune_session *s, const float *k, const float *v, int P) {
+    const ft_config *c = &s->m->cfg;
+    if (P < 0 || P >= s->n_ctx)
+        return ft_err(FTUNE_ERR_RANGE, "KV prefix of %d positions leaves no room in a context of %d", P, s->n_ctx);
+    if (P > 0 && (!k || !v)) return ft_err(FTUNE_ERR_ARG, "KV prefix of %d positions without keys or values", P);
+    size_t kvd = (size_t)c->NKV * c->HS;
+    for (int l = 0; l < c->L && P > 0; l++) {
+        memcpy(s->k_cache + (size_t)l * s->n_ctx * kvd, k + (size_t)l * P * kvd, (size_t)P * kvd * sizeof(float));
+        memcpy(s->v_cache + (size_t)l * s->n_ctx * kvd, v + (size_t)l * P * kvd, (size_t)P * kvd * sizeof(float));
+    }
+    s->n_prefix = P;
+    s->pos = P;
+    return FTUNE_OK;
+}
+
+ftune_status ft_session_get_kv(const ftune_session *s, int l, int n, float *k, float *v) {
+    const ft_config *c = &s->m->cfg;
+    if (l < 0 || l >= c->L || n < 0 || n > s->pos)
+        return ft_err(FTUNE_ERR_RANGE, "cache rows [0, %d) of layer %d: the cache holds %d rows of %d layers", n, l,
+                      s->pos, c->L);
+    size_t kvd = (size_t)c->NKV * c->HS;
+    memcpy(k, s->k_cache + (size_t)l * s->n_ctx * kvd, (size_t)n * kvd * sizeof(float));
+    memcpy(v, s->v_cache + (size_t)l * s->n_ctx * kvd, (size_t)n * kvd * sizeof(float));
+    return FTUNE_OK;
+}
+
+/* One batched pass over n <= CHUNK tokens at positions s->pos.. ; writes
+ * the final-norm hidden states of the rows [first_row, n) to s->xb and
+ * returns them (NULL when first_row >= n). Buffers alias where lifetimes
+ * allow: ln1 and mid share xb, atty and ln2 xb2, SwiGLU runs in place. */
+static const float *forward_chunk(ftune_session *s, const int32_t *tokens, int n, int first_row) {
     const ftune_model *m = s->m;
     const ft_config *c = &m->cfg;
-    int C = c->C, HS = c->HS, NH = c->NH, NKV = c->NKV, F = c->F, nt = s->n_threads;
-    int kvd = NKV * HS, p0 = s->pos;
+    int C = c->C, kvd = c->NKV * c->HS, p0 = s->pos;
     for (int t = 0; t < n; t++) {
         ft_tensor_row_f32(&m->tok_embd, tokens[t], s->x + (size_t)t * C);
         s->qpos[t] = p0 + t;
     }
+    ft_block_env e = { .cfg = c, .inv_freq = s->inv_freq, .n_threads = s->n_threads, .lin_scratch = s->scratch,
+                       .att_scratch = s->att_scratch, .hooks = s->hooks };
     for (int l = 0; l < c->L; l++) {
-        const ft_layer *ly = &m->layers[l];
         float *kc = s->k_cache + (size_t)l * s->n_ctx * kvd, *vc = s->v_cache + (size_t)l * s->n_ctx * kvd;
-        rmsnorm_forward(s->xb, NULL, s->x, ly->attn_norm, n, C, c->norm_eps);
-        linear_forward(s->q, s->xb, &ly->wq, n, nt, s->scratch);
-        linear_forward(kc + (size_t)p0 * kvd, s->xb, &ly->wk, n, nt, s->scratch);
-        linear_forward(vc + (size_t)p0 * kvd, s->xb, &ly->wv, n, nt, s->scratch);
-        rope_forward(s->q, s->qpos, s->inv_freq, n, NH, HS, c->rope_interleaved);
-        rope_forward(kc + (size_t)p0 * kvd, s->qpos, s->inv_freq, n, NKV, HS, c->rope_interleaved);
-        attention_forward_fast(s->xb2, NULL, s->q, kc, vc, s->qpos, NULL, 1, n, p0 + n, NH, NKV, HS, kvd, nt,
-                               s->att_scratch);
-        linear_forward(s->xb, s->xb2, &ly->wo, n, nt, s->scratch);
-        for (size_t i = 0; i < (size_t)n * C; i++) s->x[i] += s->xb[i];
-        rmsnorm_forward(s->xb, NULL, s->x, ly->ffn_norm, n, C, c->norm_eps);
-        linear_forward(s->hb, s->xb, &ly->w_gate, n, nt, s->scratch);
-        linear_forward(s->hb2, s->xb, &ly->w_up, n, nt, s->scratch);
-        swiglu_forward(s->hb, s->hb, s->hb2, n, F);
-        linear_forward(s->xb, s->hb, &ly->w_down, n, nt, s->scratch);
-        for (size_t i = 0; i < (size_t)n * C; i++) s->x[i] += s->xb[i];
+        ft_block_acts a = { .ln1 = s->xb, .q = s->q, .k = kc + (size_t)p0 * kvd, .v = vc + (size_t)p0 * kvd,
+                            .atty = s->xb2, .mid = s->xb, .ln2 = s->xb2, .gate = s->hb, .up = s->hb2, .h = s->hb };
+        ft_block_io io = { .B = 1, .T = n, .pos = s->qpos, .q_pos = s->qpos, .keys = kc, .values = vc, .Tk = p0 + n };
+        ft_block_forward(&e, &m->layers[l], l, &a, s->x, s->x, &io);
     }
     s->pos += n;
-    if (!logits || first_row >= n) return;
-    int rows = n - first_row;
-    rmsnorm_forward(s->xb, NULL, s->x + (size_t)first_row * C, m->out_norm, rows, C, c->norm_eps);
-    linear_forward(logits, s->xb, &m->lm_head, rows, nt, s->scratch);
+    if (first_row >= n) return NULL;
+    rmsnorm_forward(s->xb, NULL, s->x + (size_t)first_row * C, m->out_norm, n - first_row, C, c->norm_eps);
+    return s->xb;
+}
+
+static void forward_logits(ftune_session *s, const int32_t *tokens, int n, float *logits, int first_row) {
+    const float *h = forward_chunk(s, tokens, n, logits ? first_row : n);
+    if (h) linear_forward(logits, h, &s->m->lm_head, n - first_row, s->n_threads, s->scratch);
 }
 
 ftune_status ftune_session_forward(ftune_session *s, const int32_t *tokens, int n, float *logits, int all_logits) {
@@ -130,30 +155,34 @@ ftune_status ftune_session_forward(ftune_session *s, const int32_t *tokens, int 
         int first = k;
         if (logits && all_logits) { dst = logits + (size_t)i0 * c->V; first = 0; }
         else if (logits && last) { dst = logits; first = k - 1; }
-        forward_chunk(s, tokens + i0, k, dst, first);
+        forward_logits(s, tokens + i0, k, dst, first);
     }
     return FTUNE_OK;
 }
 
-/* Cross-entropy of rows of logits against targets, summed in double. */
-static double ce_sum(const float *logits, const int32_t *targets, int n, int V) {
-    double sum = 0;
-    for (int t = 0; t < n; t++) {
-        const float *row = logits + (size_t)t * V;
-        float mx = row[0];
-        for (int i = 1; i < V; i++) mx = row[i] > mx ? row[i] : mx;
-        double se = 0;
-        for (int i = 0; i < V; i++) se += exp((double)row[i] - mx);
-        sum += log(se) + mx - row[targets[t]];
-    }
-    return sum;
+static ftune_status check_tokens(const ftune_session *s, const int32_t *tokens, size_t n) {
+    int V = s->m->cfg.V;
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return ft_err(FTUNE_ERR_ARG, "token id %d at index %zu is outside the vocabulary (0..%d)", tokens[i], i,
+                          V - 1);
+    return FTUNE_OK;
 }
 
 ftune_status ftune_eval_tokens(ftune_session *s, const int32_t *tokens, size_t n, ftune_eval_result *acc) {
-    int V = s->m->cfg.V, W = s->n_ctx;
-    if (W < 2) return ft_err(FTUNE_ERR_ARG, "context length %d is too short to evaluate", W);
-    float *logits = malloc((size_t)CHUNK * V * sizeof(float));
-    if (!logits) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    const ft_config *c = &s->m->cfg;
+    int V = c->V, P = s->n_prefix, W = s->n_ctx - P;
+    if (W < 2) return ft_err(FTUNE_ERR_ARG, "context length %d (after a KV prefix of %d) is too short to evaluate", W, P);
+    ftune_status st = check_tokens(s, tokens, n);
+    if (st) return st;
+    int CH = ft_lm_loss_chunk_rows(V, CHUNK);
+    if (!s->lm_scratch) {
+        s->lm_scratch = ft_aligned_alloc(ft_lm_loss_scratch_floats(CH, V, false) * sizeof(float));
+        if (!s->lm_scratch) return ft_err(FTUNE_ERR_NOMEM, "out of memory for %d rows of %d logits", CH, V);
+    }
+    ft_lm_loss_env le = { .head = &s->m->lm_head, .loss = &ft_loss_crossentropy, .chunk_rows = CH,
+                          .n_threads = s->n_threads, .scratch = s->lm_scratch, .lin_scratch = s->scratch };
+    int targets[CHUNK];
     /* windows [w0, w0+W) with w0 advancing by W-1: each token after the first
      * is predicted exactly once, from at most W-1 tokens of context */
     for (size_t w0 = 0; w0 + 1 < n; w0 += (size_t)W - 1) {
@@ -161,12 +190,12 @@ ftune_status ftune_eval_tokens(ftune_session *s, const int32_t *tokens, size_t n
         ftune_session_reset(s);
         for (size_t i = 0; i + 1 < wn; i += CHUNK) {
             int k = (int)(wn - 1 - i < CHUNK ? wn - 1 - i : CHUNK);
-            ftune_status st = ftune_session_forward(s, tokens + w0 + i, k, logits, 1);
-            if (st) { free(logits); return st; }
-            acc->loss_sum += ce_sum(logits, tokens + w0 + i + 1, k, V);
-            acc->n_predicted += k;
+            const float *h = forward_chunk(s, tokens + w0 + i, k, 0);
+            for (int t = 0; t < k; t++) targets[t] = tokens[w0 + i + 1 + t];
+            int64_t nt;
+            acc->loss_sum += ft_lm_loss_forward(&le, &nt, h, targets, k);
+            acc->n_predicted += nt;
         }
     }
-    free(logits);
     return FTUNE_OK;
 }

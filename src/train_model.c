@@ -1,7 +1,8 @@
 /* train_model.c — the model-level training step: forward over a (B, T)
- * micro-batch keeping what backward needs, final norm + lm_head +
- * cross-entropy in chunks of rows, and backward block by block into LoRA
- * adapters or into f32 copies of every weight. llm.c-style memory: sizes
+ * micro-batch keeping what backward needs (the block is block.c's, the
+ * same one sessions run), final norm + the fused lm_head + loss of
+ * lm_loss.c, and backward block by block into LoRA adapters or into f32
+ * copies of every weight. llm.c-style memory: sizes
  * are planned once by carve(), which both measures and lays out each arena.
  *
  * What a block keeps for backward (rows BT = B·T): the block input (the
@@ -12,6 +13,8 @@
  * from q, k and the log-sum-exp a tile of queries at a time (ops_fast.c).
  * Dropout masks are regenerated from their seed. The SwiGLU output is recomputed too (one pass over F). */
 #include "train.h"
+#include "block.h"
+#include "lm_loss.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -23,27 +26,15 @@ const char *const ft_target_names[FT_N_TARGETS] = { "q_proj", "k_proj", "v_proj"
 static const char *const target_short[FT_N_TARGETS] = { "q", "k", "v", "o", "gate", "up", "down" };
 static const char *const target_block[FT_N_TARGETS] = { "self_attn", "self_attn", "self_attn", "self_attn",
                                                         "mlp", "mlp", "mlp" };
-enum { TQ, TK, TV, TO, TGATE, TUP, TDOWN };
+enum { TQ = FT_LIN_Q, TK = FT_LIN_K, TV = FT_LIN_V, TO = FT_LIN_O, TGATE = FT_LIN_GATE, TUP = FT_LIN_UP,
+       TDOWN = FT_LIN_DOWN };
+_Static_assert(FT_N_TARGETS == FT_N_LINEAR, "LoRA targets are the block's Linears");
 
-#define CE_CHUNK_FLOATS (8u << 20) /* logits rows per chunk: at most 8M floats (32 MiB) at a time */
-
-typedef struct {
-    float *ln1, *rstd1;       /* (BT, C), (BT) */
-    float *q;                 /* (BT, NH*HS) after RoPE */
-    float *k, *v;             /* (BT, NKV*HS), k after RoPE */
-    float *atty;              /* (BT, NH*HS) attention output, wo's input */
-    float *lse;               /* (B, NH, T) attention log-sum-exp */
-    float *res_mid;           /* (BT, C) residual after attention */
-    float *ln2, *rstd2;       /* (BT, C), (BT) */
-    float *gate, *up;         /* (BT, F) */
-    float *u[FT_N_TARGETS];   /* (BT, R) adapter activations, NULL if not targeted */
-} layer_acts;
-
-typedef struct {
-    float *attn_norm, *ffn_norm;  /* (C) */
-    float *w[FT_N_TARGETS];       /* (out, in) */
-    float *b[FT_N_TARGETS];       /* (out), q/k/v with qkv_bias */
-} layer_grads;
+/* A block's saved activations (ft_block_acts, rows BT): the block input is
+ * the residual stream, res; u[k] is NULL where Linear k has no adapter; h
+ * is the shared scratch hbuf (SwiGLU is recomputed in backward). */
+typedef ft_block_acts layer_acts;
+typedef ft_block_grads layer_grads;
 
 struct ft_trainer {
     const ftune_model *m;
@@ -58,6 +49,7 @@ struct ft_trainer {
     ft_layer *layers;         /* (L) */
     ft_lora *loras;           /* (L, 7) */
     float *inv_freq;          /* (HS/2) */
+    const ft_block_hooks *hooks; /* or NULL */
     /* trainables */
     ft_train_param *params;
     int n_params;
@@ -77,11 +69,19 @@ struct ft_trainer {
     float *dk, *dv;           /* (BT, NKV*HS) */
     float *hbuf, *dh, *dgate, *dup; /* (BT, F) */
     float *att_scratch;       /* attention_fast_scratch_floats(max_T, HS, nt, true) */
-    float *logits, *dlogits;  /* (CH, V) */
+    float *lm_scratch;        /* ft_lm_loss_scratch_floats(CH, V): a chunk's logits and their gradient */
     float *lin_scratch;       /* linear_train_scratch_floats */
     int *idx;                 /* (max_T) 0..T-1: causal positions */
     int *pos0;                /* (BT) default positions */
     int CH;                   /* cross-entropy rows per chunk */
+    /* KV prefix (ft_trainer_set_kv_prefix), P = 0 without */
+    int P;
+    const float *pk, *pv;     /* (L, P, NKV*HS) */
+    float *pdk, *pdv;         /* (L, P, NKV*HS) gradients, or NULL */
+    float *kv_arena;          /* the four below, then attention scratch for P + max_T keys */
+    float *kv_k, *kv_v, *dkv_k, *dkv_v; /* (max_B, P + max_T, NKV*HS) */
+    float *p_att_scratch;
+    int *pidx;                /* (max_T) P + t: each query's index among the keys */
 };
 
 void ft_train_opts_default(ft_train_opts *o) {
@@ -130,10 +130,7 @@ static void lin_dims(const ft_config *c, int k, int *out, int *in) {
     }
 }
 
-static ft_linear *lin_of(ft_layer *ly, int k) {
-    ft_linear *l[FT_N_TARGETS] = { &ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down };
-    return l[k];
-}
+static ft_linear *lin_of(ft_layer *ly, int k) { return ft_block_linear(ly, k); }
 
 /* Appends a parameter spec (when ps is non-NULL) and returns its numel. */
 static int64_t add_param(ft_train_param *ps, int *n, int64_t *off, const char *name, int ndim, int64_t d0,
@@ -218,11 +215,7 @@ static int max_in(const ft_config *c) {
     return m > c->NH * c->HS ? m : c->NH * c->HS;
 }
 
-static int ce_rows(const ft_config *c, size_t BT) {
-    size_t ch = CE_CHUNK_FLOATS / (size_t)c->V;
-    if (ch < 1) ch = 1;
-    return (int)(ch < BT ? ch : BT);
-}
+static int ce_rows(const ft_config *c, size_t BT) { return ft_lm_loss_chunk_rows(c->V, (int)BT); }
 
 static void carve_acts(ft_trainer *tr, carver *cv, const ft_config *c, const ft_train_opts *o) {
     size_t BT = (size_t)o->max_B * o->max_T, C = c->C, F = c->F, qd = (size_t)c->NH * c->HS,
@@ -233,7 +226,7 @@ static void carve_acts(ft_trainer *tr, carver *cv, const ft_config *c, const ft_
         layer_acts a = { 0 };
         a.ln1 = carve(cv, BT * C); a.rstd1 = carve(cv, BT);
         a.q = carve(cv, BT * qd); a.k = carve(cv, BT * kvd); a.v = carve(cv, BT * kvd);
-        a.atty = carve(cv, BT * qd); a.lse = carve(cv, BT * (size_t)c->NH); a.res_mid = carve(cv, BT * C);
+        a.atty = carve(cv, BT * qd); a.lse = carve(cv, BT * (size_t)c->NH); a.mid = carve(cv, BT * C);
         a.ln2 = carve(cv, BT * C); a.rstd2 = carve(cv, BT);
         a.gate = carve(cv, BT * F); a.up = carve(cv, BT * F);
         if (o->mode == FT_TRAIN_LORA)
@@ -256,12 +249,12 @@ static void carve_scratch(ft_trainer *tr, carver *cv, const ft_config *c, const 
     p[4] = carve(cv, BT * kvd); p[5] = carve(cv, BT * kvd);
     p[6] = carve(cv, BT * F); p[7] = carve(cv, BT * F); p[8] = carve(cv, BT * F); p[9] = carve(cv, BT * F);
     p[10] = carve(cv, attention_fast_scratch_floats((int)T, c->HS, nt, true));
-    p[12] = carve(cv, (size_t)CH * c->V); p[13] = carve(cv, (size_t)CH * c->V);
+    p[12] = carve(cv, ft_lm_loss_scratch_floats(CH, c->V, true));
     p[14] = carve(cv, linear_train_scratch_floats(max_in(c), R, (int)BT, nt));
     if (!tr) return;
     tr->dres = p[0]; tr->dln = p[1]; tr->dq = p[2]; tr->datty = p[3]; tr->dk = p[4]; tr->dv = p[5];
     tr->hbuf = p[6]; tr->dh = p[7]; tr->dgate = p[8]; tr->dup = p[9];
-    tr->att_scratch = p[10]; tr->logits = p[12]; tr->dlogits = p[13]; tr->lin_scratch = p[14];
+    tr->att_scratch = p[10]; tr->lm_scratch = p[12]; tr->lin_scratch = p[14];
     tr->CH = CH;
 }
 
@@ -441,9 +434,8 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
     carver ca = { tr->act_arena, 0 }, cs = { tr->scr_arena, 0 };
     carve_acts(tr, &ca, c, o);
     carve_scratch(tr, &cs, c, o, tr->nt);
-    rope_freqs(tr->inv_freq, c->HS, c->rope_theta, &c->rope_scaling);
-    if (m->rope_freq_factors)
-        for (int i = 0; i < c->HS / 2; i++) tr->inv_freq[i] /= m->rope_freq_factors[i];
+    for (int l = 0; l < c->L; l++) tr->la[l].h = tr->hbuf;
+    ft_rope_setup(tr->inv_freq, c, m->rope_freq_factors);
     for (int t = 0; t < o->max_T; t++) tr->idx[t] = t;
     if (o->mode == FT_TRAIN_FULL) bind_full(tr);
     else bind_lora(tr);
@@ -455,6 +447,7 @@ void ft_trainer_free(ft_trainer *tr) {
     if (!tr) return;
     free(tr->layers); free(tr->loras); free(tr->lg); free(tr->la); free(tr->inv_freq); free(tr->idx);
     free(tr->pos0); free(tr->params); free(tr->values); free(tr->grads); free(tr->act_arena); free(tr->scr_arena);
+    free(tr->kv_arena); free(tr->pidx);
     free(tr);
 }
 
@@ -490,6 +483,8 @@ static ftune_status check_batch(const ft_trainer *tr, const ft_batch *b) {
         return ft_err(FTUNE_ERR_ARG, "batch of %d x %d tokens does not fit the trainer's %d x %d", b->B, b->T,
                       tr->o.max_B, tr->o.max_T);
     if (!b->tokens || !b->targets) return ft_err(FTUNE_ERR_ARG, "batch without tokens or targets");
+    if (tr->P > 0 && b->doc)
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "packed rows (document ids) with a KV prefix are not supported");
     size_t BT = (size_t)b->B * b->T;
     for (size_t i = 0; i < BT; i++) {
         if (b->tokens[i] < 0 || b->tokens[i] >= c->V)
@@ -510,103 +505,114 @@ static uint64_t mask_seed(const ft_trainer *tr, int l, int k) {
            (uint64_t)(l * FT_N_TARGETS + k + 1) * 0xC2B2AE3D27D4EB4Full;
 }
 
-static void lin_fwd(ft_trainer *tr, float *out, const float *inp, int l, int k, int BT, bool train) {
-    ft_linear *lin = lin_of(&tr->layers[l], k);
-    if (train) linear_forward_train(out, tr->la[l].u[k], inp, lin, BT, mask_seed(tr, l, k), tr->nt, tr->lin_scratch);
-    else linear_forward(out, inp, lin, BT, tr->nt, tr->lin_scratch);
-}
+void ft_trainer_set_hooks(ft_trainer *tr, const ft_block_hooks *h) { tr->hooks = h; }
 
-static void lin_bwd(ft_trainer *tr, float *dinp, const float *dout, const float *inp, int l, int k, int BT,
-                    bool accumulate) {
-    ft_linear *lin = lin_of(&tr->layers[l], k);
-    linear_backward(dinp, tr->lg[l].w[k], tr->lg[l].b[k], dout, inp, tr->la[l].u[k], lin, BT, mask_seed(tr, l, k),
-                    accumulate, tr->nt, tr->lin_scratch);
-}
-
-static void add_into(float *y, const float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) y[i] += x[i];
-}
-
-/* Forward of the blocks and the final norm; then chunks of lm_head +
- * cross-entropy, which with train also backprop into dln (= d lnf) and
- * the head's weight. Returns the summed loss. */
-static double forward(ft_trainer *tr, const ft_batch *b, const int *pos, bool train, float dloss_scale) {
+ftune_status ft_trainer_set_kv_prefix(ft_trainer *tr, const float *k, const float *v, int P, float *dk, float *dv) {
     const ft_config *c = &tr->cfg;
-    int B = b->B, T = b->T, BT = B * T, C = c->C, NH = c->NH, NKV = c->NKV, HS = c->HS, F = c->F;
-    int kvd = NKV * HS;
+    free(tr->kv_arena); free(tr->pidx);
+    tr->kv_arena = NULL; tr->pidx = NULL;
+    tr->P = 0;
+    tr->pk = tr->pv = NULL; tr->pdk = tr->pdv = NULL;
+    if (P == 0) return FTUNE_OK;
+    if (P < 0 || P > (1 << 20) || !k || !v)
+        return ft_err(FTUNE_ERR_ARG, "KV prefix of %d positions is not valid (1..%d, keys and values given)", P,
+                      1 << 20);
+    size_t kvd = (size_t)c->NKV * c->HS, n = (((size_t)tr->o.max_B * (P + tr->o.max_T) * kvd) + 15) & ~(size_t)15;
+    size_t att = attention_fast_scratch_floats(P + tr->o.max_T, c->HS, tr->nt, true);
+    tr->kv_arena = ft_aligned_alloc((4 * n + att) * sizeof(float));
+    tr->pidx = malloc((size_t)tr->o.max_T * sizeof(int));
+    if (!tr->kv_arena || !tr->pidx) {
+        free(tr->kv_arena); free(tr->pidx);
+        tr->kv_arena = NULL; tr->pidx = NULL;
+        return ft_err(FTUNE_ERR_NOMEM, "out of memory for a KV prefix of %d positions", P);
+    }
+    tr->kv_k = tr->kv_arena; tr->kv_v = tr->kv_k + n; tr->dkv_k = tr->kv_v + n; tr->dkv_v = tr->dkv_k + n;
+    tr->p_att_scratch = tr->dkv_v + n;
+    for (int t = 0; t < tr->o.max_T; t++) tr->pidx[t] = P + t;
+    tr->P = P;
+    tr->pk = k; tr->pv = v; tr->pdk = dk; tr->pdv = dv;
+    return FTUNE_OK;
+}
+
+static ft_block_env block_env(const ft_trainer *tr) {
+    return (ft_block_env){ .cfg = &tr->cfg, .inv_freq = tr->inv_freq, .n_threads = tr->nt,
+                           .lin_scratch = tr->lin_scratch, .att_scratch = tr->P ? tr->p_att_scratch : tr->att_scratch,
+                           .hooks = tr->hooks };
+}
+
+/* Block l's call: its own keys/values (no cache), causal over the row. */
+static ft_block_io block_io(const ft_trainer *tr, const ft_batch *b, const int *pos, int l, bool train,
+                            uint64_t *seeds) {
+    for (int k = 0; k < FT_N_LINEAR; k++) seeds[k] = mask_seed(tr, l, k);
+    ft_block_io io = { .B = b->B, .T = b->T, .pos = pos, .q_pos = tr->idx, .keys = tr->la[l].k,
+                       .values = tr->la[l].v, .Tk = b->T, .doc = b->doc, .train = train, .mask_seed = seeds };
+    if (tr->P > 0) {
+        size_t off = (size_t)l * tr->P * tr->cfg.NKV * tr->cfg.HS;
+        io.P = tr->P;
+        io.q_pos = tr->pidx;
+        io.keys = tr->kv_k; io.values = tr->kv_v; io.Tk = tr->P + b->T;
+        io.prefix_k = tr->pk + off; io.prefix_v = tr->pv + off;
+        io.kv_k = tr->kv_k; io.kv_v = tr->kv_v; io.dkv_k = tr->dkv_k; io.dkv_v = tr->dkv_v;
+        io.dprefix_k = tr->pdk ? tr->pdk + off : NULL;
+        io.dprefix_v = tr->pdv ? tr->pdv + off : NULL;
+    }
+    return io;
+}
+
+static ft_lm_loss_env lm_env(const ft_trainer *tr) {
+    return (ft_lm_loss_env){ .head = &tr->lm_head, .loss = &ft_loss_crossentropy, .chunk_rows = tr->CH,
+                             .n_threads = tr->nt, .scratch = tr->lm_scratch, .lin_scratch = tr->lin_scratch };
+}
+
+/* Forward of the blocks and the final norm; then the fused lm_head + loss,
+ * which with train also backprops into dln (= d lnf) and the head's
+ * weight. Returns the summed loss. */
+static double forward(ft_trainer *tr, const ft_batch *b, const int *pos, bool train, float dloss_scale,
+                      int64_t *n_targets) {
+    const ft_config *c = &tr->cfg;
+    int BT = b->B * b->T, C = c->C;
+    ft_block_env e = block_env(tr);
     for (int i = 0; i < BT; i++) ft_tensor_row_f32(&tr->tok_embd, b->tokens[i], tr->res + (size_t)i * C);
     for (int l = 0; l < c->L; l++) {
-        const ft_layer *ly = &tr->layers[l];
-        layer_acts *a = &tr->la[l];
-        float *x = tr->res + (size_t)l * BT * C, *xo = tr->res + (size_t)(l + 1) * BT * C;
-        rmsnorm_forward(a->ln1, a->rstd1, x, ly->attn_norm, BT, C, c->norm_eps);
-        lin_fwd(tr, a->q, a->ln1, l, TQ, BT, train);
-        lin_fwd(tr, a->k, a->ln1, l, TK, BT, train);
-        lin_fwd(tr, a->v, a->ln1, l, TV, BT, train);
-        rope_forward(a->q, pos, tr->inv_freq, BT, NH, HS, c->rope_interleaved);
-        rope_forward(a->k, pos, tr->inv_freq, BT, NKV, HS, c->rope_interleaved);
-        attention_forward_fast(a->atty, train ? a->lse : NULL, a->q, a->k, a->v, tr->idx, b->doc, B, T, T, NH, NKV,
-                               HS, kvd, tr->nt, tr->att_scratch);
-        lin_fwd(tr, a->res_mid, a->atty, l, TO, BT, train);
-        add_into(a->res_mid, x, (size_t)BT * C);
-        rmsnorm_forward(a->ln2, a->rstd2, a->res_mid, ly->ffn_norm, BT, C, c->norm_eps);
-        lin_fwd(tr, a->gate, a->ln2, l, TGATE, BT, train);
-        lin_fwd(tr, a->up, a->ln2, l, TUP, BT, train);
-        swiglu_forward(tr->hbuf, a->gate, a->up, BT, F);
-        lin_fwd(tr, xo, tr->hbuf, l, TDOWN, BT, train);
-        add_into(xo, a->res_mid, (size_t)BT * C);
+        uint64_t seeds[FT_N_LINEAR];
+        ft_block_io io = block_io(tr, b, pos, l, train, seeds);
+        ft_block_acts a = tr->la[l];
+        if (!train) a.lse = NULL; /* nothing is saved for backward */
+        ft_block_forward(&e, &tr->layers[l], l, &a, tr->res + (size_t)(l + 1) * BT * C, tr->res + (size_t)l * BT * C,
+                         &io);
     }
     rmsnorm_forward(tr->lnf, tr->rstdf, tr->res + (size_t)c->L * BT * C, tr->out_norm, BT, C, c->norm_eps);
-    double loss = 0;
-    for (int r0 = 0; r0 < BT; r0 += tr->CH) {
-        int n = BT - r0 < tr->CH ? BT - r0 : tr->CH;
-        const float *h = tr->lnf + (size_t)r0 * C;
-        linear_forward(tr->logits, h, &tr->lm_head, n, tr->nt, tr->lin_scratch);
-        loss += crossentropy_fast(train ? tr->dlogits : NULL, tr->logits, b->targets + r0, n, c->V, dloss_scale,
-                                  tr->nt);
-        if (train)
-            linear_backward(tr->dln + (size_t)r0 * C, tr->d_lm_head, NULL, tr->dlogits, h, NULL, &tr->lm_head, n, 0,
-                            false, tr->nt, tr->lin_scratch);
-    }
-    return loss;
+    ft_lm_loss_env le = lm_env(tr);
+    if (train) return ft_lm_loss_backward(&le, tr->dln, tr->d_lm_head, n_targets, tr->lnf, b->targets, BT, dloss_scale);
+    return ft_lm_loss_forward(&le, n_targets, tr->lnf, b->targets, BT);
 }
 
 static void backward(ft_trainer *tr, const ft_batch *b, const int *pos) {
     const ft_config *c = &tr->cfg;
-    int B = b->B, T = b->T, BT = B * T, C = c->C, NH = c->NH, NKV = c->NKV, HS = c->HS, F = c->F;
+    int BT = b->B * b->T, C = c->C;
+    ft_block_env e = block_env(tr);
+    ft_block_scratch s = { .dln = tr->dln, .dq = tr->dq, .datty = tr->datty, .dk = tr->dk, .dv = tr->dv,
+                           .h = tr->hbuf, .dh = tr->dh, .dgate = tr->dgate, .dup = tr->dup };
     memset(tr->dres, 0, (size_t)BT * C * sizeof(float));
     rmsnorm_backward(tr->dres, tr->d_out_norm, tr->dln, tr->res + (size_t)c->L * BT * C, tr->out_norm, tr->rstdf, BT,
                      C);
     for (int l = c->L - 1; l >= 0; l--) {
-        const ft_layer *ly = &tr->layers[l];
-        const layer_acts *a = &tr->la[l];
-        const layer_grads *g = &tr->lg[l];
-        float *x = tr->res + (size_t)l * BT * C;
-        /* MLP: dres holds d(block output) = d(res_mid) through the residual */
-        swiglu_forward(tr->hbuf, a->gate, a->up, BT, F);
-        lin_bwd(tr, tr->dh, tr->dres, tr->hbuf, l, TDOWN, BT, false);
-        swiglu_backward(tr->dgate, tr->dup, tr->dh, a->gate, a->up, BT, F);
-        lin_bwd(tr, tr->dln, tr->dgate, a->ln2, l, TGATE, BT, false);
-        lin_bwd(tr, tr->dln, tr->dup, a->ln2, l, TUP, BT, true);
-        rmsnorm_backward(tr->dres, g->ffn_norm, tr->dln, a->res_mid, ly->ffn_norm, a->rstd2, BT, C);
-        /* attention: probabilities recomputed from the saved log-sum-exp */
-        lin_bwd(tr, tr->datty, tr->dres, a->atty, l, TO, BT, false);
-        attention_backward_fast(tr->dq, tr->dk, tr->dv, tr->datty, a->lse, a->q, a->k, a->v, tr->idx, b->doc, B, T, T,
-                                NH, NKV, HS, tr->nt, tr->att_scratch);
-        rope_backward(tr->dq, pos, tr->inv_freq, BT, NH, HS, c->rope_interleaved);
-        rope_backward(tr->dk, pos, tr->inv_freq, BT, NKV, HS, c->rope_interleaved);
-        lin_bwd(tr, tr->dln, tr->dq, a->ln1, l, TQ, BT, false);
-        lin_bwd(tr, tr->dln, tr->dk, a->ln1, l, TK, BT, true);
-        lin_bwd(tr, tr->dln, tr->dv, a->ln1, l, TV, BT, true);
-        rmsnorm_backward(tr->dres, g->attn_norm, tr->dln, x, ly->attn_norm, a->rstd1, BT, C);
+        uint64_t seeds[FT_N_LINEAR];
+        ft_block_io io = block_io(tr, b, pos, l, true, seeds);
+        ft_block_backward(&e, &tr->layers[l], l, &tr->lg[l], tr->dres, tr->res + (size_t)l * BT * C, &tr->la[l], &io,
+                          &s);
     }
     if (tr->d_tok_embd) embedding_backward(tr->d_tok_embd, tr->dres, (const int *)b->tokens, BT, C, c->V);
 }
 
+/* RoPE positions: the batch's, or 0..T-1 per row; shifted by a KV prefix. */
 static const int *positions(ft_trainer *tr, const ft_batch *b) {
-    if (b->pos) return b->pos;
+    if (b->pos && tr->P == 0) return b->pos;
     for (int r = 0; r < b->B; r++)
-        for (int t = 0; t < b->T; t++) tr->pos0[(size_t)r * b->T + t] = t;
+        for (int t = 0; t < b->T; t++) {
+            size_t i = (size_t)r * b->T + t;
+            tr->pos0[i] = tr->P + (b->pos ? b->pos[i] : t);
+        }
     return tr->pos0;
 }
 
@@ -618,7 +624,7 @@ ftune_status ft_trainer_step(ft_trainer *tr, const ft_batch *b, int64_t n_target
         return ft_err(FTUNE_ERR_ARG, "the loss is normalised by %lld target tokens; it must be at least 1",
                       (long long)n_targets_total);
     const int *pos = positions(tr, b);
-    *loss_sum = forward(tr, b, pos, true, (float)(1.0 / (double)n_targets_total));
+    *loss_sum = forward(tr, b, pos, true, (float)(1.0 / (double)n_targets_total), NULL);
     backward(tr, b, pos);
     tr->micro_step++;
     return FTUNE_OK;
@@ -629,7 +635,6 @@ ftune_status ft_trainer_eval(ft_trainer *tr, const ft_batch *b, double *loss_sum
     *n_targets = 0;
     ftune_status st = check_batch(tr, b);
     if (st) return st;
-    *loss_sum = forward(tr, b, positions(tr, b), false, 0);
-    for (size_t i = 0; i < (size_t)b->B * b->T; i++) *n_targets += b->targets[i] >= 0;
+    *loss_sum = forward(tr, b, positions(tr, b), false, 0, n_targets);
     return FTUNE_OK;
 }
