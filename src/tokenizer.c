@@ -396,11 +396,13 @@ ftune_status ft_tokenizer_build(ftune_tokenizer **out, const ft_vocab_spec *spec
 
     if (spec->kind == FT_TOK_SPM) {
         t->split_mode = SPLIT_CHARS;
-        t->merge_mode = spec->n_merges > 0 ? MERGE_RANK : MERGE_SCORE;
+        t->merge_mode = spec->n_merges > 0 || spec->strict_merges ? MERGE_RANK : MERGE_SCORE;
     } else {
         t->split_mode = SPLIT_BYTES;
-        t->merge_mode = spec->n_merges > 0 ? MERGE_RANK : MERGE_TOKRANK;
+        t->merge_mode = spec->n_merges > 0 || spec->strict_merges ? MERGE_RANK : MERGE_TOKRANK;
     }
+    /* (a merge list, even an empty one, is the whole rule: no merges means
+     * no merging, as in Hugging Face tokenizers, not merging by score/rank) */
     if (t->merge_mode == MERGE_RANK) {
         t->pair_mask = pow2_at_least(2 * (uint64_t)spec->n_merges) - 1;
         t->pairs = ft_malloc(((size_t)t->pair_mask + 1) * sizeof *t->pairs);
@@ -419,6 +421,11 @@ ftune_status ft_tokenizer_build(ftune_tokenizer **out, const ft_vocab_spec *spec
                 la = strlen(a); lb = strlen(b);
             } else {
                 const char *sp = a[0] ? strchr(a + 1, ' ') : NULL;
+                if (!sp && spec->strict_merges) {
+                    free(buf);
+                    st = ft_err(FTUNE_ERR_FORMAT, "tokenizer: merge %d \"%.60s\" is not two pieces", r, a);
+                    goto fail;
+                }
                 if (!sp) continue;
                 la = (size_t)(sp - a); b = sp + 1; lb = strlen(b);
             }
@@ -432,12 +439,20 @@ ftune_status ft_tokenizer_build(ftune_tokenizer **out, const ft_vocab_spec *spec
             if (decode) {
                 ma = bytelevel_decode(u2b, a, la, buf);
                 mb = ma < 0 ? -1 : bytelevel_decode(u2b, b, lb, buf + ma);
-                if (ma < 0 || mb < 0) continue;
+                if ((ma < 0 || mb < 0) && !spec->strict_merges) continue;
             } else {
                 memcpy(buf, a, la); memcpy(buf + la, b, lb);
             }
-            int32_t ia = tok_lookup(t, buf, (size_t)ma), ib = tok_lookup(t, buf + ma, (size_t)mb);
-            int32_t ir = tok_lookup(t, buf, (size_t)(ma + mb));
+            bool ok = ma >= 0 && mb >= 0; /* byte-level text that decodes */
+            int32_t ia = ok ? tok_lookup(t, buf, (size_t)ma) : -1, ib = ok ? tok_lookup(t, buf + ma, (size_t)mb) : -1;
+            int32_t ir = ok ? tok_lookup(t, buf, (size_t)(ma + mb)) : -1;
+            if (spec->strict_merges && (ia < 0 || ib < 0 || ir < 0)) {
+                const char *what = ma < 0 || ia < 0 ? "left piece" : mb < 0 || ib < 0 ? "right piece" : "result";
+                st = ft_err(FTUNE_ERR_FORMAT, "tokenizer: merge %d (\"%.*s\" \"%.*s\"): the %s is not in the vocabulary",
+                            r, (int)(la > 60 ? 60 : la), a, (int)(lb > 60 ? 60 : lb), b, what);
+                free(buf);
+                goto fail;
+            }
             if (ia >= 0 && ib >= 0 && ir >= 0) pair_insert(t, ia, ib, r, ir);
         }
         free(buf);

@@ -56,6 +56,8 @@ typedef struct {
     int add_space_prefix;     /* SPM: prepend "▁" (true for Llama 2) */
     int ignore_merges;        /* BPE: a word that is itself a token is not merged (Llama 3) */
     int raw_bytes;            /* BPE: normal tokens are raw bytes (tiktoken), not GPT-2's alphabet */
+    int strict_merges;        /* a merge naming a piece (or making a result) that is not a token is an
+                               * error, as in Hugging Face tokenizers; else it is skipped, as llama.cpp does */
 } ft_vocab_spec;
 
 /* Builds a tokenizer; copies everything it needs from spec. */

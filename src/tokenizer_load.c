@@ -605,6 +605,8 @@ static int32_t find_text(const char **tok, int n, const char *s) {
     return -1;
 }
 
+static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
 /* Reads a GPT-2 style merges.txt into "a b" lines. */
 static ftune_status read_merges_txt(const char *path, char **buf, const char ***lines, int *n) {
     size_t size;
@@ -668,6 +670,9 @@ ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir) {
         goto done;
     }
     if (!cJSON_IsObject(vocab)) { st = ft_err(FTUNE_ERR_FORMAT, "%s: no vocab object", src); goto done; }
+    /* added tokens alone (specials) cannot encode text: every piece would be <unk> */
+    int n_vocab_entries = cJSON_GetArraySize(vocab);
+    if (n_vocab_entries == 0) { st = ft_err(FTUNE_ERR_FORMAT, "%s: the vocab is empty", src); goto done; }
     if (ft_file_exists(p_cfg) && !(cfg = read_json(p_cfg, &st))) goto done;
     if (ft_file_exists(p_gen) && !(gen = read_json(p_gen, &st))) goto done;
     if (!cfg && ft_file_exists(p_stm) && !(stm = read_json(p_stm, &st))) goto done;
@@ -704,10 +709,32 @@ ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir) {
     placeholders = ft_calloc((size_t)n, sizeof *placeholders);
     strip = ft_calloc((size_t)n, 1);
     if (!tok || !types || !placeholders || !strip) { st = ft_err(FTUNE_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
+    /* Two tokens with one id, or one token with two ids, make encode and
+     * decode disagree. Hugging Face tokenizers keeps one of them silently;
+     * here that is an error naming both. */
     cJSON_ArrayForEach(it, vocab) {
         int id = (int)it->valuedouble;
+        if (tok[id]) {
+            st = ft_err(FTUNE_ERR_FORMAT, "%s: vocab entries \"%.40s\" and \"%.40s\" have the same id %d", src, tok[id],
+                        it->string, id);
+            goto done;
+        }
         tok[id] = it->string;
         types[id] = FT_TOKTYPE_NORMAL;
+    }
+    if (n_vocab_entries > 1) {
+        const char **sorted = ft_calloc((size_t)n_vocab_entries, sizeof *sorted);
+        if (!sorted) { st = ft_err(FTUNE_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
+        int k = 0;
+        cJSON_ArrayForEach(it, vocab) sorted[k++] = it->string;
+        qsort(sorted, (size_t)k, sizeof *sorted, cmp_str);
+        for (int i = 1; i < k; i++)
+            if (strcmp(sorted[i - 1], sorted[i]) == 0) {
+                st = ft_err(FTUNE_ERR_FORMAT, "%s: vocab entry \"%.40s\" appears twice", src, sorted[i]);
+                break;
+            }
+        free(sorted);
+        if (st) goto done;
     }
     for (int pass = 0; pass < 2; pass++) {
         const cJSON *list = pass == 0 ? added_dec : added;
@@ -735,15 +762,28 @@ ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir) {
     /* merges */
     if (model) {
         const cJSON *ms = cJSON_GetObjectItemCaseSensitive(model, "merges");
+        if (!cJSON_IsArray(ms)) {
+            st = ft_err(FTUNE_ERR_FORMAT, "%s: model.merges is %s", src, ms ? "not a list" : "missing");
+            goto done;
+        }
         int cnt = cJSON_GetArraySize(ms);
         mer = ft_calloc((size_t)(cnt > 0 ? cnt : 1), sizeof *mer);
         mer_r = ft_calloc((size_t)(cnt > 0 ? cnt : 1), sizeof *mer_r);
         if (!mer || !mer_r) { st = ft_err(FTUNE_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
         bool pairs = false;
         cJSON_ArrayForEach(it, ms) {
-            if (cJSON_IsString(it)) { mer[n_mer++] = it->valuestring; continue; }
+            if (cJSON_IsString(it)) { /* "a b": exactly two pieces, as Hugging Face splits it */
+                const char *sp = strchr(it->valuestring, ' ');
+                if (!sp || sp == it->valuestring || !sp[1] || strchr(sp + 1, ' ')) {
+                    st = ft_err(FTUNE_ERR_FORMAT, "%s: merge %d \"%.60s\" is not two pieces separated by one space",
+                                src, n_mer, it->valuestring);
+                    goto done;
+                }
+                mer[n_mer++] = it->valuestring;
+                continue;
+            }
             const cJSON *l = cJSON_GetArrayItem(it, 0), *r = cJSON_GetArrayItem(it, 1);
-            if (!cJSON_IsArray(it) || !cJSON_IsString(l) || !cJSON_IsString(r)) {
+            if (!cJSON_IsArray(it) || cJSON_GetArraySize(it) != 2 || !cJSON_IsString(l) || !cJSON_IsString(r)) {
                 st = ft_err(FTUNE_ERR_FORMAT, "%s: merge %d is neither \"a b\" nor [\"a\", \"b\"]", src, n_mer);
                 goto done;
             }
@@ -758,6 +798,7 @@ ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir) {
     }
     spec.merges = mer;
     spec.n_merges = n_mer;
+    spec.strict_merges = 1;
 
     /* byte-level or SentencePiece-style? */
     if (tj) {
