@@ -4,6 +4,7 @@
 #include "model.h"
 #include "tokenizer.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,14 +85,28 @@ ftune_status ft_config_validate(const ft_config *c, const char *path) {
         return ft_err(FTUNE_ERR_FORMAT, "%s: %d attention heads is not a multiple of %d key/value heads", path, c->NH,
                       c->NKV);
     if (c->HS % 2) return ft_err(FTUNE_ERR_FORMAT, "%s: head size %d must be even for RoPE", path, c->HS);
-    if (!(c->norm_eps > 0) || !(c->rope_theta > 0))
-        return ft_err(FTUNE_ERR_FORMAT, "%s: rms_norm_eps and rope_theta must be positive", path);
+    if (!(c->norm_eps > 0) || !isfinite(c->norm_eps))
+        return ft_err(FTUNE_ERR_FORMAT, "%s: norm epsilon %g must be finite and positive", path, c->norm_eps);
+    if (!(c->rope_theta > 0) || !isfinite(c->rope_theta))
+        return ft_err(FTUNE_ERR_FORMAT, "%s: rope theta %g must be finite and positive", path, c->rope_theta);
     return FTUNE_OK;
 }
 
 static bool ends_with(const char *s, const char *suf) {
     size_t a = strlen(s), b = strlen(suf);
     return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+/* Every id the tokenizer can produce must index a row of the embedding. An
+ * embedding with MORE rows than the tokenizer has ids is legal (vocabularies
+ * padded to a multiple of 64, e.g. 32000 tokens in 32064 rows). */
+static ftune_status check_vocab(const ftune_model *m, const char *path) {
+    int n = ftune_tokenizer_n_vocab(m->tok);
+    if (n <= 0) return ft_err(FTUNE_ERR_FORMAT, "%s: the tokenizer has no tokens", path);
+    if (n > m->cfg.V)
+        return ft_err(FTUNE_ERR_FORMAT, "%s: the tokenizer has %d tokens but the token embedding has %d rows "
+                      "(vocab_size): ids %d..%d would have no embedding", path, n, m->cfg.V, m->cfg.V, n - 1);
+    return FTUNE_OK;
 }
 
 ftune_status ftune_model_load(ftune_model **out, const char *path, const ftune_load_opts *opts) {
@@ -110,6 +125,7 @@ ftune_status ftune_model_load(ftune_model **out, const char *path, const ftune_l
         st = dir ? ft_load_hf(m, slash ? dir : ".") : ft_err(FTUNE_ERR_NOMEM, "out of memory");
         free(dir);
     } else st = ft_load_llama2c(m, path, opts ? opts->tokenizer_path : NULL);
+    if (st == FTUNE_OK && m->tok) st = check_vocab(m, path);
     if (st == FTUNE_OK && opts && opts->context_length > 0) m->cfg.max_T = opts->context_length;
     if (st != FTUNE_OK) {
         ftune_model_free(m);

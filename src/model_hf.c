@@ -18,16 +18,41 @@ static bool json_int(const cJSON *o, const char *k, int *out) {
     *out = (int)d;
     return true;
 }
+/* Optional keys: absent keeps *out (the transformers default the caller
+ * set); present with the wrong type or out of range is an error naming the
+ * key, never a silent default. null counts as absent only where
+ * transformers reads None as "not set" (null_ok). */
+static ftune_status opt_int(const cJSON *o, const char *k, int lo, int hi, bool null_ok, int *out, const char *path) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!v || (null_ok && cJSON_IsNull(v))) return FTUNE_OK;
+    int x;
+    if (!json_int(o, k, &x) || x < lo || x > hi)
+        return ft_err(FTUNE_ERR_FORMAT, "%s: \"%s\" must be an integer in [%d, %d]", path, k, lo, hi);
+    *out = x;
+    return FTUNE_OK;
+}
+/* A number that is finite and > 0 as a float (1e-50 would round to 0, 1e300 to inf). */
+static ftune_status opt_pos(const cJSON *o, const char *k, float *out, const char *path) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!v) return FTUNE_OK;
+    float x = cJSON_IsNumber(v) ? (float)v->valuedouble : 0.0f;
+    if (!cJSON_IsNumber(v) || !isfinite(x) || !(x > 0))
+        return ft_err(FTUNE_ERR_FORMAT, "%s: \"%s\" must be a finite positive number", path, k);
+    *out = x;
+    return FTUNE_OK;
+}
+static ftune_status opt_bool(const cJSON *o, const char *k, bool *out, const char *path) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!v) return FTUNE_OK;
+    if (!cJSON_IsBool(v)) return ft_err(FTUNE_ERR_FORMAT, "%s: \"%s\" must be true or false", path, k);
+    *out = cJSON_IsTrue(v);
+    return FTUNE_OK;
+}
 static bool json_num(const cJSON *o, const char *k, float *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     if (!cJSON_IsNumber(v)) return false;
     *out = (float)v->valuedouble;
-    return true;
-}
-static int json_bool(const cJSON *o, const char *k, int def) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (cJSON_IsBool(v)) return cJSON_IsTrue(v);
-    return def;
+    return isfinite(*out);
 }
 /* eos_token_id may be a number or a list: take the first */
 static int json_token_id(const cJSON *o, const char *k) {
@@ -74,20 +99,33 @@ ftune_status ft_config_from_hf_json(ft_config *c, const char *path) {
         cJSON_Delete(j);
         return ft_err(FTUNE_ERR_FORMAT, "%s: missing or invalid \"%s\"", path, missing);
     }
-    if (!json_int(j, "num_key_value_heads", &c->NKV)) c->NKV = c->NH;
-    if (!json_int(j, "head_dim", &c->HS) || c->HS <= 0) c->HS = c->NH > 0 ? c->C / c->NH : 0;
-    if (!json_int(j, "max_position_embeddings", &c->max_T)) c->max_T = 2048;
-    if (!json_num(j, "rms_norm_eps", &c->norm_eps)) c->norm_eps = 1e-6f;
-    if (!json_num(j, "rope_theta", &c->rope_theta)) c->rope_theta = 10000.0f;
+    /* transformers' LlamaConfig defaults for what a config may leave out */
+    c->NKV = c->NH;
+    c->HS = c->NH > 0 ? c->C / c->NH : 0;
+    c->max_T = 2048;
+    c->norm_eps = 1e-6f;
+    c->rope_theta = 10000.0f;
+    bool tied = false, bias = false, sliding = true;
+    int window = 0;
+    const int big = 1 << 24;
+    if ((st = opt_int(j, "num_key_value_heads", 1, big, false, &c->NKV, path)) ||
+        (st = opt_int(j, "head_dim", 1, big, true, &c->HS, path)) ||
+        (st = opt_int(j, "max_position_embeddings", 1, big, false, &c->max_T, path)) ||
+        (st = opt_pos(j, "rms_norm_eps", &c->norm_eps, path)) ||
+        (st = opt_pos(j, "rope_theta", &c->rope_theta, path)) ||
+        (st = opt_bool(j, "tie_word_embeddings", &tied, path)) ||
+        (st = opt_bool(j, "attention_bias", &bias, path)) ||
+        (st = opt_bool(j, "use_sliding_window", &sliding, path)) ||
+        (st = opt_int(j, "sliding_window", 1, INT32_MAX, true, &window, path))) {
+        cJSON_Delete(j);
+        return st;
+    }
     /* Mistral's sliding-window attention is not implemented: within the
      * window it equals full attention, so the context is capped there */
-    int window;
-    const cJSON *uw = cJSON_GetObjectItemCaseSensitive(j, "use_sliding_window");
-    if (!cJSON_IsFalse(uw) && json_int(j, "sliding_window", &window) && window > 0 && window < c->max_T)
-        c->max_T = window;
+    if (sliding && window > 0 && window < c->max_T) c->max_T = window;
     bool qwen2 = strcmp(arch, "qwen2") == 0;
-    c->tied = json_bool(j, "tie_word_embeddings", 0);
-    c->qkv_bias = qwen2 ? 1 : json_bool(j, "attention_bias", 0);
+    c->tied = tied;
+    c->qkv_bias = qwen2 ? 1 : bias;
     c->bos_id = json_token_id(j, "bos_token_id");
     c->eos_id = json_token_id(j, "eos_token_id");
     c->rope_interleaved = false;
@@ -181,10 +219,12 @@ done:
     return st;
 }
 
-static ftune_status find(ftune_model *m, const char *name, ft_tensor *t, bool required, bool *found) {
+/* used[i][k]: shard i's tensor k was bound to a weight (or is a known copy). */
+static ftune_status find(ftune_model *m, uint8_t **used, const char *name, ft_tensor *t, bool required, bool *found) {
     for (int i = 0; i < m->n_shards; i++) {
         const st_tensor *s = st_find(&m->shards[i], name);
         if (!s) continue;
+        used[i][s - m->shards[i].tensors] = 1;
         if (s->dtype >= FT_NTYPES)
             return ft_err(FTUNE_ERR_UNSUPPORTED, "%s: tensor \"%s\": dtype %s is not supported", m->shards[i].map.path,
                           name, s->dtype_name);
@@ -203,6 +243,29 @@ static ftune_status find(ftune_model *m, const char *name, ft_tensor *t, bool re
     return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\" is missing from the safetensors files", name);
 }
 
+/* Tensors the config did not ask for mean the config and the weights
+ * disagree (e.g. fewer num_hidden_layers than the file holds, or biases the
+ * config switches off): transformers only warns ("Some weights of the
+ * checkpoint were not used"), which is how a wrong model runs unnoticed, so
+ * this is an error naming them. Rotary inv_freq buffers, which older
+ * transformers versions saved, are recomputed from the config and skipped. */
+static ftune_status check_unused(const ftune_model *m, uint8_t **used) {
+    int n_unused = 0;
+    char names[512] = "";
+    for (int i = 0; i < m->n_shards; i++)
+        for (int k = 0; k < m->shards[i].n; k++) {
+            const char *name = m->shards[i].tensors[k].name;
+            size_t len = strlen(name), suf = strlen(".rotary_emb.inv_freq");
+            if (used[i][k] || (len > suf && strcmp(name + len - suf, ".rotary_emb.inv_freq") == 0)) continue;
+            if (n_unused++ < 3)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s\"%s\" (%s)", n_unused > 1 ? ", " : "",
+                         name, m->shards[i].map.path);
+        }
+    if (!n_unused) return FTUNE_OK;
+    return ft_err(FTUNE_ERR_FORMAT, "%d tensor%s not used by the config (num_hidden_layers %d): %s%s", n_unused,
+                  n_unused > 1 ? "s are" : " is", m->cfg.L, names, n_unused > 3 ? ", ..." : "");
+}
+
 ftune_status ft_load_hf(ftune_model *m, const char *dir) {
     char path[4096];
     snprintf(m->format, sizeof m->format, "hf");
@@ -212,15 +275,18 @@ ftune_status ft_load_hf(ftune_model *m, const char *dir) {
     if ((st = open_shards(m, dir))) return st;
     ft_config *c = &m->cfg;
     m->layers = calloc((size_t)c->L, sizeof *m->layers);
-    if (!m->layers) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    uint8_t **used = calloc((size_t)m->n_shards, sizeof *used);
+    if (!m->layers || !used) { free(used); return ft_err(FTUNE_ERR_NOMEM, "out of memory"); }
+    for (int i = 0; i < m->n_shards; i++)
+        if (!(used[i] = calloc((size_t)m->shards[i].n + 1, 1))) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto fail; }
     ft_tensor t;
     char name[FT_NAME_MAX];
-#define NEED(n) do { if ((st = find(m, n, &t, true, NULL))) goto fail; } while (0)
+#define NEED(n) do { if ((st = find(m, used, n, &t, true, NULL))) goto fail; } while (0)
     NEED("model.embed_tokens.weight");
     if ((st = ft_model_bind_linear(m, &m->lm_head, &t, c->V, c->C))) goto fail;
     m->tok_embd = t;
     bool has_head;
-    if ((st = find(m, "lm_head.weight", &t, false, &has_head))) goto fail;
+    if ((st = find(m, used, "lm_head.weight", &t, false, &has_head))) goto fail;
     if (has_head && !c->tied) {
         if ((st = ft_model_bind_linear(m, &m->lm_head, &t, c->V, c->C))) goto fail;
     } else c->tied = true;
@@ -253,6 +319,10 @@ ftune_status ft_load_hf(ftune_model *m, const char *dir) {
         if ((st = ft_model_bind_vec(m, &ly->ffn_norm, &t, c->C))) goto fail;
     }
 #undef NEED
+    if ((st = check_unused(m, used))) goto fail;
+    for (int i = 0; i < m->n_shards; i++) free(used[i]);
+    free(used);
+    used = NULL;
     /* a directory without tokenizer.json still loads (e.g. from `ftune init`);
      * commands that need text report the missing tokenizer */
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
@@ -261,5 +331,7 @@ ftune_status ft_load_hf(ftune_model *m, const char *dir) {
     if (m->tok) snprintf(m->tok_kind, sizeof m->tok_kind, "%s", ft_tokenizer_kind(m->tok) == FT_TOK_SPM ? "spm" : "bpe");
     return FTUNE_OK;
 fail:
+    for (int i = 0; used && i < m->n_shards; i++) free(used[i]);
+    free(used);
     return ft_err_prefix(st, "%s", dir);
 }
