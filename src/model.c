@@ -135,6 +135,35 @@ ftune_status ftune_model_load(ftune_model **out, const char *path, const ftune_l
     return FTUNE_OK;
 }
 
+int ftune_path_is_vocab_only(const char *path) {
+    if (!path) return 0;
+    if (ft_is_dir(path)) {
+        static const char *const weights[] = { "config.json", "model.safetensors", "model.safetensors.index.json" };
+        char p[4096];
+        for (int k = 0; k < 3; k++) {
+            snprintf(p, sizeof p, "%s/%s", path, weights[k]);
+            if (ft_file_exists(p)) return 0;
+        }
+        static const char *const toks[] = { "tokenizer.json", "vocab.json", "tokenizer.model", "tokenizer.bin" };
+        for (int k = 0; k < 4; k++) {
+            snprintf(p, sizeof p, "%s/%s", path, toks[k]);
+            if (ft_file_exists(p)) return 1;
+        }
+        return 0;
+    }
+    if (!ft_file_exists(path)) return 0;
+    if (ends_with(path, ".gguf")) {
+        gguf_file g;
+        if (gguf_open(&g, path)) return 0;
+        int r = g.n_tensors == 0 && gguf_find(&g, "tokenizer.ggml.tokens") != NULL;
+        gguf_close(&g);
+        return r;
+    }
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    return ends_with(path, "tokenizer.json") || strcmp(base, "tokenizer.model") == 0;
+}
+
 void ftune_model_free(ftune_model *m) {
     if (!m) return;
     if (m->adapter && m->free_adapter) m->free_adapter(m->adapter);

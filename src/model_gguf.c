@@ -98,6 +98,9 @@ static ftune_status load_gguf(ftune_model *m, const char *path, uint8_t **used_o
     ftune_status st = gguf_open(m->gguf, path);
     if (st) { free(m->gguf); m->gguf = NULL; return st; }
     const gguf_file *g = m->gguf;
+    if (g->n_tensors == 0)
+        return ft_err(FTUNE_ERR_FORMAT, "%s: a vocabulary-only GGUF (no tensors): it holds a tokenizer "
+                      "(for ftune tokenize and ftune info), not a model that can run", path);
     uint8_t *used = *used_out = calloc(g->n_tensors + 1, 1);
     if (!used) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     gguf_str s;

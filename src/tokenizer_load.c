@@ -939,3 +939,9 @@ ftune_status ft_tokenizer_load_path(ftune_tokenizer **out, const char *path) {
     if (looks_like_tiktoken(path)) return ft_tokenizer_from_tiktoken(out, path);
     return ft_tokenizer_from_spm_model(out, path);
 }
+
+ftune_status ftune_tokenizer_load(ftune_tokenizer **out, const char *path) {
+    return ft_tokenizer_load_path(out, path);
+}
+void ftune_tokenizer_free(ftune_tokenizer *t) { ft_tokenizer_free(t); }
+const char *ftune_tokenizer_kind(const ftune_tokenizer *t) { return ft_tokenizer_kind(t) == FT_TOK_SPM ? "spm" : "bpe"; }
