@@ -462,7 +462,8 @@ ftune_status ft_tokenizer_from_gguf(ftune_tokenizer **out, const struct gguf_fil
         spec.merges = mer;
         spec.n_merges = (int)merges.n;
         spec.pre = pre;
-        spec.add_bos = strcmp(pre, "llama3") == 0 || strcmp(pre, "llama-v3") == 0 || strcmp(pre, "llama-bpe") == 0;
+        spec.add_bos = strcmp(pre, "llama3") == 0 || strcmp(pre, "llama-v3") == 0 || strcmp(pre, "llama-bpe") == 0 ||
+                       strcmp(pre, "falcon3") == 0 || strcmp(pre, "pixtral") == 0 || strcmp(pre, "tekken") == 0; /* as llama.cpp */
     } else {
         spec.add_bos = 1;
         spec.add_space_prefix = 1;

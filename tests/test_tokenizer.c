@@ -5,6 +5,7 @@
  * and bad input. Token ids are exact, so no tolerance appears here. */
 #include "check.h"
 #include "core.h"
+#include "gguf.h"
 #include "tokenizer.h"
 
 #include <cjson/cJSON.h>
@@ -587,6 +588,60 @@ static void test_bad_files(void) {
     free(bin);
 }
 
+/* Pre-tokenizers that no shared data file uses, by their GGUF name: the
+ * GPT-2 vocabulary of ggml-vocab-gpt-2.gguf with tokenizer.ggml.pre set to
+ * the name must give the ids Hugging Face tokenizers gives for the same
+ * vocabulary with the pre-tokenizer written as the models' tokenizer.json
+ * files write it (fixture written by scripts/make_pretok_fixture.py). */
+static void test_named_pretokenizers(void) {
+    char *text = NULL;
+    size_t n = 0;
+    if (ft_read_file("tests/fixtures/pretok/gpt2_pretok.json", &text, &n) != FTUNE_OK) {
+        CHECKF(0, "%s", ftune_last_error());
+        return;
+    }
+    cJSON *fx = cJSON_ParseWithLength(text, n);
+    free(text);
+    const cJSON *texts = cJSON_GetObjectItemCaseSensitive(fx, "texts");
+    const cJSON *all = cJSON_GetObjectItemCaseSensitive(fx, "ids"), *per;
+    CHECK(cJSON_GetArraySize(texts) > 40 && cJSON_GetArraySize(all) >= 5);
+    char path[1024];
+    gguf_file g;
+    CHECK_OK(gguf_open(&g, check_data_path(path, sizeof path, "vocab-tests/ggml-vocab-gpt-2.gguf")));
+    gguf_kv *pre = (gguf_kv *)gguf_find(&g, "tokenizer.ggml.pre");
+    CHECK(pre && pre->type == GGUF_T_STRING);
+    cJSON_ArrayForEach(per, all) {
+        if (!pre || check_failed_) break;
+        pre->str = (gguf_str){ per->string, strlen(per->string) }; /* the same file, renamed pre-tokenizer */
+        ftune_tokenizer *t = NULL;
+        CHECK_OK(ft_tokenizer_from_gguf(&t, &g));
+        if (!t) continue;
+        int pass = 0, total = 0;
+        for (int i = 0; i < cJSON_GetArraySize(texts); i++) {
+            const char *s = cJSON_GetArrayItem(texts, i)->valuestring;
+            const cJSON *want = cJSON_GetArrayItem(per, i), *w;
+            int32_t *ids = NULL;
+            size_t n_ids = 0;
+            CHECK_OK(ftune_tokenize(t, s, strlen(s), 0, 0, &ids, &n_ids));
+            bool same = (size_t)cJSON_GetArraySize(want) == n_ids;
+            size_t k = 0;
+            cJSON_ArrayForEach(w, want) if (same && ids[k++] != w->valueint) same = false;
+            total++;
+            if (same) pass++;
+            else if (total - pass <= 2) {
+                fprintf(stderr, "  %s: text %d \"%.60s\"\n", per->string, i, s);
+                print_ids("ours", ids, n_ids);
+            }
+            free(ids);
+        }
+        printf("  pre-tokenizer %-15s %d/%d texts match Hugging Face tokenizers\n", per->string, pass, total);
+        CHECK(pass == total);
+        ft_tokenizer_free(t);
+    }
+    gguf_close(&g);
+    cJSON_Delete(fx);
+}
+
 /* tokenizer.json's model section against what Hugging Face tokenizers
  * (0.23) does with the same file: what it rejects is rejected here; where it
  * silently keeps one of two entries (two tokens with one id, one token
@@ -756,6 +811,7 @@ int main(void) {
     RUN(test_invalid_utf8);
     RUN(test_bad_files);
     RUN(test_tokenizer_json_rejects);
+    RUN(test_named_pretokenizers);
     RUN(test_random_round_trips);
     RUN(test_speed_shakespeare);
     CHECK_EXIT();
