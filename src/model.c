@@ -4,7 +4,6 @@
 #include "model.h"
 #include "tokenizer.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,28 +66,6 @@ ftune_status ft_model_bind_linear(ftune_model *m, ft_linear *dst, const ft_tenso
     dst->in = in;
     dst->out = out;
     count(m, src);
-    return FTUNE_OK;
-}
-
-ftune_status ft_config_validate(const ft_config *c, const char *path) {
-#define POS(f, name) if (c->f <= 0 || c->f > (1 << 24)) return ft_err(FTUNE_ERR_FORMAT, "%s: %s = %d is not a valid size", path, name, c->f)
-    POS(C, "hidden size");
-    POS(F, "intermediate size");
-    POS(L, "number of layers");
-    POS(NH, "number of attention heads");
-    POS(NKV, "number of key/value heads");
-    POS(HS, "head size");
-    POS(V, "vocabulary size");
-    POS(max_T, "context length");
-#undef POS
-    if (c->NH % c->NKV)
-        return ft_err(FTUNE_ERR_FORMAT, "%s: %d attention heads is not a multiple of %d key/value heads", path, c->NH,
-                      c->NKV);
-    if (c->HS % 2) return ft_err(FTUNE_ERR_FORMAT, "%s: head size %d must be even for RoPE", path, c->HS);
-    if (!(c->norm_eps > 0) || !isfinite(c->norm_eps))
-        return ft_err(FTUNE_ERR_FORMAT, "%s: norm epsilon %g must be finite and positive", path, c->norm_eps);
-    if (!(c->rope_theta > 0) || !isfinite(c->rope_theta))
-        return ft_err(FTUNE_ERR_FORMAT, "%s: rope theta %g must be finite and positive", path, c->rope_theta);
     return FTUNE_OK;
 }
 

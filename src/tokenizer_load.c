@@ -630,13 +630,19 @@ static ftune_status read_merges_txt(const char *path, char **buf, const char ***
     return FTUNE_OK;
 }
 
-ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir) {
-    if (!out || !dir) return ft_err(FTUNE_ERR_ARG, "ft_tokenizer_from_hf_dir: NULL argument");
+/* A present file beside tokenizer.json (never when parsing from memory). */
+static bool have(const char *dir, const char *path) { return dir && ft_file_exists(path); }
+
+/* From the files in dir, or (dir NULL) from tokenizer.json text alone,
+ * `name` naming it in messages. */
+static ftune_status hf_load(ftune_tokenizer **out, const char *dir, const char *text, size_t text_len,
+                            const char *name) {
     *out = NULL;
     ftune_status st = FTUNE_OK;
-    char *p_tok = path_join(dir, "tokenizer.json"), *p_cfg = path_join(dir, "tokenizer_config.json");
-    char *p_gen = path_join(dir, "generation_config.json"), *p_vocab = path_join(dir, "vocab.json");
-    char *p_merges = path_join(dir, "merges.txt"), *p_stm = path_join(dir, "special_tokens_map.json");
+    const char *d = dir ? dir : ".";
+    char *p_tok = dir ? path_join(d, "tokenizer.json") : ft_strdup(name), *p_cfg = path_join(d, "tokenizer_config.json");
+    char *p_gen = path_join(d, "generation_config.json"), *p_vocab = path_join(d, "vocab.json");
+    char *p_merges = path_join(d, "merges.txt"), *p_stm = path_join(d, "special_tokens_map.json");
     cJSON *tj = NULL, *cfg = NULL, *gen = NULL, *vj = NULL, *stm = NULL;
     const char **tok = NULL, **mer = NULL, **mer_r = NULL;
     int *types = NULL, n = 0, n_mer = 0;
@@ -652,9 +658,14 @@ ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir) {
     spec_init(&spec, FT_TOK_BPE);
     const cJSON *vocab, *model = NULL;
     const char *src;
-    if (ft_file_exists(p_tok)) {
+    if (!dir || ft_file_exists(p_tok)) {
         src = p_tok;
-        if (!(tj = read_json(p_tok, &st))) goto done;
+        if (!dir) {
+            if (!(tj = cJSON_ParseWithLength(text, text_len))) {
+                st = ft_err(FTUNE_ERR_FORMAT, "%s: invalid JSON", p_tok);
+                goto done;
+            }
+        } else if (!(tj = read_json(p_tok, &st))) goto done;
         model = cJSON_GetObjectItemCaseSensitive(tj, "model");
         const char *mt = json_str(model, "type");
         if (!cJSON_IsObject(model) || (mt && strcmp(mt, "BPE") != 0)) {
@@ -662,7 +673,7 @@ ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir) {
             goto done;
         }
         vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
-    } else if (ft_file_exists(p_vocab) && ft_file_exists(p_merges)) {
+    } else if (have(dir, p_vocab) && have(dir, p_merges)) {
         src = p_vocab;
         if (!(vj = read_json(p_vocab, &st))) goto done;
         vocab = vj;
@@ -674,9 +685,9 @@ ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir) {
     /* added tokens alone (specials) cannot encode text: every piece would be <unk> */
     int n_vocab_entries = cJSON_GetArraySize(vocab);
     if (n_vocab_entries == 0) { st = ft_err(FTUNE_ERR_FORMAT, "%s: the vocab is empty", src); goto done; }
-    if (ft_file_exists(p_cfg) && !(cfg = read_json(p_cfg, &st))) goto done;
-    if (ft_file_exists(p_gen) && !(gen = read_json(p_gen, &st))) goto done;
-    if (!cfg && ft_file_exists(p_stm) && !(stm = read_json(p_stm, &st))) goto done;
+    if (have(dir, p_cfg) && !(cfg = read_json(p_cfg, &st))) goto done;
+    if (have(dir, p_gen) && !(gen = read_json(p_gen, &st))) goto done;
+    if (!cfg && have(dir, p_stm) && !(stm = read_json(p_stm, &st))) goto done;
 
     /* vocabulary size: the largest id in vocab and added tokens */
     const cJSON *it, *added = tj ? cJSON_GetObjectItemCaseSensitive(tj, "added_tokens") : NULL;
@@ -880,6 +891,16 @@ done:
     cJSON_Delete(tj); cJSON_Delete(cfg); cJSON_Delete(gen); cJSON_Delete(vj); cJSON_Delete(stm);
     free(p_tok); free(p_cfg); free(p_gen); free(p_vocab); free(p_merges); free(p_stm);
     return st;
+}
+
+ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir) {
+    if (!out || !dir) return ft_err(FTUNE_ERR_ARG, "ft_tokenizer_from_hf_dir: NULL argument");
+    return hf_load(out, dir, NULL, 0, NULL);
+}
+
+ftune_status ft_tokenizer_from_hf_json(ftune_tokenizer **out, const char *text, size_t len, const char *name) {
+    if (!out || !text || !name) return ft_err(FTUNE_ERR_ARG, "ft_tokenizer_from_hf_json: NULL argument");
+    return hf_load(out, NULL, text, len, name);
 }
 
 /* ------------------------------------------------------------- by path */
