@@ -2,7 +2,8 @@
 # `ftune tokenize` and `ftune info` on files that hold only a tokenizer:
 # llama.cpp's vocabulary-only ggml-vocab-*.gguf files against llama.cpp's own
 # expected ids (.inp/.out), a tokenizer-only directory and a bare
-# tokenizer.json against the full model directory, and a clear error when
+# tokenizer.json against the full model directory, the tokenizers of models
+# ftune cannot run, and a clear error when
 # such a file is given to a command that runs a model.
 set -u
 FT=${FTUNE:-build/ftune}
@@ -59,7 +60,51 @@ done
 if "$FT" info "$V/ggml-vocab-gpt-2.gguf" | grep -q "tokenizer:      bpe, 50257 tokens"; then pass "info_vocab_count"
 else fail "info_vocab_count" "$("$FT" info "$V/ggml-vocab-gpt-2.gguf" 2>&1)"; fi
 
-# 4. a command that runs the model says why it cannot
+# 4. models of an architecture ftune cannot run: a GGUF with tensors
+# (architecture "gpt2", GPT-2's vocabulary) and a Hugging Face directory with
+# model_type "gemma": tokenize works, info describes the tokenizer and says why
+python3 - "$V/ggml-vocab-gpt-2.gguf" "$tmp/gpt2-arch.gguf" <<'PY' || fail "make_gguf" "python failed"
+import struct, sys
+# copy the vocabulary GGUF's key/values and add one f32 tensor [2]
+d = open(sys.argv[1], "rb").read()
+assert d[:4] == b"GGUF"
+version, n_t, n_kv = struct.unpack_from("<IQQ", d, 4)
+assert n_t == 0
+pos = 24
+def skip_val(t, p):
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    if t == 8: return p + 8 + struct.unpack_from("<Q", d, p)[0]
+    if t == 9:
+        et, n = struct.unpack_from("<IQ", d, p); p += 12
+        for _ in range(n): p = skip_val(et, p)
+        return p
+    return p + sizes[t]
+for _ in range(n_kv):
+    p = pos + 8 + struct.unpack_from("<Q", d, pos)[0]
+    t = struct.unpack_from("<I", d, p)[0]
+    pos = skip_val(t, p + 4)
+name = b"token_embd.weight"
+out = b"GGUF" + struct.pack("<IQQ", version, 1, n_kv) + d[24:pos]
+out += struct.pack("<Q", len(name)) + name + struct.pack("<IQIQ", 1, 2, 0, 0)
+out += b"\0" * ((-len(out)) % 32) + struct.pack("<ff", 1.0, 2.0)
+open(sys.argv[2], "wb").write(out)
+PY
+mkdir -p "$tmp/gemma"; cp "$H/tokenizer.json" "$tmp/gemma/"
+printf '{"model_type": "gemma", "hidden_size": 64}' > "$tmp/gemma/config.json"
+gpt2_ref=$(printf 'Hello world' | "$FT" tokenize -m "$V/ggml-vocab-gpt-2.gguf" --no-bos)
+for m in "$tmp/gpt2-arch.gguf" "$tmp/gemma"; do
+    want=$gpt2_ref; [ "$m" = "$tmp/gemma" ] && want=$(printf 'Hello world' | "$FT" tokenize -m "$H" --no-bos)
+    got=$(printf 'Hello world' | "$FT" tokenize -m "$m" --no-bos 2>&1)
+    if [ -n "$want" ] && [ "$got" = "$want" ]; then pass "tokenize_unsupported_$(basename "$m")"
+    else fail "tokenize_unsupported_$(basename "$m")" "got '$got' want '$want'"; fi
+    out=$("$FT" info "$m" 2>&1)
+    rc=$?
+    if [ $rc -eq 0 ] && grep -q "not supported" <<<"$out" && grep -qE "tokenizer: +(bpe|spm), [0-9]+ tokens" <<<"$out"; then
+        pass "info_unsupported_$(basename "$m")"
+    else fail "info_unsupported_$(basename "$m")" "exit $rc: $out"; fi
+done
+
+# 5. a command that runs the model says why it cannot
 "$FT" generate -m "$V/ggml-vocab-falcon.gguf" -n 2 > "$tmp/o" 2> "$tmp/e"
 rc=$?
 if [ $rc -eq 1 ] && grep -q "vocabulary-only" "$tmp/e"; then pass "generate_vocab_only_error"
