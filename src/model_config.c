@@ -76,11 +76,20 @@ static bool json_num(const cJSON *o, const char *k, float *out) {
     *out = (float)v->valuedouble;
     return isfinite(*out);
 }
-/* eos_token_id may be a number or a list: take the first */
-static int json_token_id(const cJSON *o, const char *k) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (cJSON_IsArray(v)) v = cJSON_GetArrayItem(v, 0);
-    return cJSON_IsNumber(v) ? v->valueint : -1;
+/* bos_token_id / eos_token_id: absent or null is none (-1); else an id in
+ * [0, V) or a non-empty list of them (the first is kept). */
+static ftune_status token_id(const cJSON *o, const char *k, int V, int32_t *out, const char *path) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k), *e;
+    *out = -1;
+    if (!v || cJSON_IsNull(v)) return FTUNE_OK;
+    bool ok = cJSON_IsNumber(v) || (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0);
+    const cJSON *first = cJSON_IsArray(v) ? cJSON_GetArrayItem(v, 0) : v;
+    if (cJSON_IsArray(v)) cJSON_ArrayForEach(e, v) ok = ok && cJSON_IsNumber(e) && e->valuedouble >= 0 && e->valuedouble < V &&
+                                                       e->valuedouble == floor(e->valuedouble);
+    else ok = ok && v->valuedouble >= 0 && v->valuedouble < V && v->valuedouble == floor(v->valuedouble);
+    if (!ok) return ft_err(FTUNE_ERR_FORMAT, "%s: \"%s\" must be a token id in [0, %d) or a list of them", path, k, V);
+    *out = (int32_t)first->valuedouble;
+    return FTUNE_OK;
 }
 
 static const char *known_arch(const char *model_type) {
@@ -156,8 +165,11 @@ ftune_status ft_config_from_hf_text(ft_config *c, const char *text, size_t len, 
     bool qwen2 = strcmp(arch, "qwen2") == 0;
     c->tied = tied;
     c->qkv_bias = qwen2 ? 1 : bias;
-    c->bos_id = json_token_id(j, "bos_token_id");
-    c->eos_id = json_token_id(j, "eos_token_id");
+    if ((st = token_id(j, "bos_token_id", c->V > 0 ? c->V : 0, &c->bos_id, path)) ||
+        (st = token_id(j, "eos_token_id", c->V > 0 ? c->V : 0, &c->eos_id, path))) {
+        cJSON_Delete(j);
+        return st;
+    }
     c->rope_interleaved = false;
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
     if (cJSON_IsObject(rs)) {

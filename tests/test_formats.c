@@ -773,6 +773,8 @@ static void test_hf_config_checks(void) {
     char d[1024];
     expect_load("unchanged", hf_variant(d, sizeof d, "rope_scaling", "null", NULL), FTUNE_OK, NULL, NULL);
     expect_load("absent keys take defaults", hf_variant(d, sizeof d, "max_position_embeddings", NULL, NULL), FTUNE_OK, NULL, NULL);
+    expect_load("eos id list", hf_variant(d, sizeof d, "eos_token_id", "[2, 0]", NULL), FTUNE_OK, NULL, NULL);
+    expect_load("no bos id", hf_variant(d, sizeof d, "bos_token_id", "null", NULL), FTUNE_OK, NULL, NULL);
     static const struct { const char *key, *val; } bad[] = {
         { "max_position_embeddings", "\"4096\"" }, { "max_position_embeddings", "0" },
         { "max_position_embeddings", "1e12" },     { "max_position_embeddings", "512.5" },
@@ -782,7 +784,9 @@ static void test_hf_config_checks(void) {
         { "rope_theta", "\"10000\"" },             { "tie_word_embeddings", "\"true\"" },
         { "tie_word_embeddings", "1" },            { "attention_bias", "\"false\"" },
         { "num_key_value_heads", "4.5" },          { "head_dim", "-8" },
-        { "sliding_window", "\"4096\"" },
+        { "sliding_window", "\"4096\"" },        { "eos_token_id", "512" },
+        { "eos_token_id", "[2, \"3\"]" },         { "bos_token_id", "1.5" },
+        { "bos_token_id", "[]" },
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char what[128];
