@@ -15,19 +15,23 @@ static void print_token(const ftune_tokenizer *t, const char *label, int32_t id)
 }
 
 /* A file's tokenizer alone: for a vocabulary-only file (why_not NULL), or for
- * a model ftune cannot run (why_not says why). */
+ * a model ftune cannot load (why_not says why; it is still an error). */
 static int vocab_info(const char *path, const char *why_not) {
     ftune_tokenizer *t = NULL;
     ftune_status st = ftune_tokenizer_load(&t, path);
     if (st) return cli_fail("info", st);
     printf("file:           %s\n", path);
-    if (why_not) printf("model:          not supported (%s); its tokenizer:\n", why_not);
+    if (why_not) printf("model:          cannot be loaded (see the error); its tokenizer:\n");
     else printf("format:         vocabulary only (a tokenizer, no weights)\n");
     printf("tokenizer:      %s, %d tokens\n", ftune_tokenizer_kind(t), ftune_tokenizer_n_vocab(t));
     print_token(t, "bos token:     ", ftune_tokenizer_bos(t));
     print_token(t, "eos token:     ", ftune_tokenizer_eos(t));
     printf("adds bos:       %s\n", ftune_tokenizer_add_bos(t) ? "yes" : "no");
     ftune_tokenizer_free(t);
+    if (why_not) {
+        fprintf(stderr, "ftune info: error: %s\n", why_not);
+        return 1;
+    }
     return 0;
 }
 
@@ -49,7 +53,7 @@ int cmd_info(int argc, char **argv) {
     ftune_load_opts o = { .tokenizer_path = tokenizer };
     ftune_model *m = NULL;
     ftune_status st = model ? ftune_model_load(&m, model, &o) : FTUNE_OK;
-    if (st == FTUNE_ERR_UNSUPPORTED) { /* an architecture (or dtype, ...) ftune cannot run: still describe its tokenizer */
+    if (st == FTUNE_ERR_UNSUPPORTED) { /* an architecture (or dtype, ...) ftune cannot run: an error, but describe its tokenizer */
         char why[512];
         snprintf(why, sizeof why, "%s", ftune_last_error());
         ftune_tokenizer *t = NULL;
