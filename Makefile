@@ -3,7 +3,7 @@
 #   make demo       the main job: LoRA fine-tune of stories260K on Shakespeare, then generate
 #   make test       build and run the whole test suite (tests/run.sh)
 #   make debug      the same binaries with AddressSanitizer + UBSan in build-debug/
-#   make fuzz       libFuzzer targets for the safetensors and GGUF parsers (clang)
+#   make fuzz       libFuzzer targets for the safetensors, GGUF, tokenizer.json and config.json parsers (clang)
 #   make bench      benchmarks; writes BENCHMARKS.md
 #   make clean
 # Options: BUILD=dir  CC=compiler  OPT="-O2 ..."  BLAS=openblas-openmp|system
@@ -82,6 +82,16 @@ fuzz: build-fuzz/fuzz_safetensors build-fuzz/fuzz_gguf
 build-fuzz/fuzz_%: fuzz/fuzz_%.c $(FUZZ_SRC) $(wildcard src/*.h)
 	@mkdir -p build-fuzz
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -o $@ $< $(FUZZ_SRC) -lcjson -lm
+# the tokenizer.json and config.json parsers (model and tokenizer loading)
+FUZZ_TOK_SRC := src/tokenizer.c src/tokenizer_load.c src/gguf.c src/safetensors.c src/core.c src/dtype.c
+FUZZ_CFG_SRC := src/model_config.c src/core.c
+fuzz: build-fuzz/fuzz_tokenizer_json build-fuzz/fuzz_config
+build-fuzz/fuzz_tokenizer_json: fuzz/fuzz_tokenizer_json.c $(FUZZ_TOK_SRC) $(wildcard src/*.h)
+	@mkdir -p build-fuzz
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -o $@ $< $(FUZZ_TOK_SRC) -lpcre2-8 -lcjson -lm
+build-fuzz/fuzz_config: fuzz/fuzz_config.c $(FUZZ_CFG_SRC) $(wildcard src/*.h)
+	@mkdir -p build-fuzz
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -o $@ $< $(FUZZ_CFG_SRC) -lcjson -lm
 
 $(BUILD)/bench_forward: bench/bench_forward.c bench/bench_util.h $(BUILD)/libftune.a
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libftune.a $(LDFLAGS) $(LDLIBS)

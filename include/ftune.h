@@ -81,6 +81,17 @@ int32_t ftune_tokenizer_eos(const ftune_tokenizer *t); /* -1 if none */
 int ftune_tokenizer_is_eog(const ftune_tokenizer *t, int32_t id); /* end of generation */
 int ftune_tokenizer_n_vocab(const ftune_tokenizer *t);
 int ftune_tokenizer_add_bos(const ftune_tokenizer *t); /* the model's default */
+/* The tokenizer alone, without weights: from a .gguf (any architecture, or a
+ * vocabulary-only file such as llama.cpp's ggml-vocab-*.gguf), a directory
+ * holding tokenizer.json (or vocab.json + merges.txt, tokenizer.model,
+ * tokenizer.bin), a tokenizer.json, a tokenizer.model (SentencePiece or
+ * tiktoken) or a llama2.c tokenizer .bin. Free it with ftune_tokenizer_free. */
+ftune_status ftune_tokenizer_load(ftune_tokenizer **out, const char *path);
+void ftune_tokenizer_free(ftune_tokenizer *t);
+const char *ftune_tokenizer_kind(const ftune_tokenizer *t); /* "spm" or "bpe" */
+/* 1 if path holds a tokenizer but no weights: a GGUF without tensors, a
+ * directory without config.json or safetensors, a tokenizer file. */
+int ftune_path_is_vocab_only(const char *path);
 
 /* ------------------------------------------------------------- inference */
 

@@ -69,29 +69,21 @@ ftune_status ft_model_bind_linear(ftune_model *m, ft_linear *dst, const ft_tenso
     return FTUNE_OK;
 }
 
-ftune_status ft_config_validate(const ft_config *c, const char *path) {
-#define POS(f, name) if (c->f <= 0 || c->f > (1 << 24)) return ft_err(FTUNE_ERR_FORMAT, "%s: %s = %d is not a valid size", path, name, c->f)
-    POS(C, "hidden size");
-    POS(F, "intermediate size");
-    POS(L, "number of layers");
-    POS(NH, "number of attention heads");
-    POS(NKV, "number of key/value heads");
-    POS(HS, "head size");
-    POS(V, "vocabulary size");
-    POS(max_T, "context length");
-#undef POS
-    if (c->NH % c->NKV)
-        return ft_err(FTUNE_ERR_FORMAT, "%s: %d attention heads is not a multiple of %d key/value heads", path, c->NH,
-                      c->NKV);
-    if (c->HS % 2) return ft_err(FTUNE_ERR_FORMAT, "%s: head size %d must be even for RoPE", path, c->HS);
-    if (!(c->norm_eps > 0) || !(c->rope_theta > 0))
-        return ft_err(FTUNE_ERR_FORMAT, "%s: rms_norm_eps and rope_theta must be positive", path);
-    return FTUNE_OK;
-}
-
 static bool ends_with(const char *s, const char *suf) {
     size_t a = strlen(s), b = strlen(suf);
     return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+/* Every id the tokenizer can produce must index a row of the embedding. An
+ * embedding with MORE rows than the tokenizer has ids is legal (vocabularies
+ * padded to a multiple of 64, e.g. 32000 tokens in 32064 rows). */
+static ftune_status check_vocab(const ftune_model *m, const char *path) {
+    int n = ftune_tokenizer_n_vocab(m->tok);
+    if (n <= 0) return ft_err(FTUNE_ERR_FORMAT, "%s: the tokenizer has no tokens", path);
+    if (n > m->cfg.V)
+        return ft_err(FTUNE_ERR_FORMAT, "%s: the tokenizer has %d tokens but the token embedding has %d rows "
+                      "(vocab_size): ids %d..%d would have no embedding", path, n, m->cfg.V, m->cfg.V, n - 1);
+    return FTUNE_OK;
 }
 
 ftune_status ftune_model_load(ftune_model **out, const char *path, const ftune_load_opts *opts) {
@@ -110,6 +102,7 @@ ftune_status ftune_model_load(ftune_model **out, const char *path, const ftune_l
         st = dir ? ft_load_hf(m, slash ? dir : ".") : ft_err(FTUNE_ERR_NOMEM, "out of memory");
         free(dir);
     } else st = ft_load_llama2c(m, path, opts ? opts->tokenizer_path : NULL);
+    if (st == FTUNE_OK && m->tok) st = check_vocab(m, path);
     if (st == FTUNE_OK && opts && opts->context_length > 0) m->cfg.max_T = opts->context_length;
     if (st != FTUNE_OK) {
         ftune_model_free(m);
@@ -117,6 +110,35 @@ ftune_status ftune_model_load(ftune_model **out, const char *path, const ftune_l
     }
     *out = m;
     return FTUNE_OK;
+}
+
+int ftune_path_is_vocab_only(const char *path) {
+    if (!path) return 0;
+    if (ft_is_dir(path)) {
+        static const char *const weights[] = { "config.json", "model.safetensors", "model.safetensors.index.json" };
+        char p[4096];
+        for (int k = 0; k < 3; k++) {
+            snprintf(p, sizeof p, "%s/%s", path, weights[k]);
+            if (ft_file_exists(p)) return 0;
+        }
+        static const char *const toks[] = { "tokenizer.json", "vocab.json", "tokenizer.model", "tokenizer.bin" };
+        for (int k = 0; k < 4; k++) {
+            snprintf(p, sizeof p, "%s/%s", path, toks[k]);
+            if (ft_file_exists(p)) return 1;
+        }
+        return 0;
+    }
+    if (!ft_file_exists(path)) return 0;
+    if (ends_with(path, ".gguf")) {
+        gguf_file g;
+        if (gguf_open(&g, path)) return 0;
+        int r = g.n_tensors == 0 && gguf_find(&g, "tokenizer.ggml.tokens") != NULL;
+        gguf_close(&g);
+        return r;
+    }
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    return ends_with(path, "tokenizer.json") || strcmp(base, "tokenizer.model") == 0;
 }
 
 void ftune_model_free(ftune_model *m) {

@@ -57,8 +57,10 @@ struct ftune_model {
 
 /* Checks a config for sizes that are positive and consistent. */
 ftune_status ft_config_validate(const ft_config *c, const char *path);
-/* Fills cfg from a Hugging Face config.json. */
+/* Fills cfg from a Hugging Face config.json (model_config.c); the _text
+ * form parses len bytes already in memory, path naming them in messages. */
 ftune_status ft_config_from_hf_json(ft_config *cfg, const char *path);
+ftune_status ft_config_from_hf_text(ft_config *cfg, const char *text, size_t len, const char *path);
 
 ftune_status ft_load_hf(ftune_model *m, const char *dir);
 ftune_status ft_load_gguf(ftune_model *m, const char *path);

@@ -5,10 +5,12 @@
 #include "model.h"
 #include "tokenizer.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* A required integer key: missing and invalid are both errors (the caller's). */
 static bool get_int(const gguf_file *g, const char *arch, const char *key, int *out) {
     char k[128];
     snprintf(k, sizeof k, "%s.%s", arch, key);
@@ -17,18 +19,35 @@ static bool get_int(const gguf_file *g, const char *arch, const char *key, int *
     *out = (int)v;
     return true;
 }
-static bool get_f(const gguf_file *g, const char *arch, const char *key, float *out) {
+/* Optional keys: absent keeps *out (llama.cpp's default, set by the caller);
+ * present with another type, out of range or not finite is an error naming
+ * the key, never a silent default. */
+static ftune_status opt_int(const gguf_file *g, const char *arch, const char *key, int *out) {
     char k[128];
     snprintf(k, sizeof k, "%s.%s", arch, key);
+    if (!gguf_find(g, k)) return FTUNE_OK;
+    int64_t v;
+    if (!gguf_get_i64(g, k, &v) || v < 1 || v > (1 << 24))
+        return ft_err(FTUNE_ERR_FORMAT, "%s: %s must be an integer in [1, %d]", g->map.path, k, 1 << 24);
+    *out = (int)v;
+    return FTUNE_OK;
+}
+static ftune_status opt_pos(const gguf_file *g, const char *arch, const char *key, float *out) {
+    char k[128];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    if (!gguf_find(g, k)) return FTUNE_OK;
     double v;
-    if (!gguf_get_f64(g, k, &v)) return false;
+    if (!gguf_get_f64(g, k, &v) || !isfinite((float)v) || !((float)v > 0))
+        return ft_err(FTUNE_ERR_FORMAT, "%s: %s must be a finite positive number", g->map.path, k);
     *out = (float)v;
-    return true;
+    return FTUNE_OK;
 }
 
-static ftune_status tensor(const gguf_file *g, const char *name, ft_tensor *t, bool required, bool *found) {
+/* used[i]: tensor i was bound to a weight. */
+static ftune_status tensor(const gguf_file *g, uint8_t *used, const char *name, ft_tensor *t, bool required, bool *found) {
     const gguf_tensor_info *ti = gguf_find_tensor(g, name);
     if (found) *found = ti != NULL;
+    if (ti) used[ti - g->tensors] = 1;
     if (!ti) {
         if (!required) return FTUNE_OK;
         return ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\" is missing", g->map.path, name);
@@ -46,13 +65,44 @@ static ftune_status tensor(const gguf_file *g, const char *name, ft_tensor *t, b
     return FTUNE_OK;
 }
 
+/* Tensors the metadata did not ask for mean it and the weights disagree
+ * (e.g. a block_count smaller than the blk.N the file holds): an error
+ * naming them, as for Hugging Face directories (model_hf.c). */
+static ftune_status check_unused(const gguf_file *g, const uint8_t *used, int L) {
+    uint64_t n_unused = 0;
+    char names[256] = "";
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        if (used[i]) continue;
+        if (n_unused++ < 3)
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s\"%.*s\"", n_unused > 1 ? ", " : "",
+                     (int)g->tensors[i].name.len, g->tensors[i].name.ptr);
+    }
+    if (!n_unused) return FTUNE_OK;
+    return ft_err(FTUNE_ERR_FORMAT, "%s: %llu tensor%s not used by the metadata (block_count %d): %s%s", g->map.path,
+                  (unsigned long long)n_unused, n_unused > 1 ? "s are" : " is", L, names, n_unused > 3 ? ", ..." : "");
+}
+
+static ftune_status load_gguf(ftune_model *m, const char *path, uint8_t **used);
+
 ftune_status ft_load_gguf(ftune_model *m, const char *path) {
+    uint8_t *used = NULL;
+    ftune_status st = load_gguf(m, path, &used);
+    free(used);
+    return st;
+}
+
+static ftune_status load_gguf(ftune_model *m, const char *path, uint8_t **used_out) {
     snprintf(m->format, sizeof m->format, "gguf");
     m->gguf = calloc(1, sizeof *m->gguf);
     if (!m->gguf) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     ftune_status st = gguf_open(m->gguf, path);
     if (st) { free(m->gguf); m->gguf = NULL; return st; }
     const gguf_file *g = m->gguf;
+    if (g->n_tensors == 0)
+        return ft_err(FTUNE_ERR_FORMAT, "%s: a vocabulary-only GGUF (no tensors): it holds a tokenizer "
+                      "(for ftune tokenize and ftune info), not a model that can run", path);
+    uint8_t *used = *used_out = calloc(g->n_tensors + 1, 1);
+    if (!used) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     gguf_str s;
     if (!gguf_get_str(g, "general.architecture", &s))
         return ft_err(FTUNE_ERR_FORMAT, "%s: no general.architecture", path);
@@ -72,18 +122,32 @@ ftune_status ft_load_gguf(ftune_model *m, const char *path) {
     else if (!get_int(g, arch, "block_count", &c->L)) missing = "block_count";
     else if (!get_int(g, arch, "attention.head_count", &c->NH)) missing = "attention.head_count";
     if (missing) return ft_err(FTUNE_ERR_FORMAT, "%s: missing or invalid %s.%s", path, arch, missing);
-    if (!get_int(g, arch, "attention.head_count_kv", &c->NKV)) c->NKV = c->NH;
-    if (!get_int(g, arch, "attention.key_length", &c->HS)) c->HS = c->NH ? c->C / c->NH : 0;
-    if (!get_int(g, arch, "context_length", &c->max_T)) c->max_T = 2048;
-    if (!get_f(g, arch, "attention.layer_norm_rms_epsilon", &c->norm_eps)) c->norm_eps = 1e-5f;
-    if (!get_f(g, arch, "rope.freq_base", &c->rope_theta)) c->rope_theta = 10000.0f;
-    float factor;
+    c->NKV = c->NH;
+    c->HS = c->NH ? c->C / c->NH : 0;
+    c->max_T = 2048;
+    c->norm_eps = 1e-5f;
+    c->rope_theta = 10000.0f;
+    if ((st = opt_int(g, arch, "attention.head_count_kv", &c->NKV)) ||
+        (st = opt_int(g, arch, "attention.key_length", &c->HS)) ||
+        (st = opt_int(g, arch, "context_length", &c->max_T)) ||
+        (st = opt_pos(g, arch, "attention.layer_norm_rms_epsilon", &c->norm_eps)) ||
+        (st = opt_pos(g, arch, "rope.freq_base", &c->rope_theta)))
+        return st;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
     gguf_str stype;
-    if (gguf_get_str(g, "llama.rope.scaling.type", &stype) && gguf_str_eq(stype, "linear") &&
-        get_f(g, arch, "rope.scaling.factor", &factor) && factor > 0) {
+    bool has_type = gguf_get_str(g, key, &stype);
+    if (gguf_find(g, key) && !has_type) return ft_err(FTUNE_ERR_FORMAT, "%s: %s is not a string", path, key);
+    if (has_type && gguf_str_eq(stype, "linear")) {
+        float factor = 0;
+        snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
+        if (!gguf_find(g, key)) return ft_err(FTUNE_ERR_FORMAT, "%s: linear RoPE scaling without %s", path, key);
+        if ((st = opt_pos(g, arch, "rope.scaling.factor", &factor))) return st;
         c->rope_scaling.type = 1;
         c->rope_scaling.factor = factor;
-    }
+    } else if (has_type && !gguf_str_eq(stype, "none"))
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "%s: %s \"%.*s\" is not supported (none, linear)", path, key,
+                      (int)(stype.len > 32 ? 32 : stype.len), stype.ptr);
     c->rope_interleaved = is_llama;
     c->qkv_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
     int64_t id;
@@ -91,20 +155,20 @@ ftune_status ft_load_gguf(ftune_model *m, const char *path) {
     c->eos_id = gguf_get_i64(g, "tokenizer.ggml.eos_token_id", &id) ? (int32_t)id : -1;
 
     ft_tensor t;
-    if ((st = tensor(g, "token_embd.weight", &t, true, NULL))) return st;
+    if ((st = tensor(g, used, "token_embd.weight", &t, true, NULL))) return st;
     if (t.ndim != 2) return ft_err(FTUNE_ERR_FORMAT, "%s: token_embd.weight is not 2-D", path);
     c->V = (int)t.shape[0];
     if ((st = ft_config_validate(c, path))) return st;
     if ((st = ft_model_bind_linear(m, &m->lm_head, &t, c->V, c->C))) return ft_err_prefix(st, "%s", path);
     m->tok_embd = t;
     bool has_out;
-    if ((st = tensor(g, "output.weight", &t, false, &has_out))) return st;
+    if ((st = tensor(g, used, "output.weight", &t, false, &has_out))) return st;
     c->tied = !has_out;
     if (has_out && (st = ft_model_bind_linear(m, &m->lm_head, &t, c->V, c->C))) return ft_err_prefix(st, "%s", path);
-    if ((st = tensor(g, "output_norm.weight", &t, true, NULL))) return st;
+    if ((st = tensor(g, used, "output_norm.weight", &t, true, NULL))) return st;
     if ((st = ft_model_bind_vec(m, &m->out_norm, &t, c->C))) return ft_err_prefix(st, "%s", path);
     bool has_rf;
-    if ((st = tensor(g, "rope_freqs.weight", &t, false, &has_rf))) return st;
+    if ((st = tensor(g, used, "rope_freqs.weight", &t, false, &has_rf))) return st;
     if (has_rf && (st = ft_model_bind_vec(m, &m->rope_freq_factors, &t, c->HS / 2))) return ft_err_prefix(st, "%s", path);
 
     m->layers = calloc((size_t)c->L, sizeof *m->layers);
@@ -121,21 +185,22 @@ ftune_status ft_load_gguf(ftune_model *m, const char *path) {
         };
         for (size_t k = 0; k < sizeof lins / sizeof lins[0]; k++) {
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, lins[k].n);
-            if ((st = tensor(g, name, &t, true, NULL))) return st;
+            if ((st = tensor(g, used, name, &t, true, NULL))) return st;
             if ((st = ft_model_bind_linear(m, lins[k].lin, &t, lins[k].out, lins[k].in))) return ft_err_prefix(st, "%s", path);
             if (c->qkv_bias && k < 3) {
                 snprintf(name, sizeof name, "blk.%d.%s.bias", l, lins[k].n);
-                if ((st = tensor(g, name, &t, true, NULL))) return st;
+                if ((st = tensor(g, used, name, &t, true, NULL))) return st;
                 if ((st = ft_model_bind_vec(m, &lins[k].lin->bias, &t, lins[k].out))) return ft_err_prefix(st, "%s", path);
             }
         }
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
-        if ((st = tensor(g, name, &t, true, NULL))) return st;
+        if ((st = tensor(g, used, name, &t, true, NULL))) return st;
         if ((st = ft_model_bind_vec(m, &ly->attn_norm, &t, c->C))) return ft_err_prefix(st, "%s", path);
         snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
-        if ((st = tensor(g, name, &t, true, NULL))) return st;
+        if ((st = tensor(g, used, name, &t, true, NULL))) return st;
         if ((st = ft_model_bind_vec(m, &ly->ffn_norm, &t, c->C))) return ft_err_prefix(st, "%s", path);
     }
+    if ((st = check_unused(g, used, c->L))) return st;
     gguf_str tm;
     if (gguf_get_str(g, "tokenizer.ggml.model", &tm))
         snprintf(m->tok_kind, sizeof m->tok_kind, "%s", gguf_str_eq(tm, "gpt2") ? "bpe" : "spm");

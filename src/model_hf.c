@@ -10,125 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static bool json_int(const cJSON *o, const char *k, int *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (!cJSON_IsNumber(v)) return false;
-    double d = v->valuedouble;
-    if (d != floor(d) || d < -2147483648.0 || d > 2147483647.0) return false;
-    *out = (int)d;
-    return true;
-}
-static bool json_num(const cJSON *o, const char *k, float *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (!cJSON_IsNumber(v)) return false;
-    *out = (float)v->valuedouble;
-    return true;
-}
-static int json_bool(const cJSON *o, const char *k, int def) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (cJSON_IsBool(v)) return cJSON_IsTrue(v);
-    return def;
-}
-/* eos_token_id may be a number or a list: take the first */
-static int json_token_id(const cJSON *o, const char *k) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (cJSON_IsArray(v)) v = cJSON_GetArrayItem(v, 0);
-    return cJSON_IsNumber(v) ? v->valueint : -1;
-}
-
-static const char *known_arch(const char *model_type) {
-    static const char *const llama_like[] = { "llama", "mistral", "qwen2", "smollm", "tinyllama", NULL };
-    for (int i = 0; llama_like[i]; i++)
-        if (strcmp(model_type, llama_like[i]) == 0) return llama_like[i];
-    return NULL;
-}
-
-ftune_status ft_config_from_hf_json(ft_config *c, const char *path) {
-    memset(c, 0, sizeof *c);
-    char *text;
-    ftune_status st = ft_read_file(path, &text, NULL);
-    if (st) return st;
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    if (!j || !cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        return ft_err(FTUNE_ERR_FORMAT, "%s: not a JSON object", path);
-    }
-    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
-    const char *arch = cJSON_IsString(mt) ? known_arch(mt->valuestring) : NULL;
-    if (!arch) {
-        st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: model_type %s%s%s is not supported (supported: llama, mistral, qwen2)",
-                    path, cJSON_IsString(mt) ? "\"" : "", cJSON_IsString(mt) ? mt->valuestring : "(missing)",
-                    cJSON_IsString(mt) ? "\"" : "");
-        cJSON_Delete(j);
-        return st;
-    }
-    snprintf(c->arch, sizeof c->arch, "%s", arch);
-    const char *missing = NULL;
-    if (!json_int(j, "hidden_size", &c->C)) missing = "hidden_size";
-    else if (!json_int(j, "intermediate_size", &c->F)) missing = "intermediate_size";
-    else if (!json_int(j, "num_hidden_layers", &c->L)) missing = "num_hidden_layers";
-    else if (!json_int(j, "num_attention_heads", &c->NH)) missing = "num_attention_heads";
-    else if (!json_int(j, "vocab_size", &c->V)) missing = "vocab_size";
-    if (missing) {
-        cJSON_Delete(j);
-        return ft_err(FTUNE_ERR_FORMAT, "%s: missing or invalid \"%s\"", path, missing);
-    }
-    if (!json_int(j, "num_key_value_heads", &c->NKV)) c->NKV = c->NH;
-    if (!json_int(j, "head_dim", &c->HS) || c->HS <= 0) c->HS = c->NH > 0 ? c->C / c->NH : 0;
-    if (!json_int(j, "max_position_embeddings", &c->max_T)) c->max_T = 2048;
-    if (!json_num(j, "rms_norm_eps", &c->norm_eps)) c->norm_eps = 1e-6f;
-    if (!json_num(j, "rope_theta", &c->rope_theta)) c->rope_theta = 10000.0f;
-    /* Mistral's sliding-window attention is not implemented: within the
-     * window it equals full attention, so the context is capped there */
-    int window;
-    const cJSON *uw = cJSON_GetObjectItemCaseSensitive(j, "use_sliding_window");
-    if (!cJSON_IsFalse(uw) && json_int(j, "sliding_window", &window) && window > 0 && window < c->max_T)
-        c->max_T = window;
-    bool qwen2 = strcmp(arch, "qwen2") == 0;
-    c->tied = json_bool(j, "tie_word_embeddings", 0);
-    c->qkv_bias = qwen2 ? 1 : json_bool(j, "attention_bias", 0);
-    c->bos_id = json_token_id(j, "bos_token_id");
-    c->eos_id = json_token_id(j, "eos_token_id");
-    c->rope_interleaved = false;
-    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
-    if (cJSON_IsObject(rs)) {
-        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
-        if (!cJSON_IsString(ty)) ty = cJSON_GetObjectItemCaseSensitive(rs, "type");
-        const char *tname = cJSON_IsString(ty) ? ty->valuestring : "";
-        ft_rope_scaling *sc = &c->rope_scaling;
-        if (strcmp(tname, "llama3") == 0) {
-            sc->type = 2;
-            if (!json_num(rs, "factor", &sc->factor) || !json_num(rs, "low_freq_factor", &sc->low_freq_factor) ||
-                !json_num(rs, "high_freq_factor", &sc->high_freq_factor) ||
-                !json_int(rs, "original_max_position_embeddings", &sc->original_max_pos)) {
-                cJSON_Delete(j);
-                return ft_err(FTUNE_ERR_FORMAT, "%s: rope_scaling llama3 needs factor, low_freq_factor, "
-                              "high_freq_factor and original_max_position_embeddings", path);
-            }
-        } else if (strcmp(tname, "linear") == 0) {
-            sc->type = 1;
-            if (!json_num(rs, "factor", &sc->factor) || !(sc->factor > 0)) {
-                cJSON_Delete(j);
-                return ft_err(FTUNE_ERR_FORMAT, "%s: rope_scaling linear needs a positive factor", path);
-            }
-        } else if (strcmp(tname, "default") != 0) {
-            st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: rope_scaling type \"%s\" is not supported (llama3, linear)",
-                        path, tname);
-            cJSON_Delete(j);
-            return st;
-        }
-    }
-    const cJSON *act = cJSON_GetObjectItemCaseSensitive(j, "hidden_act");
-    if (cJSON_IsString(act) && strcmp(act->valuestring, "silu") != 0) {
-        st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: hidden_act \"%s\" is not supported (silu)", path, act->valuestring);
-        cJSON_Delete(j);
-        return st;
-    }
-    cJSON_Delete(j);
-    return ft_config_validate(c, path);
-}
-
 /* Opens model.safetensors, or every shard named in the index. */
 static ftune_status open_shards(ftune_model *m, const char *dir) {
     char path[4096];
@@ -181,10 +62,12 @@ done:
     return st;
 }
 
-static ftune_status find(ftune_model *m, const char *name, ft_tensor *t, bool required, bool *found) {
+/* used[i][k]: shard i's tensor k was bound to a weight (or is a known copy). */
+static ftune_status find(ftune_model *m, uint8_t **used, const char *name, ft_tensor *t, bool required, bool *found) {
     for (int i = 0; i < m->n_shards; i++) {
         const st_tensor *s = st_find(&m->shards[i], name);
         if (!s) continue;
+        used[i][s - m->shards[i].tensors] = 1;
         if (s->dtype >= FT_NTYPES)
             return ft_err(FTUNE_ERR_UNSUPPORTED, "%s: tensor \"%s\": dtype %s is not supported", m->shards[i].map.path,
                           name, s->dtype_name);
@@ -203,6 +86,29 @@ static ftune_status find(ftune_model *m, const char *name, ft_tensor *t, bool re
     return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\" is missing from the safetensors files", name);
 }
 
+/* Tensors the config did not ask for mean the config and the weights
+ * disagree (e.g. fewer num_hidden_layers than the file holds, or biases the
+ * config switches off): transformers only warns ("Some weights of the
+ * checkpoint were not used"), which is how a wrong model runs unnoticed, so
+ * this is an error naming them. Rotary inv_freq buffers, which older
+ * transformers versions saved, are recomputed from the config and skipped. */
+static ftune_status check_unused(const ftune_model *m, uint8_t **used) {
+    int n_unused = 0;
+    char names[512] = "";
+    for (int i = 0; i < m->n_shards; i++)
+        for (int k = 0; k < m->shards[i].n; k++) {
+            const char *name = m->shards[i].tensors[k].name;
+            size_t len = strlen(name), suf = strlen(".rotary_emb.inv_freq");
+            if (used[i][k] || (len > suf && strcmp(name + len - suf, ".rotary_emb.inv_freq") == 0)) continue;
+            if (n_unused++ < 3)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s\"%s\" (%s)", n_unused > 1 ? ", " : "",
+                         name, m->shards[i].map.path);
+        }
+    if (!n_unused) return FTUNE_OK;
+    return ft_err(FTUNE_ERR_FORMAT, "%d tensor%s not used by the config (num_hidden_layers %d): %s%s", n_unused,
+                  n_unused > 1 ? "s are" : " is", m->cfg.L, names, n_unused > 3 ? ", ..." : "");
+}
+
 ftune_status ft_load_hf(ftune_model *m, const char *dir) {
     char path[4096];
     snprintf(m->format, sizeof m->format, "hf");
@@ -212,15 +118,18 @@ ftune_status ft_load_hf(ftune_model *m, const char *dir) {
     if ((st = open_shards(m, dir))) return st;
     ft_config *c = &m->cfg;
     m->layers = calloc((size_t)c->L, sizeof *m->layers);
-    if (!m->layers) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    uint8_t **used = calloc((size_t)m->n_shards, sizeof *used);
+    if (!m->layers || !used) { free(used); return ft_err(FTUNE_ERR_NOMEM, "out of memory"); }
+    for (int i = 0; i < m->n_shards; i++)
+        if (!(used[i] = calloc((size_t)m->shards[i].n + 1, 1))) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto fail; }
     ft_tensor t;
     char name[FT_NAME_MAX];
-#define NEED(n) do { if ((st = find(m, n, &t, true, NULL))) goto fail; } while (0)
+#define NEED(n) do { if ((st = find(m, used, n, &t, true, NULL))) goto fail; } while (0)
     NEED("model.embed_tokens.weight");
     if ((st = ft_model_bind_linear(m, &m->lm_head, &t, c->V, c->C))) goto fail;
     m->tok_embd = t;
     bool has_head;
-    if ((st = find(m, "lm_head.weight", &t, false, &has_head))) goto fail;
+    if ((st = find(m, used, "lm_head.weight", &t, false, &has_head))) goto fail;
     if (has_head && !c->tied) {
         if ((st = ft_model_bind_linear(m, &m->lm_head, &t, c->V, c->C))) goto fail;
     } else c->tied = true;
@@ -253,6 +162,10 @@ ftune_status ft_load_hf(ftune_model *m, const char *dir) {
         if ((st = ft_model_bind_vec(m, &ly->ffn_norm, &t, c->C))) goto fail;
     }
 #undef NEED
+    if ((st = check_unused(m, used))) goto fail;
+    for (int i = 0; i < m->n_shards; i++) free(used[i]);
+    free(used);
+    used = NULL;
     /* a directory without tokenizer.json still loads (e.g. from `ftune init`);
      * commands that need text report the missing tokenizer */
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
@@ -261,5 +174,7 @@ ftune_status ft_load_hf(ftune_model *m, const char *dir) {
     if (m->tok) snprintf(m->tok_kind, sizeof m->tok_kind, "%s", ft_tokenizer_kind(m->tok) == FT_TOK_SPM ? "spm" : "bpe");
     return FTUNE_OK;
 fail:
+    for (int i = 0; used && i < m->n_shards; i++) free(used[i]);
+    free(used);
     return ft_err_prefix(st, "%s", dir);
 }

@@ -46,9 +46,10 @@ ftune_status ft_load_llama2c(ftune_model *m, const char *path, const char *token
     ft_config *c = &m->cfg;
     snprintf(c->arch, sizeof c->arch, "llama");
     c->C = h[0]; c->F = h[1]; c->L = h[2]; c->NH = h[3]; c->NKV = h[4];
+    /* the sign of vocab_size says whether the classifier is shared; INT32_MIN
+     * has no positive counterpart (negating it is undefined) and is invalid */
     c->tied = h[5] > 0;
-    c->V = h[5] > 0 ? h[5] : -h[5];
-    if (h[5] == INT32_MIN) c->V = 0;
+    c->V = h[5] == INT32_MIN ? 0 : h[5] > 0 ? h[5] : -h[5];
     c->max_T = h[6];
     c->HS = c->NH > 0 ? c->C / c->NH : 0;
     c->norm_eps = 1e-5f;

@@ -191,15 +191,51 @@ static void pair_insert(ftune_tokenizer *t, int32_t a, int32_t b, int32_t rank, 
 #define RE_LLAMA3 RE_CONTRACT "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define RE_QWEN2 RE_CONTRACT "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
-typedef struct { const char *names; const char *re[4]; int ignore_merges; } pre_def;
+/* DeepSeek LLM's letters: the cased letters (Lu, Ll, Lt) of an older
+ * Unicode, as code points (several have singleton decompositions, which a
+ * Unicode normalization of this source would silently change). */
+#define RE_DEEPSEEK_LETTERS \
+    "\\s?[A-Za-z\\x{B5}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{1BA}\\x{1BC}-\\x{1BF}\\x{1C4}-\\x{293}" \
+    "\\x{295}-\\x{2AF}\\x{370}-\\x{373}\\x{376}\\x{377}\\x{37B}-\\x{37D}\\x{37F}\\x{386}\\x{388}-\\x{38A}" \
+    "\\x{38C}\\x{38E}-\\x{3A1}\\x{3A3}-\\x{3F5}\\x{3F7}-\\x{481}\\x{48A}-\\x{52F}\\x{531}-\\x{556}" \
+    "\\x{10A0}-\\x{10C5}\\x{13A0}-\\x{13F5}\\x{13F8}-\\x{13FD}\\x{1C90}-\\x{1CBA}\\x{1CBD}-\\x{1CBF}" \
+    "\\x{1D00}-\\x{1D2B}\\x{1D6B}-\\x{1D77}\\x{1D79}-\\x{1D9A}\\x{1E00}-\\x{1F15}\\x{1F18}-\\x{1F1D}" \
+    "\\x{1F20}-\\x{1F45}\\x{1F48}-\\x{1F4D}\\x{1F50}-\\x{1F57}\\x{1F59}\\x{1F5B}\\x{1F5D}\\x{1F5F}-" \
+    "\\x{1F7D}\\x{1F80}-\\x{1FB4}\\x{1FB6}-\\x{1FBC}\\x{1FBE}\\x{1FC2}-\\x{1FC4}\\x{1FC6}-\\x{1FCC}" \
+    "\\x{1FD0}-\\x{1FD3}\\x{1FD6}-\\x{1FDB}\\x{1FE0}-\\x{1FEC}\\x{1FF2}-\\x{1FF4}\\x{1FF6}-\\x{1FFC}" \
+    "\\x{2102}\\x{2107}\\x{210A}-\\x{2113}\\x{2115}\\x{2119}-\\x{211D}\\x{2124}\\x{2126}\\x{2128}" \
+    "\\x{212A}-\\x{212D}\\x{212F}-\\x{2134}\\x{2139}\\x{213C}-\\x{213F}\\x{2145}-\\x{2149}\\x{214E}" \
+    "\\x{2183}\\x{2184}\\x{2C00}-\\x{2C7B}\\x{2C7E}-\\x{2CE4}\\x{2CEB}-\\x{2CEE}\\x{2CF2}\\x{2CF3}" \
+    "\\x{A640}-\\x{A66D}\\x{A680}-\\x{A69B}\\x{A722}-\\x{A76F}\\x{A771}-\\x{A787}\\x{A78B}-\\x{A78E}" \
+    "\\x{AB70}-\\x{ABBF}\\x{FB00}-\\x{FB06}\\x{FB13}-\\x{FB17}\\x{FF21}-\\x{FF3A}\\x{FF41}-\\x{FF5A}" \
+    "\\x{10400}-\\x{1044F}\\x{104B0}-\\x{104D3}\\x{104D8}-\\x{104FB}\\x{10C80}-\\x{10CB2}\\x{10CC0}-" \
+    "\\x{10CF2}\\x{118A0}-\\x{118DF}\\x{1E900}-\\x{1E943}]+"
+/* CJK ideographs, U+0800..U+4E00 (as DeepSeek writes it) and Hangul */
+#define RE_DEEPSEEK_CJK "[\\x{4E00}-\\x{9FA5}\\x{800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+"
+/* Mistral's Tekken (Nemo, Pixtral): words split at lower->upper case changes */
+#define RE_TEKKEN "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|" \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}|" \
+    " ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
+typedef struct { const char *names; const char *re[6]; int ignore_merges; } pre_def;
 
 /* Names as GGUF tokenizer.ggml.pre spells them ('|'-separated aliases). */
 static const pre_def pre_defs[] = {
     { "llama3|llama-v3|llama-bpe|falcon3|pixtral", { RE_LLAMA3 }, 1 },
     { "dbrx|smaug-bpe", { RE_LLAMA3 }, 0 },
-    { "qwen2|deepseek-r1-qwen|stablelm2", { RE_QWEN2 }, 0 },
-    { "gpt-2|gpt2|phi-2|mpt|olmo|jais|jina-es|jina-de|roberta-bpe", { RE_GPT2 }, 0 },
-    { "smollm|starcoder|refact|command-r|codeshell|exaone|minerva", { "\\p{N}", RE_GPT2 }, 0 },
+    { "qwen2|deepseek-r1-qwen|stablelm2|megrez", { RE_QWEN2 }, 0 },
+    { "gpt-2|gpt2|phi-2|mpt|olmo|jais|jina-es|jina-de|roberta-bpe|trillion", { RE_GPT2 }, 0 },
+    { "smollm|starcoder|refact|command-r|codeshell|exaone|minerva|minerva-7b", { "\\p{N}", RE_GPT2 }, 0 },
+    /* The Llama-architecture models whose GGUF names these (llama.cpp's
+     * converter): DeepSeek LLM and Coder, Mistral Nemo (tekken), Viking,
+     * Seed-Coder; Megrez and Trillion reuse Qwen2's and GPT-2's. Checked
+     * against Hugging Face tokenizers (tests/fixtures/pretok). */
+    { "deepseek-llm", { "[\r\n]", RE_DEEPSEEK_LETTERS, "\\s?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3000}-\\x{3002}]+",
+                        "\\s+$", RE_DEEPSEEK_CJK, "\\p{N}+" }, 0 },
+    { "deepseek-coder", { "[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", RE_DEEPSEEK_CJK, "\\p{N}" }, 0 },
+    { "tekken", { RE_TEKKEN }, 1 },
+    { "viking", { " ?[^(\\s|.,!?\\x{2026}\\x{3002}\\x{FF0C}\\x{3001}\\x{964}\\x{6D4}\\x{60C})]+", "\\p{N}" }, 0 },
+    { "seed-coder", { RE_CONTRACT "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}\\r\\n]+|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+" }, 0 },
     /* HF Punctuation(contiguous) counts ASCII symbols as punctuation too */
     { "falcon", { "[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]" }, 0 },
     { "none", { NULL }, 0 },                          /* the whole text is one word */
@@ -396,11 +432,13 @@ ftune_status ft_tokenizer_build(ftune_tokenizer **out, const ft_vocab_spec *spec
 
     if (spec->kind == FT_TOK_SPM) {
         t->split_mode = SPLIT_CHARS;
-        t->merge_mode = spec->n_merges > 0 ? MERGE_RANK : MERGE_SCORE;
+        t->merge_mode = spec->n_merges > 0 || spec->strict_merges ? MERGE_RANK : MERGE_SCORE;
     } else {
         t->split_mode = SPLIT_BYTES;
-        t->merge_mode = spec->n_merges > 0 ? MERGE_RANK : MERGE_TOKRANK;
+        t->merge_mode = spec->n_merges > 0 || spec->strict_merges ? MERGE_RANK : MERGE_TOKRANK;
     }
+    /* (a merge list, even an empty one, is the whole rule: no merges means
+     * no merging, as in Hugging Face tokenizers, not merging by score/rank) */
     if (t->merge_mode == MERGE_RANK) {
         t->pair_mask = pow2_at_least(2 * (uint64_t)spec->n_merges) - 1;
         t->pairs = ft_malloc(((size_t)t->pair_mask + 1) * sizeof *t->pairs);
@@ -419,6 +457,11 @@ ftune_status ft_tokenizer_build(ftune_tokenizer **out, const ft_vocab_spec *spec
                 la = strlen(a); lb = strlen(b);
             } else {
                 const char *sp = a[0] ? strchr(a + 1, ' ') : NULL;
+                if (!sp && spec->strict_merges) {
+                    free(buf);
+                    st = ft_err(FTUNE_ERR_FORMAT, "tokenizer: merge %d \"%.60s\" is not two pieces", r, a);
+                    goto fail;
+                }
                 if (!sp) continue;
                 la = (size_t)(sp - a); b = sp + 1; lb = strlen(b);
             }
@@ -432,12 +475,20 @@ ftune_status ft_tokenizer_build(ftune_tokenizer **out, const ft_vocab_spec *spec
             if (decode) {
                 ma = bytelevel_decode(u2b, a, la, buf);
                 mb = ma < 0 ? -1 : bytelevel_decode(u2b, b, lb, buf + ma);
-                if (ma < 0 || mb < 0) continue;
+                if ((ma < 0 || mb < 0) && !spec->strict_merges) continue;
             } else {
                 memcpy(buf, a, la); memcpy(buf + la, b, lb);
             }
-            int32_t ia = tok_lookup(t, buf, (size_t)ma), ib = tok_lookup(t, buf + ma, (size_t)mb);
-            int32_t ir = tok_lookup(t, buf, (size_t)(ma + mb));
+            bool ok = ma >= 0 && mb >= 0; /* byte-level text that decodes */
+            int32_t ia = ok ? tok_lookup(t, buf, (size_t)ma) : -1, ib = ok ? tok_lookup(t, buf + ma, (size_t)mb) : -1;
+            int32_t ir = ok ? tok_lookup(t, buf, (size_t)(ma + mb)) : -1;
+            if (spec->strict_merges && (ia < 0 || ib < 0 || ir < 0)) {
+                const char *what = ma < 0 || ia < 0 ? "left piece" : mb < 0 || ib < 0 ? "right piece" : "result";
+                st = ft_err(FTUNE_ERR_FORMAT, "tokenizer: merge %d (\"%.*s\" \"%.*s\"): the %s is not in the vocabulary",
+                            r, (int)(la > 60 ? 60 : la), a, (int)(lb > 60 ? 60 : lb), b, what);
+                free(buf);
+                goto fail;
+            }
             if (ia >= 0 && ib >= 0 && ir >= 0) pair_insert(t, ia, ib, r, ir);
         }
         free(buf);
@@ -453,7 +504,7 @@ ftune_status ft_tokenizer_build(ftune_tokenizer **out, const ft_vocab_spec *spec
             const char *name = spec->pre && spec->pre[0] ? spec->pre : "default";
             const pre_def *pd = find_pre(name);
             if (!pd) { st = ft_err(FTUNE_ERR_UNSUPPORTED, "tokenizer: unknown pre-tokenizer \"%s\"", name); goto fail; }
-            for (int i = 0; i < 4 && pd->re[i]; i++)
+            for (int i = 0; i < 6 && pd->re[i]; i++)
                 if ((st = compile_regex(t, pd->re[i]))) goto fail;
             if (pd->ignore_merges) t->ignore_merges = 1;
         }

@@ -56,6 +56,8 @@ typedef struct {
     int add_space_prefix;     /* SPM: prepend "▁" (true for Llama 2) */
     int ignore_merges;        /* BPE: a word that is itself a token is not merged (Llama 3) */
     int raw_bytes;            /* BPE: normal tokens are raw bytes (tiktoken), not GPT-2's alphabet */
+    int strict_merges;        /* a merge naming a piece (or making a result) that is not a token is an
+                               * error, as in Hugging Face tokenizers; else it is skipped, as llama.cpp does */
 } ft_vocab_spec;
 
 /* Builds a tokenizer; copies everything it needs from spec. */
@@ -64,6 +66,8 @@ void ft_tokenizer_free(ftune_tokenizer *t);
 
 /* Loaders for each file kind (they fill a spec and call ft_tokenizer_build). */
 ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir); /* tokenizer.json (or vocab.json + merges.txt) + tokenizer_config.json + generation_config.json */
+/* tokenizer.json's len bytes alone, already in memory (name is for messages). */
+ftune_status ft_tokenizer_from_hf_json(ftune_tokenizer **out, const char *text, size_t len, const char *name);
 ftune_status ft_tokenizer_from_gguf(ftune_tokenizer **out, const struct gguf_file_s *g);
 /* llama2.c tokenizer .bin; n_vocab <= 0 reads every entry up to the end of the file. */
 ftune_status ft_tokenizer_from_llama2c(ftune_tokenizer **out, const char *path, int n_vocab);

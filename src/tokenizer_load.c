@@ -462,7 +462,8 @@ ftune_status ft_tokenizer_from_gguf(ftune_tokenizer **out, const struct gguf_fil
         spec.merges = mer;
         spec.n_merges = (int)merges.n;
         spec.pre = pre;
-        spec.add_bos = strcmp(pre, "llama3") == 0 || strcmp(pre, "llama-v3") == 0 || strcmp(pre, "llama-bpe") == 0;
+        spec.add_bos = strcmp(pre, "llama3") == 0 || strcmp(pre, "llama-v3") == 0 || strcmp(pre, "llama-bpe") == 0 ||
+                       strcmp(pre, "falcon3") == 0 || strcmp(pre, "pixtral") == 0 || strcmp(pre, "tekken") == 0; /* as llama.cpp */
     } else {
         spec.add_bos = 1;
         spec.add_space_prefix = 1;
@@ -605,6 +606,8 @@ static int32_t find_text(const char **tok, int n, const char *s) {
     return -1;
 }
 
+static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
 /* Reads a GPT-2 style merges.txt into "a b" lines. */
 static ftune_status read_merges_txt(const char *path, char **buf, const char ***lines, int *n) {
     size_t size;
@@ -627,13 +630,19 @@ static ftune_status read_merges_txt(const char *path, char **buf, const char ***
     return FTUNE_OK;
 }
 
-ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir) {
-    if (!out || !dir) return ft_err(FTUNE_ERR_ARG, "ft_tokenizer_from_hf_dir: NULL argument");
+/* A present file beside tokenizer.json (never when parsing from memory). */
+static bool have(const char *dir, const char *path) { return dir && ft_file_exists(path); }
+
+/* From the files in dir, or (dir NULL) from tokenizer.json text alone,
+ * `name` naming it in messages. */
+static ftune_status hf_load(ftune_tokenizer **out, const char *dir, const char *text, size_t text_len,
+                            const char *name) {
     *out = NULL;
     ftune_status st = FTUNE_OK;
-    char *p_tok = path_join(dir, "tokenizer.json"), *p_cfg = path_join(dir, "tokenizer_config.json");
-    char *p_gen = path_join(dir, "generation_config.json"), *p_vocab = path_join(dir, "vocab.json");
-    char *p_merges = path_join(dir, "merges.txt"), *p_stm = path_join(dir, "special_tokens_map.json");
+    const char *d = dir ? dir : ".";
+    char *p_tok = dir ? path_join(d, "tokenizer.json") : ft_strdup(name), *p_cfg = path_join(d, "tokenizer_config.json");
+    char *p_gen = path_join(d, "generation_config.json"), *p_vocab = path_join(d, "vocab.json");
+    char *p_merges = path_join(d, "merges.txt"), *p_stm = path_join(d, "special_tokens_map.json");
     cJSON *tj = NULL, *cfg = NULL, *gen = NULL, *vj = NULL, *stm = NULL;
     const char **tok = NULL, **mer = NULL, **mer_r = NULL;
     int *types = NULL, n = 0, n_mer = 0;
@@ -649,9 +658,14 @@ ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir) {
     spec_init(&spec, FT_TOK_BPE);
     const cJSON *vocab, *model = NULL;
     const char *src;
-    if (ft_file_exists(p_tok)) {
+    if (!dir || ft_file_exists(p_tok)) {
         src = p_tok;
-        if (!(tj = read_json(p_tok, &st))) goto done;
+        if (!dir) {
+            if (!(tj = cJSON_ParseWithLength(text, text_len))) {
+                st = ft_err(FTUNE_ERR_FORMAT, "%s: invalid JSON", p_tok);
+                goto done;
+            }
+        } else if (!(tj = read_json(p_tok, &st))) goto done;
         model = cJSON_GetObjectItemCaseSensitive(tj, "model");
         const char *mt = json_str(model, "type");
         if (!cJSON_IsObject(model) || (mt && strcmp(mt, "BPE") != 0)) {
@@ -659,7 +673,7 @@ ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir) {
             goto done;
         }
         vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
-    } else if (ft_file_exists(p_vocab) && ft_file_exists(p_merges)) {
+    } else if (have(dir, p_vocab) && have(dir, p_merges)) {
         src = p_vocab;
         if (!(vj = read_json(p_vocab, &st))) goto done;
         vocab = vj;
@@ -668,9 +682,12 @@ ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir) {
         goto done;
     }
     if (!cJSON_IsObject(vocab)) { st = ft_err(FTUNE_ERR_FORMAT, "%s: no vocab object", src); goto done; }
-    if (ft_file_exists(p_cfg) && !(cfg = read_json(p_cfg, &st))) goto done;
-    if (ft_file_exists(p_gen) && !(gen = read_json(p_gen, &st))) goto done;
-    if (!cfg && ft_file_exists(p_stm) && !(stm = read_json(p_stm, &st))) goto done;
+    /* added tokens alone (specials) cannot encode text: every piece would be <unk> */
+    int n_vocab_entries = cJSON_GetArraySize(vocab);
+    if (n_vocab_entries == 0) { st = ft_err(FTUNE_ERR_FORMAT, "%s: the vocab is empty", src); goto done; }
+    if (have(dir, p_cfg) && !(cfg = read_json(p_cfg, &st))) goto done;
+    if (have(dir, p_gen) && !(gen = read_json(p_gen, &st))) goto done;
+    if (!cfg && have(dir, p_stm) && !(stm = read_json(p_stm, &st))) goto done;
 
     /* vocabulary size: the largest id in vocab and added tokens */
     const cJSON *it, *added = tj ? cJSON_GetObjectItemCaseSensitive(tj, "added_tokens") : NULL;
@@ -704,10 +721,32 @@ ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir) {
     placeholders = ft_calloc((size_t)n, sizeof *placeholders);
     strip = ft_calloc((size_t)n, 1);
     if (!tok || !types || !placeholders || !strip) { st = ft_err(FTUNE_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
+    /* Two tokens with one id, or one token with two ids, make encode and
+     * decode disagree. Hugging Face tokenizers keeps one of them silently;
+     * here that is an error naming both. */
     cJSON_ArrayForEach(it, vocab) {
         int id = (int)it->valuedouble;
+        if (tok[id]) {
+            st = ft_err(FTUNE_ERR_FORMAT, "%s: vocab entries \"%.40s\" and \"%.40s\" have the same id %d", src, tok[id],
+                        it->string, id);
+            goto done;
+        }
         tok[id] = it->string;
         types[id] = FT_TOKTYPE_NORMAL;
+    }
+    if (n_vocab_entries > 1) {
+        const char **sorted = ft_calloc((size_t)n_vocab_entries, sizeof *sorted);
+        if (!sorted) { st = ft_err(FTUNE_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
+        int k = 0;
+        cJSON_ArrayForEach(it, vocab) sorted[k++] = it->string;
+        qsort(sorted, (size_t)k, sizeof *sorted, cmp_str);
+        for (int i = 1; i < k; i++)
+            if (strcmp(sorted[i - 1], sorted[i]) == 0) {
+                st = ft_err(FTUNE_ERR_FORMAT, "%s: vocab entry \"%.40s\" appears twice", src, sorted[i]);
+                break;
+            }
+        free(sorted);
+        if (st) goto done;
     }
     for (int pass = 0; pass < 2; pass++) {
         const cJSON *list = pass == 0 ? added_dec : added;
@@ -735,15 +774,28 @@ ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir) {
     /* merges */
     if (model) {
         const cJSON *ms = cJSON_GetObjectItemCaseSensitive(model, "merges");
+        if (!cJSON_IsArray(ms)) {
+            st = ft_err(FTUNE_ERR_FORMAT, "%s: model.merges is %s", src, ms ? "not a list" : "missing");
+            goto done;
+        }
         int cnt = cJSON_GetArraySize(ms);
         mer = ft_calloc((size_t)(cnt > 0 ? cnt : 1), sizeof *mer);
         mer_r = ft_calloc((size_t)(cnt > 0 ? cnt : 1), sizeof *mer_r);
         if (!mer || !mer_r) { st = ft_err(FTUNE_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
         bool pairs = false;
         cJSON_ArrayForEach(it, ms) {
-            if (cJSON_IsString(it)) { mer[n_mer++] = it->valuestring; continue; }
+            if (cJSON_IsString(it)) { /* "a b": exactly two pieces, as Hugging Face splits it */
+                const char *sp = strchr(it->valuestring, ' ');
+                if (!sp || sp == it->valuestring || !sp[1] || strchr(sp + 1, ' ')) {
+                    st = ft_err(FTUNE_ERR_FORMAT, "%s: merge %d \"%.60s\" is not two pieces separated by one space",
+                                src, n_mer, it->valuestring);
+                    goto done;
+                }
+                mer[n_mer++] = it->valuestring;
+                continue;
+            }
             const cJSON *l = cJSON_GetArrayItem(it, 0), *r = cJSON_GetArrayItem(it, 1);
-            if (!cJSON_IsArray(it) || !cJSON_IsString(l) || !cJSON_IsString(r)) {
+            if (!cJSON_IsArray(it) || cJSON_GetArraySize(it) != 2 || !cJSON_IsString(l) || !cJSON_IsString(r)) {
                 st = ft_err(FTUNE_ERR_FORMAT, "%s: merge %d is neither \"a b\" nor [\"a\", \"b\"]", src, n_mer);
                 goto done;
             }
@@ -758,6 +810,7 @@ ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir) {
     }
     spec.merges = mer;
     spec.n_merges = n_mer;
+    spec.strict_merges = 1;
 
     /* byte-level or SentencePiece-style? */
     if (tj) {
@@ -840,6 +893,16 @@ done:
     return st;
 }
 
+ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir) {
+    if (!out || !dir) return ft_err(FTUNE_ERR_ARG, "ft_tokenizer_from_hf_dir: NULL argument");
+    return hf_load(out, dir, NULL, 0, NULL);
+}
+
+ftune_status ft_tokenizer_from_hf_json(ftune_tokenizer **out, const char *text, size_t len, const char *name) {
+    if (!out || !text || !name) return ft_err(FTUNE_ERR_ARG, "ft_tokenizer_from_hf_json: NULL argument");
+    return hf_load(out, NULL, text, len, name);
+}
+
 /* ------------------------------------------------------------- by path */
 
 /* tiktoken files are lines of "<base64> <rank>"; SentencePiece ones are protobuf. */
@@ -898,3 +961,9 @@ ftune_status ft_tokenizer_load_path(ftune_tokenizer **out, const char *path) {
     if (looks_like_tiktoken(path)) return ft_tokenizer_from_tiktoken(out, path);
     return ft_tokenizer_from_spm_model(out, path);
 }
+
+ftune_status ftune_tokenizer_load(ftune_tokenizer **out, const char *path) {
+    return ft_tokenizer_load_path(out, path);
+}
+void ftune_tokenizer_free(ftune_tokenizer *t) { ft_tokenizer_free(t); }
+const char *ftune_tokenizer_kind(const ftune_tokenizer *t) { return ft_tokenizer_kind(t) == FT_TOK_SPM ? "spm" : "bpe"; }

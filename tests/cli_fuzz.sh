@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # cli_fuzz.sh — builds the libFuzzer targets (make fuzz) and runs each for a
-# bounded time (FUZZ_SECONDS, default 15) on a copy of its seed corpus, so the
+# bounded time (FUZZ_SECONDS, default 10) on a copy of its seed corpus, so the
 # repository is not modified. Prints "PASS fuzz_<name>" or "FAIL fuzz_<name>:
 # why" and exits non-zero if a target crashed, leaked or hit undefined
 # behaviour; crashing inputs are kept in build-fuzz/crashes/.
 set -u
 cd "$(dirname "$0")/.."
-SECS=${FUZZ_SECONDS:-15}
+SECS=${FUZZ_SECONDS:-10}
 if ! command -v clang >/dev/null 2>&1; then
     echo "SKIP fuzz: clang not found"
     exit 0
@@ -21,7 +21,9 @@ fi
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 fail=0
-for name in gguf safetensors; do
+# the tokenizer.json and config.json parsers (model and tokenizer loading)
+LOADER_TARGETS="tokenizer_json config"
+for name in gguf safetensors $LOADER_TARGETS; do
     bin=build-fuzz/fuzz_$name
     corpus=$work/corpus_$name
     mkdir -p "$corpus" "$work/art_$name"

@@ -9,7 +9,9 @@
 #include "gguf.h"
 #include "safetensors.h"
 
+#include <cjson/cJSON.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------- helpers */
@@ -712,6 +714,255 @@ static void test_st_bad(void) {
     st_case("meta-not-string", "{\"__metadata__\":{\"format\":1}}", 0, FTUNE_ERR_FORMAT, "\"format\"");
     st_case("meta-not-object", "{\"__metadata__\":\"pt\"}", 0, FTUNE_ERR_FORMAT, "__metadata__");
 }
+/* ------------------------------------------------------------- model loading */
+
+/* A shared data file's absolute path (a link target must not be relative to the working directory). */
+static const char *data_abs(char *buf, size_t cap, const char *rel) {
+    char p[1024];
+    if (!realpath(check_data_path(p, sizeof p, rel), buf)) snprintf(buf, cap, "%s", p);
+    return buf;
+}
+
+/* A directory holding `config` (a stories260K-hf config.json with one key
+ * set to the JSON value `val`, or removed when val is NULL), and links to the
+ * real model.safetensors and a tokenizer.json (`tok_json` text, or a link to
+ * the real one when NULL). */
+static const char *hf_variant(char *dir, size_t cap, const char *key, const char *val, const char *tok_json) {
+    static int k;
+    char p[1024], src[1024];
+    snprintf(dir, cap, "%s/hf%d", tmp_dir, k++);
+    if (mkdir(dir, 0755)) { perror("mkdir"); return NULL; }
+    size_t n;
+    char *text = (char *)load_data("models/stories260K-hf/config.json", &n);
+    cJSON *j = text ? cJSON_ParseWithLength(text, n) : NULL;
+    free(text);
+    if (!j) return NULL;
+    cJSON_DeleteItemFromObjectCaseSensitive(j, key);
+    if (val) cJSON_AddItemToObject(j, key, cJSON_Parse(val));
+    char *out = cJSON_Print(j);
+    cJSON_Delete(j);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    FILE *f = fopen(p, "w");
+    if (f) { fputs(out, f); fclose(f); }
+    free(out);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    if (symlink(data_abs(src, sizeof src, "models/stories260K-hf/model.safetensors"), p)) perror("symlink");
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    if (!tok_json) {
+        if (symlink(data_abs(src, sizeof src, "models/stories260K-hf/tokenizer.json"), p)) perror("symlink");
+    } else if ((f = fopen(p, "w"))) { fputs(tok_json, f); fclose(f); }
+    return dir;
+}
+
+static void expect_load(const char *what, const char *path, ftune_status want, const char *n1, const char *n2) {
+    ftune_model *m = NULL;
+    ftune_status st = path ? ftune_model_load(&m, path, NULL) : FTUNE_ERR_IO;
+    CHECKF(st == want, "%s: got %s, want %s: %s", what, ftune_status_name(st), ftune_status_name(want), ftune_last_error());
+    if (want != FTUNE_OK && st != FTUNE_OK) {
+        CHECKF(contains(ftune_last_error(), n1), "%s: message lacks \"%s\": %s", what, n1, ftune_last_error());
+        CHECKF(contains(ftune_last_error(), n2), "%s: message lacks \"%s\": %s", what, n2, ftune_last_error());
+    }
+    CHECK((st == FTUNE_OK) == (m != NULL));
+    ftune_model_free(m);
+}
+
+/* config.json: every key that is present must have the right type and a
+ * valid value; a wrong one is an error naming the key and the file, not a
+ * default. The weights must all be used. */
+static void test_hf_config_checks(void) {
+    char d[1024];
+    expect_load("unchanged", hf_variant(d, sizeof d, "rope_scaling", "null", NULL), FTUNE_OK, NULL, NULL);
+    expect_load("absent keys take defaults", hf_variant(d, sizeof d, "max_position_embeddings", NULL, NULL), FTUNE_OK, NULL, NULL);
+    expect_load("eos id list", hf_variant(d, sizeof d, "eos_token_id", "[2, 0]", NULL), FTUNE_OK, NULL, NULL);
+    expect_load("no bos id", hf_variant(d, sizeof d, "bos_token_id", "null", NULL), FTUNE_OK, NULL, NULL);
+    static const struct { const char *key, *val; } bad[] = {
+        { "max_position_embeddings", "\"4096\"" }, { "max_position_embeddings", "0" },
+        { "max_position_embeddings", "1e12" },     { "max_position_embeddings", "512.5" },
+        { "max_position_embeddings", "null" },     { "rms_norm_eps", "\"1e-5\"" },
+        { "rms_norm_eps", "-1e-5" },               { "rms_norm_eps", "1e-60" }, /* 0 as a float */
+        { "rms_norm_eps", "1e999" },               /* inf */
+        { "rope_theta", "\"10000\"" },             { "tie_word_embeddings", "\"true\"" },
+        { "tie_word_embeddings", "1" },            { "attention_bias", "\"false\"" },
+        { "num_key_value_heads", "4.5" },          { "head_dim", "-8" },
+        { "sliding_window", "\"4096\"" },        { "eos_token_id", "512" },
+        { "eos_token_id", "[2, \"3\"]" },         { "bos_token_id", "1.5" },
+        { "bos_token_id", "[]" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char what[128];
+        snprintf(what, sizeof what, "%s = %s", bad[i].key, bad[i].val);
+        const char *dir = hf_variant(d, sizeof d, bad[i].key, bad[i].val, NULL);
+        expect_load(what, dir, FTUNE_ERR_FORMAT, bad[i].key, "config.json");
+    }
+    /* fewer layers than the file holds: the extra ones are named, not ignored */
+    expect_load("4 of 5 layers", hf_variant(d, sizeof d, "num_hidden_layers", "4", NULL), FTUNE_ERR_FORMAT,
+                "model.layers.4.", "not used");
+    expect_load("6 of 5 layers", hf_variant(d, sizeof d, "num_hidden_layers", "6", NULL), FTUNE_ERR_FORMAT,
+                "model.layers.5.", "missing");
+}
+
+/* The tokenizer may have fewer ids than the embedding has rows (padded
+ * vocabularies), never more, and never none. */
+static void test_hf_tokenizer_vocab(void) {
+    size_t n;
+    char *text = (char *)load_data("models/stories260K-hf/tokenizer.json", &n);
+    cJSON *j = text ? cJSON_ParseWithLength(text, n) : NULL;
+    free(text);
+    CHECK(j != NULL);
+    if (!j) return;
+    /* 100 more added tokens: 612 ids on a 512-row embedding */
+    cJSON *added = cJSON_GetObjectItemCaseSensitive(j, "added_tokens");
+    for (int i = 512; i < 612; i++) {
+        char c[32];
+        snprintf(c, sizeof c, "<extra_%d>", i);
+        cJSON *t = cJSON_CreateObject();
+        cJSON_AddNumberToObject(t, "id", i);
+        cJSON_AddStringToObject(t, "content", c);
+        cJSON_AddBoolToObject(t, "special", true);
+        cJSON_AddItemToArray(added, t);
+    }
+    char *big = cJSON_PrintUnformatted(j);
+    char d[1024];
+    expect_load("612 tokens, 512 rows", hf_variant(d, sizeof d, "rope_scaling", "null", big), FTUNE_ERR_FORMAT, "612 tokens",
+                "512 rows");
+    /* and vocab_size 612 with the 512-row file is a shape error */
+    expect_load("vocab_size 612", hf_variant(d, sizeof d, "vocab_size", "612", big), FTUNE_ERR_FORMAT,
+                "model.embed_tokens.weight", "612");
+    free(big);
+    cJSON_Delete(j);
+    /* an empty model.vocab (only the three added special tokens left) */
+    text = (char *)load_data("models/stories260K-hf/tokenizer.json", &n);
+    j = text ? cJSON_ParseWithLength(text, n) : NULL;
+    free(text);
+    if (!j) return;
+    cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
+    cJSON_ReplaceItemInObjectCaseSensitive(model, "vocab", cJSON_CreateObject());
+    cJSON_ReplaceItemInObjectCaseSensitive(model, "merges", cJSON_CreateArray());
+    char *empty = cJSON_PrintUnformatted(j);
+    expect_load("empty vocab", hf_variant(d, sizeof d, "rope_scaling", "null", empty), FTUNE_ERR_FORMAT, "vocab",
+                "empty");
+    free(empty);
+    cJSON_Delete(j);
+}
+
+/* Rewrites stories260K.gguf with metadata key `key` replaced by what set()
+ * writes (removed when set is NULL; added when the file lacks it), tensors whose name starts with
+ * `drop_prefix` left out, and `extra_tokens` more tokens. */
+typedef ftune_status (*gguf_set_fn)(gguf_writer *w, const char *key);
+static const char *gguf_variant(char *out, size_t cap, const char *key, gguf_set_fn set, int extra_tokens) {
+    static int k;
+    char src[1024];
+    snprintf(out, cap, "%s/v%d.gguf", tmp_dir, k++);
+    gguf_file g;
+    if (gguf_open(&g, check_data_path(src, sizeof src, "models/stories260K/stories260K.gguf"))) return NULL;
+    gguf_writer *w;
+    ftune_status st = gguf_writer_new(&w);
+    char **strs = NULL;
+    bool replaced = false;
+    for (uint64_t i = 0; !st && i < g.n_kv; i++) {
+        const gguf_kv *kv = &g.kv[i];
+        char name[256];
+        snprintf(name, sizeof name, "%.*s", (int)kv->key.len, kv->key.ptr);
+        if (key && strcmp(name, key) == 0) { st = set ? set(w, name) : FTUNE_OK; replaced = true; continue; }
+        if (kv->type == GGUF_T_STRING) {
+            char *v = gguf_str_dup(kv->str);
+            st = gguf_writer_set_str(w, name, v);
+            free(v);
+        } else if (kv->type == GGUF_T_U32) st = gguf_writer_set_u32(w, name, (uint32_t)kv->v.u);
+        else if (kv->type == GGUF_T_I32) st = gguf_writer_set_i32(w, name, (int32_t)kv->v.i);
+        else if (kv->type == GGUF_T_F32) st = gguf_writer_set_f32(w, name, (float)kv->v.f);
+        else if (kv->type == GGUF_T_BOOL) st = gguf_writer_set_bool(w, name, kv->v.u != 0);
+        else if (kv->type == GGUF_T_ARRAY && kv->arr_type == GGUF_T_STRING) {
+            gguf_str_array a;
+            if ((st = gguf_get_str_array(&g, name, &a))) break;
+            size_t n = a.n + (size_t)extra_tokens;
+            strs = calloc(n, sizeof *strs);
+            for (size_t t = 0; t < n; t++) {
+                char b[32];
+                snprintf(b, sizeof b, "<extra_%zu>", t);
+                strs[t] = t < a.n ? gguf_str_dup(a.items[t]) : strdup(b);
+            }
+            st = gguf_writer_set_str_array(w, name, (const char *const *)strs, n);
+            for (size_t t = 0; t < n; t++) free(strs[t]);
+            free(strs);
+            free(a.items);
+        } else if (kv->type == GGUF_T_ARRAY && (kv->arr_type == GGUF_T_F32 || kv->arr_type == GGUF_T_I32)) {
+            size_t n = kv->arr_n + (size_t)extra_tokens;
+            int32_t *v = calloc(n, 4);
+            memcpy(v, kv->arr_data, kv->arr_n * 4);
+            for (size_t t = kv->arr_n; t < n; t++) v[t] = kv->arr_type == GGUF_T_I32 ? 1 : 0; /* normal, score 0.0f */
+            st = kv->arr_type == GGUF_T_F32 ? gguf_writer_set_f32_array(w, name, (const float *)v, n)
+                                            : gguf_writer_set_i32_array(w, name, v, n);
+            free(v);
+        } else {
+            fprintf(stderr, "  gguf_variant: key %s has type %d\n", name, kv->type);
+            st = FTUNE_ERR_UNSUPPORTED;
+        }
+    }
+    if (!st && key && set && !replaced) st = set(w, key);
+    for (uint64_t i = 0; !st && i < g.n_tensors; i++) {
+        const gguf_tensor_info *t = &g.tensors[i];
+        char name[FT_NAME_MAX];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        if (key && key[0] == '!' && strncmp(name, key + 1, strlen(key + 1)) == 0) continue;
+        int64_t shape[4];
+        for (uint32_t d = 0; d < t->n_dims; d++) shape[d] = (int64_t)t->ne[t->n_dims - 1 - d];
+        st = gguf_writer_add_tensor(w, name, t->dtype, (int)t->n_dims, shape, t->data);
+    }
+    if (!st) st = gguf_writer_write(w, out);
+    gguf_writer_free(w);
+    gguf_close(&g);
+    CHECKF(st == FTUNE_OK, "gguf_variant %s: %s", key ? key : "", ftune_last_error());
+    return st ? NULL : out;
+}
+static ftune_status set_ctx_str(gguf_writer *w, const char *key) { return gguf_writer_set_str(w, key, "2048"); }
+static ftune_status set_inf(gguf_writer *w, const char *key) { return gguf_writer_set_f32(w, key, INFINITY); }
+static ftune_status set_nan(gguf_writer *w, const char *key) { return gguf_writer_set_f32(w, key, NAN); }
+static ftune_status set_4(gguf_writer *w, const char *key) { return gguf_writer_set_u32(w, key, 4); }
+static ftune_status set_zero(gguf_writer *w, const char *key) { return gguf_writer_set_u32(w, key, 0); }
+static ftune_status set_yarn(gguf_writer *w, const char *key) {
+    ftune_status st = gguf_writer_set_str(w, key, "yarn");
+    return st ? st : gguf_writer_set_f32(w, "llama.rope.scaling.factor", 4.0f);
+}
+
+static void test_gguf_model_checks(void) {
+    char p[1024];
+    expect_load("unchanged", gguf_variant(p, sizeof p, NULL, NULL, 0), FTUNE_OK, NULL, NULL);
+    expect_load("no context_length: default", gguf_variant(p, sizeof p, "llama.context_length", NULL, 0), FTUNE_OK, NULL, NULL);
+    expect_load("context_length string", gguf_variant(p, sizeof p, "llama.context_length", set_ctx_str, 0),
+                FTUNE_ERR_FORMAT, "llama.context_length", ".gguf");
+    expect_load("context_length 0", gguf_variant(p, sizeof p, "llama.context_length", set_zero, 0),
+                FTUNE_ERR_FORMAT, "llama.context_length", ".gguf");
+    expect_load("eps inf", gguf_variant(p, sizeof p, "llama.attention.layer_norm_rms_epsilon", set_inf, 0),
+                FTUNE_ERR_FORMAT, "layer_norm_rms_epsilon", ".gguf");
+    expect_load("eps nan", gguf_variant(p, sizeof p, "llama.attention.layer_norm_rms_epsilon", set_nan, 0),
+                FTUNE_ERR_FORMAT, "layer_norm_rms_epsilon", ".gguf");
+    expect_load("rope theta inf", gguf_variant(p, sizeof p, "llama.rope.freq_base", set_inf, 0),
+                FTUNE_ERR_FORMAT, "rope.freq_base", ".gguf");
+    expect_load("rope scaling yarn", gguf_variant(p, sizeof p, "llama.rope.scaling.type", set_yarn, 0),
+                FTUNE_ERR_UNSUPPORTED, "yarn", ".gguf");
+    expect_load("4 of 5 blocks", gguf_variant(p, sizeof p, "llama.block_count", set_4, 0), FTUNE_ERR_FORMAT,
+                "blk.4.", "not used");
+    expect_load("612 tokens, 512 rows", gguf_variant(p, sizeof p, NULL, NULL, 100), FTUNE_ERR_FORMAT, "612 tokens",
+                "512 rows");
+    expect_load("no output_norm", gguf_variant(p, sizeof p, "!output_norm", NULL, 0), FTUNE_ERR_FORMAT,
+                "output_norm.weight", "missing");
+}
+
+/* llama2.c: vocab_size INT32_MIN has no absolute value (negating it was
+ * undefined behaviour, caught by the sanitizer build). */
+static void test_llama2c_vocab_int_min(void) {
+    int32_t h[7] = { 64, 172, 5, 8, 4, INT32_MIN, 512 };
+    char p[1024];
+    tmp_path(p, sizeof p, "intmin.bin");
+    FILE *f = fopen(p, "wb");
+    CHECK(f != NULL);
+    if (!f) return;
+    fwrite(h, sizeof h, 1, f);
+    fwrite(h, sizeof h, 1, f);
+    fclose(f);
+    expect_load("vocab INT32_MIN", p, FTUNE_ERR_FORMAT, "vocabulary size", "intmin.bin");
+}
 
 int main(void) {
     const char *base = getenv("TMPDIR");
@@ -727,6 +978,10 @@ int main(void) {
     RUN(test_st_truncated);
     RUN(test_gguf_bad);
     RUN(test_st_bad);
+    RUN(test_hf_config_checks);
+    RUN(test_hf_tokenizer_vocab);
+    RUN(test_gguf_model_checks);
+    RUN(test_llama2c_vocab_int_min);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp_dir);

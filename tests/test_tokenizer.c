@@ -5,6 +5,7 @@
  * and bad input. Token ids are exact, so no tolerance appears here. */
 #include "check.h"
 #include "core.h"
+#include "gguf.h"
 #include "tokenizer.h"
 
 #include <cjson/cJSON.h>
@@ -587,6 +588,128 @@ static void test_bad_files(void) {
     free(bin);
 }
 
+/* Pre-tokenizers that no shared data file uses, by their GGUF name: the
+ * GPT-2 vocabulary of ggml-vocab-gpt-2.gguf with tokenizer.ggml.pre set to
+ * the name must give the ids Hugging Face tokenizers gives for the same
+ * vocabulary with the pre-tokenizer written as the models' tokenizer.json
+ * files write it (fixture written by scripts/make_pretok_fixture.py). */
+static void test_named_pretokenizers(void) {
+    char *text = NULL;
+    size_t n = 0;
+    if (ft_read_file("tests/fixtures/pretok/gpt2_pretok.json", &text, &n) != FTUNE_OK) {
+        CHECKF(0, "%s", ftune_last_error());
+        return;
+    }
+    cJSON *fx = cJSON_ParseWithLength(text, n);
+    free(text);
+    const cJSON *texts = cJSON_GetObjectItemCaseSensitive(fx, "texts");
+    const cJSON *all = cJSON_GetObjectItemCaseSensitive(fx, "ids"), *per;
+    CHECK(cJSON_GetArraySize(texts) > 40 && cJSON_GetArraySize(all) >= 5);
+    char path[1024];
+    gguf_file g;
+    CHECK_OK(gguf_open(&g, check_data_path(path, sizeof path, "vocab-tests/ggml-vocab-gpt-2.gguf")));
+    gguf_kv *pre = (gguf_kv *)gguf_find(&g, "tokenizer.ggml.pre");
+    CHECK(pre && pre->type == GGUF_T_STRING);
+    cJSON_ArrayForEach(per, all) {
+        if (!pre || check_failed_) break;
+        pre->str = (gguf_str){ per->string, strlen(per->string) }; /* the same file, renamed pre-tokenizer */
+        ftune_tokenizer *t = NULL;
+        CHECK_OK(ft_tokenizer_from_gguf(&t, &g));
+        if (!t) continue;
+        int pass = 0, total = 0;
+        for (int i = 0; i < cJSON_GetArraySize(texts); i++) {
+            const char *s = cJSON_GetArrayItem(texts, i)->valuestring;
+            const cJSON *want = cJSON_GetArrayItem(per, i), *w;
+            int32_t *ids = NULL;
+            size_t n_ids = 0;
+            CHECK_OK(ftune_tokenize(t, s, strlen(s), 0, 0, &ids, &n_ids));
+            bool same = (size_t)cJSON_GetArraySize(want) == n_ids;
+            size_t k = 0;
+            cJSON_ArrayForEach(w, want) if (same && ids[k++] != w->valueint) same = false;
+            total++;
+            if (same) pass++;
+            else if (total - pass <= 2) {
+                fprintf(stderr, "  %s: text %d \"%.60s\"\n", per->string, i, s);
+                print_ids("ours", ids, n_ids);
+            }
+            free(ids);
+        }
+        printf("  pre-tokenizer %-15s %d/%d texts match Hugging Face tokenizers\n", per->string, pass, total);
+        CHECK(pass == total);
+        ft_tokenizer_free(t);
+    }
+    gguf_close(&g);
+    cJSON_Delete(fx);
+}
+
+/* tokenizer.json's model section against what Hugging Face tokenizers
+ * (0.23) does with the same file: what it rejects is rejected here; where it
+ * silently keeps one of two entries (two tokens with one id, one token
+ * twice), ftune rejects too, since encode and decode would disagree. */
+static void test_tokenizer_json_rejects(void) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/ftune_tokjson_XXXXXX", P_tmpdir);
+    if (!mkdtemp(dir)) { CHECK(0); return; }
+    static const struct { const char *what, *vocab, *merges; ftune_status want; const char *needle; } cases[] = {
+        { "valid", "{\"a\":0,\"b\":1,\"ab\":2}", "[\"a b\"]", FTUNE_OK, NULL },
+        { "valid pairs", "{\"a\":0,\"b\":1,\"ab\":2}", "[[\"a\",\"b\"]]", FTUNE_OK, NULL },
+        { "no merges", "{\"a\":0,\"b\":1,\"ab\":2}", "[]", FTUNE_OK, NULL },
+        /* HF: "Token `c` out of vocabulary" */
+        { "unknown right piece", "{\"a\":0,\"b\":1,\"ab\":2}", "[\"a c\"]", FTUNE_ERR_FORMAT, "right piece" },
+        { "unknown left piece", "{\"a\":0,\"b\":1,\"ab\":2}", "[[\"c\",\"b\"]]", FTUNE_ERR_FORMAT, "left piece" },
+        /* HF panics ("range end index 2 out of range") */
+        { "unknown result", "{\"a\":0,\"b\":1}", "[\"a b\"]", FTUNE_ERR_FORMAT, "result" },
+        /* HF: "Merges text file invalid at line 1" */
+        { "3-part merge", "{\"a\":0,\"b\":1,\"ab\":2}", "[\"a b c\"]", FTUNE_ERR_FORMAT, "two pieces" },
+        { "1-part merge", "{\"a\":0,\"b\":1,\"ab\":2}", "[\"ab\"]", FTUNE_ERR_FORMAT, "two pieces" },
+        { "two spaces", "{\"a\":0,\"b\":1,\"ab\":2}", "[\"a  b\"]", FTUNE_ERR_FORMAT, "two pieces" },
+        /* HF: "data did not match any variant of untagged enum MergeType" */
+        { "3-part pair", "{\"a\":0,\"b\":1,\"ab\":2}", "[[\"a\",\"b\",\"c\"]]", FTUNE_ERR_FORMAT, "merge 0" },
+        { "merges null", "{\"a\":0,\"b\":1,\"ab\":2}", "null", FTUNE_ERR_FORMAT, "merges" },
+        { "merge not a string", "{\"a\":0,\"b\":1,\"ab\":2}", "[1]", FTUNE_ERR_FORMAT, "merge 0" },
+        /* HF: "Missing vocab/merges" */
+        { "merges missing", "{\"a\":0,\"b\":1,\"ab\":2}", NULL, FTUNE_ERR_FORMAT, "merges is missing" },
+        /* HF: "invalid value: integer `-1`, expected u32" */
+        { "negative id", "{\"a\":-1,\"b\":1,\"ab\":2}", "[\"a b\"]", FTUNE_ERR_FORMAT, "bad id" },
+        { "fractional id", "{\"a\":0.5,\"b\":1,\"ab\":2}", "[\"a b\"]", FTUNE_ERR_FORMAT, "bad id" },
+        /* HF keeps one of them (vocab size 3 for 4 entries) */
+        { "duplicate id", "{\"a\":0,\"b\":1,\"ab\":1}", "[]", FTUNE_ERR_FORMAT, "same id 1" },
+        { "duplicate token", "{\"a\":0,\"b\":1,\"ab\":2,\"a\":3}", "[]", FTUNE_ERR_FORMAT, "\"a\" appears twice" },
+        /* HF loads it (vocab size 0); nothing but <unk> could come out */
+        { "empty vocab", "{}", "[]", FTUNE_ERR_FORMAT, "vocab is empty" },
+    };
+    char path[512];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        FILE *f = fopen(path, "w");
+        if (!f) { CHECK(f != NULL); break; }
+        fprintf(f, "{\"version\":\"1.0\",\"added_tokens\":[],\"normalizer\":null,"
+                   "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true},"
+                   "\"decoder\":{\"type\":\"ByteLevel\"},\"model\":{\"type\":\"BPE\",\"vocab\":%s%s%s}}",
+                cases[i].vocab, cases[i].merges ? ",\"merges\":" : "", cases[i].merges ? cases[i].merges : "");
+        fclose(f);
+        ftune_tokenizer *t = NULL;
+        ftune_status st = ft_tokenizer_from_hf_dir(&t, dir);
+        CHECKF(st == cases[i].want, "%s: got %s: %s", cases[i].what, ftune_status_name(st), ftune_last_error());
+        if (st && cases[i].needle)
+            CHECKF(strstr(ftune_last_error(), cases[i].needle) && strstr(ftune_last_error(), "tokenizer.json"),
+                   "%s: message lacks \"%s\" or the file: %s", cases[i].what, cases[i].needle, ftune_last_error());
+        if (!st) { /* "abab": HF gives [2, 2] with the merge, [0, 1, 0, 1] without (even though "ab" is a token) */
+            int32_t *ids = NULL;
+            size_t n = 0;
+            bool merged = strcmp(cases[i].merges, "[]") != 0;
+            CHECK_OK(ftune_tokenize(t, "abab", 4, 0, 0, &ids, &n));
+            CHECKF(merged ? n == 2 && ids[0] == 2 && ids[1] == 2 : n == 4 && ids[0] == 0 && ids[1] == 1 && ids[2] == 0,
+                   "%s: abab gave %zu ids", cases[i].what, n);
+            free(ids);
+        }
+        CHECK((st == FTUNE_OK) == (t != NULL));
+        ft_tokenizer_free(t);
+    }
+    unlink(path);
+    rmdir(dir);
+}
+
 /* ------------------------------------------------------------- random text */
 
 static size_t put_utf8(char *o, uint32_t cp) {
@@ -687,6 +810,8 @@ int main(void) {
     RUN(test_special_partition);
     RUN(test_invalid_utf8);
     RUN(test_bad_files);
+    RUN(test_tokenizer_json_rejects);
+    RUN(test_named_pretokenizers);
     RUN(test_random_round_trips);
     RUN(test_speed_shakespeare);
     CHECK_EXIT();

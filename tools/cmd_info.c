@@ -1,7 +1,39 @@
-/* cmd_info.c — `ftune info`: what a model file is. */
+/* cmd_info.c — `ftune info`: what a model file is, or for a file that holds
+ * only a tokenizer (a vocabulary-only GGUF, a tokenizer-only directory or
+ * file), what its vocabulary is. */
 #include <stdio.h>
 
 #include "cli.h"
+
+static void print_token(const ftune_tokenizer *t, const char *label, int32_t id) {
+    char piece[256];
+    int n = id >= 0 ? ftune_token_to_piece(t, -1, id, piece, sizeof piece) : -1;
+    if (n < 0) { printf("%s none\n", label); return; }
+    printf("%s %d \"", label, id);
+    cli_print_piece(stdout, piece, n);
+    printf("\"\n");
+}
+
+/* A file's tokenizer alone: for a vocabulary-only file (why_not NULL), or for
+ * a model ftune cannot load (why_not says why; it is still an error). */
+static int vocab_info(const char *path, const char *why_not) {
+    ftune_tokenizer *t = NULL;
+    ftune_status st = ftune_tokenizer_load(&t, path);
+    if (st) return cli_fail("info", st);
+    printf("file:           %s\n", path);
+    if (why_not) printf("model:          cannot be loaded (see the error); its tokenizer:\n");
+    else printf("format:         vocabulary only (a tokenizer, no weights)\n");
+    printf("tokenizer:      %s, %d tokens\n", ftune_tokenizer_kind(t), ftune_tokenizer_n_vocab(t));
+    print_token(t, "bos token:     ", ftune_tokenizer_bos(t));
+    print_token(t, "eos token:     ", ftune_tokenizer_eos(t));
+    printf("adds bos:       %s\n", ftune_tokenizer_add_bos(t) ? "yes" : "no");
+    ftune_tokenizer_free(t);
+    if (why_not) {
+        fprintf(stderr, "ftune info: error: %s\n", why_not);
+        return 1;
+    }
+    return 0;
+}
 
 int cmd_info(int argc, char **argv) {
     const char *model = NULL, *tokenizer = NULL;
@@ -17,8 +49,22 @@ int cmd_info(int argc, char **argv) {
     int r = cli_parse(&cmd, argc, argv);
     if (r) return r > 0 ? 0 : 2;
     if (!model && cmd.n_pos) model = pos[0];
-    ftune_model *m = cli_load_model("info", model, tokenizer, 0, false);
-    if (!m) return 1;
+    if (model && ftune_path_is_vocab_only(model)) return vocab_info(model, NULL);
+    ftune_load_opts o = { .tokenizer_path = tokenizer };
+    ftune_model *m = NULL;
+    ftune_status st = model ? ftune_model_load(&m, model, &o) : FTUNE_OK;
+    if (st == FTUNE_ERR_UNSUPPORTED) { /* an architecture (or dtype, ...) ftune cannot run: an error, but describe its tokenizer */
+        char why[512];
+        snprintf(why, sizeof why, "%s", ftune_last_error());
+        ftune_tokenizer *t = NULL;
+        if (!tokenizer && ftune_tokenizer_load(&t, model) == FTUNE_OK) {
+            ftune_tokenizer_free(t);
+            return vocab_info(model, why);
+        }
+        return cli_fail("info", st);
+    }
+    if (st) return cli_fail("info", st);
+    if (!m && !(m = cli_load_model("info", model, tokenizer, 0, false))) return 1;
     ftune_model_info i;
     ftune_model_get_info(m, &i);
     printf("file:           %s\n", model);

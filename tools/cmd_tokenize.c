@@ -1,4 +1,7 @@
-/* cmd_tokenize.c — `ftune tokenize`: token ids of stdin, space-separated. */
+/* cmd_tokenize.c — `ftune tokenize`: token ids of stdin, space-separated.
+ * Only the tokenizer is loaded (so vocabulary-only GGUFs, tokenizer-only
+ * directories and architectures ftune cannot run all work), except for a
+ * llama2.c checkpoint, whose tokenizer is found beside it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,14 +12,16 @@ int cmd_tokenize(int argc, char **argv) {
     const char *model = NULL, *tokenizer = NULL;
     bool no_bos = false, special = false, pieces = false;
     cli_opt opts[] = {
-        { "-m", "--model", OPT_STR, &model, "MODEL", "Hugging Face directory, .gguf, or llama2.c .bin" },
-        { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
+        { "-m", "--model", OPT_STR, &model, "MODEL", "Hugging Face or tokenizer-only directory, .gguf (a vocabulary-only "
+          "one too), tokenizer.json, tokenizer.model, or llama2.c .bin" },
+        { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model), or any "
+          "tokenizer file when -m is not given" },
         { NULL, "--no-bos", OPT_FLAG, &no_bos, "", "do not prepend the BOS token" },
         { NULL, "--parse-special", OPT_FLAG, &special, "", "turn special-token text (e.g. <|eot_id|>) into special tokens" },
         { NULL, "--pieces", OPT_FLAG, &pieces, "", "print id:piece pairs, one per line" },
         { 0 },
     };
-    cli_cmd cmd = { "tokenize", "-m MODEL [--no-bos] < FILE",
+    cli_cmd cmd = { "tokenize", "-m MODEL|--tokenizer FILE [--no-bos] < FILE",
                     "Reads UTF-8 text on stdin and prints its token ids on one line.", opts, NULL, 0, 0 };
     int r = cli_parse(&cmd, argc, argv);
     if (r) return r > 0 ? 0 : 2;
@@ -31,9 +36,20 @@ int cmd_tokenize(int argc, char **argv) {
         }
     }
     if (!text) { fprintf(stderr, "ftune tokenize: error: out of memory\n"); return 1; }
-    ftune_model *m = cli_load_model("tokenize", model, tokenizer, 0, true);
-    if (!m) { free(text); return 1; }
-    const ftune_tokenizer *tok = ftune_model_tokenizer(m);
+    /* a llama2.c checkpoint (any other file than these) needs the model loader */
+    size_t ml = model ? strlen(model) : 0;
+    bool llama2c = model && ml >= 4 && strcmp(model + ml - 4, ".bin") == 0 && !ftune_path_is_vocab_only(model);
+    ftune_model *m = NULL;
+    ftune_tokenizer *own = NULL;
+    const ftune_tokenizer *tok;
+    if (llama2c || (!model && !tokenizer)) {
+        if (!(m = cli_load_model("tokenize", model, tokenizer, 0, true))) { free(text); return 1; }
+        tok = ftune_model_tokenizer(m);
+    } else {
+        ftune_status st = ftune_tokenizer_load(&own, model ? model : tokenizer);
+        if (st) { free(text); return cli_fail("tokenize", st); }
+        tok = own;
+    }
     int32_t *ids = NULL;
     size_t n_ids = 0;
     int rc = 0;
@@ -52,5 +68,6 @@ int cmd_tokenize(int argc, char **argv) {
     free(ids);
     free(text);
     ftune_model_free(m);
+    ftune_tokenizer_free(own);
     return rc;
 }
