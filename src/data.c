@@ -236,16 +236,38 @@ static ftune_status dataset_append(ft_dataset *ds, const int32_t *ids, const uin
     return FTUNE_OK;
 }
 
+/* Cuts an example of n > T tokens to T in place, by o->truncate; returns T. */
+static int64_t truncate_example(const ft_dataset_opts *o, int32_t bos_id, int32_t *ids, uint8_t *mask, int64_t n) {
+    int64_t T = o->ctx_len;
+    if (o->truncate == FT_TRUNC_PROMPT) {
+        int64_t excess = n - T, w = 0;
+        for (int64_t i = 0; i < n; i++) {
+            /* a prompt token goes while there is excess, except a leading BOS */
+            bool drop = excess > 0 && !mask[i] && !(i == 0 && bos_id >= 0 && ids[0] == bos_id);
+            if (drop) { excess--; continue; }
+            ids[w] = ids[i];
+            mask[w] = mask[i];
+            w++;
+        }
+        n = w;
+    }
+    return n > T ? T : n;
+}
+
 /* Applies the length policy (truncate or drop), drops examples without a
- * target, and appends. */
-static ftune_status dataset_add(ft_dataset *ds, const ft_dataset_opts *o, const int32_t *ids,
-                                const uint8_t *mask, int64_t n, int line) {
+ * target, and appends. ids and mask may be changed. */
+static ftune_status dataset_add(ft_dataset *ds, const ft_dataset_opts *o, int32_t bos_id, int32_t *ids,
+                                uint8_t *mask, int64_t n, int line) {
+    int64_t before = count_targets(mask, n);
+    if (before == 0) { ds->stats.n_dropped_empty++; return FTUNE_OK; }
     if (n > o->ctx_len) {
         if (o->drop_long) { ds->stats.n_dropped_long++; return FTUNE_OK; }
         ds->stats.n_truncated++;
-        n = o->ctx_len;
+        n = truncate_example(o, bos_id, ids, mask, n);
+        int64_t after = count_targets(mask, n);
+        ds->stats.n_targets_cut += before - after;
+        if (after == 0) { ds->stats.n_truncated_empty++; return FTUNE_OK; }
     }
-    if (count_targets(mask, n) == 0) { ds->stats.n_dropped_empty++; return FTUNE_OK; }
     return dataset_append(ds, ids, mask, n, line);
 }
 
@@ -296,6 +318,7 @@ typedef struct {
     ft_segments seg;
     ft_chat_msg *msgs;
     int cap_msgs;
+    size_t total;            /* input bytes, for progress */
 } loader;
 
 static ftune_status chat_segments(loader *L, const cJSON *rec) {
@@ -397,7 +420,7 @@ static ftune_status add_record(loader *L, const cJSON *rec, int line) {
     uint8_t *mask = NULL;
     size_t n = 0;
     if (!st) st = ft_segments_tokenize(&L->seg, L->tk, &ids, &mask, &n);
-    if (!st) st = dataset_add(L->ds, &L->o, ids, mask, (int64_t)n, line);
+    if (!st) st = dataset_add(L->ds, &L->o, L->tk->bos_id, ids, mask, (int64_t)n, line);
     free(ids);
     free(mask);
     if (st && st != FTUNE_ERR_NOMEM) return ft_err_prefix(st, "%s:%d", L->ds->path, line);
@@ -416,6 +439,28 @@ static bool all_space(const char *p, const char *end) {
     return true;
 }
 
+/* The offset of the first NUL the JSON text p[0..n) would put in a string
+ * (a raw 0 byte anywhere, or a \u0000 escape inside a string), or -1.
+ * cJSON's strings are C strings, so such a string would be cut short. */
+static int64_t json_nul_at(const char *p, size_t n) {
+    bool in_str = false;
+    for (size_t i = 0; i < n; i++) {
+        char c = p[i];
+        if (c == 0) return (int64_t)i;
+        if (!in_str) { in_str = c == '"'; continue; }
+        if (c == '"') in_str = false;
+        else if (c == '\\' && i + 1 < n) {
+            if (p[i + 1] == 'u' && i + 6 <= n && memcmp(p + i + 2, "0000", 4) == 0) return (int64_t)i;
+            i++; /* the escaped character (a quote, a backslash, ...) */
+        }
+    }
+    return -1;
+}
+
+static void report_progress(loader *L, size_t done) {
+    if (L->o.progress) L->o.progress(L->o.progress_ctx, done, L->total);
+}
+
 static ftune_status load_jsonl(loader *L, const char *buf, size_t len) {
     const char *p = buf, *end = buf + len;
     int line = 0;
@@ -424,6 +469,10 @@ static ftune_status load_jsonl(loader *L, const char *buf, size_t len) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
         const char *le = nl ? nl : end;
         if (!all_space(p, le)) {
+            int64_t nul = json_nul_at(p, (size_t)(le - p));
+            if (nul >= 0)
+                return ft_err(FTUNE_ERR_FORMAT, "%s:%d: a NUL character in the record (column %lld); text may not "
+                              "contain NUL", L->ds->path, line, (long long)nul + 1);
             const char *parse_end = NULL;
             cJSON *rec = cJSON_ParseWithLengthOpts(p, (size_t)(le - p), &parse_end, 0);
             if (!rec) {
@@ -438,6 +487,7 @@ static ftune_status load_jsonl(loader *L, const char *buf, size_t len) {
             ftune_status st = add_record(L, rec, line);
             cJSON_Delete(rec);
             if (st) return st;
+            report_progress(L, (size_t)(le - buf));
         }
         p = le + 1;
     }
@@ -481,6 +531,10 @@ static ftune_status array_element_lines(const char *buf, size_t len, int **lines
 }
 
 static ftune_status load_json_array(loader *L, const char *buf, size_t len) {
+    int64_t nul = json_nul_at(buf, len);
+    if (nul >= 0)
+        return ft_err(FTUNE_ERR_FORMAT, "%s:%d: a NUL character in a record; text may not contain NUL", L->ds->path,
+                      line_of(buf, buf + nul));
     const char *parse_end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(buf, len, &parse_end, 0);
     if (!root) {
@@ -502,6 +556,7 @@ static ftune_status load_json_array(loader *L, const char *buf, size_t len) {
         st = add_record(L, rec, line);
         if (st) break;
         i++;
+        report_progress(L, (size_t)len * (size_t)i / (size_t)(n_lines ? n_lines : 1));
     }
     free(lines);
     cJSON_Delete(root);
@@ -539,6 +594,7 @@ static ftune_status load_plain(loader *L, const char *buf, size_t len) {
         st = tokbuf_push(&all, ids, n, true);
         free(ids);
         start = stop;
+        report_progress(L, stop);
     }
     L->ds->stats.n_records = 1;
     int64_t stride = T - 1, chunk_no = 0;
@@ -549,7 +605,7 @@ static ftune_status load_plain(loader *L, const char *buf, size_t len) {
         chunk.n = 0;
         if (bos) st = tokbuf_push(&chunk, &tk->bos_id, 1, false);
         if (!st) st = tokbuf_push(&chunk, all.ids + s, (size_t)take, true);
-        if (!st) st = dataset_add(L->ds, &L->o, chunk.ids, chunk.mask, (int64_t)chunk.n, (int)++chunk_no);
+        if (!st) st = dataset_add(L->ds, &L->o, tk->bos_id, chunk.ids, chunk.mask, (int64_t)chunk.n, (int)++chunk_no);
         if (s + take >= (int64_t)all.n) break;
     }
     free(all.ids);
@@ -568,7 +624,7 @@ ftune_status ft_dataset_load_buffer(ft_dataset **out, const char *name, const ch
                                     const ft_data_tokenizer *tk, const ft_dataset_opts *opts) {
     *out = NULL;
     if (!tk || !tk->tokenize) return ft_err(FTUNE_ERR_ARG, "%s: no tokenizer", name);
-    loader L = { .tk = tk };
+    loader L = { .tk = tk, .total = len };
     if (opts) L.o = *opts;
     else ft_dataset_opts_default(&L.o);
     if (L.o.ctx_len < 2) return ft_err(FTUNE_ERR_ARG, "%s: context length %d is too short (need at least 2)", name, L.o.ctx_len);
@@ -598,9 +654,11 @@ ftune_status ft_dataset_load_buffer(ft_dataset **out, const char *name, const ch
     if (!st && L.ds->n == 0) {
         const ft_dataset_stats *S = &L.ds->stats;
         st = ft_err(FTUNE_ERR_FORMAT,
-                    "%s: no examples (%lld records; %lld dropped as longer than %d tokens, %lld with no tokens to train on)",
+                    "%s: no examples (%lld records; %lld dropped as longer than %d tokens, %lld with no tokens to train "
+                    "on, %lld whose target tokens were all cut by truncation%s)",
                     name, (long long)S->n_records, (long long)S->n_dropped_long, L.o.ctx_len,
-                    (long long)S->n_dropped_empty);
+                    (long long)S->n_dropped_empty, (long long)S->n_truncated_empty,
+                    S->n_truncated_empty && L.o.truncate == FT_TRUNC_END ? ": truncating the prompt first may keep them" : "");
     }
     ft_segments_free(&L.seg);
     free(L.msgs);

@@ -252,6 +252,11 @@ static ftune_status load_data(run *r) {
     dop.ctx_len = r->T;
     dop.train_on_prompt = o->train_on_prompt;
     dop.drop_long = o->drop_long;
+    dop.truncate = o->truncate;
+    dop.prompt_key = o->prompt_key;
+    dop.completion_key = o->completion_key;
+    dop.progress = o->data_progress;
+    dop.progress_ctx = o->data_progress_ctx;
     if (o->chat_template) {
         TRY(ft_chat_template_from_name(&dop.chat_template, o->chat_template));
     } else if (o->model_path && ft_is_dir(o->model_path)) {
@@ -947,6 +952,8 @@ static ftune_status setup(run *r) {
             p.n_truncated += sets[i]->stats.n_truncated;
             p.n_dropped_long += sets[i]->stats.n_dropped_long;
             p.n_dropped_empty += sets[i]->stats.n_dropped_empty;
+            p.n_truncated_empty += sets[i]->stats.n_truncated_empty;
+            p.n_targets_cut += sets[i]->stats.n_targets_cut;
         }
     emit(r, &p);
     return FTUNE_OK;

@@ -45,6 +45,10 @@ typedef struct {
     ft_data_format format;
     const char *chat_template; /* a name, or NULL: from the model's tokenizer_config.json */
     bool train_on_prompt, drop_long, pack, shuffle;
+    ft_truncate_side truncate; /* what an over-long example loses first */
+    const char *prompt_key, *completion_key; /* completion-format field names, NULL: prompt/completion */
+    ft_dataset_progress_fn data_progress;    /* tokenization progress (per file), or NULL */
+    void *data_progress_ctx;
     int ctx;                   /* T, the sequence length; 0: min(512, the model's context) */
     /* what is trained */
     ft_train_mode mode;
@@ -97,6 +101,8 @@ typedef struct {
     int n_train, n_val;
     int64_t train_tokens, train_targets, val_tokens;
     int64_t n_truncated, n_dropped_long, n_dropped_empty; /* over both sets */
+    int64_t n_truncated_empty; /* truncated examples left without a target (dropped) */
+    int64_t n_targets_cut;     /* target tokens removed by truncation */
     int64_t n_trainable;       /* trainable parameters */
     int T, B, K;
     const char *data_format;   /* the format used ("text", "chat", ...) */

@@ -305,3 +305,28 @@ bad_state unknown_field 's["stepp"] = 3' 'unknown field "stepp"'
 bad_state no_checksums 'del s["checksums"]' 'checksums'
 bad_state checksum_path 's["checksums"]["../x"] = "0"*16' 'not a checkpoint file'
 bad_state version_1 's["version"] = 1' 'version 1'
+
+# 22. data: other field names (gsm8k's question/answer), truncation that loses targets
+# is reported and --truncate prompt keeps them, a NUL in a string is refused
+head -50 "$D/text/gsm8k/test.jsonl" > "$tmp/gsm.jsonl"
+expect_error gsm8k_needs_keys '"question"\|known fields' train -o "$tmp/gsm0" --data "$tmp/gsm.jsonl" --steps 1
+"$FT" train -m "$HF" --data "$tmp/gsm.jsonl" -o "$tmp/gsm" -c 128 --truncate prompt -t 1 --steps 1 --val-split 0 \
+    --prompt-key question --completion-key answer 2> "$tmp/err.txt" \
+    && grep -q "data: 50 training examples .*format completion" "$tmp/err.txt" && pass gsm8k_prompt_completion_keys \
+    || fail gsm8k_prompt_completion_keys "$(cat "$tmp/err.txt")"
+AL=$D/text/alpaca/alpaca_200.json
+"$FT" train -m "$HF" --data "$AL" -o "$tmp/al1" --ctx-size 128 -t 1 --steps 1 --val-split 0 2> "$tmp/err.txt" \
+    && grep -q "data: 47 training examples" "$tmp/err.txt" \
+    && grep -q "153 example(s) lost all their targets and were dropped (--truncate prompt" "$tmp/err.txt" \
+    && pass truncation_lost_targets_reported || fail truncation_lost_targets_reported "$(cat "$tmp/err.txt")"
+"$FT" train -m "$HF" --data "$AL" -o "$tmp/al2" --ctx 128 -t 1 --steps 1 --val-split 0 --truncate prompt 2> "$tmp/err.txt" \
+    && grep -q "data: 200 training examples" "$tmp/err.txt" && grep -q "0 example(s) lost all their targets" "$tmp/err.txt" \
+    && pass truncate_prompt_keeps_targets || fail truncate_prompt_keeps_targets "$(cat "$tmp/err.txt")"
+expect_error truncate_bad_side "expects end or prompt" train -o "$tmp/x3" --truncate middle --steps 1
+expect_error ctx_twice "not both" train -o "$tmp/x3" --ctx 32 -c 64 --steps 1
+printf '{"text": "ok"}\n{"text": "a\\u0000b"}\n' > "$tmp/nul.jsonl"
+expect_error data_nul_escape "nul.jsonl:2: a NUL character" train -o "$tmp/x3" --data "$tmp/nul.jsonl" --steps 1
+printf '{"text": "ok"}\n{"text": "a\0b"}\n' > "$tmp/nul2.jsonl"
+expect_error data_nul_raw "nul2.jsonl:2: a NUL character" train -o "$tmp/x3" --data "$tmp/nul2.jsonl" --steps 1
+"$FT" train -m "$HF" --data "$AL" -o "$tmp/al3" --ctx 128 -t 1 --steps 1 --val-split 0 --progress 2> "$tmp/err.txt" \
+    && grep -q "tokenizing the data  100%" "$tmp/err.txt" && pass train_data_progress || fail train_data_progress "$(cat "$tmp/err.txt")"

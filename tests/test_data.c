@@ -465,13 +465,37 @@ static void test_truncate_and_drop(void) {
     ft_dataset *ds = NULL;
     CHECK_OK(ft_dataset_load(&ds, p, &tk, &o));
     if (!ds) return;
-    /* the third loses all of its completion to truncation: dropped as empty */
+    /* the third loses all of its completion to truncation: dropped, and
+     * counted apart from examples that never had a target */
     CHECK(ds->n == 2);
     CHECK(ds->stats.n_truncated == 2);
-    CHECK(ds->stats.n_dropped_empty == 1);
+    CHECK(ds->stats.n_truncated_empty == 1 && ds->stats.n_dropped_empty == 0);
+    /* " f g h" </s> of the first, " a" </s> of the third */
+    CHECKF(ds->stats.n_targets_cut == 4 + 2, "%lld", (long long)ds->stats.n_targets_cut);
     CHECK(ft_dataset_len(ds, 0) == 6 && ft_dataset_len(ds, 1) == 3);
     CHECK(ds->stats.max_len == 6);
     ft_dataset_free(ds);
+    /* --truncate prompt: prompt tokens go first, from the left; the first
+     * example has a 1-token prompt and keeps cutting its end */
+    o.truncate = FT_TRUNC_PROMPT;
+    CHECK_OK(ft_dataset_load(&ds, p, &tk, &o));
+    if (!ds) return;
+    CHECK(ds->n == 3 && ds->stats.n_truncated == 2 && ds->stats.n_truncated_empty == 0);
+    char *a = decode(ds, 0, -1), *c = decode(ds, 2, -1), *ct = decode(ds, 2, 1);
+    CHECK_STR(a, " a b c d e f");
+    CHECK_STR(c, " v w x y a</s>");
+    CHECK_STR(ct, " a</s>");
+    free(a), free(c), free(ct);
+    ft_dataset_free(ds);
+    /* with BOS it stays first */
+    ft_data_tokenizer tkb = word_tokenizer(1);
+    CHECK_OK(ft_dataset_load(&ds, p, &tkb, &o));
+    if (!ds) return;
+    c = decode(ds, 2, -1);
+    CHECK_STR(c, "<s> w x y a</s>");
+    free(c);
+    ft_dataset_free(ds);
+    o.truncate = FT_TRUNC_END;
     o.drop_long = true;
     CHECK_OK(ft_dataset_load(&ds, p, &tk, &o));
     if (!ds) return;
@@ -510,6 +534,11 @@ static void test_bad_input(void) {
           { .ctx_len = 64, .chat_template = FT_CHAT_LLAMA2 } },
         { "{\"text\": \"ok\"}\n{\"text\": \"bad \xff byte\"}\n", 2, "invalid UTF-8", { .ctx_len = 64 } },
         { "{\"text\": \"a\"}\n", 1, "field \"prompt\" missing", { .ctx_len = 64, .format = FT_FMT_COMPLETION } },
+        /* a NUL would cut the C string short: refused, raw or escaped */
+        { "{\"text\": \"a\"}\n{\"text\": \"a\\u0000b\"}\n", 2, "a NUL character in the record (column 12)", { .ctx_len = 64 } },
+        { "[{\"text\": \"a\"},\n {\"text\": \"a\\u0000b\"}]\n", 2, "a NUL character", { .ctx_len = 64 } },
+        { "{\"messages\": [{\"role\": \"user\", \"content\": \"\\u0000\"}]}\n", 1, "a NUL character",
+          { .ctx_len = 64, .chat_template = FT_CHAT_CHATML } },
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const char *p = write_tmp("train.jsonl", cases[c].content);
@@ -532,6 +561,22 @@ static void test_bad_input(void) {
         CHECK(ft_dataset_load(&ds, "train.jsonl", &tk, &o) == FTUNE_ERR_FORMAT);
         CHECK_STR(ftune_last_error(), "train.jsonl:3: field \"text\" missing");
         CHECK(chdir(cwd) == 0);
+    }
+    /* a raw NUL byte, and escapes that only look like \u0000 are fine */
+    {
+        const char raw[] = "{\"text\": \"a\"}\n{\"text\": \"a\0b\"}\n";
+        ft_dataset *d = NULL;
+        ft_dataset_opts o = opts_ctx(64);
+        CHECK(ft_dataset_load_buffer(&d, "raw.jsonl", raw, sizeof raw - 1, &tk, &o) == FTUNE_ERR_FORMAT);
+        CHECK_STR(ftune_last_error(), "raw.jsonl:2: a NUL character in the record (column 12); text may not contain NUL");
+        const char ok[] = "{\"text\": \"a\\\\u0000 \\u0001\"}\n";
+        CHECK_OK(ft_dataset_load_buffer(&d, "ok.jsonl", ok, sizeof ok - 1, &tk, &o));
+        if (d) {
+            char *t = decode(d, 0, 1);
+            CHECK_STR(t, "a\\u0000 \x01</s>");
+            free(t);
+        }
+        ft_dataset_free(d);
     }
     /* a missing file is an I/O error */
     ft_dataset *ds = NULL;
