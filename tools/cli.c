@@ -4,6 +4,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -13,6 +14,7 @@
 #endif
 
 static void print_default(const cli_opt *o, FILE *f) {
+    if (strstr(o->help, "(default:")) return; /* the help says it in words */
     switch (o->kind) {
     case OPT_STR: {
         const char *v = *(const char **)o->dst;
@@ -67,6 +69,7 @@ static int set_value(const cli_cmd *cmd, cli_opt *o, const char *name, const cha
     case OPT_FLOAT: {
         float x = strtof(v, &end);
         if (*v == 0 || *end || errno) return bad(cmd, "%s expects a number, got \"%s\"", name, v);
+        if (!isfinite(x)) return bad(cmd, "%s expects a finite number, got \"%s\"", name, v);
         *(float *)o->dst = x;
         break;
     }
