@@ -93,15 +93,15 @@ static ftune_status tokbuf_push(tokbuf *b, const int32_t *ids, size_t n, bool tr
     return FTUNE_OK;
 }
 
-/* Tokens of one text run: with the previous run as left context when that
- * reproduces the context's own tokens as a prefix, else alone. */
+/* Tokens of run's first len bytes: with the previous run as left context
+ * when that reproduces the context's own tokens as a prefix, else alone. */
 static ftune_status tokenize_run(const ft_data_tokenizer *tk, const char *text, const ft_seg *prev,
-                                 const ft_seg *run, tokbuf *out) {
+                                 const ft_seg *run, size_t len, tokbuf *out) {
     int32_t *full = NULL, *ctx = NULL;
     size_t n_full = 0, n_ctx = 0;
     ftune_status st;
     if (prev) {
-        st = tk->tokenize(tk->ctx, text + prev->off, prev->len + run->len, &full, &n_full);
+        st = tk->tokenize(tk->ctx, text + prev->off, prev->len + len, &full, &n_full);
         if (st) return st;
         st = tk->tokenize(tk->ctx, text + prev->off, prev->len, &ctx, &n_ctx);
         if (st) { free(full); return st; }
@@ -115,39 +115,112 @@ static ftune_status tokenize_run(const ft_data_tokenizer *tk, const char *text, 
         free(ctx);
         full = NULL;
     }
-    st = tk->tokenize(tk->ctx, text + run->off, run->len, &full, &n_full);
+    st = tk->tokenize(tk->ctx, text + run->off, len, &full, &n_full);
     if (st) return st;
     st = tokbuf_push(out, full, n_full, run->train);
     free(full);
     return st;
 }
 
-ftune_status ft_segments_tokenize(const ft_segments *s, const ft_data_tokenizer *tk,
-                                  int32_t **ids, uint8_t **mask, size_t *n) {
+/* Bounded tokenization. A record is cut to ctx_len tokens anyway, so only
+ * a prefix of a long field needs tokenizing. Cutting the text at byte b
+ * and tokenizing text[0..b) gives exactly the first tokens of the whole
+ * text's tokenization when no token and no pre-tokenizer piece spans b. We
+ * cut only where none does for the tokenizers we load:
+ *   - just after a '\n' followed by a non-space byte (as plain text's
+ *     blocks): the GPT-2/Llama-3 pre-tokenizer patterns end a newline run
+ *     there and start a new piece, and SentencePiece vocabularies have no
+ *     piece with a newline inside;
+ *   - between an ASCII letter and " " + ASCII letter: byte-level BPE
+ *     pre-tokenizers start a new piece at " x", and SentencePiece pieces
+ *     carry U+2581 (the space) only at their start, so none contains "a b".
+ * The cut is at an ASCII byte, so normalizers (NFC/NFKC, the prefix space)
+ * treat both sides as they treat the whole. Then the prefix's tokens equal
+ * the whole's up to b, and if the prefix already yields enough tokens to
+ * exceed the limit the rest cannot change the truncated example, its
+ * truncation or drop, or its targets (the caller is told whether any
+ * target would follow). Where no safe cut exists the whole run is
+ * tokenized. ft_dataset_opts.tokenize_all turns this off; the tests check
+ * both paths give identical datasets on real data and tokenizers. */
+static bool is_alpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+
+static size_t safe_cut(const char *t, size_t len, size_t want) {
+    for (size_t i = want < 1 ? 1 : want; i + 1 < len; i++) {
+        if (t[i - 1] == '\n' && !isspace((unsigned char)t[i])) return i;
+        if (t[i] == ' ' && is_alpha(t[i - 1]) && is_alpha(t[i + 1])) return i;
+    }
+    return len;
+}
+
+/* Tokens of a run, stopping early (on a safe cut) once it has yielded at
+ * least need tokens; *cut is set when bytes were left untokenized. */
+static ftune_status tokenize_run_bounded(const ft_data_tokenizer *tk, const char *text, const ft_seg *prev,
+                                         const ft_seg *run, size_t need, tokbuf *out, bool *cut) {
+    *cut = false;
+    /* bytes to try first: generous for a few bytes per token; grows 4x */
+    size_t want = need > ((size_t)1 << 40) ? run->len : 64 * need + 256;
+    while (want < run->len) {
+        size_t b = safe_cut(text + run->off, run->len, want);
+        if (b >= run->len) break;
+        size_t n0 = out->n;
+        TRY(tokenize_run(tk, text, prev, run, b, out));
+        if (out->n - n0 >= need) { *cut = true; return FTUNE_OK; }
+        out->n = n0;
+        want = b * 4;
+    }
+    return tokenize_run(tk, text, prev, run, run->len, out);
+}
+
+/* limit: stop once the tokens (or with by_targets, the tokens trained on)
+ * exceed it; SIZE_MAX tokenizes everything. *more_targets: whether a token
+ * trained on would have followed where it stopped. */
+static ftune_status segments_tokenize(const ft_segments *s, const ft_data_tokenizer *tk, size_t limit, bool by_targets,
+                                      int32_t **ids, uint8_t **mask, size_t *n, bool *more_targets) {
     *ids = NULL;
     *mask = NULL;
     *n = 0;
+    *more_targets = false;
     tokbuf b = {0};
     ftune_status st = FTUNE_OK;
-    for (int i = 0; i < s->n && !st; i++) {
+    size_t n_train = 0;
+    int i = 0;
+    for (; i < s->n && !st; i++) {
+        size_t have = by_targets ? n_train : b.n;
+        if (limit != SIZE_MAX && have > limit) break;
         const ft_seg *g = &s->segs[i];
+        size_t n0 = b.n;
         if (g->kind == FT_SEG_TEXT) {
             if (g->len == 0) continue;
             const ft_seg *prev = NULL;
             if (i > 0 && s->segs[i - 1].kind == FT_SEG_TEXT && s->segs[i - 1].len > 0 &&
                 s->segs[i - 1].off + s->segs[i - 1].len == g->off)
                 prev = &s->segs[i - 1];
-            st = tokenize_run(tk, s->text, prev, g, &b);
+            bool cut = false;
+            if (limit == SIZE_MAX || (by_targets && !g->train)) st = tokenize_run(tk, s->text, prev, g, g->len, &b);
+            else st = tokenize_run_bounded(tk, s->text, prev, g, limit + 1 - have, &b, &cut);
+            if (cut && g->train) *more_targets = true;
         } else {
             int32_t id = g->kind == FT_SEG_BOS ? tk->bos_id : tk->eos_id;
             if (id >= 0) st = tokbuf_push(&b, &id, 1, g->train);
         }
+        if (g->train) n_train += b.n - n0;
+    }
+    for (; i < s->n && !*more_targets; i++) {
+        const ft_seg *g = &s->segs[i];
+        int32_t id = g->kind == FT_SEG_BOS ? tk->bos_id : tk->eos_id;
+        *more_targets = g->train && (g->kind == FT_SEG_TEXT ? g->len > 0 : id >= 0);
     }
     if (st) { free(b.ids); free(b.mask); return st; }
     *ids = b.ids;
     *mask = b.mask;
     *n = b.n;
     return FTUNE_OK;
+}
+
+ftune_status ft_segments_tokenize(const ft_segments *s, const ft_data_tokenizer *tk,
+                                  int32_t **ids, uint8_t **mask, size_t *n) {
+    bool more;
+    return segments_tokenize(s, tk, SIZE_MAX, false, ids, mask, n, &more);
 }
 
 /* ------------------------------------------------------------ formats */
@@ -257,15 +330,14 @@ static int64_t truncate_example(const ft_dataset_opts *o, int32_t bos_id, int32_
 /* Applies the length policy (truncate or drop), drops examples without a
  * target, and appends. ids and mask may be changed. */
 static ftune_status dataset_add(ft_dataset *ds, const ft_dataset_opts *o, int32_t bos_id, int32_t *ids,
-                                uint8_t *mask, int64_t n, int line) {
+                                uint8_t *mask, int64_t n, bool more_targets, int line) {
     int64_t before = count_targets(mask, n);
-    if (before == 0) { ds->stats.n_dropped_empty++; return FTUNE_OK; }
+    if (before == 0 && !more_targets) { ds->stats.n_dropped_empty++; return FTUNE_OK; }
     if (n > o->ctx_len) {
         if (o->drop_long) { ds->stats.n_dropped_long++; return FTUNE_OK; }
         ds->stats.n_truncated++;
         n = truncate_example(o, bos_id, ids, mask, n);
         int64_t after = count_targets(mask, n);
-        ds->stats.n_targets_cut += before - after;
         if (after == 0) { ds->stats.n_truncated_empty++; return FTUNE_OK; }
     }
     return dataset_append(ds, ids, mask, n, line);
@@ -419,8 +491,15 @@ static ftune_status add_record(loader *L, const cJSON *rec, int line) {
     int32_t *ids = NULL;
     uint8_t *mask = NULL;
     size_t n = 0;
-    if (!st) st = ft_segments_tokenize(&L->seg, L->tk, &ids, &mask, &n);
-    if (!st) st = dataset_add(L->ds, &L->o, L->tk->bos_id, ids, mask, (int64_t)n, line);
+    bool more = false;
+    /* bounded by the context: see tokenize_run_bounded; with prompt-first
+     * truncation the prompt's end matters, so only trained runs are bounded,
+     * by the count of trained tokens (once there are more than ctx_len of
+     * them every prompt token goes and the end is cut within them) */
+    size_t limit = L->o.tokenize_all ? SIZE_MAX : (size_t)L->o.ctx_len;
+    bool by_targets = L->o.truncate == FT_TRUNC_PROMPT;
+    if (!st) st = segments_tokenize(&L->seg, L->tk, limit, by_targets, &ids, &mask, &n, &more);
+    if (!st) st = dataset_add(L->ds, &L->o, L->tk->bos_id, ids, mask, (int64_t)n, more, line);
     free(ids);
     free(mask);
     if (st && st != FTUNE_ERR_NOMEM) return ft_err_prefix(st, "%s:%d", L->ds->path, line);
@@ -605,7 +684,7 @@ static ftune_status load_plain(loader *L, const char *buf, size_t len) {
         chunk.n = 0;
         if (bos) st = tokbuf_push(&chunk, &tk->bos_id, 1, false);
         if (!st) st = tokbuf_push(&chunk, all.ids + s, (size_t)take, true);
-        if (!st) st = dataset_add(L->ds, &L->o, tk->bos_id, chunk.ids, chunk.mask, (int64_t)chunk.n, (int)++chunk_no);
+        if (!st) st = dataset_add(L->ds, &L->o, tk->bos_id, chunk.ids, chunk.mask, (int64_t)chunk.n, false, (int)++chunk_no);
         if (s + take >= (int64_t)all.n) break;
     }
     free(all.ids);

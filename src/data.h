@@ -165,6 +165,8 @@ typedef struct {
     bool drop_long;                 /* drop examples over ctx_len instead of truncating */
     const char *prompt_key;         /* field names of the completion format, NULL for */
     const char *completion_key;     /* "prompt"/"completion" (e.g. "question"/"answer") */
+    bool tokenize_all;              /* tokenize whole records even far past ctx_len (the result is
+                                     * the same, only slower: see data.c on bounded tokenization) */
     ft_dataset_progress_fn progress;/* or NULL; called at most once per record */
     void *progress_ctx;
 } ft_dataset_opts;
@@ -175,7 +177,6 @@ typedef struct {
     int64_t n_records;       /* records read (blank lines not counted) */
     int64_t n_truncated;     /* examples cut to ctx_len (kept or not) */
     int64_t n_truncated_empty; /* of those, examples left without a target by the cut (dropped) */
-    int64_t n_targets_cut;   /* target tokens removed by truncation */
     int64_t n_dropped_long;  /* examples dropped for length (drop_long) */
     int64_t n_dropped_empty; /* examples without a single target token even before truncation */
     int64_t n_tokens;        /* tokens kept */

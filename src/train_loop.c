@@ -953,7 +953,6 @@ static ftune_status setup(run *r) {
             p.n_dropped_long += sets[i]->stats.n_dropped_long;
             p.n_dropped_empty += sets[i]->stats.n_dropped_empty;
             p.n_truncated_empty += sets[i]->stats.n_truncated_empty;
-            p.n_targets_cut += sets[i]->stats.n_targets_cut;
         }
     emit(r, &p);
     return FTUNE_OK;

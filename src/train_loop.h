@@ -102,7 +102,6 @@ typedef struct {
     int64_t train_tokens, train_targets, val_tokens;
     int64_t n_truncated, n_dropped_long, n_dropped_empty; /* over both sets */
     int64_t n_truncated_empty; /* truncated examples left without a target (dropped) */
-    int64_t n_targets_cut;     /* target tokens removed by truncation */
     int64_t n_trainable;       /* trainable parameters */
     int T, B, K;
     const char *data_format;   /* the format used ("text", "chat", ...) */

@@ -43,10 +43,9 @@ static void on_progress(void *ctx, const ft_train_progress *p) {
         if (p->n_truncated)
             fprintf(stderr, "warning: %lld example(s) longer than %d tokens were truncated (--drop-long drops them; "
                     "--ctx sets the length)\n", (long long)p->n_truncated, p->T);
-        if (p->n_truncated_empty || p->n_targets_cut)
-            fprintf(stderr, "warning: truncation cut %lld target token(s); %lld example(s) lost all their targets and "
-                    "were dropped%s\n", (long long)p->n_targets_cut, (long long)p->n_truncated_empty,
-                    pc->truncate_end ? " (--truncate prompt cuts the prompt first)" : "");
+        if (p->n_truncated_empty)
+            fprintf(stderr, "warning: %lld of them lost all their target tokens to truncation and were dropped%s\n",
+                    (long long)p->n_truncated_empty, pc->truncate_end ? " (--truncate prompt cuts the prompt first)" : "");
         if (p->n_dropped_long) fprintf(stderr, "note: %lld example(s) longer than %d tokens were dropped\n",
                                        (long long)p->n_dropped_long, p->T);
         if (p->n_dropped_empty) fprintf(stderr, "note: %lld example(s) with no tokens to train on were dropped\n",
