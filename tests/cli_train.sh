@@ -330,3 +330,16 @@ printf '{"text": "ok"}\n{"text": "a\0b"}\n' > "$tmp/nul2.jsonl"
 expect_error data_nul_raw "nul2.jsonl:2: a NUL character" train -o "$tmp/x3" --data "$tmp/nul2.jsonl" --steps 1
 "$FT" train -m "$HF" --data "$AL" -o "$tmp/al3" --ctx 128 -t 1 --steps 1 --val-split 0 --progress 2> "$tmp/err.txt" \
     && grep -q "tokenizing the data  100%" "$tmp/err.txt" && pass train_data_progress || fail train_data_progress "$(cat "$tmp/err.txt")"
+
+# 23. two runs started together on one output directory: one trains, the other is refused
+# (by the lock, or as a non-empty directory if the first already finished); no temporary left
+for k in 1 2; do
+    "$FT" train -m "$HF" --data "$tmp/d.jsonl" --ctx 64 -t 1 --quiet -o "$tmp/two" --steps 3 --save-every 1 \
+        --val-split 0 2> "$tmp/two$k.err" &
+    eval "p$k=\$!"
+done
+wait $p1; r1=$?; wait $p2; r2=$?
+if [ $(( (r1 == 0) + (r2 == 0) )) -eq 1 ] && cat "$tmp/two1.err" "$tmp/two2.err" | grep -q "another training run\|not empty" \
+    && [ -z "$(ls -d "$tmp"/two/*.tmp* 2>/dev/null)" ] && [ "$(wc -l < "$tmp/two/metrics.jsonl")" -eq 3 ]; then
+    pass concurrent_start_one_wins
+else fail concurrent_start_one_wins "exits $r1 $r2: $(cat "$tmp/two1.err" "$tmp/two2.err"; ls "$tmp/two")"; fi
