@@ -521,7 +521,7 @@ static bool all_space(const char *p, const char *end) {
 /* The offset of the first NUL the JSON text p[0..n) would put in a string
  * (a raw 0 byte anywhere, or a \u0000 escape inside a string), or -1.
  * cJSON's strings are C strings, so such a string would be cut short. */
-static int64_t json_nul_at(const char *p, size_t n) {
+int64_t ft_json_nul_at(const char *p, size_t n) {
     bool in_str = false;
     for (size_t i = 0; i < n; i++) {
         char c = p[i];
@@ -548,7 +548,7 @@ static ftune_status load_jsonl(loader *L, const char *buf, size_t len) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
         const char *le = nl ? nl : end;
         if (!all_space(p, le)) {
-            int64_t nul = json_nul_at(p, (size_t)(le - p));
+            int64_t nul = ft_json_nul_at(p, (size_t)(le - p));
             if (nul >= 0)
                 return ft_err(FTUNE_ERR_FORMAT, "%s:%d: a NUL character in the record (column %lld); text may not "
                               "contain NUL", L->ds->path, line, (long long)nul + 1);
@@ -610,7 +610,7 @@ static ftune_status array_element_lines(const char *buf, size_t len, int **lines
 }
 
 static ftune_status load_json_array(loader *L, const char *buf, size_t len) {
-    int64_t nul = json_nul_at(buf, len);
+    int64_t nul = ft_json_nul_at(buf, len);
     if (nul >= 0)
         return ft_err(FTUNE_ERR_FORMAT, "%s:%d: a NUL character in a record; text may not contain NUL", L->ds->path,
                       line_of(buf, buf + nul));

@@ -207,6 +207,10 @@ ftune_status ft_dataset_load(ft_dataset **out, const char *path, const ft_data_t
 ftune_status ft_dataset_load_buffer(ft_dataset **out, const char *name, const char *buf, size_t len,
                                     const ft_data_tokenizer *tk, const ft_dataset_opts *opts);
 void ft_dataset_free(ft_dataset *ds);
+/* The offset of the first NUL that the JSON text p[0..n) would put into a
+ * string (a raw 0 byte, or a \u0000 escape inside a string), or -1: cJSON
+ * strings are C strings, so such text would be cut short silently. */
+int64_t ft_json_nul_at(const char *p, size_t n);
 
 static inline int ft_dataset_len(const ft_dataset *ds, int i) { return (int)(ds->off[i + 1] - ds->off[i]); }
 

@@ -145,3 +145,5 @@ e2=$("$FT" eval -m "$S/stories260K.bin" --text "$tmp/shake.txt" --json --ctx 64 
     && [ "$(cat "$tmp/p.json")" = "$w" ] && pass eval_progress || fail eval_progress "$(cat "$tmp/p.json" "$tmp/p.err")"
 "$FT" eval -m "$S/stories260K.bin" --text "$tmp/shake.txt" --json -c 64 2> "$tmp/p.err" > /dev/null
 ! grep -q "ETA" "$tmp/p.err" && pass eval_no_progress_off_terminal || fail eval_no_progress_off_terminal "$(cat "$tmp/p.err")"
+printf '{"text": "ok"}\n{"text": "a\\u0000b"}\n' > "$tmp/nul.jsonl"
+expect_error eval_jsonl_nul "nul.jsonl:2: a NUL character" "$FT" eval -m "$S/stories260K.bin" --jsonl "$tmp/nul.jsonl"
