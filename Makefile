@@ -3,7 +3,7 @@
 #   make demo       the main job: LoRA fine-tune of stories260K on Shakespeare, then generate
 #   make test       build and run the whole test suite (tests/run.sh)
 #   make debug      the same binaries with AddressSanitizer + UBSan in build-debug/
-#   make fuzz       libFuzzer targets for the safetensors, GGUF, tokenizer.json and config.json parsers (clang)
+#   make fuzz       libFuzzer targets: safetensors, GGUF, tokenizer.json, config.json, the dataset readers, trainer_state.json (clang)
 #   make bench      benchmarks; writes BENCHMARKS.md
 #   make clean
 # Options: BUILD=dir  CC=compiler  OPT="-O2 ..."  BLAS=openblas-openmp|system
@@ -77,8 +77,8 @@ debug:
 	$(MAKE) BUILD=build-debug OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	    EXTRA_LDFLAGS="-fsanitize=address,undefined" all
 
-FUZZ_SRC := src/safetensors.c src/gguf.c src/core.c src/dtype.c
-fuzz: build-fuzz/fuzz_safetensors build-fuzz/fuzz_gguf
+FUZZ_SRC := src/safetensors.c src/gguf.c src/core.c src/dtype.c src/data.c src/chat_template.c src/train_state.c
+fuzz: build-fuzz/fuzz_safetensors build-fuzz/fuzz_gguf build-fuzz/fuzz_data build-fuzz/fuzz_trainer_state
 build-fuzz/fuzz_%: fuzz/fuzz_%.c $(FUZZ_SRC) $(wildcard src/*.h)
 	@mkdir -p build-fuzz
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -o $@ $< $(FUZZ_SRC) -lcjson -lm

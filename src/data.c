@@ -93,15 +93,15 @@ static ftune_status tokbuf_push(tokbuf *b, const int32_t *ids, size_t n, bool tr
     return FTUNE_OK;
 }
 
-/* Tokens of one text run: with the previous run as left context when that
- * reproduces the context's own tokens as a prefix, else alone. */
+/* Tokens of run's first len bytes: with the previous run as left context
+ * when that reproduces the context's own tokens as a prefix, else alone. */
 static ftune_status tokenize_run(const ft_data_tokenizer *tk, const char *text, const ft_seg *prev,
-                                 const ft_seg *run, tokbuf *out) {
+                                 const ft_seg *run, size_t len, tokbuf *out) {
     int32_t *full = NULL, *ctx = NULL;
     size_t n_full = 0, n_ctx = 0;
     ftune_status st;
     if (prev) {
-        st = tk->tokenize(tk->ctx, text + prev->off, prev->len + run->len, &full, &n_full);
+        st = tk->tokenize(tk->ctx, text + prev->off, prev->len + len, &full, &n_full);
         if (st) return st;
         st = tk->tokenize(tk->ctx, text + prev->off, prev->len, &ctx, &n_ctx);
         if (st) { free(full); return st; }
@@ -115,39 +115,112 @@ static ftune_status tokenize_run(const ft_data_tokenizer *tk, const char *text, 
         free(ctx);
         full = NULL;
     }
-    st = tk->tokenize(tk->ctx, text + run->off, run->len, &full, &n_full);
+    st = tk->tokenize(tk->ctx, text + run->off, len, &full, &n_full);
     if (st) return st;
     st = tokbuf_push(out, full, n_full, run->train);
     free(full);
     return st;
 }
 
-ftune_status ft_segments_tokenize(const ft_segments *s, const ft_data_tokenizer *tk,
-                                  int32_t **ids, uint8_t **mask, size_t *n) {
+/* Bounded tokenization. A record is cut to ctx_len tokens anyway, so only
+ * a prefix of a long field needs tokenizing. Cutting the text at byte b
+ * and tokenizing text[0..b) gives exactly the first tokens of the whole
+ * text's tokenization when no token and no pre-tokenizer piece spans b. We
+ * cut only where none does for the tokenizers we load:
+ *   - just after a '\n' followed by a non-space byte (as plain text's
+ *     blocks): the GPT-2/Llama-3 pre-tokenizer patterns end a newline run
+ *     there and start a new piece, and SentencePiece vocabularies have no
+ *     piece with a newline inside;
+ *   - between an ASCII letter and " " + ASCII letter: byte-level BPE
+ *     pre-tokenizers start a new piece at " x", and SentencePiece pieces
+ *     carry U+2581 (the space) only at their start, so none contains "a b".
+ * The cut is at an ASCII byte, so normalizers (NFC/NFKC, the prefix space)
+ * treat both sides as they treat the whole. Then the prefix's tokens equal
+ * the whole's up to b, and if the prefix already yields enough tokens to
+ * exceed the limit the rest cannot change the truncated example, its
+ * truncation or drop, or its targets (the caller is told whether any
+ * target would follow). Where no safe cut exists the whole run is
+ * tokenized. ft_dataset_opts.tokenize_all turns this off; the tests check
+ * both paths give identical datasets on real data and tokenizers. */
+static bool is_alpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+
+static size_t safe_cut(const char *t, size_t len, size_t want) {
+    for (size_t i = want < 1 ? 1 : want; i + 1 < len; i++) {
+        if (t[i - 1] == '\n' && !isspace((unsigned char)t[i])) return i;
+        if (t[i] == ' ' && is_alpha(t[i - 1]) && is_alpha(t[i + 1])) return i;
+    }
+    return len;
+}
+
+/* Tokens of a run, stopping early (on a safe cut) once it has yielded at
+ * least need tokens; *cut is set when bytes were left untokenized. */
+static ftune_status tokenize_run_bounded(const ft_data_tokenizer *tk, const char *text, const ft_seg *prev,
+                                         const ft_seg *run, size_t need, tokbuf *out, bool *cut) {
+    *cut = false;
+    /* bytes to try first: generous for a few bytes per token; grows 4x */
+    size_t want = need > ((size_t)1 << 40) ? run->len : 64 * need + 256;
+    while (want < run->len) {
+        size_t b = safe_cut(text + run->off, run->len, want);
+        if (b >= run->len) break;
+        size_t n0 = out->n;
+        TRY(tokenize_run(tk, text, prev, run, b, out));
+        if (out->n - n0 >= need) { *cut = true; return FTUNE_OK; }
+        out->n = n0;
+        want = b * 4;
+    }
+    return tokenize_run(tk, text, prev, run, run->len, out);
+}
+
+/* limit: stop once the tokens (or with by_targets, the tokens trained on)
+ * exceed it; SIZE_MAX tokenizes everything. *more_targets: whether a token
+ * trained on would have followed where it stopped. */
+static ftune_status segments_tokenize(const ft_segments *s, const ft_data_tokenizer *tk, size_t limit, bool by_targets,
+                                      int32_t **ids, uint8_t **mask, size_t *n, bool *more_targets) {
     *ids = NULL;
     *mask = NULL;
     *n = 0;
+    *more_targets = false;
     tokbuf b = {0};
     ftune_status st = FTUNE_OK;
-    for (int i = 0; i < s->n && !st; i++) {
+    size_t n_train = 0;
+    int i = 0;
+    for (; i < s->n && !st; i++) {
+        size_t have = by_targets ? n_train : b.n;
+        if (limit != SIZE_MAX && have > limit) break;
         const ft_seg *g = &s->segs[i];
+        size_t n0 = b.n;
         if (g->kind == FT_SEG_TEXT) {
             if (g->len == 0) continue;
             const ft_seg *prev = NULL;
             if (i > 0 && s->segs[i - 1].kind == FT_SEG_TEXT && s->segs[i - 1].len > 0 &&
                 s->segs[i - 1].off + s->segs[i - 1].len == g->off)
                 prev = &s->segs[i - 1];
-            st = tokenize_run(tk, s->text, prev, g, &b);
+            bool cut = false;
+            if (limit == SIZE_MAX || (by_targets && !g->train)) st = tokenize_run(tk, s->text, prev, g, g->len, &b);
+            else st = tokenize_run_bounded(tk, s->text, prev, g, limit + 1 - have, &b, &cut);
+            if (cut && g->train) *more_targets = true;
         } else {
             int32_t id = g->kind == FT_SEG_BOS ? tk->bos_id : tk->eos_id;
             if (id >= 0) st = tokbuf_push(&b, &id, 1, g->train);
         }
+        if (g->train) n_train += b.n - n0;
+    }
+    for (; i < s->n && !*more_targets; i++) {
+        const ft_seg *g = &s->segs[i];
+        int32_t id = g->kind == FT_SEG_BOS ? tk->bos_id : tk->eos_id;
+        *more_targets = g->train && (g->kind == FT_SEG_TEXT ? g->len > 0 : id >= 0);
     }
     if (st) { free(b.ids); free(b.mask); return st; }
     *ids = b.ids;
     *mask = b.mask;
     *n = b.n;
     return FTUNE_OK;
+}
+
+ftune_status ft_segments_tokenize(const ft_segments *s, const ft_data_tokenizer *tk,
+                                  int32_t **ids, uint8_t **mask, size_t *n) {
+    bool more;
+    return segments_tokenize(s, tk, SIZE_MAX, false, ids, mask, n, &more);
 }
 
 /* ------------------------------------------------------------ formats */
@@ -236,16 +309,37 @@ static ftune_status dataset_append(ft_dataset *ds, const int32_t *ids, const uin
     return FTUNE_OK;
 }
 
+/* Cuts an example of n > T tokens to T in place, by o->truncate; returns T. */
+static int64_t truncate_example(const ft_dataset_opts *o, int32_t bos_id, int32_t *ids, uint8_t *mask, int64_t n) {
+    int64_t T = o->ctx_len;
+    if (o->truncate == FT_TRUNC_PROMPT) {
+        int64_t excess = n - T, w = 0;
+        for (int64_t i = 0; i < n; i++) {
+            /* a prompt token goes while there is excess, except a leading BOS */
+            bool drop = excess > 0 && !mask[i] && !(i == 0 && bos_id >= 0 && ids[0] == bos_id);
+            if (drop) { excess--; continue; }
+            ids[w] = ids[i];
+            mask[w] = mask[i];
+            w++;
+        }
+        n = w;
+    }
+    return n > T ? T : n;
+}
+
 /* Applies the length policy (truncate or drop), drops examples without a
- * target, and appends. */
-static ftune_status dataset_add(ft_dataset *ds, const ft_dataset_opts *o, const int32_t *ids,
-                                const uint8_t *mask, int64_t n, int line) {
+ * target, and appends. ids and mask may be changed. */
+static ftune_status dataset_add(ft_dataset *ds, const ft_dataset_opts *o, int32_t bos_id, int32_t *ids,
+                                uint8_t *mask, int64_t n, bool more_targets, int line) {
+    int64_t before = count_targets(mask, n);
+    if (before == 0 && !more_targets) { ds->stats.n_dropped_empty++; return FTUNE_OK; }
     if (n > o->ctx_len) {
         if (o->drop_long) { ds->stats.n_dropped_long++; return FTUNE_OK; }
         ds->stats.n_truncated++;
-        n = o->ctx_len;
+        n = truncate_example(o, bos_id, ids, mask, n);
+        int64_t after = count_targets(mask, n);
+        if (after == 0) { ds->stats.n_truncated_empty++; return FTUNE_OK; }
     }
-    if (count_targets(mask, n) == 0) { ds->stats.n_dropped_empty++; return FTUNE_OK; }
     return dataset_append(ds, ids, mask, n, line);
 }
 
@@ -296,6 +390,7 @@ typedef struct {
     ft_segments seg;
     ft_chat_msg *msgs;
     int cap_msgs;
+    size_t total;            /* input bytes, for progress */
 } loader;
 
 static ftune_status chat_segments(loader *L, const cJSON *rec) {
@@ -396,8 +491,15 @@ static ftune_status add_record(loader *L, const cJSON *rec, int line) {
     int32_t *ids = NULL;
     uint8_t *mask = NULL;
     size_t n = 0;
-    if (!st) st = ft_segments_tokenize(&L->seg, L->tk, &ids, &mask, &n);
-    if (!st) st = dataset_add(L->ds, &L->o, ids, mask, (int64_t)n, line);
+    bool more = false;
+    /* bounded by the context: see tokenize_run_bounded; with prompt-first
+     * truncation the prompt's end matters, so only trained runs are bounded,
+     * by the count of trained tokens (once there are more than ctx_len of
+     * them every prompt token goes and the end is cut within them) */
+    size_t limit = L->o.tokenize_all ? SIZE_MAX : (size_t)L->o.ctx_len;
+    bool by_targets = L->o.truncate == FT_TRUNC_PROMPT;
+    if (!st) st = segments_tokenize(&L->seg, L->tk, limit, by_targets, &ids, &mask, &n, &more);
+    if (!st) st = dataset_add(L->ds, &L->o, L->tk->bos_id, ids, mask, (int64_t)n, more, line);
     free(ids);
     free(mask);
     if (st && st != FTUNE_ERR_NOMEM) return ft_err_prefix(st, "%s:%d", L->ds->path, line);
@@ -416,6 +518,28 @@ static bool all_space(const char *p, const char *end) {
     return true;
 }
 
+/* The offset of the first NUL the JSON text p[0..n) would put in a string
+ * (a raw 0 byte anywhere, or a \u0000 escape inside a string), or -1.
+ * cJSON's strings are C strings, so such a string would be cut short. */
+int64_t ft_json_nul_at(const char *p, size_t n) {
+    bool in_str = false;
+    for (size_t i = 0; i < n; i++) {
+        char c = p[i];
+        if (c == 0) return (int64_t)i;
+        if (!in_str) { in_str = c == '"'; continue; }
+        if (c == '"') in_str = false;
+        else if (c == '\\' && i + 1 < n) {
+            if (p[i + 1] == 'u' && i + 6 <= n && memcmp(p + i + 2, "0000", 4) == 0) return (int64_t)i;
+            i++; /* the escaped character (a quote, a backslash, ...) */
+        }
+    }
+    return -1;
+}
+
+static void report_progress(loader *L, size_t done) {
+    if (L->o.progress) L->o.progress(L->o.progress_ctx, done, L->total);
+}
+
 static ftune_status load_jsonl(loader *L, const char *buf, size_t len) {
     const char *p = buf, *end = buf + len;
     int line = 0;
@@ -424,6 +548,10 @@ static ftune_status load_jsonl(loader *L, const char *buf, size_t len) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
         const char *le = nl ? nl : end;
         if (!all_space(p, le)) {
+            int64_t nul = ft_json_nul_at(p, (size_t)(le - p));
+            if (nul >= 0)
+                return ft_err(FTUNE_ERR_FORMAT, "%s:%d: a NUL character in the record (column %lld); text may not "
+                              "contain NUL", L->ds->path, line, (long long)nul + 1);
             const char *parse_end = NULL;
             cJSON *rec = cJSON_ParseWithLengthOpts(p, (size_t)(le - p), &parse_end, 0);
             if (!rec) {
@@ -438,6 +566,7 @@ static ftune_status load_jsonl(loader *L, const char *buf, size_t len) {
             ftune_status st = add_record(L, rec, line);
             cJSON_Delete(rec);
             if (st) return st;
+            report_progress(L, (size_t)(le - buf));
         }
         p = le + 1;
     }
@@ -481,6 +610,10 @@ static ftune_status array_element_lines(const char *buf, size_t len, int **lines
 }
 
 static ftune_status load_json_array(loader *L, const char *buf, size_t len) {
+    int64_t nul = ft_json_nul_at(buf, len);
+    if (nul >= 0)
+        return ft_err(FTUNE_ERR_FORMAT, "%s:%d: a NUL character in a record; text may not contain NUL", L->ds->path,
+                      line_of(buf, buf + nul));
     const char *parse_end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(buf, len, &parse_end, 0);
     if (!root) {
@@ -502,6 +635,7 @@ static ftune_status load_json_array(loader *L, const char *buf, size_t len) {
         st = add_record(L, rec, line);
         if (st) break;
         i++;
+        report_progress(L, (size_t)len * (size_t)i / (size_t)(n_lines ? n_lines : 1));
     }
     free(lines);
     cJSON_Delete(root);
@@ -539,6 +673,7 @@ static ftune_status load_plain(loader *L, const char *buf, size_t len) {
         st = tokbuf_push(&all, ids, n, true);
         free(ids);
         start = stop;
+        report_progress(L, stop);
     }
     L->ds->stats.n_records = 1;
     int64_t stride = T - 1, chunk_no = 0;
@@ -549,7 +684,7 @@ static ftune_status load_plain(loader *L, const char *buf, size_t len) {
         chunk.n = 0;
         if (bos) st = tokbuf_push(&chunk, &tk->bos_id, 1, false);
         if (!st) st = tokbuf_push(&chunk, all.ids + s, (size_t)take, true);
-        if (!st) st = dataset_add(L->ds, &L->o, chunk.ids, chunk.mask, (int64_t)chunk.n, (int)++chunk_no);
+        if (!st) st = dataset_add(L->ds, &L->o, tk->bos_id, chunk.ids, chunk.mask, (int64_t)chunk.n, false, (int)++chunk_no);
         if (s + take >= (int64_t)all.n) break;
     }
     free(all.ids);
@@ -568,7 +703,7 @@ ftune_status ft_dataset_load_buffer(ft_dataset **out, const char *name, const ch
                                     const ft_data_tokenizer *tk, const ft_dataset_opts *opts) {
     *out = NULL;
     if (!tk || !tk->tokenize) return ft_err(FTUNE_ERR_ARG, "%s: no tokenizer", name);
-    loader L = { .tk = tk };
+    loader L = { .tk = tk, .total = len };
     if (opts) L.o = *opts;
     else ft_dataset_opts_default(&L.o);
     if (L.o.ctx_len < 2) return ft_err(FTUNE_ERR_ARG, "%s: context length %d is too short (need at least 2)", name, L.o.ctx_len);
@@ -598,9 +733,11 @@ ftune_status ft_dataset_load_buffer(ft_dataset **out, const char *name, const ch
     if (!st && L.ds->n == 0) {
         const ft_dataset_stats *S = &L.ds->stats;
         st = ft_err(FTUNE_ERR_FORMAT,
-                    "%s: no examples (%lld records; %lld dropped as longer than %d tokens, %lld with no tokens to train on)",
+                    "%s: no examples (%lld records; %lld dropped as longer than %d tokens, %lld with no tokens to train "
+                    "on, %lld whose target tokens were all cut by truncation%s)",
                     name, (long long)S->n_records, (long long)S->n_dropped_long, L.o.ctx_len,
-                    (long long)S->n_dropped_empty);
+                    (long long)S->n_dropped_empty, (long long)S->n_truncated_empty,
+                    S->n_truncated_empty && L.o.truncate == FT_TRUNC_END ? ": truncating the prompt first may keep them" : "");
     }
     ft_segments_free(&L.seg);
     free(L.msgs);

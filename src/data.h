@@ -146,23 +146,39 @@ const char *ft_data_format_name(ft_data_format f);
 /* "auto", "text", "completion", "alpaca", "chat", "plain". */
 ftune_status ft_data_format_from_name(ft_data_format *out, const char *name);
 
+/* What truncation cuts from an example longer than ctx_len. */
+typedef enum {
+    FT_TRUNC_END = 0,   /* the end (whatever it is: often the response) */
+    FT_TRUNC_PROMPT,    /* prompt tokens (not trained on) first, from the left after a
+                         * leading BOS; then the end if the targets alone are too long */
+} ft_truncate_side;
+
+/* Called while a dataset is tokenized: done of total input bytes. */
+typedef void (*ft_dataset_progress_fn)(void *ctx, size_t done, size_t total);
+
 typedef struct {
     ft_data_format format;
     ft_chat_template chat_template; /* required for chat data */
+    ft_truncate_side truncate;
     int ctx_len;                    /* T: the most tokens an example may have (>= 2) */
     bool train_on_prompt;           /* loss on prompt tokens too */
     bool drop_long;                 /* drop examples over ctx_len instead of truncating */
     const char *prompt_key;         /* field names of the completion format, NULL for */
     const char *completion_key;     /* "prompt"/"completion" (e.g. "question"/"answer") */
+    bool tokenize_all;              /* tokenize whole records even far past ctx_len (the result is
+                                     * the same, only slower: see data.c on bounded tokenization) */
+    ft_dataset_progress_fn progress;/* or NULL; called at most once per record */
+    void *progress_ctx;
 } ft_dataset_opts;
 
 void ft_dataset_opts_default(ft_dataset_opts *o); /* auto format, ctx_len 512 */
 
 typedef struct {
     int64_t n_records;       /* records read (blank lines not counted) */
-    int64_t n_truncated;     /* examples cut to ctx_len */
+    int64_t n_truncated;     /* examples cut to ctx_len (kept or not) */
+    int64_t n_truncated_empty; /* of those, examples left without a target by the cut (dropped) */
     int64_t n_dropped_long;  /* examples dropped for length (drop_long) */
-    int64_t n_dropped_empty; /* examples left without a single target token */
+    int64_t n_dropped_empty; /* examples without a single target token even before truncation */
     int64_t n_tokens;        /* tokens kept */
     int64_t n_targets;       /* target tokens (labels that follow a token) */
     int max_len;             /* longest example, in tokens */
@@ -191,6 +207,10 @@ ftune_status ft_dataset_load(ft_dataset **out, const char *path, const ft_data_t
 ftune_status ft_dataset_load_buffer(ft_dataset **out, const char *name, const char *buf, size_t len,
                                     const ft_data_tokenizer *tk, const ft_dataset_opts *opts);
 void ft_dataset_free(ft_dataset *ds);
+/* The offset of the first NUL that the JSON text p[0..n) would put into a
+ * string (a raw 0 byte, or a \u0000 escape inside a string), or -1: cJSON
+ * strings are C strings, so such text would be cut short silently. */
+int64_t ft_json_nul_at(const char *p, size_t n);
 
 static inline int ft_dataset_len(const ft_dataset *ds, int i) { return (int)(ds->off[i + 1] - ds->off[i]); }
 

@@ -15,7 +15,9 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <ftw.h>
+#include <sys/file.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,8 +26,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define CKPT_FORMAT "ftune-checkpoint"
-#define CKPT_VERSION 1
 #define TRY(x) do { ftune_status st_ = (x); if (st_) return st_; } while (0)
 
 void ft_train_run_opts_default(ft_train_run_opts *o) {
@@ -93,13 +93,8 @@ static ftune_status fsync_dir(const char *path) {
     return FTUNE_OK;
 }
 
-/* FNV-1a, 64 bits */
-static uint64_t fnv(uint64_t h, const void *p, size_t n) {
-    const uint8_t *b = p;
-    for (size_t i = 0; i < n; i++) { h ^= b[i]; h *= 0x100000001b3ull; }
-    return h;
-}
-#define FNV0 0xcbf29ce484222325ull
+
+
 
 /* ------------------------------------------------------------ the run */
 
@@ -129,6 +124,7 @@ typedef struct {
     FILE *metrics, *dump;
     float *init_vals;          /* --init-adapter A/B by (layer, module) */
     int64_t init_off[256 * FT_N_MODS + 1];
+    int lock_fd;               /* OUT/.ftune.lock, held for the whole run; -1: none */
     ft_train_result res;
 } run;
 
@@ -149,19 +145,19 @@ static cJSON *make_config(run *r) {
     int dims[] = { c->C, c->F, c->L, c->NH, c->NKV, c->HS, c->V };
     const char *dn[] = { "hidden_size", "intermediate_size", "layers", "heads", "kv_heads", "head_dim", "vocab" };
     for (int i = 0; i < 7; i++) cJSON_AddNumberToObject(mo, dn[i], dims[i]);
-    uint64_t h = FNV0;
+    uint64_t h = FT_FNV0;
     float *row = malloc((size_t)(c->C > c->F ? c->C : c->F) * sizeof(float) + (size_t)c->NH * c->HS * sizeof(float));
     if (row) {
         for (int i = 0; i < 16; i++) {
             ft_tensor_row_f32(&r->m->tok_embd, (int64_t)i * c->V / 16, row);
-            h = fnv(h, row, (size_t)c->C * sizeof(float));
+            h = ft_fnv1a(h, row, (size_t)c->C * sizeof(float));
         }
-        h = fnv(h, r->m->out_norm, (size_t)c->C * sizeof(float));
+        h = ft_fnv1a(h, r->m->out_norm, (size_t)c->C * sizeof(float));
         for (int l = 0; l < c->L; l++)
             for (int k = 0; k < FT_N_MODS; k++) {
                 const ft_linear *lin = ft_model_linear(r->m, l, (ft_module)k);
                 ft_tensor_row_f32(&lin->w, lin->out - 1, row);
-                h = fnv(h, row, (size_t)lin->in * sizeof(float));
+                h = ft_fnv1a(h, row, (size_t)lin->in * sizeof(float));
             }
         free(row);
     }
@@ -170,9 +166,9 @@ static cJSON *make_config(run *r) {
     cJSON_AddStringToObject(mo, "fingerprint", hex);
     /* the training data as tokenized */
     const ft_dataset *ds = r->train;
-    h = fnv(FNV0, ds->tokens, (size_t)ds->off[ds->n] * sizeof *ds->tokens);
-    h = fnv(h, ds->mask, (size_t)ds->off[ds->n]);
-    h = fnv(h, ds->off, (size_t)(ds->n + 1) * sizeof *ds->off);
+    h = ft_fnv1a(FT_FNV0, ds->tokens, (size_t)ds->off[ds->n] * sizeof *ds->tokens);
+    h = ft_fnv1a(h, ds->mask, (size_t)ds->off[ds->n]);
+    h = ft_fnv1a(h, ds->off, (size_t)(ds->n + 1) * sizeof *ds->off);
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
     cJSON_AddNumberToObject(d, "examples", ds->n);
     cJSON_AddNumberToObject(d, "tokens", (double)ds->off[ds->n]);
@@ -256,6 +252,11 @@ static ftune_status load_data(run *r) {
     dop.ctx_len = r->T;
     dop.train_on_prompt = o->train_on_prompt;
     dop.drop_long = o->drop_long;
+    dop.truncate = o->truncate;
+    dop.prompt_key = o->prompt_key;
+    dop.completion_key = o->completion_key;
+    dop.progress = o->data_progress;
+    dop.progress_ctx = o->data_progress_ctx;
     if (o->chat_template) {
         TRY(ft_chat_template_from_name(&dop.chat_template, o->chat_template));
     } else if (o->model_path && ft_is_dir(o->model_path)) {
@@ -442,11 +443,17 @@ static ftune_status read_trainable(run *r, const char *path) {
     return st;
 }
 
+/* The files of a checkpoint whose checksums trainer_state.json records. */
+static const char *const ckpt_sums[] = { "trainable.safetensors", "optimizer.safetensors", "adapter_model.safetensors",
+                                         "adapter_config.json" };
+
 static ftune_status save_checkpoint(run *r) {
     char dir[4096], tmp[4200], old[4200], path[4400];
     snprintf(dir, sizeof dir, "%s/checkpoint-%lld", r->o->out_dir, (long long)r->step);
-    snprintf(tmp, sizeof tmp, "%s.tmp", dir);
-    snprintf(old, sizeof old, "%s.old", dir);
+    /* the pid keeps two processes apart even where the lock cannot (a
+     * directory on a file system without flock) */
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
+    snprintf(old, sizeof old, "%s.old.%ld", dir, (long)getpid());
     ftune_status st = rm_tree(tmp);
     if (!st) st = mkdir_p(tmp);
     if (!st) { snprintf(path, sizeof path, "%s/trainable.safetensors", tmp); st = write_trainable(r, path); }
@@ -457,16 +464,27 @@ static ftune_status save_checkpoint(run *r) {
         ft_data_cursor cur = ft_batch_iter_cursor(r->it);
         char ms[32];
         snprintf(ms, sizeof ms, "%llu", (unsigned long long)ft_trainer_get_micro_step(r->tr));
-        cJSON_AddStringToObject(j, "format", CKPT_FORMAT);
-        cJSON_AddNumberToObject(j, "version", CKPT_VERSION);
+        cJSON_AddStringToObject(j, "format", FT_CKPT_FORMAT);
+        cJSON_AddNumberToObject(j, "version", FT_CKPT_VERSION);
         cJSON_AddNumberToObject(j, "step", (double)r->step);
         cJSON_AddStringToObject(j, "micro_step", ms);
         cJSON_AddNumberToObject(j, "data_epoch", (double)cur.epoch);
         cJSON_AddNumberToObject(j, "data_index", (double)cur.index);
         if (r->o->model_path) cJSON_AddStringToObject(j, "model_path", r->o->model_path);
         cJSON_AddItemReferenceToObject(j, "config", r->config);
+        /* checksums of the files as they are on disk, read back */
+        cJSON *sums = cJSON_AddObjectToObject(j, "checksums");
+        for (size_t i = 0; i < sizeof ckpt_sums / sizeof ckpt_sums[0] && !st; i++) {
+            snprintf(path, sizeof path, "%s/%s", tmp, ckpt_sums[i]);
+            if (!ft_file_exists(path)) continue;
+            uint64_t h;
+            if ((st = ft_file_fnv1a(path, &h))) break;
+            char hex[32];
+            snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+            cJSON_AddStringToObject(sums, ckpt_sums[i], hex);
+        }
         snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
-        st = ft_write_json_atomic(path, j);
+        if (!st) st = ft_write_json_atomic(path, j);
         cJSON_Delete(j);
     }
     if (!st) st = fsync_dir(tmp);
@@ -490,36 +508,48 @@ static ftune_status save_checkpoint(run *r) {
     return FTUNE_OK;
 }
 
+/* The other checkpoints beside dir (in its parent), for a message:
+ * "checkpoint-5, checkpoint-10" or "none". */
+static void sibling_checkpoints(const char *dir, char *out, size_t cap) {
+    char parent[4200];
+    snprintf(parent, sizeof parent, "%s", dir);
+    size_t n = strlen(parent);
+    while (n > 1 && parent[n - 1] == '/') parent[--n] = 0;
+    char *slash = strrchr(parent, '/');
+    const char *self = slash ? slash + 1 : parent;
+    char selfname[256];
+    snprintf(selfname, sizeof selfname, "%s", self);
+    if (slash) *slash = 0;
+    else snprintf(parent, sizeof parent, ".");
+    snprintf(out, cap, "none");
+    DIR *d = opendir(slash && !*parent ? "/" : parent);
+    if (!d) return;
+    size_t len = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        char *endp;
+        if (strncmp(e->d_name, "checkpoint-", 11) != 0 || strcmp(e->d_name, selfname) == 0) continue;
+        strtoll(e->d_name + 11, &endp, 10);
+        if (endp == e->d_name + 11 || *endp) continue;
+        int k = snprintf(out + len, cap - len, "%s%s", len ? ", " : "", e->d_name);
+        if (k < 0 || (size_t)k >= cap - len) break;
+        len += (size_t)k;
+    }
+    closedir(d);
+}
+
 static ftune_status load_checkpoint(run *r, const char *dir) {
     char path[4200];
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
     if (!ft_is_dir(dir)) return ft_err(FTUNE_ERR_IO, "--resume %s: no such checkpoint directory", dir);
     char *text;
-    TRY(ft_read_file(path, &text, NULL));
-    cJSON *j = cJSON_Parse(text);
+    size_t len;
+    TRY(ft_read_file(path, &text, &len));
+    ft_ckpt_state cs;
+    ftune_status st = ft_ckpt_state_parse(&cs, text, len, path);
     free(text);
-    ftune_status st = FTUNE_OK;
-    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(j, "format"), *ver = cJSON_GetObjectItemCaseSensitive(j, "version");
-    const cJSON *step = cJSON_GetObjectItemCaseSensitive(j, "step"), *ms = cJSON_GetObjectItemCaseSensitive(j, "micro_step");
-    const cJSON *ep = cJSON_GetObjectItemCaseSensitive(j, "data_epoch"), *ix = cJSON_GetObjectItemCaseSensitive(j, "data_index");
-    const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(j, "config");
-    if (!cJSON_IsObject(j) || !cJSON_IsString(fmt) || strcmp(fmt->valuestring, CKPT_FORMAT) != 0) {
-        st = ft_err(FTUNE_ERR_FORMAT, "%s: not an ftune checkpoint state", path);
-        goto done;
-    }
-    if (!cJSON_IsNumber(ver) || ver->valuedouble != CKPT_VERSION) {
-        st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: checkpoint version %g (this ftune reads %d)", path,
-                    cJSON_IsNumber(ver) ? ver->valuedouble : -1.0, CKPT_VERSION);
-        goto done;
-    }
-    if (!cJSON_IsNumber(step) || !cJSON_IsString(ms) || !cJSON_IsNumber(ep) || !cJSON_IsNumber(ix) || !cJSON_IsObject(cfg) ||
-        !(step->valuedouble >= 1 && step->valuedouble < 1e15) || !(ep->valuedouble >= 0 && ep->valuedouble < 1e15) ||
-        !(ix->valuedouble >= 0 && ix->valuedouble < 1e15)) {
-        st = ft_err(FTUNE_ERR_FORMAT, "%s: step, micro_step, data_epoch, data_index or config missing or out of range", path);
-        goto done;
-    }
+    if (st) return st;
     char key[256], *va = NULL, *vb = NULL;
-    if (config_diff(cfg, r->config, "", key, sizeof key, &va, &vb)) {
+    if (config_diff(cs.config, r->config, "", key, sizeof key, &va, &vb)) {
         bool model = strncmp(key, "model.", 6) == 0, data = strncmp(key, "data.", 5) == 0;
         if (strcmp(key, "model.fingerprint") == 0 || strcmp(key, "data.fingerprint") == 0)
             st = ft_err(FTUNE_ERR_ARG, "--resume %s: the checkpoint is from a different %s: same shape, different %s "
@@ -531,16 +561,33 @@ static ftune_status load_checkpoint(run *r, const char *dir) {
         free(vb);
         goto done;
     }
-    int64_t s = (int64_t)step->valuedouble;
+    int64_t s = cs.step;
     if (s >= r->total_steps) {
         st = ft_err(FTUNE_ERR_ARG, "--resume %s: the checkpoint is at step %lld, and this run has %lld steps", dir,
                     (long long)s, (long long)r->total_steps);
         goto done;
     }
-    char *end;
-    errno = 0;
-    unsigned long long micro = strtoull(ms->valuestring, &end, 10);
-    if (*ms->valuestring == 0 || *end || errno) { st = ft_err(FTUNE_ERR_FORMAT, "%s: bad micro_step", path); goto done; }
+    /* every step trains 1 to K micro-batches */
+    if (cs.micro_step < (uint64_t)s || cs.micro_step > (uint64_t)s * (uint64_t)r->K) {
+        st = ft_err(FTUNE_ERR_FORMAT, "%s: micro_step %llu does not fit step %lld with %d micro-batch(es) per step", path,
+                    (unsigned long long)cs.micro_step, (long long)s, r->K);
+        goto done;
+    }
+    /* the files, checked before any is read */
+    for (int i = 0; i < cs.n_files; i++) {
+        char fp[4400];
+        snprintf(fp, sizeof fp, "%s/%s", dir, cs.files[i].name);
+        uint64_t h;
+        if ((st = ft_file_fnv1a(fp, &h))) goto done;
+        if (h != cs.files[i].fnv) {
+            char others[1024];
+            sibling_checkpoints(dir, others, sizeof others);
+            st = ft_err(FTUNE_ERR_FORMAT, "--resume %s: %s is damaged (checksum %016llx, trainer_state.json records "
+                        "%016llx); nothing was loaded. Other checkpoints there: %s", dir, cs.files[i].name,
+                        (unsigned long long)h, (unsigned long long)cs.files[i].fnv, others);
+            goto done;
+        }
+    }
     snprintf(path, sizeof path, "%s/trainable.safetensors", dir);
     if ((st = read_trainable(r, path))) goto done;
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
@@ -550,12 +597,12 @@ static ftune_status load_checkpoint(run *r, const char *dir) {
                     (long long)r->opt.step, (long long)s);
         goto done;
     }
-    ft_data_cursor cur = { (int64_t)ep->valuedouble, (int64_t)ix->valuedouble };
+    ft_data_cursor cur = { cs.data_epoch, cs.data_index };
     if ((st = ft_batch_iter_seek(r->it, cur))) { st = ft_err_prefix(st, "%s", dir); goto done; }
-    ft_trainer_set_micro_step(r->tr, (uint64_t)micro);
+    ft_trainer_set_micro_step(r->tr, cs.micro_step);
     r->step = s;
 done:
-    cJSON_Delete(j);
+    ft_ckpt_state_free(&cs);
     return st;
 }
 
@@ -701,6 +748,98 @@ static ftune_status check_opts(const ft_train_run_opts *o) {
     return FTUNE_OK;
 }
 
+static bool same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+#define LOCK_NAME ".ftune.lock"
+
+/* Whether an entry of the output directory is what `--overwrite` removes:
+ * the previous run's metrics, initial adapter and checkpoints (also the
+ * temporary and old ones a killed save leaves). */
+static bool stale_output(const char *name) {
+    return strcmp(name, "metrics.jsonl") == 0 || strcmp(name, "initial") == 0 || strncmp(name, "checkpoint-", 11) == 0;
+}
+
+/* Everything about the output paths that can be checked before training:
+ * not the base model's directory, creatable, locked against a second run,
+ * and empty unless resuming or overwriting. */
+static ftune_status claim_out_dir(run *r) {
+    const ft_train_run_opts *o = r->o;
+    if (o->resume && o->overwrite) return ft_err(FTUNE_ERR_ARG, "give --resume or --overwrite, not both");
+    if (o->model_path) {
+        char parent[4200];
+        snprintf(parent, sizeof parent, "%s", o->model_path);
+        char *slash = strrchr(parent, '/');
+        if (slash) *slash = 0;
+        else snprintf(parent, sizeof parent, ".");
+        bool is_model_dir = ft_is_dir(o->model_path) ? same_file(o->out_dir, o->model_path) : same_file(o->out_dir, parent);
+        if (is_model_dir)
+            return ft_err(FTUNE_ERR_ARG, "-o %s is the base model's directory (%s); the outputs would overwrite or mix "
+                          "with the model's files: choose another directory", o->out_dir, o->model_path);
+    }
+    if (o->dump_batches && ft_is_dir(o->dump_batches))
+        return ft_err(FTUNE_ERR_ARG, "--dump-batches %s is a directory", o->dump_batches);
+    TRY(mkdir_p(o->out_dir));
+    char path[4200];
+    snprintf(path, sizeof path, "%s/" LOCK_NAME, o->out_dir);
+    r->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (r->lock_fd < 0) return ft_err(FTUNE_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    if (flock(r->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        char pid[32] = "";
+        ssize_t k = pread(r->lock_fd, pid, sizeof pid - 1, 0);
+        if (k > 0) pid[k] = 0;
+        pid[strcspn(pid, "\n")] = 0;
+        close(r->lock_fd);
+        r->lock_fd = -1;
+        if (e == EWOULDBLOCK)
+            return ft_err(FTUNE_ERR_IO, "%s: another training run (process %s) is writing to this output directory; "
+                          "wait for it or choose another -o", o->out_dir, *pid ? pid : "?");
+        return ft_err(FTUNE_ERR_IO, "%s: cannot lock: %s", path, strerror(e));
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(r->lock_fd, 0) != 0 || pwrite(r->lock_fd, pid, (size_t)n, 0) != n)
+        return ft_err(FTUNE_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    if (o->resume) return FTUNE_OK;
+    DIR *d = opendir(o->out_dir);
+    if (!d) return ft_err(FTUNE_ERR_IO, "%s: cannot read: %s", o->out_dir, strerror(errno));
+    char names[512] = "";
+    int count = 0;
+    size_t len = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 || strcmp(e->d_name, LOCK_NAME) == 0) continue;
+        if (count++ < 4) {
+            int k = snprintf(names + len, sizeof names - len, "%s%s", len ? ", " : "", e->d_name);
+            if (k > 0 && (size_t)k < sizeof names - len) len += (size_t)k;
+        }
+    }
+    closedir(d);
+    if (count && !o->overwrite)
+        return ft_err(FTUNE_ERR_ARG, "-o %s is not empty (%s%s): it holds another run. Give --resume %s/checkpoint-STEP "
+                      "to continue it, --overwrite to replace it, or another -o", o->out_dir, names,
+                      count > 4 ? ", ..." : "", o->out_dir);
+    return FTUNE_OK;
+}
+
+/* --overwrite: removes the previous run's metrics, initial adapter and
+ * checkpoints, so that none of them is mistaken for this run's. */
+static ftune_status clear_old_run(run *r) {
+    DIR *d = opendir(r->o->out_dir);
+    if (!d) return ft_err(FTUNE_ERR_IO, "%s: cannot read: %s", r->o->out_dir, strerror(errno));
+    ftune_status st = FTUNE_OK;
+    for (struct dirent *e; (e = readdir(d)) && !st;) {
+        if (!stale_output(e->d_name)) continue;
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", r->o->out_dir, e->d_name);
+        st = rm_tree(path);
+    }
+    closedir(d);
+    return st;
+}
+
 static ftune_status setup(run *r) {
     const ft_train_run_opts *o = r->o;
     const ft_config *c = &r->m->cfg;
@@ -713,7 +852,7 @@ static ftune_status setup(run *r) {
         return ft_err(FTUNE_ERR_ARG, "--ctx %d is longer than the model's context length %d", r->T, c->max_T);
     r->B = o->batch_size;
     r->K = o->grad_accum;
-    TRY(mkdir_p(o->out_dir));
+    TRY(claim_out_dir(r));
     TRY(load_data(r));
 
     ft_train_opts_default(&r->topts);
@@ -795,6 +934,7 @@ static ftune_status setup(run *r) {
     r->config = make_config(r);
     if (!r->config) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     if (o->resume) TRY(load_checkpoint(r, o->resume));
+    if (o->overwrite) TRY(clear_old_run(r));
     TRY(open_metrics(r));
     if (o->dump_batches) {
         r->dump = fopen(o->dump_batches, "w");
@@ -812,6 +952,7 @@ static ftune_status setup(run *r) {
             p.n_truncated += sets[i]->stats.n_truncated;
             p.n_dropped_long += sets[i]->stats.n_dropped_long;
             p.n_dropped_empty += sets[i]->stats.n_dropped_empty;
+            p.n_truncated_empty += sets[i]->stats.n_truncated_empty;
         }
     emit(r, &p);
     return FTUNE_OK;
@@ -891,6 +1032,7 @@ ftune_status ft_train_run(const ft_train_run_opts *o, ft_train_progress_fn progr
     r->cb = progress;
     r->cb_ctx = ctx;
     r->m = o->model;
+    r->lock_fd = -1;
     ftune_status st = train(r);
     r->res.steps_done = r->step;
     r->res.total_steps = r->total_steps;
@@ -910,6 +1052,7 @@ ftune_status ft_train_run(const ft_train_run_opts *o, ft_train_progress_fn progr
     ft_dataset_free(r->train);
     ft_dataset_free(r->val);
     free(r->init_vals);
+    if (r->lock_fd >= 0) close(r->lock_fd); /* releases the lock */
     free(r);
     return st;
 }

@@ -11,12 +11,16 @@
  *   config.json, model.safetensors, tokenizer files  (full) the final model
  *   initial/                   (save_initial_adapter) the adapter before step 1
  *   checkpoint-STEP/           every save_every steps and on interruption:
- *       trainer_state.json     step, dropout micro-step, data cursor, run config
+ *       trainer_state.json     step, dropout micro-step, data cursor, run config,
+ *                              and an FNV-1a checksum of each file beside it
  *       trainable.safetensors  every trainable tensor (f32, trainer names)
  *       optimizer.safetensors  AdamW moments and step
  *       adapter_config.json, adapter_model.safetensors  (LoRA) usable as is
- * A checkpoint is written to checkpoint-STEP.tmp/ and renamed into place, so
- * a failed save leaves every earlier checkpoint as it was.
+ *   .ftune.lock                held (flock) while a run writes here
+ * A checkpoint is written to checkpoint-STEP.tmp.PID/ and renamed into place,
+ * so a failed save leaves every earlier checkpoint as it was. A run refuses
+ * an output directory that holds anything but the lock unless it resumes or
+ * overwrite is set (which removes the old run's metrics and checkpoints).
  */
 #ifndef FT_TRAIN_LOOP_H
 #define FT_TRAIN_LOOP_H
@@ -41,6 +45,10 @@ typedef struct {
     ft_data_format format;
     const char *chat_template; /* a name, or NULL: from the model's tokenizer_config.json */
     bool train_on_prompt, drop_long, pack, shuffle;
+    ft_truncate_side truncate; /* what an over-long example loses first */
+    const char *prompt_key, *completion_key; /* completion-format field names, NULL: prompt/completion */
+    ft_dataset_progress_fn data_progress;    /* tokenization progress (per file), or NULL */
+    void *data_progress_ctx;
     int ctx;                   /* T, the sequence length; 0: min(512, the model's context) */
     /* what is trained */
     ft_train_mode mode;
@@ -66,6 +74,7 @@ typedef struct {
     const char *resume;        /* a checkpoint directory to continue from, or NULL */
     /* outputs */
     const char *out_dir;
+    bool overwrite;            /* replace a previous run in out_dir instead of refusing */
     bool export_gguf;
     bool save_initial_adapter;
     const char *dump_batches;  /* JSONL of every micro-batch, or NULL */
@@ -92,6 +101,7 @@ typedef struct {
     int n_train, n_val;
     int64_t train_tokens, train_targets, val_tokens;
     int64_t n_truncated, n_dropped_long, n_dropped_empty; /* over both sets */
+    int64_t n_truncated_empty; /* truncated examples left without a target (dropped) */
     int64_t n_trainable;       /* trainable parameters */
     int T, B, K;
     const char *data_format;   /* the format used ("text", "chat", ...) */
@@ -121,6 +131,35 @@ typedef struct {
  * or option at fault; an interruption is FTUNE_ERR_INTERRUPTED after the
  * checkpoint is saved. */
 ftune_status ft_train_run(const ft_train_run_opts *o, ft_train_progress_fn progress, void *ctx, ft_train_result *res);
+
+/* ------------------------------------------------------------ checkpoint state */
+
+#define FT_CKPT_FORMAT "ftune-checkpoint"
+#define FT_CKPT_VERSION 2          /* 2: per-file checksums */
+#define FT_CKPT_MAX_FILES 8
+#define FT_FNV0 0xcbf29ce484222325ull
+
+struct cJSON;
+/* trainer_state.json, parsed; every field checked for type and range. */
+typedef struct {
+    int64_t step;              /* optimizer steps done, >= 1 */
+    uint64_t micro_step;       /* micro-batches trained (seeds dropout) */
+    int64_t data_epoch, data_index; /* the batch iterator's cursor */
+    const struct cJSON *config;/* the run configuration (owned by root) */
+    int n_files;
+    struct { char name[64]; uint64_t fnv; } files[FT_CKPT_MAX_FILES]; /* FNV-1a of each file */
+    struct cJSON *root;
+} ft_ckpt_state;
+
+/* Parses len bytes of a trainer_state.json (path names it in errors);
+ * FTUNE_ERR_FORMAT names the bad field, FTUNE_ERR_UNSUPPORTED another
+ * version. On success free with ft_ckpt_state_free. */
+ftune_status ft_ckpt_state_parse(ft_ckpt_state *s, const char *text, size_t len, const char *path);
+void ft_ckpt_state_free(ft_ckpt_state *s);
+/* FNV-1a 64 of n bytes, continuing from h (FT_FNV0 to start). */
+uint64_t ft_fnv1a(uint64_t h, const void *p, size_t n);
+/* FNV-1a 64 of a whole file, read in chunks. */
+ftune_status ft_file_fnv1a(const char *path, uint64_t *out);
 
 /* Peak resident memory of this process, in MiB (getrusage). */
 double ft_peak_rss_mib(void);

@@ -21,15 +21,17 @@ fi
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 fail=0
-# the tokenizer.json and config.json parsers (model and tokenizer loading)
-LOADER_TARGETS="tokenizer_json config"
-for name in gguf safetensors $LOADER_TARGETS; do
+# the tokenizer.json and config.json parsers (model and tokenizer loading), the dataset
+# readers and trainer_state.json (training)
+for name in gguf safetensors tokenizer_json config data trainer_state; do
     bin=build-fuzz/fuzz_$name
     corpus=$work/corpus_$name
     mkdir -p "$corpus" "$work/art_$name"
     cp fuzz/corpus/$name/* "$corpus"/
     log=$work/$name.log
-    "$bin" -max_total_time="$SECS" -timeout=10 -rss_limit_mb=2048 -max_len=8192 -print_final_stats=1 \
+    secs=$SECS
+    case $name in data|trainer_state) secs=${FUZZ_SECONDS:-10} ;; esac
+    "$bin" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=8192 -print_final_stats=1 \
         -artifact_prefix="$work/art_$name/" "$corpus" >"$log" 2>&1
     rc=$?
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
@@ -40,7 +42,7 @@ for name in gguf safetensors $LOADER_TARGETS; do
         echo "FAIL fuzz_$name: exit $rc after ${runs:-?} runs; inputs in build-fuzz/crashes/"
         fail=1
     else
-        echo "PASS fuzz_$name (${runs:-?} inputs in ${SECS} s, corpus grew to $(ls "$corpus" | wc -l) files)"
+        echo "PASS fuzz_$name (${runs:-?} inputs in ${secs} s, corpus grew to $(ls "$corpus" | wc -l) files)"
     fi
 done
 exit $fail

@@ -118,3 +118,32 @@ mkdir -p "$tmp/mistral"; cp "$D/models/stories260K-hf/"* "$tmp/mistral/"
 sed -i 's/"model_type": "llama"/"model_type": "mistral", "sliding_window": 128/' "$tmp/mistral/config.json"
 "$FT" info "$tmp/mistral" | grep -q "context length: *128" && pass mistral_window_caps_context \
     || fail mistral_window_caps_context "context not capped"
+
+# 11. options are validated: no NaN, no undocumented negative meanings
+expect_error err_temp_nan "finite number" "$FT" generate -m "$S/stories260K.bin" --temp nan -n 3
+expect_error err_temp_negative "--temp must be at least 0" "$FT" generate -m "$S/stories260K.bin" --temp -1 -n 3
+expect_error err_n_negative "-n must be -1" "$FT" generate -m "$S/stories260K.bin" -n -5
+expect_error err_ctx_negative "-c must be 0" "$FT" generate -m "$S/stories260K.bin" -c -1 -n 3
+expect_error err_top_p_zero "--top-p must be in" "$FT" generate -m "$S/stories260K.bin" --top-p 0 -n 3
+expect_error err_eval_ctx_negative "-c must be 0" "$FT" eval -m "$S/stories260K.bin" --text "$tmp/shake.txt" -c -1
+[ "$("$FT" generate --help | grep -- '--seed' | grep -o 'default' | wc -l)" -eq 1 ] \
+    && pass help_seed_default_once || fail help_seed_default_once "$("$FT" generate --help | grep -- --seed)"
+
+# 12. llama.cpp habits: --version; -c/--ctx-size and --ctx are the same option everywhere
+"$FT" --version | grep -q "^ftune [0-9]" && pass version || fail version "$("$FT" --version 2>&1)"
+g1=$("$FT" generate -m "$S/stories260K.bin" -p "Once" -n 10 --temp 0 --quiet -c 32)
+g2=$("$FT" generate -m "$S/stories260K.bin" -p "Once" -n 10 --temp 0 --quiet --ctx 32)
+e1=$("$FT" eval -m "$S/stories260K.bin" --text "$tmp/shake.txt" --json --ctx-size 64 2>/dev/null)
+e2=$("$FT" eval -m "$S/stories260K.bin" --text "$tmp/shake.txt" --json --ctx 64 2>/dev/null)
+[ -n "$g1" ] && [ "$g1" = "$g2" ] && [ -n "$e1" ] && [ "$e1" = "$e2" ] && "$FT" train --help | grep -q -- "-c, --ctx-size" \
+    && pass ctx_size_aliases || fail ctx_size_aliases "'$g1' '$g2' '$e1' '$e2'"
+
+# 13. eval progress: on stderr with --progress (or a terminal), never in the --json stdout,
+# and the same result as without it
+"$FT" eval -m "$S/stories260K.gguf" --text "$tmp/shake.txt" --json -c 64 --progress > "$tmp/p.json" 2> "$tmp/p.err"
+/usr/bin/python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$tmp/p.json" && grep -q "100%  ETA" "$tmp/p.err" \
+    && [ "$(cat "$tmp/p.json")" = "$w" ] && pass eval_progress || fail eval_progress "$(cat "$tmp/p.json" "$tmp/p.err")"
+"$FT" eval -m "$S/stories260K.bin" --text "$tmp/shake.txt" --json -c 64 2> "$tmp/p.err" > /dev/null
+! grep -q "ETA" "$tmp/p.err" && pass eval_no_progress_off_terminal || fail eval_no_progress_off_terminal "$(cat "$tmp/p.err")"
+printf '{"text": "ok"}\n{"text": "a\\u0000b"}\n' > "$tmp/nul.jsonl"
+expect_error eval_jsonl_nul "nul.jsonl:2: a NUL character" "$FT" eval -m "$S/stories260K.bin" --jsonl "$tmp/nul.jsonl"

@@ -194,12 +194,11 @@ printf '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "
 expect_error data_chat_unknown_role "bad4.jsonl:2.*role" train -o "$tmp/x" --data "$tmp/bad4.jsonl" --chat-template chatml --steps 1
 
 # 12. examples longer than the context: truncated and counted, or dropped with --drop-long
-train -o "$tmp/t" --ctx 16 --steps 1 --val-split 0 --quiet 2> /dev/null
 "$FT" train -m "$HF" --data "$tmp/d.jsonl" -o "$tmp/t" --ctx 16 --steps 1 -t 1 --val-split 0 2> "$tmp/err.txt" \
     && grep -q "warning: 8 example(s) longer than 16 tokens were truncated" "$tmp/err.txt" && pass long_truncated \
     || fail long_truncated "$(cat "$tmp/err.txt")"
 printf '{"text": "Hi."}\n{"text": "Once upon a time, there was a little cat named Tom. Tom liked to play."}\n' > "$tmp/long.jsonl"
-"$FT" train -m "$HF" --data "$tmp/long.jsonl" -o "$tmp/t" --ctx 16 --steps 1 -t 1 --val-split 0 --drop-long 2> "$tmp/err.txt" \
+"$FT" train -m "$HF" --data "$tmp/long.jsonl" -o "$tmp/t2" --ctx 16 --steps 1 -t 1 --val-split 0 --drop-long 2> "$tmp/err.txt" \
     && grep -q "1 example(s) longer than 16 tokens were dropped" "$tmp/err.txt" && grep -q "data: 1 training examples" "$tmp/err.txt" \
     && pass long_dropped || fail long_dropped "$(cat "$tmp/err.txt")"
 
@@ -242,3 +241,105 @@ EOF
 train -o "$tmp/ep" --epochs 2 --batch-size 3 --grad-accum 2 --val-split 0 --dump-batches "$tmp/ep.jsonl" 2> "$tmp/err.txt"
 [ "$(wc -l < "$tmp/ep/metrics.jsonl")" -eq 3 ] && [ "$(wc -l < "$tmp/ep.jsonl")" -eq 6 ] && pass epochs_steps \
     || fail epochs_steps "$(cat "$tmp/err.txt"; wc -l "$tmp/ep/metrics.jsonl" "$tmp/ep.jsonl")"
+
+# 17. an output directory that holds a run is refused unless --resume or --overwrite;
+# --overwrite removes the old run's checkpoints and metrics
+mkdir -p "$tmp/ow"; cp -r "$tmp/r/." "$tmp/ow/"
+expect_error nonempty_out_refused "not empty.*--overwrite" train -o "$tmp/ow" --steps 2 --val-split 0
+train -o "$tmp/ow" --steps 2 --val-split 0 --overwrite 2> "$tmp/err.txt"
+[ $? -eq 0 ] && [ ! -e "$tmp/ow/checkpoint-5" ] && [ "$(wc -l < "$tmp/ow/metrics.jsonl")" -eq 2 ] \
+    && pass overwrite_replaces_run || fail overwrite_replaces_run "$(cat "$tmp/err.txt"; ls "$tmp/ow")"
+expect_error resume_and_overwrite "not both" train -o "$tmp/ow" --steps 2 --overwrite --resume "$tmp/r/checkpoint-5"
+
+# 18. a second run on the same output directory while one is running is refused, naming the first
+"$FT" train -m "$HF" --data "$tmp/d.jsonl" --ctx 64 -t 1 --quiet -o "$tmp/lk" --steps 100000 --val-split 0 2> "$tmp/lk.err" &
+pid=$!
+for _ in $(seq 1 500); do [ -s "$tmp/lk/metrics.jsonl" ] && break; sleep 0.01; done
+expect_error lock_refuses_second_run "another training run (process $pid)" train -o "$tmp/lk" --steps 2 --overwrite
+kill -INT $pid; wait $pid
+[ -n "$(ls -d "$tmp"/lk/checkpoint-* 2>/dev/null)" ] && [ -z "$(ls -d "$tmp"/lk/*.tmp* 2>/dev/null)" ] \
+    && pass lock_first_run_intact || fail lock_first_run_intact "$(cat "$tmp/lk.err"; ls "$tmp/lk")"
+
+# 19. --full into the base model's own directory is refused before any step, writing nothing there
+cp -r "$HF" "$tmp/hfcopy"; before=$(ls "$tmp/hfcopy" | sort | tr '\n' ' ')
+expect_error full_into_model_dir "base model's directory" "$FT" train -m "$tmp/hfcopy" --data "$tmp/d.jsonl" --ctx 64 \
+    -t 1 --full --steps 2 -o "$tmp/hfcopy" --overwrite
+[ "$(ls "$tmp/hfcopy" | sort | tr '\n' ' ')" = "$before" ] && [ ! -e "$tmp/hfcopy/.ftune.lock" ] \
+    && pass full_into_model_dir_writes_nothing || fail full_into_model_dir_writes_nothing "$(ls -a "$tmp/hfcopy")"
+
+# 20. a damaged checkpoint file is named on resume (nothing loaded); the earlier checkpoint still resumes
+train -o "$tmp/ck" "${rt[@]}" --save-every 3 2> "$tmp/err.txt" || fail ckpt_reference "$(cat "$tmp/err.txt")"
+for f in optimizer trainable; do
+    cp -r "$tmp/ck" "$tmp/ck_$f"
+    $PY - "$tmp/ck_$f/checkpoint-6/$f.safetensors" <<'EOF'
+import sys
+p = sys.argv[1]; b = bytearray(open(p, "rb").read())
+b[len(b) - 5] ^= 0x10  # one bit of the last tensor's data
+open(p, "wb").write(b)
+EOF
+    expect_error "ckpt_damaged_$f" "$f.safetensors is damaged.*checkpoint-3" \
+        train -o "$tmp/ck_$f" "${rt[@]}" --resume "$tmp/ck_$f/checkpoint-6"
+done
+train -o "$tmp/ck_trainable" "${rt[@]}" --resume "$tmp/ck_trainable/checkpoint-3" 2> "$tmp/err.txt" \
+    && [ "$(losses "$tmp/ck_trainable/metrics.jsonl")" = "$a" ] && pass ckpt_damaged_earlier_resumes \
+    || fail ckpt_damaged_earlier_resumes "$(cat "$tmp/err.txt")"
+
+# 21. every field of trainer_state.json is checked for type and range
+bad_state() {  # name, python statement editing the dict s, expected message
+    rm -rf "$tmp/bs"; cp -r "$tmp/ck" "$tmp/bs"
+    $PY - "$tmp/bs/checkpoint-3/trainer_state.json" "$2" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1])); exec(sys.argv[2]); json.dump(s, open(sys.argv[1], "w"))
+EOF
+    expect_error "state_$1" "$3" train -o "$tmp/bs" "${rt[@]}" --resume "$tmp/bs/checkpoint-3"
+}
+bad_state micro_step_negative 's["micro_step"] = "-1"' 'micro_step.*not a non-negative integer'
+bad_state micro_step_overflow 's["micro_step"] = "18446744073709551616"' 'micro_step.*out of range'
+bad_state micro_step_too_large 's["micro_step"] = "100"' 'micro_step 100 does not fit step 3'
+bad_state micro_step_number 's["micro_step"] = 6' 'micro_step.*string'
+bad_state step_fraction 's["step"] = 2.5' '"step" must be an integer'
+bad_state step_string 's["step"] = "3"' '"step" must be an integer'
+bad_state epoch_negative 's["data_epoch"] = -1' 'data_epoch'
+bad_state index_huge 's["data_index"] = 1e300' 'data_index'
+bad_state unknown_field 's["stepp"] = 3' 'unknown field "stepp"'
+bad_state no_checksums 'del s["checksums"]' 'checksums'
+bad_state checksum_path 's["checksums"]["../x"] = "0"*16' 'not a checkpoint file'
+bad_state version_1 's["version"] = 1' 'version 1'
+
+# 22. data: other field names (gsm8k's question/answer), truncation that loses targets
+# is reported and --truncate prompt keeps them, a NUL in a string is refused
+head -50 "$D/text/gsm8k/test.jsonl" > "$tmp/gsm.jsonl"
+expect_error gsm8k_needs_keys '"question"\|known fields' train -o "$tmp/gsm0" --data "$tmp/gsm.jsonl" --steps 1
+"$FT" train -m "$HF" --data "$tmp/gsm.jsonl" -o "$tmp/gsm" -c 128 --truncate prompt -t 1 --steps 1 --val-split 0 \
+    --prompt-key question --completion-key answer 2> "$tmp/err.txt" \
+    && grep -q "data: 50 training examples .*format completion" "$tmp/err.txt" && pass gsm8k_prompt_completion_keys \
+    || fail gsm8k_prompt_completion_keys "$(cat "$tmp/err.txt")"
+AL=$D/text/alpaca/alpaca_200.json
+"$FT" train -m "$HF" --data "$AL" -o "$tmp/al1" --ctx-size 128 -t 1 --steps 1 --val-split 0 2> "$tmp/err.txt" \
+    && grep -q "data: 47 training examples" "$tmp/err.txt" \
+    && grep -q "153 of them lost all their target tokens to truncation and were dropped (--truncate prompt" "$tmp/err.txt" \
+    && pass truncation_lost_targets_reported || fail truncation_lost_targets_reported "$(cat "$tmp/err.txt")"
+"$FT" train -m "$HF" --data "$AL" -o "$tmp/al2" --ctx 128 -t 1 --steps 1 --val-split 0 --truncate prompt 2> "$tmp/err.txt" \
+    && grep -q "data: 200 training examples" "$tmp/err.txt" && ! grep -q "lost all their target" "$tmp/err.txt" \
+    && pass truncate_prompt_keeps_targets || fail truncate_prompt_keeps_targets "$(cat "$tmp/err.txt")"
+expect_error truncate_bad_side "expects end or prompt" train -o "$tmp/x3" --truncate middle --steps 1
+expect_error ctx_twice "not both" train -o "$tmp/x3" --ctx 32 -c 64 --steps 1
+printf '{"text": "ok"}\n{"text": "a\\u0000b"}\n' > "$tmp/nul.jsonl"
+expect_error data_nul_escape "nul.jsonl:2: a NUL character" train -o "$tmp/x3" --data "$tmp/nul.jsonl" --steps 1
+printf '{"text": "ok"}\n{"text": "a\0b"}\n' > "$tmp/nul2.jsonl"
+expect_error data_nul_raw "nul2.jsonl:2: a NUL character" train -o "$tmp/x3" --data "$tmp/nul2.jsonl" --steps 1
+"$FT" train -m "$HF" --data "$AL" -o "$tmp/al3" --ctx 128 -t 1 --steps 1 --val-split 0 --progress 2> "$tmp/err.txt" \
+    && grep -q "tokenizing the data  100%" "$tmp/err.txt" && pass train_data_progress || fail train_data_progress "$(cat "$tmp/err.txt")"
+
+# 23. two runs started together on one output directory: one trains, the other is refused
+# (by the lock, or as a non-empty directory if the first already finished); no temporary left
+for k in 1 2; do
+    "$FT" train -m "$HF" --data "$tmp/d.jsonl" --ctx 64 -t 1 --quiet -o "$tmp/two" --steps 3 --save-every 1 \
+        --val-split 0 2> "$tmp/two$k.err" &
+    eval "p$k=\$!"
+done
+wait $p1; r1=$?; wait $p2; r2=$?
+if [ $(( (r1 == 0) + (r2 == 0) )) -eq 1 ] && cat "$tmp/two1.err" "$tmp/two2.err" | grep -q "another training run\|not empty" \
+    && [ -z "$(ls -d "$tmp"/two/*.tmp* 2>/dev/null)" ] && [ "$(wc -l < "$tmp/two/metrics.jsonl")" -eq 3 ]; then
+    pass concurrent_start_one_wins
+else fail concurrent_start_one_wins "exits $r1 $r2: $(cat "$tmp/two1.err" "$tmp/two2.err"; ls "$tmp/two")"; fi

@@ -465,13 +465,35 @@ static void test_truncate_and_drop(void) {
     ft_dataset *ds = NULL;
     CHECK_OK(ft_dataset_load(&ds, p, &tk, &o));
     if (!ds) return;
-    /* the third loses all of its completion to truncation: dropped as empty */
+    /* the third loses all of its completion to truncation: dropped, and
+     * counted apart from examples that never had a target */
     CHECK(ds->n == 2);
     CHECK(ds->stats.n_truncated == 2);
-    CHECK(ds->stats.n_dropped_empty == 1);
+    CHECK(ds->stats.n_truncated_empty == 1 && ds->stats.n_dropped_empty == 0);
     CHECK(ft_dataset_len(ds, 0) == 6 && ft_dataset_len(ds, 1) == 3);
     CHECK(ds->stats.max_len == 6);
     ft_dataset_free(ds);
+    /* --truncate prompt: prompt tokens go first, from the left; the first
+     * example has a 1-token prompt and keeps cutting its end */
+    o.truncate = FT_TRUNC_PROMPT;
+    CHECK_OK(ft_dataset_load(&ds, p, &tk, &o));
+    if (!ds) return;
+    CHECK(ds->n == 3 && ds->stats.n_truncated == 2 && ds->stats.n_truncated_empty == 0);
+    char *a = decode(ds, 0, -1), *c = decode(ds, 2, -1), *ct = decode(ds, 2, 1);
+    CHECK_STR(a, " a b c d e f");
+    CHECK_STR(c, " v w x y a</s>");
+    CHECK_STR(ct, " a</s>");
+    free(a), free(c), free(ct);
+    ft_dataset_free(ds);
+    /* with BOS it stays first */
+    ft_data_tokenizer tkb = word_tokenizer(1);
+    CHECK_OK(ft_dataset_load(&ds, p, &tkb, &o));
+    if (!ds) return;
+    c = decode(ds, 2, -1);
+    CHECK_STR(c, "<s> w x y a</s>");
+    free(c);
+    ft_dataset_free(ds);
+    o.truncate = FT_TRUNC_END;
     o.drop_long = true;
     CHECK_OK(ft_dataset_load(&ds, p, &tk, &o));
     if (!ds) return;
@@ -510,6 +532,11 @@ static void test_bad_input(void) {
           { .ctx_len = 64, .chat_template = FT_CHAT_LLAMA2 } },
         { "{\"text\": \"ok\"}\n{\"text\": \"bad \xff byte\"}\n", 2, "invalid UTF-8", { .ctx_len = 64 } },
         { "{\"text\": \"a\"}\n", 1, "field \"prompt\" missing", { .ctx_len = 64, .format = FT_FMT_COMPLETION } },
+        /* a NUL would cut the C string short: refused, raw or escaped */
+        { "{\"text\": \"a\"}\n{\"text\": \"a\\u0000b\"}\n", 2, "a NUL character in the record (column 12)", { .ctx_len = 64 } },
+        { "[{\"text\": \"a\"},\n {\"text\": \"a\\u0000b\"}]\n", 2, "a NUL character", { .ctx_len = 64 } },
+        { "{\"messages\": [{\"role\": \"user\", \"content\": \"\\u0000\"}]}\n", 1, "a NUL character",
+          { .ctx_len = 64, .chat_template = FT_CHAT_CHATML } },
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const char *p = write_tmp("train.jsonl", cases[c].content);
@@ -532,6 +559,22 @@ static void test_bad_input(void) {
         CHECK(ft_dataset_load(&ds, "train.jsonl", &tk, &o) == FTUNE_ERR_FORMAT);
         CHECK_STR(ftune_last_error(), "train.jsonl:3: field \"text\" missing");
         CHECK(chdir(cwd) == 0);
+    }
+    /* a raw NUL byte, and escapes that only look like \u0000 are fine */
+    {
+        const char raw[] = "{\"text\": \"a\"}\n{\"text\": \"a\0b\"}\n";
+        ft_dataset *d = NULL;
+        ft_dataset_opts o = opts_ctx(64);
+        CHECK(ft_dataset_load_buffer(&d, "raw.jsonl", raw, sizeof raw - 1, &tk, &o) == FTUNE_ERR_FORMAT);
+        CHECK_STR(ftune_last_error(), "raw.jsonl:2: a NUL character in the record (column 12); text may not contain NUL");
+        const char ok[] = "{\"text\": \"a\\\\u0000 \\u0001\"}\n";
+        CHECK_OK(ft_dataset_load_buffer(&d, "ok.jsonl", ok, sizeof ok - 1, &tk, &o));
+        if (d) {
+            char *t = decode(d, 0, 1);
+            CHECK_STR(t, "a\\u0000 \x01</s>");
+            free(t);
+        }
+        ft_dataset_free(d);
     }
     /* a missing file is an I/O error */
     ft_dataset *ds = NULL;
@@ -972,6 +1015,133 @@ static void test_stories260K_alpaca(void) {
     ft_tokenizer_free(t);
 }
 
+/* ------------------------------------------------------------ bounded tokenization */
+
+/* Whether two datasets are identical: examples, tokens, masks, lines, counts. */
+static bool same_dataset(const ft_dataset *a, const ft_dataset *b) {
+    if (a->n != b->n || memcmp(a->off, b->off, (size_t)(a->n + 1) * sizeof *a->off) != 0) return false;
+    if (memcmp(a->line, b->line, (size_t)a->n * sizeof *a->line) != 0) return false;
+    size_t nt = (size_t)a->off[a->n];
+    if (memcmp(a->tokens, b->tokens, nt * sizeof *a->tokens) != 0 || memcmp(a->mask, b->mask, nt) != 0) return false;
+    const ft_dataset_stats *x = &a->stats, *y = &b->stats;
+    return x->n_records == y->n_records && x->n_truncated == y->n_truncated && x->n_truncated_empty == y->n_truncated_empty &&
+           x->n_dropped_long == y->n_dropped_long && x->n_dropped_empty == y->n_dropped_empty &&
+           x->n_tokens == y->n_tokens && x->n_targets == y->n_targets && x->max_len == y->max_len;
+}
+
+static char *json_escaped(const char *s, size_t n) {
+    cJSON *str = cJSON_CreateString("");
+    char *tmp = strndup(s, n);
+    cJSON_SetValuestring(str, tmp);
+    char *out = cJSON_PrintUnformatted(str);
+    free(tmp);
+    cJSON_Delete(str);
+    return out;
+}
+
+/* Tokenizing only a bounded prefix of each field (the default) gives the
+ * same dataset as tokenizing whole records, on real data with real
+ * tokenizers, at contexts where bounding cuts most records: Alpaca,
+ * GSM8K with custom keys, chat rendered from Alpaca, and one 1.1 MB
+ * record of Shakespeare; for end and prompt-first truncation and drop. */
+static void test_bounded_tokenization(void) {
+    char path[1024], p2[1024];
+    ftune_tokenizer *toks[3] = { NULL, NULL, NULL };
+    const char *tname[3] = { "stories260K (SentencePiece BPE)", "llama3 (tiktoken)", "gpt2 (byte-level BPE)" };
+    CHECK_OK(ft_tokenizer_from_hf_dir(&toks[0], check_data_path(path, sizeof path, "models/stories260K-hf")));
+    CHECK_OK(ft_tokenizer_from_tiktoken(&toks[1], check_data_path(path, sizeof path, "tokenizers/llama3/tokenizer.model")));
+    CHECK_OK(ft_tokenizer_from_hf_dir(&toks[2], check_data_path(path, sizeof path, "tokenizers/gpt2")));
+    /* the data: files as they are, and two made from them */
+    char *shake = NULL, *alp = NULL;
+    size_t shake_len = 0, alp_len = 0;
+    CHECK_OK(ft_read_file(check_data_path(path, sizeof path, "text/tinyshakespeare/input.txt"), &shake, &shake_len));
+    CHECK_OK(ft_read_file(check_data_path(p2, sizeof p2, "text/alpaca/alpaca_200.json"), &alp, &alp_len));
+    if (!shake || !alp) goto out;
+    char *esc = json_escaped(shake, shake_len);
+    size_t big_len = strlen(esc) + 16;
+    char *big = malloc(big_len);
+    snprintf(big, big_len, "{\"text\": %s}\n", esc);
+    free(esc);
+    const char *big_path = write_tmp("shakespeare_one_record.jsonl", big);
+    char big_copy[512];
+    snprintf(big_copy, sizeof big_copy, "%s", big_path);
+    free(big);
+    cJSON *root = cJSON_Parse(alp);
+    size_t cap = alp_len * 2 + 1024, used = 0;
+    char *chat = malloc(cap);
+    const cJSON *r;
+    cJSON_ArrayForEach(r, root) {
+        cJSON *rec = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(rec, "messages");
+        cJSON *u = cJSON_CreateObject(), *a = cJSON_CreateObject();
+        cJSON_AddStringToObject(u, "role", "user");
+        cJSON_AddStringToObject(u, "content", cJSON_GetObjectItem(r, "instruction")->valuestring);
+        cJSON_AddStringToObject(a, "role", "assistant");
+        cJSON_AddStringToObject(a, "content", cJSON_GetObjectItem(r, "output")->valuestring);
+        cJSON_AddItemToArray(msgs, u);
+        cJSON_AddItemToArray(msgs, a);
+        char *line = cJSON_PrintUnformatted(rec);
+        used += (size_t)snprintf(chat + used, cap - used, "%s\n", line);
+        free(line);
+        cJSON_Delete(rec);
+    }
+    cJSON_Delete(root);
+    const char *chat_path = write_tmp("alpaca_chat.jsonl", chat);
+    char chat_copy[512];
+    snprintf(chat_copy, sizeof chat_copy, "%s", chat_path);
+    free(chat);
+    char alpaca_path[1024], gsm_path[1024];
+    check_data_path(alpaca_path, sizeof alpaca_path, "text/alpaca/alpaca_200.json");
+    check_data_path(gsm_path, sizeof gsm_path, "text/gsm8k/test.jsonl");
+    struct { const char *path; ft_chat_template tmpl; bool keys; } files[] = {
+        { alpaca_path, FT_CHAT_NONE, false }, { gsm_path, FT_CHAT_NONE, true }, { chat_copy, FT_CHAT_CHATML, false },
+        { big_copy, FT_CHAT_NONE, false },
+    };
+    int ctxs[] = { 16, 61, 128 };
+    int compared = 0, differ = 0;
+    double t_bounded = 0, t_all = 0;
+    for (int k = 0; k < 3; k++) {
+        if (!toks[k]) continue;
+        ft_data_tokenizer tk;
+        ft_data_tokenizer_init(&tk, toks[k]);
+        for (size_t f = 0; f < sizeof files / sizeof files[0]; f++)
+            for (size_t c = 0; c < sizeof ctxs / sizeof ctxs[0]; c++)
+                for (int mode = 0; mode < 3; mode++) {
+                    /* the 1.1 MB record once per tokenizer: it is the slow case */
+                    if (f == 3 && (c != 2 || mode == 2)) continue;
+                    ft_dataset_opts o = opts_ctx(ctxs[c]);
+                    o.chat_template = files[f].tmpl;
+                    if (files[f].keys) { o.prompt_key = "question"; o.completion_key = "answer"; }
+                    o.truncate = mode == 1 ? FT_TRUNC_PROMPT : FT_TRUNC_END;
+                    o.drop_long = mode == 2;
+                    ft_dataset *a = NULL, *b = NULL;
+                    double t0 = ft_time_s();
+                    ftune_status sa = ft_dataset_load(&a, files[f].path, &tk, &o);
+                    double t1 = ft_time_s();
+                    o.tokenize_all = true;
+                    ftune_status sb = ft_dataset_load(&b, files[f].path, &tk, &o);
+                    double t2 = ft_time_s();
+                    t_bounded += t1 - t0;
+                    t_all += t2 - t1;
+                    /* both fail alike (no examples left) or give the same dataset */
+                    bool same = sa == sb && (sa != FTUNE_OK || same_dataset(a, b));
+                    CHECKF(same, "%s, %s, ctx %d, mode %d: bounded and whole tokenization differ", tname[k], files[f].path,
+                           ctxs[c], mode);
+                    compared++;
+                    differ += !same;
+                    if (f == 3 && c == 2)
+                        printf("  one 1.1 MB record, %s, ctx 128: bounded %.3f s, whole %.3f s\n", tname[k], t1 - t0, t2 - t1);
+                    ft_dataset_free(a);
+                    ft_dataset_free(b);
+                }
+    }
+    printf("  bounded == whole tokenization in %d of %d configurations (%.2f s vs %.2f s in all)\n", compared - differ,
+           compared, t_bounded, t_all);
+out:
+    free(shake);
+    free(alp);
+    for (int k = 0; k < 3; k++) ft_tokenizer_free(toks[k]);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "%s/ftune_test_data_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(tmpdir)) { printf("FAIL mkdtemp\n"); return 1; }
@@ -994,6 +1164,7 @@ int main(void) {
     RUN(test_llama3_chat_vector);
     RUN(test_llama3_chat_dataset);
     RUN(test_stories260K_alpaca);
+    RUN(test_bounded_tokenization);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);

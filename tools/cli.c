@@ -4,14 +4,17 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 static void print_default(const cli_opt *o, FILE *f) {
+    if (strstr(o->help, "(default:")) return; /* the help says it in words */
     switch (o->kind) {
     case OPT_STR: {
         const char *v = *(const char **)o->dst;
@@ -66,6 +69,7 @@ static int set_value(const cli_cmd *cmd, cli_opt *o, const char *name, const cha
     case OPT_FLOAT: {
         float x = strtof(v, &end);
         if (*v == 0 || *end || errno) return bad(cmd, "%s expects a number, got \"%s\"", name, v);
+        if (!isfinite(x)) return bad(cmd, "%s expects a finite number, got \"%s\"", name, v);
         *(float *)o->dst = x;
         break;
     }
@@ -151,6 +155,42 @@ void cli_print_piece(FILE *f, const char *piece, int n) {
         if (c == 0x7F) continue;
         fputc(c, f);
     }
+}
+
+void cli_fmt_duration(char *buf, size_t cap, double s) {
+    if (!(s >= 0) || s > 1e8) { snprintf(buf, cap, "?"); return; }
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, cap, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60) snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(buf, cap, "%lds", t);
+}
+
+void cli_progress_begin(cli_progress *p, const char *label, bool force) {
+    p->tty = isatty(2);
+    p->on = force || p->tty;
+    p->drawn = false;
+    p->label = label;
+    p->t0 = ft_cli_time();
+    p->last = -1;
+}
+
+void cli_progress_update(cli_progress *p, double done, double total) {
+    if (!p->on) return;
+    double now = ft_cli_time();
+    if (p->last >= 0 && now - p->last < (p->tty ? 0.25 : 1.0) && done < total) return;
+    p->last = now;
+    double frac = total > 0 ? done / total : 1;
+    char eta[32];
+    cli_fmt_duration(eta, sizeof eta, frac > 0 ? (now - p->t0) * (1 - frac) / frac : -1);
+    if (p->tty) fprintf(stderr, "\r%s  %3.0f%%  ETA %s\033[K", p->label, 100 * frac, eta);
+    else fprintf(stderr, "%s  %3.0f%%  ETA %s\n", p->label, 100 * frac, eta);
+    fflush(stderr);
+    p->drawn = true;
+}
+
+void cli_progress_end(cli_progress *p) {
+    if (p->drawn && p->tty) fputc('\n', stderr);
+    p->drawn = false;
 }
 
 double ft_cli_time(void) {

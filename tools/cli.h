@@ -50,6 +50,22 @@ void cli_print_piece(FILE *f, const char *piece, int n);
 /* Monotonic seconds. */
 double ft_cli_time(void);
 
+/* A progress line on stderr ("tokenizing x.jsonl  45%  ETA 12s"), redrawn
+ * in place at most 4 times a second; only when stderr is a terminal or
+ * forced (a --progress flag; then, off a terminal, one line a second and
+ * the last), so logs and --json output stay clean. */
+typedef struct {
+    bool on, tty, drawn;
+    const char *label;
+    double t0, last;
+} cli_progress;
+void cli_progress_begin(cli_progress *p, const char *label, bool force);
+void cli_progress_update(cli_progress *p, double done, double total);
+/* Ends the line (if one was drawn). */
+void cli_progress_end(cli_progress *p);
+/* "12s", "3m05s", "1h02m"; "?" when unknown. */
+void cli_fmt_duration(char *buf, size_t cap, double s);
+
 int cmd_generate(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "data.h"
 
 static char *slurp(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -28,18 +29,31 @@ static char *slurp(const char *path, size_t *len) {
     return buf;
 }
 
-static int eval_doc(ftune_session *s, const ftune_tokenizer *tok, const char *text, size_t len, bool add_bos,
-                    ftune_eval_result *acc, const char *where) {
+/* Evaluates one document in windows of W tokens, one ftune_eval_tokens
+ * call per window: the same windows (w0 advancing by W-1, each starting
+ * fresh) and the same order of additions as one call over the whole
+ * document, so the result is identical, and progress can be shown between
+ * windows. The progress is the bytes before this document plus this
+ * document's bytes in proportion to its windows done. */
+static int eval_doc(ftune_session *s, const ftune_tokenizer *tok, const char *text, size_t len, bool add_bos, int W,
+                    ftune_eval_result *acc, const char *where, cli_progress *pr, double done_bytes, double total_bytes) {
     int32_t *ids = NULL;
     size_t n = 0;
     ftune_status st = ftune_tokenize(tok, text, len, add_bos, 0, &ids, &n);
     if (st) {
+        cli_progress_end(pr);
         fprintf(stderr, "ftune eval: error: %s: %s\n", where, ftune_last_error());
         return 1;
     }
-    st = ftune_eval_tokens(s, ids, n, acc);
+    size_t step = W > 1 ? (size_t)W - 1 : 1;
+    for (size_t w0 = 0; w0 + 1 < n && !st; w0 += step) {
+        size_t wn = n - w0 < (size_t)W ? n - w0 : (size_t)W;
+        st = ftune_eval_tokens(s, ids + w0, wn, acc);
+        cli_progress_update(pr, done_bytes + (double)len * (double)(w0 + wn) / (double)n, total_bytes);
+    }
     free(ids);
     if (st) {
+        cli_progress_end(pr);
         fprintf(stderr, "ftune eval: error: %s: %s\n", where, ftune_last_error());
         return 1;
     }
@@ -50,7 +64,7 @@ int cmd_eval(int argc, char **argv) {
     const char *model = NULL, *text_path = NULL, *jsonl_path = NULL, *tokenizer = NULL, *field = "text";
     const char *adapter = NULL;
     int threads = 0, ctx = 0;
-    bool json = false, no_bos = false;
+    bool json = false, no_bos = false, progress = false;
     cli_opt opts[] = {
         { "-m", "--model", OPT_STR, &model, "MODEL", "Hugging Face directory, .gguf, or llama2.c .bin" },
         { NULL, "--adapter", OPT_STR, &adapter, "DIR", "apply a PEFT LoRA adapter directory" },
@@ -59,6 +73,9 @@ int cmd_eval(int argc, char **argv) {
         { NULL, "--field", OPT_STR, &field, "NAME", "the JSONL field holding the text" },
         { NULL, "--json", OPT_FLAG, &json, "", "print {\"loss\":...,\"ppl\":...,\"tokens\":...} on stdout" },
         { "-c", "--ctx-size", OPT_INT, &ctx, "N", "window length; 0 = the model's context length" },
+        { NULL, "--ctx", OPT_INT, &ctx, "N", "the same as --ctx-size" },
+        { NULL, "--progress", OPT_FLAG, &progress, "",
+          "show progress and ETA on stderr even when it is not a terminal" },
         { "-t", "--threads", OPT_INT, &threads, "N", "threads; 0 = all cores" },
         { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
         { NULL, "--no-bos", OPT_FLAG, &no_bos, "", "do not prepend BOS to each document" },
@@ -75,6 +92,18 @@ int cmd_eval(int argc, char **argv) {
         fprintf(stderr, "ftune eval: give exactly one of --text FILE or --jsonl FILE\n");
         return 2;
     }
+    if (ctx < 0 || ctx == 1) {
+        fprintf(stderr, "ftune eval: -c must be 0 (the model's context length) or at least 2\n");
+        return 2;
+    }
+    if (threads < 0) {
+        fprintf(stderr, "ftune eval: -t must be at least 0 (0 = all cores)\n");
+        return 2;
+    }
+    if (cli_seen(&cmd, "--ctx") && cli_seen(&cmd, "--ctx-size")) {
+        fprintf(stderr, "ftune eval: give --ctx-size (-c) or --ctx, not both\n");
+        return 2;
+    }
     const char *path = text_path ? text_path : jsonl_path;
     size_t len;
     char *data = slurp(path, &len);
@@ -89,13 +118,20 @@ int cmd_eval(int argc, char **argv) {
     const ftune_tokenizer *tok = ftune_model_tokenizer(m);
     ftune_session *s = NULL;
     ftune_eval_result acc = { 0, 0 };
+    cli_progress pr = { 0 };
     int rc = 1;
     ftune_status st = ftune_session_new(&s, m, ctx, threads);
     if (st) { cli_fail("eval", st); goto out; }
     bool bos = !no_bos && ftune_tokenizer_bos(tok) >= 0;
+    ftune_model_info info;
+    ftune_model_get_info(m, &info);
+    int W = ctx > 0 ? ctx : info.context_length;
+    char label[4200];
+    snprintf(label, sizeof label, "eval %s", path);
+    cli_progress_begin(&pr, label, progress);
     double t0 = ft_cli_time();
     if (text_path) {
-        if (eval_doc(s, tok, data, len, bos, &acc, path)) goto out;
+        if (eval_doc(s, tok, data, len, bos, W, &acc, path, &pr, 0, (double)len)) goto out;
     } else {
         char *line = data, where[4200];
         for (long ln = 1; line < data + len; ln++) {
@@ -105,18 +141,30 @@ int cmd_eval(int argc, char **argv) {
             char *p = line;
             while (*p == ' ' || *p == '\t' || *p == '\r') p++;
             if (*p) {
+                /* the line is NUL-terminated at its end; a NUL before that (raw or \u0000) would cut the text */
+                size_t ll = (size_t)((nl ? nl : data + len) - line);
+                int64_t nul = ft_json_nul_at(line, ll);
+                if (nul >= 0) {
+                    cli_progress_end(&pr);
+                    fprintf(stderr, "ftune eval: error: %s: a NUL character in the record (column %lld); text may not "
+                            "contain NUL\n", where, (long long)nul + 1);
+                    goto out;
+                }
                 cJSON *j = cJSON_Parse(line);
                 const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, field);
                 if (!j) {
+                    cli_progress_end(&pr);
                     fprintf(stderr, "ftune eval: error: %s: not valid JSON\n", where);
                     goto out;
                 }
                 if (!cJSON_IsString(t)) {
+                    cli_progress_end(&pr);
                     fprintf(stderr, "ftune eval: error: %s: no string field \"%s\"\n", where, field);
                     cJSON_Delete(j);
                     goto out;
                 }
-                int e = eval_doc(s, tok, t->valuestring, strlen(t->valuestring), bos, &acc, where);
+                int e = eval_doc(s, tok, t->valuestring, strlen(t->valuestring), bos, W, &acc, where, &pr,
+                                 (double)(line - data), (double)len);
                 cJSON_Delete(j);
                 if (e) goto out;
             }
@@ -124,6 +172,8 @@ int cmd_eval(int argc, char **argv) {
             line = nl + 1;
         }
     }
+    cli_progress_update(&pr, (double)len, (double)len);
+    cli_progress_end(&pr);
     double t1 = ft_cli_time();
     if (acc.n_predicted == 0) {
         fprintf(stderr, "ftune eval: error: %s: no tokens to predict\n", path);
@@ -135,6 +185,7 @@ int cmd_eval(int argc, char **argv) {
     fprintf(stderr, "%.1f tokens/s\n", (double)acc.n_predicted / (t1 - t0));
     rc = 0;
 out:
+    cli_progress_end(&pr);
     ftune_session_free(s);
     ftune_model_free(m);
     free(data);

@@ -30,6 +30,7 @@ int cmd_generate(int argc, char **argv) {
         { "-s", "--seed", OPT_U64, &seed, "S", "random seed (default: from the clock, printed to stderr)" },
         { "-t", "--threads", OPT_INT, &threads, "N", "threads; 0 = all cores" },
         { "-c", "--ctx-size", OPT_INT, &ctx, "N", "context length; 0 = the model's" },
+        { NULL, "--ctx", OPT_INT, &ctx, "N", "the same as --ctx-size" },
         { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
         { NULL, "--no-bos", OPT_FLAG, &no_bos, "", "do not prepend the BOS token" },
         { NULL, "--quiet", OPT_FLAG, &quiet, "", "do not print speeds to stderr" },
@@ -41,6 +42,21 @@ int cmd_generate(int argc, char **argv) {
                     opts, NULL, 0, 0 };
     int r = cli_parse(&cmd, argc, argv);
     if (r) return r > 0 ? 0 : 2;
+    const char *bad = NULL;
+    if (n_predict < -1) bad = "-n must be -1 (until the end of text or a full context) or at least 0";
+    else if (ctx < 0) bad = "-c must be 0 (the model's context length) or a positive length";
+    else if (sp.temperature < 0) bad = "--temp must be at least 0 (0 = greedy)";
+    else if (sp.top_k < 0) bad = "--top-k must be at least 0 (0 = off)";
+    else if (!(sp.top_p > 0 && sp.top_p <= 1)) bad = "--top-p must be in (0, 1] (1 = off)";
+    else if (!(sp.min_p >= 0 && sp.min_p <= 1)) bad = "--min-p must be in [0, 1] (0 = off)";
+    else if (!(sp.repeat_penalty > 0)) bad = "--repeat-penalty must be positive (1 = off)";
+    else if (sp.repeat_last_n < 0) bad = "--repeat-last-n must be at least 0";
+    else if (threads < 0) bad = "-t must be at least 0 (0 = all cores)";
+    else if (cli_seen(&cmd, "--ctx") && cli_seen(&cmd, "--ctx-size")) bad = "give --ctx-size (-c) or --ctx, not both";
+    if (bad) {
+        fprintf(stderr, "ftune generate: %s\n(see ftune generate --help)\n", bad);
+        return 2;
+    }
     if (!cli_seen(&cmd, "--seed")) seed = (uint64_t)time(NULL);
     sp.seed = seed;
 

@@ -17,15 +17,13 @@ static volatile sig_atomic_t g_stop = 0;
 static void on_sigint(int sig) { (void)sig; g_stop = 1; }
 
 typedef struct {
-    bool quiet, tty, line_open;
+    bool quiet, tty, line_open, truncate_end;
+    cli_progress *data;        /* the tokenization line, ended before the first event */
 } progress_ctx;
 
-static void fmt_duration(char *buf, size_t cap, double s) {
-    if (!(s >= 0) || s > 1e8) { snprintf(buf, cap, "?"); return; }
-    long t = lround(s);
-    if (t >= 3600) snprintf(buf, cap, "%ldh%02ldm", t / 3600, t / 60 % 60);
-    else if (t >= 60) snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
-    else snprintf(buf, cap, "%lds", t);
+/* Tokenization progress of the training (and validation) data. */
+static void on_data_progress(void *ctx, size_t done, size_t total) {
+    cli_progress_update(ctx, (double)done, (double)total);
 }
 
 static void end_line(progress_ctx *pc) {
@@ -37,6 +35,7 @@ static void on_progress(void *ctx, const ft_train_progress *p) {
     progress_ctx *pc = ctx;
     if (pc->quiet) return;
     char eta[32];
+    if (pc->data) cli_progress_end(pc->data);
     switch (p->ev) {
     case FT_RUN_START:
         fprintf(stderr, "data: %d training examples (%lld tokens, %lld targets, format %s), %d validation examples\n",
@@ -44,6 +43,9 @@ static void on_progress(void *ctx, const ft_train_progress *p) {
         if (p->n_truncated)
             fprintf(stderr, "warning: %lld example(s) longer than %d tokens were truncated (--drop-long drops them; "
                     "--ctx sets the length)\n", (long long)p->n_truncated, p->T);
+        if (p->n_truncated_empty)
+            fprintf(stderr, "warning: %lld of them lost all their target tokens to truncation and were dropped%s\n",
+                    (long long)p->n_truncated_empty, pc->truncate_end ? " (--truncate prompt cuts the prompt first)" : "");
         if (p->n_dropped_long) fprintf(stderr, "note: %lld example(s) longer than %d tokens were dropped\n",
                                        (long long)p->n_dropped_long, p->T);
         if (p->n_dropped_empty) fprintf(stderr, "note: %lld example(s) with no tokens to train on were dropped\n",
@@ -54,7 +56,7 @@ static void on_progress(void *ctx, const ft_train_progress *p) {
         if (p->start_step) fprintf(stderr, "resuming after step %lld\n", (long long)p->start_step);
         break;
     case FT_RUN_STEP:
-        fmt_duration(eta, sizeof eta, p->eta_s);
+        cli_fmt_duration(eta, sizeof eta, p->eta_s);
         fprintf(stderr, "%sstep %lld/%lld  loss %.4f  lr %.1e  gnorm %.2f  %.0f tok/s  mem %.1f MiB  ETA %s%s",
                 pc->tty ? "\r" : "", (long long)p->step, (long long)p->total_steps, p->loss, p->lr, p->grad_norm,
                 p->tokens_per_s, p->peak_mib, eta, pc->tty ? "\033[K" : "\n");
@@ -100,7 +102,8 @@ int cmd_train(int argc, char **argv) {
     const char *val_split = "0.05", *lora_alpha = "16", *lora_dropout = "0.05", *lr = "2e-4", *wd = "0.0";
     const char *beta1 = "0.9", *beta2 = "0.999", *eps = "1e-8", *max_norm = "1.0", *schedule = "cosine", *min_lr = "0";
     int warmup = 0, steps = 0, epochs = 0;
-    bool full = false, quiet = false, no_shuffle = false;
+    bool full = false, quiet = false, no_shuffle = false, progress = false;
+    const char *truncate = "end";
     cli_opt opts[] = {
         { "-m", "--model", OPT_STR, &model, "MODEL", "base model: Hugging Face directory, .gguf, or llama2.c .bin" },
         { NULL, "--data", OPT_STR, &o.data_path, "FILE", "training data: JSONL, JSON array, or .txt" },
@@ -113,7 +116,14 @@ int cmd_train(int argc, char **argv) {
         { NULL, "--train-on-prompt", OPT_FLAG, &o.train_on_prompt, "", "train on prompt tokens too" },
         { NULL, "--drop-long", OPT_FLAG, &o.drop_long, "", "drop examples longer than --ctx instead of truncating" },
         { NULL, "--pack", OPT_FLAG, &o.pack, "", "pack several examples per row (they never attend to each other)" },
-        { NULL, "--ctx", OPT_INT, &o.ctx, "N", "sequence length; 0 = min(512, the model's context)" },
+        { "-c", "--ctx-size", OPT_INT, &o.ctx, "N", "sequence length; 0 = min(512, the model's context)" },
+        { NULL, "--ctx", OPT_INT, &o.ctx, "N", "the same as --ctx-size" },
+        { NULL, "--truncate", OPT_STR, &truncate, "SIDE",
+          "what an example longer than --ctx loses: end, or prompt (prompt tokens first, then the end)" },
+        { NULL, "--prompt-key", OPT_STR, &o.prompt_key, "NAME", "the prompt field of prompt-completion data "
+          "(default: prompt; e.g. question for gsm8k)" },
+        { NULL, "--completion-key", OPT_STR, &o.completion_key, "NAME", "the completion field (default: completion; "
+          "e.g. answer)" },
         { NULL, "--full", OPT_FLAG, &full, "", "full fine-tuning (every weight, f32) instead of LoRA" },
         { NULL, "--lora-r", OPT_INT, &o.lora_r, "R", "LoRA rank" },
         { NULL, "--lora-alpha", OPT_STR, &lora_alpha, "A", "LoRA alpha (scale alpha/r)" },
@@ -139,6 +149,9 @@ int cmd_train(int argc, char **argv) {
         { NULL, "--eval-every", OPT_INT, &o.eval_every, "N", "validate every N steps; 0 = before and after only" },
         { NULL, "--save-every", OPT_INT, &o.save_every, "N", "write OUT/checkpoint-STEP every N steps; 0 = never" },
         { NULL, "--resume", OPT_STR, &o.resume, "DIR", "continue from OUT/checkpoint-STEP" },
+        { NULL, "--overwrite", OPT_FLAG, &o.overwrite, "",
+          "replace the run already in OUT_DIR (its metrics and checkpoints are removed); without it a non-empty "
+          "OUT_DIR is refused" },
         { NULL, "--export-gguf", OPT_FLAG, &o.export_gguf, "", "also write OUT/adapter.gguf (llama.cpp LoRA)" },
         { NULL, "--save-initial-adapter", OPT_FLAG, &o.save_initial_adapter, "",
           "write OUT/initial/ (the PEFT adapter before step 1)" },
@@ -146,6 +159,7 @@ int cmd_train(int argc, char **argv) {
         { "-t", "--threads", OPT_INT, &o.n_threads, "N", "threads; 0 = all cores" },
         { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
         { NULL, "--quiet", OPT_FLAG, &quiet, "", "no progress output" },
+        { NULL, "--progress", OPT_FLAG, &progress, "", "show the tokenization progress even when stderr is not a terminal" },
         { 0 },
     };
     cli_cmd cmd = { "train", "-m MODEL --data FILE -o OUT_DIR [options]",
@@ -179,6 +193,16 @@ int cmd_train(int argc, char **argv) {
     if ((st = ft_data_format_from_name(&o.format, format))) return cli_fail("train", st);
     if ((st = ft_lora_targets_parse(targets, &o.lora_targets))) return cli_fail("train", st);
     if ((st = ft_sched_kind_parse(schedule, &o.schedule))) return cli_fail("train", st);
+    if (strcmp(truncate, "end") == 0) o.truncate = FT_TRUNC_END;
+    else if (strcmp(truncate, "prompt") == 0) o.truncate = FT_TRUNC_PROMPT;
+    else {
+        fprintf(stderr, "ftune train: --truncate expects end or prompt, got \"%s\"\n", truncate);
+        return 2;
+    }
+    if (cli_seen(&cmd, "--ctx") && cli_seen(&cmd, "--ctx-size")) {
+        fprintf(stderr, "ftune train: give --ctx-size (-c) or --ctx, not both\n");
+        return 2;
+    }
     o.mode = full ? FT_TRAIN_FULL : FT_TRAIN_LORA;
     o.warmup = warmup;
     o.steps = steps;
@@ -208,9 +232,16 @@ int cmd_train(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);
     signal(SIGXFSZ, SIG_IGN); /* a file-size limit is a write error, not a kill */
 
-    progress_ctx pc = { .quiet = quiet, .tty = isatty(2) };
+    cli_progress dp;
+    progress_ctx pc = { .quiet = quiet, .tty = isatty(2), .truncate_end = o.truncate == FT_TRUNC_END, .data = &dp };
+    cli_progress_begin(&dp, "tokenizing the data", progress);
+    if (!quiet && dp.on) {
+        o.data_progress = on_data_progress;
+        o.data_progress_ctx = &dp;
+    }
     ft_train_result res;
     st = ft_train_run(&o, on_progress, &pc, &res);
+    cli_progress_end(&dp);
     end_line(&pc);
     signal(SIGINT, SIG_DFL);
     int rc = 0;

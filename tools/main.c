@@ -3,6 +3,9 @@
 #include <string.h>
 
 #include "cli.h"
+#include "train_loop.h"
+
+#define FTUNE_CLI_VERSION "0.1.0"
 
 
 static const struct { const char *name; int (*fn)(int, char **); const char *about; } cmds[] = {
@@ -16,12 +19,22 @@ static const struct { const char *name; int (*fn)(int, char **); const char *abo
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: ftune COMMAND [options]    (ftune COMMAND --help for its options)\n\ncommands:\n");
+    fprintf(f, "usage: ftune COMMAND [options]    (ftune COMMAND --help for its options; ftune --version)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) fprintf(f, "  %-10s %s\n", cmds[i].name, cmds[i].about);
 }
 
 int main(int argc, char **argv) {
     if (argc < 2) { usage(stderr); return 2; }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-v") == 0 || strcmp(argv[1], "version") == 0) {
+#ifdef __clang__
+        const char *cc = "clang";
+#else
+        const char *cc = "gcc";
+#endif
+        printf("ftune %s (checkpoint format %d; built %s with %s %s)\n", FTUNE_CLI_VERSION, FT_CKPT_VERSION, __DATE__,
+               cc, __VERSION__);
+        return 0;
+    }
     if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "help") == 0) {
         usage(stdout);
         return 0;
