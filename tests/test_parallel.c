@@ -144,9 +144,10 @@ static void test_grow_and_shutdown(void) {
 /* BLAS called from inside tasks on several threads at once gives what the
  * same call gives alone: the library runs BLAS inside pool tasks. Exact
  * equality: the same sgemm on the same data, only the thread differs. */
-#define GM 37
-#define GN 29
-#define GK 53
+/* big enough that sgemm packs into its work buffers */
+#define GM 97
+#define GN 83
+#define GK 131
 typedef struct { const float *a, *b; float *c; } gemm_ctx;
 static void gemm_task(void *vctx, int task, int thread) {
     gemm_ctx *g = vctx;
