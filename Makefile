@@ -14,10 +14,10 @@ OPT     ?= -O2 -g
 WARN    := -Wall -Wextra -Wno-unused-parameter -Wshadow=local -Wvla -Wno-format-truncation -Wno-missing-field-initializers
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -fopenmp -Iinclude -Isrc $(EXTRA_CFLAGS)
 # OpenBLAS: the serial (single-threaded) build, so a BLAS call runs on the
-# thread that makes it: it cannot start threads of its own beyond n_threads,
-# needs no process-global thread setting, and is safe inside our pool's tasks
-# (src/parallel.h). The OpenMP build sized itself from the process-global
-# OpenMP thread count, which honoured no session's n_threads.
+# thread that makes it: it cannot start threads of its own beyond n_threads
+# and needs no process-global thread setting. The OpenMP build sized itself
+# from the process-global OpenMP thread count, which honoured no session's
+# n_threads.
 # BLAS=openblas-openmp links that build instead; BLAS=system whatever
 # -lopenblas is.
 BLAS    ?= openblas-serial
@@ -35,8 +35,11 @@ else ifeq ($(BLAS),system)
 else
   $(error BLAS must be openblas-serial, openblas-openmp or system, not "$(BLAS)")
 endif
+# That build is not safe to call from two threads at once: every BLAS call
+# goes through one mutex (src/blas_lock.c), by wrapping these symbols.
+BLAS_WRAP := cblas_sgemm cblas_sgemv
 LDLIBS  := $(BLAS_LIBS) -lpcre2-8 -lcjson -lm -lpthread
-LDFLAGS += -fopenmp $(EXTRA_LDFLAGS)
+LDFLAGS += -fopenmp $(foreach f,$(BLAS_WRAP),-Wl,--wrap=$(f)) $(EXTRA_LDFLAGS)
 
 LIB_SRC   := $(sort $(wildcard src/*.c))
 LIB_OBJ   := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
