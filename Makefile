@@ -6,33 +6,40 @@
 #   make fuzz       libFuzzer targets: safetensors, GGUF, tokenizer.json, config.json, the dataset readers, trainer_state.json (clang)
 #   make bench      benchmarks; writes BENCHMARKS.md
 #   make clean
-# Options: BUILD=dir  CC=compiler  OPT="-O2 ..."  BLAS=openblas-openmp|system
+# Options: BUILD=dir  CC=compiler  OPT="-O2 ..."  BLAS=openblas-serial|openblas-openmp|system
 
 CC      ?= gcc
 BUILD   ?= build
 OPT     ?= -O2 -g
 WARN    := -Wall -Wextra -Wno-unused-parameter -Wshadow=local -Wvla -Wno-format-truncation -Wno-missing-field-initializers
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -fopenmp -Iinclude -Isrc $(EXTRA_CFLAGS)
-# OpenBLAS: the OpenMP build shares ftune's OpenMP thread pool; the default
-# pthread build's threads fight idle-spinning OpenMP threads for the cores
-# (measured: 2.7x slower decode). BLAS=system links whatever -lopenblas is.
-BLAS    ?= openblas-openmp
+# OpenBLAS: the serial (single-threaded) build, so a BLAS call runs on the
+# thread that makes it: it cannot start threads of its own beyond n_threads
+# and needs no process-global thread setting. The OpenMP build sized itself
+# from the process-global OpenMP thread count, which honoured no session's
+# n_threads.
+# BLAS=openblas-openmp links that build instead; BLAS=system whatever
+# -lopenblas is.
+BLAS    ?= openblas-serial
 MULTIARCH := $(shell $(CC) -print-multiarch 2>/dev/null)
-OMPBLAS_DIR := /usr/lib/$(MULTIARCH)/openblas-openmp
-ifeq ($(BLAS),openblas-openmp)
-  ifneq ($(wildcard $(OMPBLAS_DIR)/libopenblas.so),)
-    BLAS_LIBS := -L$(OMPBLAS_DIR) -Wl,-rpath,$(OMPBLAS_DIR) -lopenblas
+ifneq ($(filter openblas-serial openblas-openmp,$(BLAS)),)
+  BLAS_DIR := /usr/lib/$(MULTIARCH)/$(BLAS)
+  ifneq ($(wildcard $(BLAS_DIR)/libopenblas.so),)
+    BLAS_LIBS := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas
   else
-    $(warning BLAS=openblas-openmp: $(OMPBLAS_DIR) not found (run scripts/setup.sh); using -lopenblas)
+    $(warning BLAS=$(BLAS): $(BLAS_DIR) not found (run scripts/setup.sh); using -lopenblas)
     BLAS_LIBS := -lopenblas
   endif
 else ifeq ($(BLAS),system)
   BLAS_LIBS := -lopenblas
 else
-  $(error BLAS must be openblas-openmp or system, not "$(BLAS)")
+  $(error BLAS must be openblas-serial, openblas-openmp or system, not "$(BLAS)")
 endif
+# That build is not safe to call from two threads at once: every BLAS call
+# goes through one mutex (src/blas_lock.c), by wrapping these symbols.
+BLAS_WRAP := cblas_sgemm cblas_sgemv
 LDLIBS  := $(BLAS_LIBS) -lpcre2-8 -lcjson -lm -lpthread
-LDFLAGS += -fopenmp $(EXTRA_LDFLAGS)
+LDFLAGS += -fopenmp $(foreach f,$(BLAS_WRAP),-Wl,--wrap=$(f)) $(EXTRA_LDFLAGS)
 
 LIB_SRC   := $(sort $(wildcard src/*.c))
 LIB_OBJ   := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)

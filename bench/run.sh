@@ -58,5 +58,7 @@ for r in $(seq "$ROUNDS"); do
 done
 cp "$results" "$BUILD/bench-results.jsonl"   # the raw lines, to re-summarize without re-running
 /usr/bin/python3 bench/summarize.py "$results" "$THREADS" "$PREFILL" "$DECODE" > BENCHMARKS.md.tmp
+# sections measured by other scripts (bench/threads.sh) follow a marker line: keep them
+[ -f BENCHMARKS.md ] && sed -n '/^<!-- measured by other scripts: kept by bench\/run.sh -->$/,$p' BENCHMARKS.md >> BENCHMARKS.md.tmp
 mv BENCHMARKS.md.tmp BENCHMARKS.md
 cat BENCHMARKS.md

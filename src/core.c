@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,9 +15,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 static _Thread_local char err_msg[2048];
 
@@ -189,12 +187,15 @@ char *ft_strdup(const char *s) {
 
 int ft_num_threads(int requested) {
     if (requested > 0) return requested;
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
+    /* the CPUs this process may run on (taskset, cgroup cpusets), else the
+     * online ones; OMP_NUM_THREADS is not consulted: no OpenMP here */
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
-#endif
 }
 
 double ft_time_s(void) {

@@ -106,7 +106,7 @@ void *ft_malloc(size_t n);               /* NULL on failure; callers report NOME
 void *ft_calloc(size_t n, size_t size);
 void *ft_aligned_alloc(size_t n);        /* 64-byte aligned, free with free() */
 char *ft_strdup(const char *s);
-int ft_num_threads(int requested);       /* 0 -> all cores */
+int ft_num_threads(int requested);       /* 0 -> the CPUs this process may use (affinity) */
 double ft_time_s(void);                  /* monotonic seconds */
 /* The double with the fewest decimal digits that rounds to f, so JSON
  * shows 0.05 rather than 0.05000000074505806. */

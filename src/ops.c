@@ -5,13 +5,13 @@
  * other files and are tested against these functions.
  */
 #include "ops.h"
+#include "parallel.h"
 
 #include <string.h>
 #include <tgmath.h>
 
-/* Below this many multiply-adds an op runs on the calling thread: starting
- * an OpenMP team costs more than the work. */
-#define FT_OPS_OMP_MIN 65536.0
+/* The references run on the calling thread, except attention_forward, which
+ * takes a thread count (through ft_parallel_for) for the inference path. */
 
 #define real float
 #define FN(name) name

@@ -17,6 +17,7 @@
 #include "ops.h"
 
 #include "cpu.h"
+#include "parallel.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -485,54 +486,73 @@ static void unit_bwd_generic(const att_unit *u, float *scr) { unit_bwd_body(u, s
 
 typedef void (*unit_fn)(const att_unit *, float *);
 
-static int omp_tid(void);
-#ifdef _OPENMP
-#include <omp.h>
-static int omp_tid(void) { return omp_get_thread_num(); }
-#else
-static int omp_tid(void) { return 0; }
-#endif
+/* One task per (batch row, kv head) unit: each writes only its own outputs,
+ * so the result does not depend on which thread runs it. */
+typedef struct {
+    unit_fn fn;
+    att_unit proto;     /* the fields every unit shares */
+    float *out, *lse, *dq, *dk, *dv;
+    const float *q, *k, *v, *dout, *lse_in;
+    const int *doc;
+    size_t per, qd, kvs; /* scratch floats per thread; q and k/v row strides */
+    float *scratch;
+} att_job;
+
+static void att_fwd_task(void *vctx, int i, int thread) {
+    const att_job *j = vctx;
+    int T = j->proto.T, Tk = j->proto.Tk, NKV = j->proto.NKV, NH = j->proto.NH, b = i / NKV;
+    att_unit u = j->proto;
+    u.q = j->q + (size_t)b * T * j->qd;
+    u.k = j->k + (size_t)b * Tk * j->kvs;
+    u.v = j->v + (size_t)b * Tk * j->kvs;
+    u.o = j->out + (size_t)b * T * j->qd;
+    u.lse = j->lse ? j->lse + (size_t)b * NH * T : NULL;
+    u.doc = j->doc ? j->doc + (size_t)b * Tk : NULL;
+    u.kvh = i % NKV;
+    j->fn(&u, j->scratch + (size_t)thread * j->per);
+}
+
+static void att_bwd_task(void *vctx, int i, int thread) {
+    const att_job *j = vctx;
+    int T = j->proto.T, Tk = j->proto.Tk, NKV = j->proto.NKV, NH = j->proto.NH, b = i / NKV;
+    att_unit u = j->proto;
+    u.q = j->q + (size_t)b * T * j->qd;
+    u.k = j->k + (size_t)b * Tk * j->kvs;
+    u.v = j->v + (size_t)b * Tk * j->kvs;
+    u.dout = j->dout + (size_t)b * T * j->qd;
+    u.lse_in = j->lse_in + (size_t)b * NH * T;
+    u.dq = j->dq + (size_t)b * T * j->qd;
+    u.dk = j->dk + (size_t)b * Tk * j->kvs;
+    u.dv = j->dv + (size_t)b * Tk * j->kvs;
+    u.doc = j->doc ? j->doc + (size_t)b * Tk : NULL;
+    u.kvh = i % NKV;
+    j->fn(&u, j->scratch + (size_t)thread * j->per);
+}
 
 void attention_forward_fast(float *out, float *lse, const float *q, const float *k, const float *v,
                             const int *q_pos, const int *doc, int B, int T, int Tk, int NH, int NKV, int HS,
                             int kv_stride, int n_threads, float *scratch) {
     int lv = ft_cpu_level();
-    unit_fn fn = lv >= FT_CPU_AVX512 ? unit_fwd_avx512 : lv >= FT_CPU_AVX2 ? unit_fwd_avx2 : unit_fwd_generic;
-    int nt = n_threads > 1 ? n_threads : 1, n_units = B * NKV;
-    size_t per = scr_floats(Tk, HS, false), qd = (size_t)NH * HS;
-    float scale = (float)(1.0 / sqrt((double)HS));
-    if (nt > n_units) nt = n_units;
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
-    for (int i = 0; i < n_units; i++) {
-        int b = i / NKV;
-        att_unit u = { .q = q + (size_t)b * T * qd, .k = k + (size_t)b * Tk * kv_stride,
-                       .v = v + (size_t)b * Tk * kv_stride, .o = out + (size_t)b * T * qd,
-                       .lse = lse ? lse + (size_t)b * NH * T : NULL, .q_pos = q_pos,
-                       .doc = doc ? doc + (size_t)b * Tk : NULL, .T = T, .Tk = Tk, .NH = NH, .NKV = NKV, .HS = HS,
-                       .kv_stride = kv_stride, .kvh = i % NKV, .scale = scale };
-        fn(&u, scratch + (size_t)omp_tid() * per);
-    }
+    att_job j = { .fn = lv >= FT_CPU_AVX512 ? unit_fwd_avx512 : lv >= FT_CPU_AVX2 ? unit_fwd_avx2 : unit_fwd_generic,
+                  .proto = { .q_pos = q_pos, .T = T, .Tk = Tk, .NH = NH, .NKV = NKV, .HS = HS,
+                             .kv_stride = kv_stride, .scale = (float)(1.0 / sqrt((double)HS)) },
+                  .out = out, .lse = lse, .q = q, .k = k, .v = v, .doc = doc,
+                  .per = scr_floats(Tk, HS, false), .qd = (size_t)NH * HS, .kvs = (size_t)kv_stride,
+                  .scratch = scratch };
+    ft_parallel_for(n_threads, B * NKV, att_fwd_task, &j);
 }
 
 void attention_backward_fast(float *dq, float *dk, float *dv, const float *dout, const float *lse, const float *q,
                              const float *k, const float *v, const int *q_pos, const int *doc, int B, int T, int Tk,
                              int NH, int NKV, int HS, int n_threads, float *scratch) {
     int lv = ft_cpu_level();
-    unit_fn fn = lv >= FT_CPU_AVX512 ? unit_bwd_avx512 : lv >= FT_CPU_AVX2 ? unit_bwd_avx2 : unit_bwd_generic;
-    int nt = n_threads > 1 ? n_threads : 1, n_units = B * NKV;
-    size_t per = scr_floats(Tk, HS, true), qd = (size_t)NH * HS, kvd = (size_t)NKV * HS;
-    float scale = (float)(1.0 / sqrt((double)HS));
-    if (nt > n_units) nt = n_units;
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
-    for (int i = 0; i < n_units; i++) {
-        int b = i / NKV;
-        att_unit u = { .q = q + (size_t)b * T * qd, .k = k + (size_t)b * Tk * kvd, .v = v + (size_t)b * Tk * kvd,
-                       .dout = dout + (size_t)b * T * qd, .lse_in = lse + (size_t)b * NH * T,
-                       .dq = dq + (size_t)b * T * qd, .dk = dk + (size_t)b * Tk * kvd, .dv = dv + (size_t)b * Tk * kvd,
-                       .q_pos = q_pos, .doc = doc ? doc + (size_t)b * Tk : NULL, .T = T, .Tk = Tk, .NH = NH,
-                       .NKV = NKV, .HS = HS, .kv_stride = (int)kvd, .kvh = i % NKV, .scale = scale };
-        fn(&u, scratch + (size_t)omp_tid() * per);
-    }
+    size_t kvd = (size_t)NKV * HS;
+    att_job j = { .fn = lv >= FT_CPU_AVX512 ? unit_bwd_avx512 : lv >= FT_CPU_AVX2 ? unit_bwd_avx2 : unit_bwd_generic,
+                  .proto = { .q_pos = q_pos, .T = T, .Tk = Tk, .NH = NH, .NKV = NKV, .HS = HS,
+                             .kv_stride = (int)kvd, .scale = (float)(1.0 / sqrt((double)HS)) },
+                  .dq = dq, .dk = dk, .dv = dv, .dout = dout, .lse_in = lse, .q = q, .k = k, .v = v, .doc = doc,
+                  .per = scr_floats(Tk, HS, true), .qd = (size_t)NH * HS, .kvs = kvd, .scratch = scratch };
+    ft_parallel_for(n_threads, B * NKV, att_bwd_task, &j);
 }
 
 /* ------------------------------------------------------------- cross-entropy */
@@ -598,27 +618,48 @@ static double ce_row_generic(float *dx, const float *x, int y, int V, float s) {
 
 /* rows per block whose losses are kept, then summed in row order */
 #define CE_BLOCK 512
+/* rows per task: enough work per hand-out at small V */
+#define CE_TASK_ROWS 4
+
+typedef struct {
+    ce_fn fn;
+    float *dlogits;
+    const float *logits;
+    const int *targets;
+    int t0, n, V;
+    float dloss_scale;
+    double *rl;         /* (n) each row's loss */
+} ce_job;
+
+static void ce_task(void *vctx, int task, int thread) {
+    const ce_job *j = vctx;
+    int V = j->V, r1 = (task + 1) * CE_TASK_ROWS < j->n ? (task + 1) * CE_TASK_ROWS : j->n;
+    for (int r = task * CE_TASK_ROWS; r < r1; r++) {
+        int t = j->t0 + r, y = j->targets[t];
+        float *dx = j->dlogits ? j->dlogits + (size_t)t * V : NULL;
+        if (y < 0 || y >= V) {
+            j->rl[r] = y >= V ? NAN : 0;
+            if (dx) memset(dx, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        j->rl[r] = j->fn(dx, j->logits + (size_t)t * V, y, V, j->dloss_scale);
+    }
+}
 
 double crossentropy_fast(float *dlogits, const float *logits, const int *targets, int T, int V, float dloss_scale,
                          int n_threads) {
     int lv = ft_cpu_level();
-    ce_fn fn = lv >= FT_CPU_AVX512 ? ce_row_avx512 : lv >= FT_CPU_AVX2 ? ce_row_avx2 : ce_row_generic;
-    int nt = n_threads > 1 ? n_threads : 1;
     double loss = 0, rl[CE_BLOCK];
+    ce_job j = { .fn = lv >= FT_CPU_AVX512 ? ce_row_avx512 : lv >= FT_CPU_AVX2 ? ce_row_avx2 : ce_row_generic,
+                 .dlogits = dlogits, .logits = logits, .targets = targets, .V = V, .dloss_scale = dloss_scale,
+                 .rl = rl };
     for (int t0 = 0; t0 < T; t0 += CE_BLOCK) {
-        int n = T - t0 < CE_BLOCK ? T - t0 : CE_BLOCK;
-        #pragma omp parallel for schedule(dynamic, 4) num_threads(nt) if (nt > 1 && (double)n * V > 65536.0)
-        for (int r = 0; r < n; r++) {
-            int t = t0 + r, y = targets[t];
-            float *dx = dlogits ? dlogits + (size_t)t * V : NULL;
-            if (y < 0 || y >= V) {
-                rl[r] = y >= V ? NAN : 0;
-                if (dx) memset(dx, 0, (size_t)V * sizeof(float));
-                continue;
-            }
-            rl[r] = fn(dx, logits + (size_t)t * V, y, V, dloss_scale);
-        }
-        for (int r = 0; r < n; r++) loss += rl[r];
+        j.t0 = t0;
+        j.n = T - t0 < CE_BLOCK ? T - t0 : CE_BLOCK;
+        /* below 64K logits a block is not worth waking a thread for */
+        int nt = (double)j.n * V > 65536.0 ? n_threads : 1;
+        ft_parallel_for(nt, (j.n + CE_TASK_ROWS - 1) / CE_TASK_ROWS, ce_task, &j);
+        for (int r = 0; r < j.n; r++) loss += rl[r];
     }
     return loss;
 }

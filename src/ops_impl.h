@@ -181,61 +181,83 @@ static double FN(dot)(const real *a, const real *b, int n)
     return s;
 }
 
+/* Query rows per task in the threaded attention_forward. */
+#define FT_ATT_REF_ROWS 4
+
+typedef struct {
+    real *out, *att;
+    const real *q, *k, *v;
+    const int *q_pos, *doc;
+    int T, Tk, NH, NKV, HS, kv_stride;
+} FN(att_fwd_job);
+
+/* Rows [task*FT_ATT_REF_ROWS, ...) of the (h, t) pairs, h major; each pair
+ * writes only its own output row and probabilities. */
+static void FN(att_fwd_task)(void *vctx, int task, int thread)
+{
+    const FN(att_fwd_job) *jb = vctx;
+    real *out = jb->out, *att = jb->att;
+    const real *q = jb->q, *k = jb->k, *v = jb->v;
+    const int *q_pos = jb->q_pos, *doc = jb->doc;
+    int T = jb->T, Tk = jb->Tk, NH = jb->NH, HS = jb->HS, kv_stride = jb->kv_stride;
+    int group = NH / jb->NKV;
+    double scale = 1.0 / sqrt((double)HS);
+    int r1 = (task + 1) * FT_ATT_REF_ROWS < NH * T ? (task + 1) * FT_ATT_REF_ROWS : NH * T;
+    for (int r = task * FT_ATT_REF_ROWS; r < r1; r++) {
+        int h = r / T, t = r % T;
+        const real *qt = q + (size_t)t * NH * HS + (size_t)h * HS;
+        real *ot = out + (size_t)t * NH * HS + (size_t)h * HS;
+        const real *kh = k + (size_t)(h / group) * HS, *vh = v + (size_t)(h / group) * HS;
+        /* keys 0..last are causally visible; the query's own key is
+         * `last`, so at least one key is visible whenever last >= 0 */
+        int last = q_pos[t] < Tk ? q_pos[t] : Tk - 1;
+        int qdoc = doc && last >= 0 ? doc[last] : 0;
+        for (int d = 0; d < HS; d++) ot[d] = 0;
+        if (att) {
+            real *p = att + ((size_t)h * T + t) * Tk;
+            for (int j = 0; j < Tk; j++) {
+                if (j > last) p[j] = 0;
+                else if (doc && doc[j] != qdoc) p[j] = -INFINITY;
+                else p[j] = (real)(FN(dot)(qt, kh + (size_t)j * kv_stride, HS) * scale);
+            }
+            if (last < 0) continue;
+            FN(softmax_inplace)(p, last + 1);
+            for (int j = 0; j <= last; j++) {
+                if (p[j] == 0) continue;
+                const real *vj = vh + (size_t)j * kv_stride;
+                for (int d = 0; d < HS; d++) ot[d] += p[j] * vj[d];
+            }
+        } else {
+            /* No probabilities to keep: one pass with a running max and
+             * denominator (online softmax), so no scratch is needed. */
+            real m = -INFINITY, l = 0;
+            for (int j = 0; j <= last; j++) {
+                if (doc && doc[j] != qdoc) continue;
+                real s = (real)(FN(dot)(qt, kh + (size_t)j * kv_stride, HS) * scale);
+                if (s > m) {
+                    real c = exp(m - s);
+                    for (int d = 0; d < HS; d++) ot[d] *= c;
+                    l *= c;
+                    m = s;
+                }
+                real pj = exp(s - m);
+                l += pj;
+                const real *vj = vh + (size_t)j * kv_stride;
+                for (int d = 0; d < HS; d++) ot[d] += pj * vj[d];
+            }
+            if (l > 0)
+                for (int d = 0; d < HS; d++) ot[d] /= l;
+        }
+    }
+}
+
 void FN(attention_forward)(real *out, real *att, const real *q, const real *k, const real *v,
                            const int *q_pos, const int *doc, int T, int Tk, int NH, int NKV, int HS,
                            int kv_stride, int n_threads)
 {
-    int group = NH / NKV;
-    double scale = 1.0 / sqrt((double)HS);
-    int nt = n_threads > 1 ? n_threads : 1;
-    #pragma omp parallel for collapse(2) num_threads(nt) if (nt > 1) schedule(dynamic, 4)
-    for (int h = 0; h < NH; h++) {
-        for (int t = 0; t < T; t++) {
-            const real *qt = q + (size_t)t * NH * HS + (size_t)h * HS;
-            real *ot = out + (size_t)t * NH * HS + (size_t)h * HS;
-            const real *kh = k + (size_t)(h / group) * HS, *vh = v + (size_t)(h / group) * HS;
-            /* keys 0..last are causally visible; the query's own key is
-             * `last`, so at least one key is visible whenever last >= 0 */
-            int last = q_pos[t] < Tk ? q_pos[t] : Tk - 1;
-            int qdoc = doc && last >= 0 ? doc[last] : 0;
-            for (int d = 0; d < HS; d++) ot[d] = 0;
-            if (att) {
-                real *p = att + ((size_t)h * T + t) * Tk;
-                for (int j = 0; j < Tk; j++) {
-                    if (j > last) p[j] = 0;
-                    else if (doc && doc[j] != qdoc) p[j] = -INFINITY;
-                    else p[j] = (real)(FN(dot)(qt, kh + (size_t)j * kv_stride, HS) * scale);
-                }
-                if (last < 0) continue;
-                FN(softmax_inplace)(p, last + 1);
-                for (int j = 0; j <= last; j++) {
-                    if (p[j] == 0) continue;
-                    const real *vj = vh + (size_t)j * kv_stride;
-                    for (int d = 0; d < HS; d++) ot[d] += p[j] * vj[d];
-                }
-            } else {
-                /* No probabilities to keep: one pass with a running max and
-                 * denominator (online softmax), so no scratch is needed. */
-                real m = -INFINITY, l = 0;
-                for (int j = 0; j <= last; j++) {
-                    if (doc && doc[j] != qdoc) continue;
-                    real s = (real)(FN(dot)(qt, kh + (size_t)j * kv_stride, HS) * scale);
-                    if (s > m) {
-                        real c = exp(m - s);
-                        for (int d = 0; d < HS; d++) ot[d] *= c;
-                        l *= c;
-                        m = s;
-                    }
-                    real pj = exp(s - m);
-                    l += pj;
-                    const real *vj = vh + (size_t)j * kv_stride;
-                    for (int d = 0; d < HS; d++) ot[d] += pj * vj[d];
-                }
-                if (l > 0)
-                    for (int d = 0; d < HS; d++) ot[d] /= l;
-            }
-        }
-    }
+    FN(att_fwd_job) jb = { .out = out, .att = att, .q = q, .k = k, .v = v, .q_pos = q_pos, .doc = doc,
+                           .T = T, .Tk = Tk, .NH = NH, .NKV = NKV, .HS = HS, .kv_stride = kv_stride };
+    ft_parallel_for(n_threads, (NH * T + FT_ATT_REF_ROWS - 1) / FT_ATT_REF_ROWS, FN(att_fwd_task), &jb);
 }
 
 void FN(attention_backward)(real *dq, real *dk, real *dv, const real *dout, const real *att,
@@ -246,9 +268,8 @@ void FN(attention_backward)(real *dq, real *dk, real *dv, const real *dout, cons
     real scale = (real)(1.0 / sqrt((double)HS));
     memset(dk, 0, (size_t)Tk * ks * sizeof(real));
     memset(dv, 0, (size_t)Tk * ks * sizeof(real));
-    /* One kv head per iteration: the query heads that share it add into
-     * the same dk/dv columns, so those stay in one thread. */
-    #pragma omp parallel for schedule(dynamic, 1) if ((double)NH * T * Tk * HS > FT_OPS_OMP_MIN)
+    /* One kv head at a time: the query heads that share it add into the
+     * same dk/dv columns. */
     for (int kvh = 0; kvh < NKV; kvh++) {
         for (int h = kvh * group; h < (kvh + 1) * group; h++) {
             for (int t = 0; t < T; t++) {
@@ -309,7 +330,6 @@ double FN(crossentropy_forward_backward)(real *dlogits, const real *logits, cons
 
 void FN(matmul_forward_ref)(real *out, const real *inp, const real *w, const real *bias, int T, int IC, int OC)
 {
-    #pragma omp parallel for collapse(2) schedule(static) if ((double)T * IC * OC > FT_OPS_OMP_MIN)
     for (int t = 0; t < T; t++) {
         for (int o = 0; o < OC; o++) {
             double s = bias ? bias[o] : 0;
@@ -322,9 +342,7 @@ void FN(matmul_forward_ref)(real *out, const real *inp, const real *w, const rea
 void FN(matmul_backward_ref)(real *dinp, real *dw, real *dbias, const real *dout, const real *inp,
                              const real *w, int T, int IC, int OC)
 {
-    bool par = (double)T * IC * OC > FT_OPS_OMP_MIN;
     if (dinp) {
-        #pragma omp parallel for schedule(static) if (par)
         for (int t = 0; t < T; t++) {
             const real *dy = dout + (size_t)t * OC;
             for (int i = 0; i < IC; i++) {
@@ -335,7 +353,6 @@ void FN(matmul_backward_ref)(real *dinp, real *dw, real *dbias, const real *dout
         }
     }
     if (dw) {
-        #pragma omp parallel for schedule(static) if (par)
         for (int o = 0; o < OC; o++) {
             for (int i = 0; i < IC; i++) {
                 double s = 0;

@@ -4,6 +4,7 @@
  * double and rounded to float where torch rounds them, so that results
  * agree with PyTorch to float rounding. */
 #include "optim.h"
+#include "parallel.h"
 #include "safetensors.h"
 
 #include <errno.h>
@@ -17,6 +18,7 @@ void ft_adamw_defaults(ft_adamw_cfg *c) {
     c->beta2 = 0.999;
     c->eps = 1e-8;
     c->weight_decay = 0.0;
+    c->n_threads = 1;
 }
 
 ftune_status ft_adamw_init(ft_adamw *o, const ft_param *params, int n, const ft_adamw_cfg *cfg) {
@@ -25,6 +27,7 @@ ftune_status ft_adamw_init(ft_adamw *o, const ft_param *params, int n, const ft_
     if (!(cfg->beta1 >= 0 && cfg->beta1 < 1) || !(cfg->beta2 >= 0 && cfg->beta2 < 1) || !(cfg->eps >= 0) ||
         !(cfg->weight_decay >= 0))
         return ft_err(FTUNE_ERR_ARG, "adamw: betas must be in [0, 1), eps and weight_decay non-negative");
+    if (cfg->n_threads < 0) return ft_err(FTUNE_ERR_ARG, "adamw: n_threads must be >= 0, not %d", cfg->n_threads);
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         const ft_param *p = &params[i];
@@ -67,35 +70,56 @@ void ft_adamw_free(ft_adamw *o) {
     memset(o, 0, sizeof *o);
 }
 
+/* One parameter's update, split into chunks of ADAMW_CHUNK elements, one
+ * chunk per task: elementwise, so any split gives the same bits. */
+#define ADAMW_CHUNK 16384
+typedef struct {
+    float *w, *m, *v;
+    const float *g;
+    int64_t N;
+    bool wd;
+    float decay, b1, omb1, b2, omb2, neg_step, bc2_sqrt, eps;
+} adamw_job;
+
+static void adamw_task(void *vctx, int task, int thread) {
+    const adamw_job *j = vctx;
+    float *w = j->w, *m = j->m, *v = j->v;
+    const float *g = j->g;
+    int64_t k0 = (int64_t)task * ADAMW_CHUNK, k1 = k0 + ADAMW_CHUNK < j->N ? k0 + ADAMW_CHUNK : j->N;
+    for (int64_t k = k0; k < k1; k++) {
+        float x = j->wd ? w[k] * j->decay : w[k];
+        float gk = g[k];
+        float mk = m[k] * j->b1 + gk * j->omb1;
+        float vk = v[k] * j->b2 + gk * gk * j->omb2;
+        float denom = sqrtf(vk) / j->bc2_sqrt + j->eps;
+        w[k] = x + j->neg_step * mk / denom;
+        m[k] = mk;
+        v[k] = vk;
+    }
+}
+
 void ft_adamw_step(ft_adamw *o, double lr) {
     o->step++;
     const ft_adamw_cfg *c = &o->cfg;
     double bc1 = 1.0 - pow(c->beta1, (double)o->step);
     double bc2 = 1.0 - pow(c->beta2, (double)o->step);
+    int nt = ft_num_threads(c->n_threads);
     /* torch rounds each Python scalar to float when it meets a float tensor */
-    const float decay = (float)(1.0 - lr * c->weight_decay);
-    const float b1 = (float)c->beta1, omb1 = (float)(1.0 - c->beta1);
-    const float b2 = (float)c->beta2, omb2 = (float)(1.0 - c->beta2);
-    const float neg_step = (float)(-(lr / bc1));
-    const float bc2_sqrt = (float)sqrt(bc2);
-    const float eps = (float)c->eps;
+    adamw_job j = { .decay = (float)(1.0 - lr * c->weight_decay),
+                    .b1 = (float)c->beta1, .omb1 = (float)(1.0 - c->beta1),
+                    .b2 = (float)c->beta2, .omb2 = (float)(1.0 - c->beta2),
+                    .neg_step = (float)(-(lr / bc1)), .bc2_sqrt = (float)sqrt(bc2), .eps = (float)c->eps };
     for (int i = 0; i < o->n; i++) {
         const ft_param *p = &o->params[i];
-        float *w = p->data, *m = o->m[i], *v = o->v[i];
-        const float *g = p->grad;
-        bool wd = p->decay && c->weight_decay != 0;
-        int64_t N = p->numel;
-#pragma omp parallel for schedule(static) if (N > 65536)
-        for (int64_t k = 0; k < N; k++) {
-            float x = wd ? w[k] * decay : w[k];
-            float gk = g[k];
-            float mk = m[k] * b1 + gk * omb1;
-            float vk = v[k] * b2 + gk * gk * omb2;
-            float denom = sqrtf(vk) / bc2_sqrt + eps;
-            w[k] = x + neg_step * mk / denom;
-            m[k] = mk;
-            v[k] = vk;
-        }
+        j.w = p->data;
+        j.m = o->m[i];
+        j.v = o->v[i];
+        j.g = p->grad;
+        j.wd = p->decay && c->weight_decay != 0;
+        j.N = p->numel;
+        int64_t n_tasks = (p->numel + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
+        /* up to 4 chunks (64K elements) are not worth waking a thread for */
+        ft_parallel_for(n_tasks > 4 ? nt : 1, (int)n_tasks, adamw_task, &j);
     }
 }
 

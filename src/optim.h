@@ -24,6 +24,8 @@ typedef struct {
     double beta1, beta2;        /* 0.9, 0.999 */
     double eps;                 /* 1e-8 */
     double weight_decay;        /* decoupled: p -= lr * wd * p before the Adam update */
+    int n_threads;              /* threads for the update (1 by default; 0: all cores); the
+                                 * result is the same bits for any count (elementwise) */
 } ft_adamw_cfg;
 
 void ft_adamw_defaults(ft_adamw_cfg *c);

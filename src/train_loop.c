@@ -887,7 +887,9 @@ static ftune_status setup(run *r) {
         q->decay = o->mode == FT_TRAIN_LORA || p->ndim == 2; /* no decay on norms and biases, as HF's Trainer */
         n_trainable += p->numel;
     }
-    TRY(ft_adamw_init(&r->opt, r->params, r->n_params, &o->adamw));
+    ft_adamw_cfg acfg = o->adamw;
+    acfg.n_threads = o->n_threads;
+    TRY(ft_adamw_init(&r->opt, r->params, r->n_params, &acfg));
     r->opt_ready = true;
 
     if (o->mode == FT_TRAIN_LORA) {

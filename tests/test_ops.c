@@ -404,6 +404,11 @@ static void test_attention_backward(void)
             double *o3 = zeros_d(nq);
             attention_forward_f64(o3, NULL, c.q, c.k, c.v, qpos, c.doc, T, Tk, NH, NKV, HS, NKV * HS, 3);
             CHECK(memcmp(o2, o3, nq * sizeof(double)) == 0);   /* each row computed the same way */
+            /* the saved-probabilities path on 3 threads: the same bits as on 1 */
+            double *o4 = zeros_d(nq), *a4 = zeros_d(na);
+            attention_forward_f64(o4, a4, c.q, c.k, c.v, qpos, c.doc, T, Tk, NH, NKV, HS, NKV * HS, 3);
+            CHECK(memcmp(o4, c.out, nq * sizeof(double)) == 0 && memcmp(a4, c.att, na * sizeof(double)) == 0);
+            free(o4); free(a4);
 
             /* float32 against float64, both paths */
             float *fq = to_f(c.q, nq), *fk = to_f(c.k, nk), *fv = to_f(c.v, nk), *fwt = to_f(c.wt, nq);

@@ -298,6 +298,55 @@ static void test_checkpoint_resume(void) {
     free_params(d, c->n_params);
 }
 
+/* The update on 1 and on 3 threads: the same bits (it is elementwise, split
+ * into chunks), for a tensor large enough to be split (70001 floats, an
+ * awkward size) next to a small one, with and without weight decay. */
+static void test_adamw_threads(void) {
+    enum { NB = 70001, NS = 37 };
+    float *w[2][2], *g[2];
+    uint32_t seed = 1;
+    for (int k = 0; k < 2; k++) g[k] = malloc((k ? NS : NB) * sizeof(float));
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k < 2; k++) w[r][k] = malloc((k ? NS : NB) * sizeof(float));
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < (k ? NS : NB); i++) {
+            seed = seed * 1664525u + 1013904223u;
+            w[0][k][i] = w[1][k][i] = (float)(seed >> 8) / (1 << 24) - 0.5f;
+            seed = seed * 1664525u + 1013904223u;
+            g[k][i] = ((float)(seed >> 8) / (1 << 24) - 0.5f) * 1e-2f;
+        }
+    ft_adamw o[2];
+    for (int r = 0; r < 2; r++) {
+        ft_param ps[2] = { { .name = "big", .data = w[r][0], .grad = g[0], .numel = NB, .ndim = 1, .shape = { NB },
+                             .decay = true },
+                           { .name = "small", .data = w[r][1], .grad = g[1], .numel = NS, .ndim = 1, .shape = { NS } } };
+        ft_adamw_cfg cfg;
+        ft_adamw_defaults(&cfg);
+        cfg.weight_decay = 0.1;
+        cfg.n_threads = r ? 3 : 1;
+        CHECK_OK(ft_adamw_init(&o[r], ps, 2, &cfg));
+        for (int t = 0; t < 3; t++) ft_adamw_step(&o[r], 1e-3 * (t + 1));
+    }
+    for (int k = 0; k < 2; k++) {
+        size_t n = (k ? NS : NB) * sizeof(float);
+        CHECK(memcmp(w[0][k], w[1][k], n) == 0);
+        CHECK(memcmp(o[0].m[k], o[1].m[k], n) == 0 && memcmp(o[0].v[k], o[1].v[k], n) == 0);
+    }
+    /* and the update did something */
+    CHECK(o[0].m[0][0] != 0);
+    ft_adamw_cfg bad;
+    ft_adamw_defaults(&bad);
+    bad.n_threads = -1;
+    ft_adamw ob;
+    ft_param one = { .name = "x", .data = w[0][1], .grad = g[1], .numel = NS, .ndim = 1, .shape = { NS } };
+    CHECK(ft_adamw_init(&ob, &one, 1, &bad) == FTUNE_ERR_ARG);
+    for (int r = 0; r < 2; r++) {
+        ft_adamw_free(&o[r]);
+        for (int k = 0; k < 2; k++) free(w[r][k]);
+    }
+    for (int k = 0; k < 2; k++) free(g[k]);
+}
+
 int main(void) {
     const char *base = getenv("TMPDIR");
     snprintf(tmpdir, sizeof tmpdir, "%s/ftune-test-optim-XXXXXX", base && *base ? base : "/tmp");
@@ -313,6 +362,7 @@ int main(void) {
     RUN(test_schedule_edges);
     RUN(test_clip_nonfinite);
     RUN(test_checkpoint_resume);
+    RUN(test_adamw_threads);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
     CHECK_EXIT();

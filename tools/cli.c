@@ -9,9 +9,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 static void print_default(const cli_opt *o, FILE *f) {
     if (strstr(o->help, "(default:")) return; /* the help says it in words */
@@ -197,12 +194,4 @@ double ft_cli_time(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-void cli_set_threads(int n) {
-#ifdef _OPENMP
-    if (n > 0) omp_set_num_threads(n);
-#else
-    (void)n;
-#endif
 }

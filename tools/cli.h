@@ -35,10 +35,6 @@ int cli_parse(cli_cmd *cmd, int argc, char **argv);
 void cli_usage(const cli_cmd *cmd, FILE *f);
 bool cli_seen(const cli_cmd *cmd, const char *lng);
 
-/* Bounds every thread pool (OpenMP, and so the OpenMP build of OpenBLAS)
- * to n threads when n > 0: idle pool threads otherwise spin on the cores
- * the working ones need. */
-void cli_set_threads(int n);
 /* Prints "ftune CMD: <library error>" to stderr and returns 1. */
 int cli_fail(const char *cmd, ftune_status st);
 /* Loads a model, printing the error on failure; need_tokenizer makes a

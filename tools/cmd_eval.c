@@ -108,7 +108,6 @@ int cmd_eval(int argc, char **argv) {
     size_t len;
     char *data = slurp(path, &len);
     if (!data) { fprintf(stderr, "ftune eval: error: %s: cannot read\n", path); return 1; }
-    cli_set_threads(threads);
     ftune_model *m = cli_load_model("eval", model, tokenizer, ctx, true);
     if (!m) { free(data); return 1; }
     if (adapter) {

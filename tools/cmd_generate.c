@@ -60,7 +60,6 @@ int cmd_generate(int argc, char **argv) {
     if (!cli_seen(&cmd, "--seed")) seed = (uint64_t)time(NULL);
     sp.seed = seed;
 
-    cli_set_threads(threads);
     ftune_model *m = cli_load_model("generate", model, tokenizer, ctx, true);
     if (!m) return 1;
     ftune_status st;

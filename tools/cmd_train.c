@@ -3,7 +3,6 @@
  * Ctrl-C finishes the current step, saves a checkpoint and exits non-zero. */
 #include <errno.h>
 #include <math.h>
-#include <omp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -216,9 +215,6 @@ int cmd_train(int argc, char **argv) {
         return 2;
     }
 
-    /* -t also bounds the OpenMP pool that BLAS runs on: idle spinning threads
-     * beyond it fight the working ones for the cores */
-    if (o.n_threads > 0) omp_set_num_threads(o.n_threads);
     ftune_model *m = cli_load_model("train", model, tokenizer, 0, true);
     if (!m) return 1;
     o.model = m;
