@@ -155,17 +155,34 @@ ftune_status ft_adapter_save_gguf(const ft_adapter *a, const char *path);
  * carries the adapter. */
 ftune_status ft_merge_lora(ftune_model *m);
 
+/* What a GGUF write did (ft_merge_write fills it for a .gguf output). */
 typedef struct {
-    const char *dtype;       /* "f32", "bf16", "f16" for every matrix; NULL keeps each
-                              * weight's dtype (f32 where safetensors has none, e.g. q8_0).
-                              * A GGUF output also takes "q8_0" and "q4_0" (for the
-                              * Linear weights whose rows are whole blocks) */
+    int n_mat[FT_NTYPES];    /* 2-D tensors written, by type */
+    int n_kept;              /* of those, rows not a whole number of the chosen type's blocks: own type kept */
+    int n_vec;               /* 1-D tensors (norms, biases, RoPE factors), always f32 */
+    ft_dtype output_dtype;   /* the output matrix: output.weight, or token_embd when tied */
+    bool tied;
+    uint32_t file_type;      /* general.file_type (llama.cpp's LLAMA_FTYPE) */
+} ft_merge_report;
+
+typedef struct {
+    ft_merge_report *report; /* filled for a GGUF output, or NULL */
+    const char *dtype;       /* "f32", "bf16", "f16" for every matrix (embedding and output
+                              * included); NULL keeps each weight's dtype (f32 where
+                              * safetensors has none, e.g. q8_0). A GGUF output also takes
+                              * "q8_0" and "q4_0" (q4_0 writes the output matrix, or the tied
+                              * embedding, as q8_0); a matrix whose rows are not whole
+                              * blocks of the type keeps its own */
 } ft_merge_opts;
 
 /* Writes m with every attached adapter folded in (W + scale·B·A computed
  * in f32, one row at a time, so nothing is copied whole): a path ending in
- * ".gguf" gets a GGUF file (the base must be a GGUF model: its metadata and
- * tokenizer are copied); any other path a Hugging Face directory
+ * ".gguf" gets a GGUF file with general.file_type set for its weight type:
+ * from a GGUF base its metadata and tokenizer are copied; from a Hugging
+ * Face or llama2.c base they are written as llama.cpp's converter does
+ * (llama/qwen2 keys, SentencePiece-style vocabulary only, q/k rows permuted
+ * to the interleaved layout for llama, rope_freqs for Llama 3 scaling);
+ * any other path a Hugging Face directory
  * (config.json, model.safetensors with Hugging Face names in rotate-half
  * layout, and the base directory's tokenizer files when it has them). opts
  * may be NULL. */
