@@ -147,6 +147,14 @@ ftune_status ft_adapter_save_peft(const ft_adapter *a, const char *dir);
  * [r, in] and .lora_b [out, r], F32). For rsLoRA alpha·sqrt(r) is written,
  * as llama.cpp scales by alpha / r. */
 ftune_status ft_adapter_save_gguf(const ft_adapter *a, const char *path);
+/* Loads such an adapter onto m (attached until ft_adapter_free): general.type
+ * "adapter", adapter.type "lora", general.architecture the model's (llama
+ * for the Llama family, qwen2), adapter.lora.alpha present; every tensor a
+ * lora_a/lora_b of a block Linear (f32, f16 or bf16) with its partner, one
+ * rank r for all, shapes matching the model. Scale alpha / r; lora_b of
+ * q/k is permuted from the file's layout (interleaved for llama) to the
+ * model's. */
+ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *path, bool trainable);
 
 /* ------------------------------------------------------------- merge (merge.c) */
 

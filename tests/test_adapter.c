@@ -481,6 +481,103 @@ out:
     ftune_model_free(g);
 }
 
+/* A GGUF adapter read back gives the same logits as the PEFT one (on the
+ * HF model, whose q/k rows are in the other layout, and on the GGUF model);
+ * bad GGUF adapters fail naming the file and what is wrong. */
+static void test_gguf_adapter_load(void) {
+    ftune_model *h = load(hf_path), *g = load(gguf_path);
+    if (!h || !g) { CHECK(0); goto out; }
+    char pg[600], dir[600];
+    tmp(pg, sizeof pg, "from_hf.gguf");   /* written by test_gguf_adapter: rsLoRA r=4 alpha=8 on q, k, v, down */
+    tmp(dir, sizeof dir, "peft_qkvd");    /* the same adapter as PEFT */
+    ftune_model *models[2] = { h, g };
+    for (int i = 0; i < 2; i++) {
+        ftune_model *m = models[i];
+        CHECK_OK(ftune_model_load_adapter(m, dir));
+        float *l_peft = logits(m);
+        m->free_adapter(m->adapter);
+        m->adapter = NULL;
+        CHECK_OK(ftune_model_load_adapter(m, pg));
+        float *l_gguf = logits(m);
+        const ft_adapter *a = m->adapter;
+        CHECK(a && a->n == 4 * 5 && a->cfg.r == 4 && a->e[0].lora->scale == 4.0f);
+        if (l_peft && l_gguf) {
+            double e = logit_err(l_gguf, l_peft, (long)T_TOK * m->cfg.V);
+            printf("  %s model: GGUF adapter vs the same PEFT adapter, logits max rel err %.3g\n", i ? "GGUF" : "HF", e);
+            CHECKF(e == 0, "%g", e); /* the same A, B (permuted twice: a copy) and scale 16/4 = 8/sqrt(4) */
+        } else CHECK(0);
+        free(l_peft);
+        free(l_gguf);
+    }
+    g->free_adapter(g->adapter);
+    g->adapter = NULL;
+    /* merge reads it too: the same file as merging the PEFT adapter */
+    char m1[600], m2[600];
+    tmp(m1, sizeof m1, "merged_gguf_adapter.gguf");
+    CHECK_OK(ft_merge_write(h, m1, NULL));
+    h->free_adapter(h->adapter);
+    h->adapter = NULL;
+    CHECK_OK(ftune_model_load_adapter(h, dir));
+    tmp(m2, sizeof m2, "merged_peft_adapter.gguf");
+    CHECK_OK(ft_merge_write(h, m2, NULL));
+    char *b1 = NULL, *b2 = NULL;
+    size_t n1 = 0, n2 = 0;
+    CHECK_OK(ft_read_file(m1, &b1, &n1));
+    CHECK_OK(ft_read_file(m2, &b2, &n2));
+    CHECK(b1 && b2 && n1 == n2 && memcmp(b1, b2, n1) == 0);
+    free(b1);
+    free(b2);
+    h->free_adapter(h->adapter);
+    h->adapter = NULL;
+
+    /* bad adapters */
+    struct { const char *name, *arch, *type, *atype; bool alpha; int a_in, r_b; const char *extra, *expect; } bad[] = {
+        { "arch", "qwen2", "adapter", "lora", true, 64, 4, NULL, "architecture" },
+        { "shape", "llama", "adapter", "lora", true, 32, 4, NULL, "shape" },
+        { "rank", "llama", "adapter", "lora", true, 64, 8, NULL, "r=4" },
+        { "alpha", "llama", "adapter", "lora", false, 64, 4, NULL, "adapter.lora.alpha" },
+        { "type", "llama", "model", "lora", true, 64, 4, NULL, "not a LoRA adapter" },
+        { "atype", "llama", "adapter", "control_vector", true, 64, 4, NULL, "only LoRA" },
+        { "tensor", "llama", "adapter", "lora", true, 64, 4, "token_embd.weight", "not a LoRA tensor" },
+        { "partner", "llama", "adapter", "lora", true, 64, 4, "blk.1.attn_v.weight.lora_a", "is missing" },
+    };
+    static float zeros[172 * 8];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        gguf_writer *w = NULL;
+        char p[600], nm[64];
+        snprintf(nm, sizeof nm, "bad_%s.gguf", bad[i].name);
+        tmp(p, sizeof p, nm);
+        CHECK_OK(gguf_writer_new(&w));
+        if (!w) continue;
+        CHECK_OK(gguf_writer_set_str(w, "general.architecture", bad[i].arch));
+        CHECK_OK(gguf_writer_set_str(w, "general.type", bad[i].type));
+        CHECK_OK(gguf_writer_set_str(w, "adapter.type", bad[i].atype));
+        if (bad[i].alpha) CHECK_OK(gguf_writer_set_f32(w, "adapter.lora.alpha", 8));
+        int64_t sa[2] = { 4, bad[i].a_in }, sb[2] = { 64, bad[i].r_b }, sx[2] = { 4, 64 };
+        CHECK_OK(gguf_writer_add_tensor(w, "blk.0.attn_q.weight.lora_a", FT_F32, 2, sa, zeros));
+        CHECK_OK(gguf_writer_add_tensor(w, "blk.0.attn_q.weight.lora_b", FT_F32, 2, sb, zeros));
+        if (bad[i].extra) CHECK_OK(gguf_writer_add_tensor(w, bad[i].extra, FT_F32, 2, sx, zeros));
+        CHECK_OK(gguf_writer_write(w, p));
+        gguf_writer_free(w);
+        ftune_status st = ftune_model_load_adapter(g, p);
+        const char *msg = ftune_last_error();
+        CHECKF(st != FTUNE_OK && contains(msg, nm) && contains(msg, bad[i].expect), "%s: %s", bad[i].name, msg);
+        printf("  expected error: %s\n", msg);
+        CHECK(g->adapter == NULL && g->layers[0].wq.lora == NULL);
+    }
+    /* a model GGUF is not an adapter */
+    CHECK(ftune_model_load_adapter(g, gguf_path) != FTUNE_OK && contains(ftune_last_error(), "general.type"));
+    printf("  expected error: %s\n", ftune_last_error());
+    /* nor a file of another kind */
+    char hf_st[1200];
+    snprintf(hf_st, sizeof hf_st, "%s/model.safetensors", hf_path);
+    CHECK(ftune_model_load_adapter(g, hf_st) != FTUNE_OK && contains(ftune_last_error(), "model.safetensors"));
+    printf("  expected error: %s\n", ftune_last_error());
+out:
+    ftune_model_free(h);
+    ftune_model_free(g);
+}
+
 /* ------------------------------------------------------------- bad input */
 
 static void write_text(const char *path, const char *text) {
@@ -959,6 +1056,7 @@ int main(void) {
     RUN(test_peft_vs_torch);
     RUN(test_wrap_and_partial);
     RUN(test_gguf_adapter);
+    RUN(test_gguf_adapter_load);
     RUN(test_bad_adapters);
     RUN(test_gpt2_adapter);
     RUN(test_merge);
