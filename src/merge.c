@@ -510,6 +510,9 @@ static ftune_status tokenizer_kv(gguf_writer *w, const ftune_model *m, const cha
             toks[i] = ft_tokenizer_token(t, i);
             types[i] = ft_tokenizer_type(t, i) ? ft_tokenizer_type(t, i) : FT_TOKTYPE_NORMAL;
             if (i == sp.unk) types[i] = FT_TOKTYPE_UNKNOWN; /* tokenizer.json lists <unk> among the special tokens */
+            /* llama2.c's .bin stores "\n<s>\n" and "\n</s>\n"; llama.cpp's llama2.c converter names them so */
+            if (strcmp(m->format, "llama2c") == 0)
+                toks[i] = i == sp.unk ? "<unk>" : i == sp.bos ? "<s>" : i == sp.eos ? "</s>" : toks[i];
             scores[i] = have_scores ? ft_tokenizer_score(t, i) : types[i] == FT_TOKTYPE_NORMAL ? -(float)k++ : 0.0f;
         } else { /* embedding rows past the vocabulary, named as llama.cpp's converter pads them */
             char *p = pads + (size_t)(i - n) * 24;

@@ -1,22 +1,24 @@
-/* cmd_tokenize.c — `ftune tokenize`: token ids of stdin, space-separated. */
+/* cmd_tokenize.c — `ftune tokenize`: token ids of stdin, space-separated,
+ * with a model's tokenizer or a tokenizer file alone. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "tokenizer.h"
 
 int cmd_tokenize(int argc, char **argv) {
     const char *model = NULL, *tokenizer = NULL;
     bool no_bos = false, special = false, pieces = false;
     cli_opt opts[] = {
         { "-m", "--model", OPT_STR, &model, "MODEL", "Hugging Face directory, .gguf, or llama2.c .bin" },
-        { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
+        { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model); without -m: any tokenizer file (.gguf, even vocab-only; tokenizer.json; tokenizer.model; .bin)" },
         { NULL, "--no-bos", OPT_FLAG, &no_bos, "", "do not prepend the BOS token" },
         { NULL, "--parse-special", OPT_FLAG, &special, "", "turn special-token text (e.g. <|eot_id|>) into special tokens" },
         { NULL, "--pieces", OPT_FLAG, &pieces, "", "print id:piece pairs, one per line" },
         { 0 },
     };
-    cli_cmd cmd = { "tokenize", "-m MODEL [--no-bos] < FILE",
+    cli_cmd cmd = { "tokenize", "-m MODEL | --tokenizer FILE [--no-bos] < FILE",
                     "Reads UTF-8 text on stdin and prints its token ids on one line.", opts, NULL, 0, 0 };
     int r = cli_parse(&cmd, argc, argv);
     if (r) return r > 0 ? 0 : 2;
@@ -31,9 +33,13 @@ int cmd_tokenize(int argc, char **argv) {
         }
     }
     if (!text) { fprintf(stderr, "ftune tokenize: error: out of memory\n"); return 1; }
-    ftune_model *m = cli_load_model("tokenize", model, tokenizer, 0, true);
-    if (!m) { free(text); return 1; }
-    const ftune_tokenizer *tok = ftune_model_tokenizer(m);
+    ftune_model *m = NULL;
+    ftune_tokenizer *own = NULL;
+    if (!model && tokenizer) {
+        ftune_status ts = ft_tokenizer_load_path(&own, tokenizer);
+        if (ts) { free(text); return cli_fail("tokenize", ts); }
+    } else if (!(m = cli_load_model("tokenize", model, tokenizer, 0, true))) { free(text); return 1; }
+    const ftune_tokenizer *tok = own ? own : ftune_model_tokenizer(m);
     int32_t *ids = NULL;
     size_t n_ids = 0;
     int rc = 0;
@@ -52,5 +58,6 @@ int cmd_tokenize(int argc, char **argv) {
     free(ids);
     free(text);
     ftune_model_free(m);
+    ft_tokenizer_free(own);
     return rc;
 }

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# cli_gguf_py.sh — every GGUF ftune writes, read by llama.cpp's own reader
+# (gguf-py, the `gguf` package in .venv): HF→GGUF and llama2.c→GGUF equal the
+# reference GGUF of the same model; merged and quantized files carry the
+# general.file_type and tensor types llama.cpp expects; exported adapters the
+# adapter keys; and GGUF files written by gguf-py load in ftune with the same
+# loss and tokens as the same weights/vocabulary read from a llama2.c file.
+set -u
+cd "$(dirname "$0")/.."
+FT=${FTUNE:-build/ftune}
+DATA=${FTUNE_DATA:-../shared/data}
+S=$DATA/models/stories260K
+HF=$DATA/models/stories260K-hf
+PY=.venv/bin/python
+CHECK="$PY scripts/gguf_py_check.py"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+tmp=${KEEP_TMP:-$(mktemp -d)}; [ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; }
+
+if ! [ -x "$PY" ] || ! "$PY" -c "import gguf" 2> /dev/null; then
+    fail gguf_py "the Python package gguf (llama.cpp's gguf-py, pinned in scripts/requirements-test.txt) is not \
+installed in .venv: /usr/bin/python3 -m venv --system-site-packages .venv && \
+.venv/bin/pip install -r scripts/requirements-test.txt"
+    exit 1
+fi
+head -c 3000 "$DATA/text/tinyshakespeare/input.txt" > "$tmp/t.txt"
+loss() { "$FT" eval --text "$tmp/t.txt" -t 1 "$@" 2> /dev/null; }
+
+# 1. Hugging Face and llama2.c → GGUF: the reference's tensors and vocabulary, the same loss as the source
+"$FT" merge -m "$HF" -o "$tmp/hf.gguf" 2> "$tmp/err.txt" \
+    && $CHECK model "$tmp/hf.gguf" --file-type 0 --tensor token_embd.weight=F32 >> "$tmp/err.txt" 2>&1 \
+    && $CHECK compare "$tmp/hf.gguf" "$S/stories260K.gguf" >> "$tmp/err.txt" 2>&1 \
+    && [ "$(loss -m "$tmp/hf.gguf")" = "$(loss -m "$HF")" ] \
+    && pass hf_to_gguf || fail hf_to_gguf "$(cat "$tmp/err.txt")"
+"$FT" merge -m "$S/stories260K.bin" -o "$tmp/bin.gguf" 2> "$tmp/err.txt" \
+    && $CHECK model "$tmp/bin.gguf" --file-type 0 >> "$tmp/err.txt" 2>&1 \
+    && $CHECK compare "$tmp/bin.gguf" "$S/stories260K.gguf" >> "$tmp/err.txt" 2>&1 \
+    && [ "$(loss -m "$tmp/bin.gguf")" = "$(loss -m "$S/stories260K.bin")" ] \
+    && pass llama2c_to_gguf || fail llama2c_to_gguf "$(cat "$tmp/err.txt")"
+
+# 2. each --dtype from the (untied) GGUF base: llama.cpp's file type, the tensor types, and it loads again;
+#    ffn_down (172 columns, not whole 32-element blocks) keeps f32 under q8_0/q4_0
+for spec in f32:0:F32:F32:F32 f16:1:F16:F16:F16 bf16:32:BF16:BF16:BF16 q8_0:7:Q8_0:Q8_0:Q8_0 q4_0:2:Q4_0:Q8_0:Q4_0; do
+    IFS=: read -r dt ftype embd out q <<< "$spec"
+    down=$q; case $q in Q*) down=F32 ;; esac
+    "$FT" merge -m "$S/stories260K.gguf" -o "$tmp/$dt.gguf" --dtype "$dt" 2> "$tmp/err.txt" \
+        && $CHECK model "$tmp/$dt.gguf" --file-type "$ftype" --tensor "token_embd.weight=$embd" \
+            --tensor "output.weight=$out" --tensor "blk.0.attn_q.weight=$q" --tensor "blk.4.ffn_down.weight=$down" \
+            --tensor "blk.0.attn_norm.weight=F32" >> "$tmp/err.txt" 2>&1 \
+        && loss -m "$tmp/$dt.gguf" | grep -q "^loss [0-9]" \
+        && pass "merge_$dt" || fail "merge_$dt" "$(cat "$tmp/err.txt")"
+done
+# a tied embedding is the output matrix: q4_0 writes it as q8_0, and the summary says so
+"$FT" merge -m "$HF" -o "$tmp/hq4.gguf" --dtype q4_0 2> "$tmp/err.txt" \
+    && $CHECK model "$tmp/hq4.gguf" --file-type 2 --tensor token_embd.weight=Q8_0 --tensor blk.1.ffn_up.weight=Q4_0 \
+        >> "$tmp/err.txt" 2>&1 \
+    && grep -q "general.file_type 2; matrices: 5 f32 1 q8_0 30 q4_0 (tied token_embd/output q8_0" "$tmp/err.txt" \
+    && pass merge_q4_0_tied || fail merge_q4_0_tied "$(cat "$tmp/err.txt")"
+
+# 3. an adapter exported as GGUF: the adapter keys; read back it gives the PEFT adapter's loss; merge takes it
+cat > "$tmp/d.jsonl" <<'EOF'
+{"text": "Once upon a time, there was a little cat named Tom. Tom liked to play with his red ball."}
+{"text": "The sun was hot. Lily went to the park with her mom. She saw a big dog and said hello."}
+EOF
+"$FT" train -m "$HF" --data "$tmp/d.jsonl" --ctx 32 -t 1 --quiet --steps 3 --lr 1e-2 --val-split 0 \
+    -o "$tmp/a" --export-gguf 2> "$tmp/err.txt" \
+    && alpha=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['lora_alpha'])" "$tmp/a/adapter_config.json") \
+    && $CHECK adapter "$tmp/a/adapter.gguf" --alpha "$alpha" >> "$tmp/err.txt" 2>&1 \
+    && lp=$(loss -m "$HF" --adapter "$tmp/a") && lg=$(loss -m "$HF" --adapter "$tmp/a/adapter.gguf") \
+    && [ "$lp" = "$lg" ] && [ "$lp" != "$(loss -m "$HF")" ] \
+    && "$FT" merge -m "$S/stories260K.gguf" --adapter "$tmp/a/adapter.gguf" -o "$tmp/ma.gguf" --dtype q8_0 \
+        2>> "$tmp/err.txt" \
+    && $CHECK model "$tmp/ma.gguf" --file-type 7 >> "$tmp/err.txt" 2>&1 \
+    && pass gguf_adapter || fail gguf_adapter "$(cat "$tmp/err.txt") [peft: ${lp:-} gguf: ${lg:-}]"
+"$FT" eval -m "$HF" --adapter "$S/stories260K.gguf" --text "$tmp/t.txt" 2> "$tmp/err.txt" >/dev/null
+[ $? -ne 0 ] && grep -q "stories260K.gguf: no general.type: not a llama.cpp LoRA adapter" "$tmp/err.txt" \
+    && pass gguf_adapter_not_lora || fail gguf_adapter_not_lora "$(cat "$tmp/err.txt")"
+
+# 4. files written by gguf-py: a random model (awkward sizes, GQA, untied) and a vocab-only file
+if $CHECK write "$tmp" "$S/stories260K.gguf" > "$tmp/err.txt" 2>&1; then
+    lg=$(loss -m "$tmp/rand.gguf"); lb=$(loss -m "$tmp/rand.bin" --tokenizer "$S/tok512.bin")
+    [ -n "$lg" ] && [ "$lg" = "$lb" ] \
+        && "$FT" merge -m "$tmp/rand.bin" --tokenizer "$S/tok512.bin" -o "$tmp/rand_ft.gguf" 2>> "$tmp/err.txt" \
+        && $CHECK compare "$tmp/rand_ft.gguf" "$tmp/rand.gguf" >> "$tmp/err.txt" 2>&1 \
+        && pass gguf_py_model || fail gguf_py_model "$(cat "$tmp/err.txt") [gguf: $lg bin: $lb]"
+    text="Once upon a time, Lily and Tom found a big red ball in the park."
+    a=$(echo "$text" | "$FT" tokenize --tokenizer "$tmp/vocab.gguf" 2>&1)
+    b=$(echo "$text" | "$FT" tokenize --tokenizer "$S/tok512.bin" 2>&1)
+    [ "$(echo "$a" | wc -w)" -gt 10 ] && [ "$a" = "$b" ] \
+        && pass gguf_py_vocab || fail gguf_py_vocab "vocab.gguf: $a; tok512.bin: $b"
+else
+    fail gguf_py_write "$(cat "$tmp/err.txt")"
+fi
