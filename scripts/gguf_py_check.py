@@ -2,7 +2,8 @@
 """gguf_py_check.py — checks GGUF files with llama.cpp's own reader/writer
 (the `gguf` package, gguf-py) for tests/cli_gguf_py.sh:
 
-  model FILE --file-type N [--tensor NAME=TYPE ...]   a model parses, has the keys llama.cpp needs
+  model FILE --file-type N [--tensor NAME=TYPE ...] [--key KEY=VALUE ...]
+                                                      a model parses, has the keys llama.cpp needs
   adapter FILE --alpha A                              a LoRA adapter parses, has the adapter keys
   compare OURS REF                                    OURS has REF's tensors (bit for bit) and vocabulary
   write DIR                                           writes, with gguf-py, a random small llama model
@@ -49,7 +50,7 @@ def need(r, path, key, want=None):
     return v
 
 
-def check_model(path, file_type, tensor_types):
+def check_model(path, file_type, tensor_types, keys):
     r = gguf.GGUFReader(path)
     arch = need(r, path, "general.architecture")
     if arch not in ("llama", "qwen2"):
@@ -61,10 +62,19 @@ def check_model(path, file_type, tensor_types):
               "attention.head_count_kv", "attention.layer_norm_rms_epsilon", "rope.dimension_count"):
         need(r, path, f"{arch}.{k}")
     toks = need(r, path, "tokenizer.ggml.tokens")
-    need(r, path, "tokenizer.ggml.model")
-    for k in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
+    tm = need(r, path, "tokenizer.ggml.model")
+    for k in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type") if tm == "llama" else ("tokenizer.ggml.token_type",):
         if len(need(r, path, k)) != len(toks):
             die(f"{path}: {k} has another length than tokenizer.ggml.tokens")
+    if tm == "gpt2":
+        merges = need(r, path, "tokenizer.ggml.merges")
+        if not merges or any(len(m.split(" ")) != 2 for m in merges):
+            die(f"{path}: tokenizer.ggml.merges is not a list of \"a b\" pairs")
+        need(r, path, "tokenizer.ggml.pre")
+    for spec in keys:
+        k, want = spec.split("=", 1)
+        if str(need(r, path, k)) != want:
+            die(f"{path}: {k} is {value(r, k)!r}, expected {want}")
     t = {x.name: x for x in r.tensors}
     emb = t.get("token_embd.weight")
     if emb is None:
@@ -210,7 +220,8 @@ def main(argv):
     cmd, path = argv[1], argv[2]
     if cmd == "model":
         ft = int(argv[argv.index("--file-type") + 1])
-        check_model(path, ft, [argv[i + 1] for i, a in enumerate(argv) if a == "--tensor"])
+        check_model(path, ft, [argv[i + 1] for i, a in enumerate(argv) if a == "--tensor"],
+                    [argv[i + 1] for i, a in enumerate(argv) if a == "--key"])
     elif cmd == "adapter":
         check_adapter(path, float(argv[argv.index("--alpha") + 1]))
     elif cmd == "compare":

@@ -477,9 +477,151 @@ static ftune_status config_kv(gguf_writer *w, const ft_config *c, const char *ar
     return FTUNE_OK;
 }
 
-/* tokenizer.ggml.* from the model's tokenizer, as llama.cpp reads them.
- * Only SentencePiece-style vocabularies (tokenizer.ggml.model "llama").
- * Scores: the file's own (GGUF, llama2.c .bin, tokenizer.model); a
+/* ------------------------------------------------------------- GGUF vocabulary */
+
+/* Byte-level BPE (tokenizer.ggml.model "gpt2") needs what the model's
+ * tokenizer does not keep as text: the merge list, and the pre-tokenizer
+ * under the name llama.cpp gives it. Both come from the Hugging Face base's
+ * tokenizer.json (or merges.txt beside vocab.json, GPT-2's layout). */
+typedef struct {
+    char *buf;               /* the merges, NUL-separated */
+    const char **merges;     /* (n) "a b" */
+    int n;
+    const char *pre;         /* tokenizer.ggml.pre */
+} bpe_extra;
+
+#define HF_RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+#define HF_RE_LLAMA3 "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define HF_RE_QWEN2 "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
+/* The split regexes of a tokenizer.json pre_tokenizer, in order; false for
+ * a kind this table does not know. */
+static bool hf_split_regexes(const cJSON *pt, const char **re, int *n, int cap) {
+    if (!pt || cJSON_IsNull(pt)) return true;
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(pt, "type");
+    if (!cJSON_IsString(ty)) return false;
+    const char *t = ty->valuestring;
+    if (!strcmp(t, "Sequence")) {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(pt, "pretokenizers"))
+            if (!hf_split_regexes(it, re, n, cap)) return false;
+        return true;
+    }
+    if (*n >= cap) return false;
+    if (!strcmp(t, "ByteLevel")) {
+        if (cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(pt, "use_regex"))) return true;
+        re[(*n)++] = HF_RE_GPT2;
+        return true;
+    }
+    if (!strcmp(t, "Split")) {
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(pt, "pattern"), "Regex");
+        if (!cJSON_IsString(r)) return false;
+        re[(*n)++] = r->valuestring;
+        return true;
+    }
+    if (!strcmp(t, "Digits") && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(pt, "individual_digits"))) {
+        re[(*n)++] = "\\p{N}";
+        return true;
+    }
+    return false;
+}
+
+/* llama.cpp's name for a pre-tokenizer (llama-vocab.cpp), or NULL. */
+static const char *llama_pre_name(const char *const *re, int n) {
+    static const struct { const char *name; int n; const char *re[2]; } known[] = {
+        { "llama-bpe", 1, { HF_RE_LLAMA3 } }, { "qwen2", 1, { HF_RE_QWEN2 } },
+        { "gpt-2", 1, { HF_RE_GPT2 } },       { "smollm", 2, { "\\p{N}", HF_RE_GPT2 } },
+    };
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        bool same = known[i].n == n;
+        for (int j = 0; same && j < n; j++) same = strcmp(known[i].re[j], re[j]) == 0;
+        if (same) return known[i].name;
+    }
+    return NULL;
+}
+
+static void bpe_extra_free(bpe_extra *b) {
+    free(b->buf);
+    free(b->merges);
+}
+
+static ftune_status read_bpe_extra(const char *bdir, bpe_extra *b) {
+    memset(b, 0, sizeof *b);
+    if (!bdir)
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "merge: a byte-level BPE tokenizer is written to GGUF only from a Hugging "
+                      "Face directory's tokenizer.json or merges.txt");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", bdir);
+    bool json = ft_file_exists(path);
+    if (!json) snprintf(path, sizeof path, "%s/merges.txt", bdir);
+    if (!ft_file_exists(path))
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "%s: no tokenizer.json or merges.txt: the BPE merges (a tiktoken "
+                      "tokenizer.model has none) cannot be written to GGUF", bdir);
+    char *text = NULL;
+    ftune_status st = ft_read_file(path, &text, NULL);
+    if (st) return st;
+    cJSON *root = NULL;
+    size_t total = 0;
+    int cap = 0;
+    if (json) {
+        root = cJSON_Parse(text);
+        const cJSON *mer = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "model"), "merges");
+        if (!cJSON_IsArray(mer)) { st = ft_err(FTUNE_ERR_FORMAT, "%s: no model.merges list", path); goto done; }
+        const char *re[8];
+        int nre = 0;
+        if (!hf_split_regexes(cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), re, &nre, 8) ||
+            !(b->pre = llama_pre_name(re, nre))) {
+            st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: the pre_tokenizer is not one llama.cpp names here (Llama 3, "
+                        "Qwen2, GPT-2 or SmolLM regexes); tokenizer.ggml.pre would be wrong", path);
+            goto done;
+        }
+        cap = cJSON_GetArraySize(mer);
+        const cJSON *it;
+        cJSON_ArrayForEach(it, mer) {
+            if (cJSON_IsString(it)) total += strlen(it->valuestring) + 1;
+            else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 && cJSON_IsString(cJSON_GetArrayItem(it, 0)) &&
+                     cJSON_IsString(cJSON_GetArrayItem(it, 1)))
+                total += strlen(cJSON_GetArrayItem(it, 0)->valuestring) + strlen(cJSON_GetArrayItem(it, 1)->valuestring) + 2;
+            else { st = ft_err(FTUNE_ERR_FORMAT, "%s: model.merges[%d] is not \"a b\" or [a, b]", path, b->n); goto done; }
+            b->n++;
+        }
+        b->buf = ft_malloc(total + 1);
+        b->merges = ft_calloc((size_t)(cap ? cap : 1), sizeof *b->merges);
+        if (!b->buf || !b->merges) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
+        size_t o = 0;
+        int i = 0;
+        cJSON_ArrayForEach(it, mer) {
+            b->merges[i++] = b->buf + o;
+            if (cJSON_IsString(it)) o += (size_t)sprintf(b->buf + o, "%s", it->valuestring) + 1;
+            else o += (size_t)sprintf(b->buf + o, "%s %s", cJSON_GetArrayItem(it, 0)->valuestring,
+                                      cJSON_GetArrayItem(it, 1)->valuestring) + 1;
+        }
+    } else { /* merges.txt: "#version" line, then "a b" per line; vocab.json files use GPT-2's regex */
+        b->pre = "gpt-2";
+        for (char *p = text; *p; p++) cap += *p == '\n';
+        b->merges = ft_calloc((size_t)cap + 1, sizeof *b->merges);
+        if (!b->merges) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
+        for (char *line = text, *next; line && *line; line = next) {
+            next = strchr(line, '\n');
+            if (next) *next++ = 0;
+            size_t l = strlen(line);
+            if (l && line[l - 1] == '\r') line[--l] = 0;
+            if (!l || !strncmp(line, "#version", 8)) continue;
+            b->merges[b->n++] = line;
+        }
+        b->buf = text; /* the merges point into it */
+        text = NULL;
+    }
+done:
+    cJSON_Delete(root);
+    free(text);
+    if (st) bpe_extra_free(b);
+    return st;
+}
+
+/* tokenizer.ggml.* from the model's tokenizer, as llama.cpp reads them:
+ * SentencePiece-style ("llama": tokens, scores, types) or byte-level BPE
+ * ("gpt2": tokens, types, merges, pre). SPM scores: the file's own (GGUF, llama2.c .bin, tokenizer.model); a
  * tokenizer.json has none, and its vocabulary (converted from
  * SentencePiece) is in score order, so normal token k-th in id order gets
  * -k, as SentencePiece's BPE trainer scores pieces. bdir: the Hugging Face
@@ -488,17 +630,17 @@ static ftune_status tokenizer_kv(gguf_writer *w, const ftune_model *m, const cha
     const ftune_tokenizer *t = m->tok;
     const int V = m->cfg.V;
     if (!t) return ft_err(FTUNE_ERR_UNSUPPORTED, "merge: the model has no tokenizer to write into the GGUF");
-    if (ft_tokenizer_kind(t) != FT_TOK_SPM)
-        return ft_err(FTUNE_ERR_UNSUPPORTED, "merge: writing a byte-level BPE (gpt2) tokenizer to GGUF is not "
-                      "implemented; only SentencePiece-style (llama) vocabularies");
+    bool spm = ft_tokenizer_kind(t) == FT_TOK_SPM;
+    bpe_extra bpe = { 0 };
+    ftune_status st = spm ? FTUNE_OK : read_bpe_extra(bdir, &bpe);
+    if (st) return st;
     int n = ftune_tokenizer_n_vocab(t);
-    if (n > V) return ft_err(FTUNE_ERR_FORMAT, "merge: the tokenizer has %d tokens, more than the model's %d embedding rows", n, V);
     const char **toks = ft_calloc((size_t)V, sizeof *toks);
     char *pads = ft_malloc((size_t)(V - n + 1) * 24);
     float *scores = ft_calloc((size_t)V, sizeof *scores);
     int32_t *types = ft_calloc((size_t)V, sizeof *types);
-    ftune_status st = FTUNE_OK;
     cJSON *tc = NULL;
+    if (n > V) { st = ft_err(FTUNE_ERR_FORMAT, "merge: the tokenizer has %d tokens, more than the model's %d embedding rows", n, V); goto done; }
     if (!toks || !pads || !scores || !types) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
     ft_tokenizer_specials sp;
     ft_tokenizer_special(t, &sp);
@@ -521,11 +663,13 @@ static ftune_status tokenizer_kv(gguf_writer *w, const ftune_model *m, const cha
             types[i] = FT_TOKTYPE_UNUSED;
         }
     }
-    if ((st = gguf_writer_set_str(w, "tokenizer.ggml.model", "llama")) ||
-        (st = gguf_writer_set_str(w, "tokenizer.ggml.pre", "default")) ||
+    if ((st = gguf_writer_set_str(w, "tokenizer.ggml.model", spm ? "llama" : "gpt2")) ||
+        (st = gguf_writer_set_str(w, "tokenizer.ggml.pre", spm ? "default" : bpe.pre)) ||
         (st = gguf_writer_set_str_array(w, "tokenizer.ggml.tokens", toks, (size_t)V)) ||
-        (st = gguf_writer_set_f32_array(w, "tokenizer.ggml.scores", scores, (size_t)V)) ||
         (st = gguf_writer_set_i32_array(w, "tokenizer.ggml.token_type", types, (size_t)V)))
+        goto done;
+    if (spm ? (st = gguf_writer_set_f32_array(w, "tokenizer.ggml.scores", scores, (size_t)V)) != FTUNE_OK
+            : (st = gguf_writer_set_str_array(w, "tokenizer.ggml.merges", bpe.merges, (size_t)bpe.n)) != FTUNE_OK)
         goto done;
     struct { const char *key; int32_t id; } ids[] = {
         { "tokenizer.ggml.bos_token_id", sp.bos }, { "tokenizer.ggml.eos_token_id", sp.eos },
@@ -536,7 +680,7 @@ static ftune_status tokenizer_kv(gguf_writer *w, const ftune_model *m, const cha
         if (ids[i].id >= 0) st = gguf_writer_set_u32(w, ids[i].key, (uint32_t)ids[i].id);
     if (st || (st = gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", sp.add_bos != 0)) ||
         (st = gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", sp.add_eos != 0)) ||
-        (st = gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", sp.add_space_prefix != 0)))
+        (spm && (st = gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", sp.add_space_prefix != 0))))
         goto done;
     if (bdir) {
         char path[4096], *text = NULL;
@@ -551,6 +695,7 @@ static ftune_status tokenizer_kv(gguf_writer *w, const ftune_model *m, const cha
         }
     }
 done:
+    bpe_extra_free(&bpe);
     cJSON_Delete(tc);
     free(toks);
     free(pads);

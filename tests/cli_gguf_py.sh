@@ -92,3 +92,38 @@ if $CHECK write "$tmp" "$S/stories260K.gguf" > "$tmp/err.txt" 2>&1; then
 else
     fail gguf_py_write "$(cat "$tmp/err.txt")"
 fi
+
+# 5. byte-level BPE models from Hugging Face (random weights, GPT-2's vocabulary; made by make_fixture.py):
+#    Qwen2 (bf16, q/k/v biases, rotate-half RoPE kept) and Llama 3 (f16, rope_freqs for its scaling):
+#    the keys llama.cpp needs, and the same loss (so the same tokens and logits) as the directory
+text="Hello world! It's 2024, we'll see 12345 cats.
+  New   lines\tand tabs."
+for spec in qwen2:32:qwen2 llama3:1:llama; do
+    IFS=: read -r kind ftype arch <<< "$spec"
+    extra=(--tensor blk.0.attn_q.bias=F32); [ "$kind" = llama3 ] && extra=(--tensor rope_freqs.weight=F32)
+    if /usr/bin/python3 scripts/make_fixture.py --kind "$kind" --out "$tmp/$kind" > "$tmp/err.txt" 2>&1 \
+        && "$FT" merge -m "$tmp/$kind" -o "$tmp/$kind.gguf" 2>> "$tmp/err.txt" \
+        && $CHECK model "$tmp/$kind.gguf" --file-type "$ftype" --key general.architecture="$arch" \
+            --key tokenizer.ggml.model=gpt2 --key tokenizer.ggml.pre=gpt-2 "${extra[@]}" >> "$tmp/err.txt" 2>&1; then
+        lh=$(loss -m "$tmp/$kind"); lg=$(loss -m "$tmp/$kind.gguf")
+        a=$(printf '%s' "$text" | "$FT" tokenize -m "$tmp/$kind" 2>&1)
+        b=$(printf '%s' "$text" | "$FT" tokenize -m "$tmp/$kind.gguf" 2>&1)
+        [ -n "$lh" ] && [ "$lh" = "$lg" ] && [ "$a" = "$b" ] && [ "$(echo "$a" | wc -w)" -gt 10 ] \
+            && pass "hf_bpe_to_gguf_$kind" || fail "hf_bpe_to_gguf_$kind" "loss $lh vs $lg; ids $a vs $b"
+    else
+        fail "hf_bpe_to_gguf_$kind" "$(cat "$tmp/err.txt")"
+    fi
+done
+# a pre-tokenizer llama.cpp has no name for is refused, not written under a wrong name
+if [ -d "$tmp/qwen2" ]; then
+    mkdir -p "$tmp/qwen2_re" && cp "$tmp/qwen2"/*.json "$tmp/qwen2"/*.safetensors* "$tmp/qwen2_re/" 2> /dev/null
+    /usr/bin/python3 - "$tmp/qwen2_re/tokenizer.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "\\s+|\\S+"}, "behavior": "Isolated", "invert": False}
+json.dump(j, open(sys.argv[1], "w"))
+PY
+    "$FT" merge -m "$tmp/qwen2_re" -o "$tmp/qwen2_re.gguf" 2> "$tmp/err.txt"
+    [ $? -ne 0 ] && grep -q "tokenizer.json: the pre_tokenizer is not one llama.cpp names" "$tmp/err.txt" \
+        && [ ! -e "$tmp/qwen2_re.gguf" ] && pass hf_bpe_unknown_pre || fail hf_bpe_unknown_pre "$(cat "$tmp/err.txt")"
+fi
