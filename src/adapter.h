@@ -175,6 +175,10 @@ typedef struct {
 
 typedef struct {
     ft_merge_report *report; /* filled for a GGUF output, or NULL */
+    const ftune_tokenizer *tokenizer; /* written to a GGUF output for a model without one
+                              * (ftune init's), or NULL */
+    const char *tokenizer_dir; /* where its tokenizer.json / merges.txt / tokenizer_config.json
+                              * are (a BPE vocabulary's merges), or NULL */
     const char *dtype;       /* "f32", "bf16", "f16" for every matrix (embedding and output
                               * included); NULL keeps each weight's dtype (f32 where
                               * safetensors has none, e.g. q8_0). A GGUF output also takes

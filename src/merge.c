@@ -626,10 +626,9 @@ done:
  * SentencePiece) is in score order, so normal token k-th in id order gets
  * -k, as SentencePiece's BPE trainer scores pieces. bdir: the Hugging Face
  * base directory (for tokenizer_config.json's chat_template), or NULL. */
-static ftune_status tokenizer_kv(gguf_writer *w, const ftune_model *m, const char *bdir) {
-    const ftune_tokenizer *t = m->tok;
+static ftune_status tokenizer_kv(gguf_writer *w, const ftune_model *m, const ftune_tokenizer *t, const char *bdir) {
     const int V = m->cfg.V;
-    if (!t) return ft_err(FTUNE_ERR_UNSUPPORTED, "merge: the model has no tokenizer to write into the GGUF");
+    if (!t) return ft_err(FTUNE_ERR_ARG, "merge: the model has no tokenizer to write into the GGUF (give one: --tokenizer FILE)");
     bool spm = ft_tokenizer_kind(t) == FT_TOK_SPM;
     bpe_extra bpe = { 0 };
     ftune_status st = spm ? FTUNE_OK : read_bpe_extra(bdir, &bpe);
@@ -653,8 +652,7 @@ static ftune_status tokenizer_kv(gguf_writer *w, const ftune_model *m, const cha
             types[i] = ft_tokenizer_type(t, i) ? ft_tokenizer_type(t, i) : FT_TOKTYPE_NORMAL;
             if (i == sp.unk) types[i] = FT_TOKTYPE_UNKNOWN; /* tokenizer.json lists <unk> among the special tokens */
             /* llama2.c's .bin stores "\n<s>\n" and "\n</s>\n"; llama.cpp's llama2.c converter names them so */
-            if (strcmp(m->format, "llama2c") == 0)
-                toks[i] = i == sp.unk ? "<unk>" : i == sp.bos ? "<s>" : i == sp.eos ? "</s>" : toks[i];
+            if (!strcmp(toks[i], "\n<s>\n") || !strcmp(toks[i], "\n</s>\n")) toks[i] = toks[i][2] == 's' ? "<s>" : "</s>";
             scores[i] = have_scores ? ft_tokenizer_score(t, i) : types[i] == FT_TOKTYPE_NORMAL ? -(float)k++ : 0.0f;
         } else { /* embedding rows past the vocabulary, named as llama.cpp's converter pads them */
             char *p = pads + (size_t)(i - n) * 24;
@@ -774,7 +772,13 @@ static ftune_status write_gguf(const ftune_model *mc, const char *path, const ft
     if ((st = gguf_writer_set_u32(p.w, "general.file_type", rep->file_type)) ||
         (st = gguf_writer_set_u32(p.w, "general.quantization_version", 2)))
         goto done;
-    if (!m->gguf && (st = tokenizer_kv(p.w, m, bdir))) goto done;
+    if (opts && opts->tokenizer && (m->gguf || m->tok)) {
+        st = ft_err(FTUNE_ERR_ARG, "%s: the model has its own tokenizer; another one is not written", path);
+        goto done;
+    }
+    if (!m->gguf && (st = opts && opts->tokenizer ? tokenizer_kv(p.w, m, opts->tokenizer, opts->tokenizer_dir)
+                                                   : tokenizer_kv(p.w, m, m->tok, bdir)))
+        goto done;
 
     char name[FT_NAME_MAX];
     if ((st = plan_mat(&p, "token_embd.weight", &m->tok_embd, NULL, 0, c->tied))) goto done;

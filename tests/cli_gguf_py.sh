@@ -77,6 +77,24 @@ EOF
 [ $? -ne 0 ] && grep -q "stories260K.gguf: no general.type: not a llama.cpp LoRA adapter" "$tmp/err.txt" \
     && pass gguf_adapter_not_lora || fail gguf_adapter_not_lora "$(cat "$tmp/err.txt")"
 
+# 3b. models without GGUF metadata of their own: a full fine-tune's output, and ftune init's (no tokenizer:
+#     --tokenizer gives one), reach GGUF with the same loss as the directory
+"$FT" train -m "$HF" --full --data "$tmp/d.jsonl" --ctx 32 -t 1 --quiet --steps 2 --val-split 0 -o "$tmp/full" \
+    2> "$tmp/err.txt" \
+    && "$FT" merge -m "$tmp/full" -o "$tmp/full.gguf" 2>> "$tmp/err.txt" \
+    && $CHECK model "$tmp/full.gguf" --file-type 0 >> "$tmp/err.txt" 2>&1 \
+    && lf=$(loss -m "$tmp/full") && [ "$lf" = "$(loss -m "$tmp/full.gguf")" ] && [ "$lf" != "$(loss -m "$HF")" ] \
+    && pass full_finetune_to_gguf || fail full_finetune_to_gguf "$(cat "$tmp/err.txt")"
+"$FT" init --preset stories260K "$tmp/init" > /dev/null 2>&1
+"$FT" merge -m "$tmp/init" -o "$tmp/init.gguf" 2> "$tmp/err.txt"
+[ $? -ne 0 ] && grep -q "no tokenizer to write into the GGUF (give one: --tokenizer FILE)" "$tmp/err.txt" \
+    && pass init_to_gguf_needs_tokenizer || fail init_to_gguf_needs_tokenizer "$(cat "$tmp/err.txt")"
+mkdir -p "$tmp/init_tok" && cp "$tmp/init"/* "$HF"/tokenizer*.json "$tmp/init_tok/"
+"$FT" merge -m "$tmp/init" --tokenizer "$S/tok512.bin" -o "$tmp/init.gguf" 2> "$tmp/err.txt" \
+    && $CHECK model "$tmp/init.gguf" --file-type 0 >> "$tmp/err.txt" 2>&1 \
+    && [ "$(loss -m "$tmp/init.gguf")" = "$(loss -m "$tmp/init_tok")" ] \
+    && pass init_to_gguf || fail init_to_gguf "$(cat "$tmp/err.txt")"
+
 # 4. files written by gguf-py: a random model (awkward sizes, GQA, untied) and a vocab-only file
 if $CHECK write "$tmp" "$S/stories260K.gguf" > "$tmp/err.txt" 2>&1; then
     lg=$(loss -m "$tmp/rand.gguf"); lb=$(loss -m "$tmp/rand.bin" --tokenizer "$S/tok512.bin")

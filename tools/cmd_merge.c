@@ -4,10 +4,12 @@
  * base). Without an adapter it converts between formats and weight types
  * (q8_0, q4_0, ...). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
 #include "adapter.h"
+#include "tokenizer.h"
 
 /* What a GGUF write did, on one line. */
 static void print_report(const char *out, const ft_merge_report *r) {
@@ -26,7 +28,7 @@ int cmd_merge(int argc, char **argv) {
         { NULL, "--adapter", OPT_STR, &adapter, "DIR", "PEFT adapter directory or llama.cpp LoRA .gguf; none = convert only" },
         { "-o", "--output", OPT_STR, &out, "OUT", "a directory (Hugging Face safetensors) or a path ending in .gguf" },
         { NULL, "--dtype", OPT_STR, &dtype, "T", "f32, bf16 or f16 for every matrix, embedding and output included; a .gguf output also q8_0, q4_0 (default: each weight's own)" },
-        { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
+        { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model); for a .gguf output from a model without a tokenizer (ftune init's): any tokenizer file or directory" },
         { 0 },
     };
     cli_cmd cmd = { "merge", "-m MODEL [--adapter DIR] -o OUT [--dtype T]",
@@ -51,10 +53,29 @@ int cmd_merge(int argc, char **argv) {
     ft_merge_opts mo = { .dtype = dtype, .report = &rep };
     size_t n = strlen(out);
     bool gguf = n >= 5 && strcmp(out + n - 5, ".gguf") == 0;
+    ftune_tokenizer *tok = NULL;
+    char *tok_dir = NULL;
+    if (!st && tokenizer && strcmp(m->format, "llama2c") != 0) {
+        /* a model without a tokenizer (ftune init's) gets one for its GGUF */
+        if (ftune_model_tokenizer(m) || !gguf)
+            st = ft_err(FTUNE_ERR_ARG, "--tokenizer %s: only for a llama2.c model, or a .gguf output from a model "
+                        "without a tokenizer (%s has %s)", tokenizer, model,
+                        ftune_model_tokenizer(m) ? "its own" : "none, but the output is not .gguf");
+        else if (!(st = ft_tokenizer_load_path(&tok, tokenizer))) {
+            tok_dir = ft_strdup(tokenizer);
+            char *slash = tok_dir && !ft_is_dir(tokenizer) ? strrchr(tok_dir, '/') : NULL;
+            if (slash) *slash = 0;
+            else if (tok_dir && !ft_is_dir(tokenizer)) strcpy(tok_dir, ".");
+            mo.tokenizer = tok;
+            mo.tokenizer_dir = tok_dir;
+        }
+    }
     if (!st) st = ft_merge_write(m, out, &mo);
     int rc = st ? cli_fail("merge", st) : 0;
     if (!st && gguf) print_report(out, &rep);
     if (!st) fprintf(stderr, "wrote %s\n", out);
+    ft_tokenizer_free(tok);
+    free(tok_dir);
     ftune_model_free(m);
     return rc;
 }
