@@ -6,8 +6,9 @@
                                                       a model parses, has the keys llama.cpp needs
   adapter FILE --alpha A                              a LoRA adapter parses, has the adapter keys
   compare OURS REF                                    OURS has REF's tensors (bit for bit) and vocabulary
-  write DIR                                           writes, with gguf-py, a random small llama model
-                                                      (DIR/rand.gguf), the same weights as a llama2.c
+  write DIR REF                                       writes, with gguf-py, a random small llama model
+                                                      (DIR/rand.gguf; DIR/rand_extra.gguf with one
+                                                      more tensor), the same weights as a llama2.c
                                                       checkpoint (DIR/rand.bin) and a vocab-only file
                                                       (DIR/vocab.gguf), the vocabulary taken from REF
 
@@ -29,8 +30,10 @@ def die(msg):
 
 def value(r, key):
     f = r.fields.get(key)
-    if f is None:
-        return None
+    return None if f is None else value_of_field(f)
+
+
+def value_of_field(f):
     t = f.types[0]
     if t == gguf.GGUFValueType.STRING:
         return bytes(f.parts[f.data[0]]).decode("utf-8")
@@ -191,6 +194,25 @@ def write(d, ref):
     g.write_kv_data_to_file()
     g.write_tensors_to_file()
     g.close()
+
+    # the same model with a tensor ftune does not use: a merge must carry it over, not drop it
+    e = gguf.GGUFWriter(f"{d}/rand_extra.gguf", "llama")
+    for f in gguf.GGUFReader(f"{d}/rand.gguf").fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        v = value_of_field(f)
+        t = f.types[0]
+        if t == gguf.GGUFValueType.ARRAY:
+            e.add_array(f.name, v)
+        else:
+            e.add_key_value(f.name, v, t)
+    for x in gguf.GGUFReader(f"{d}/rand.gguf").tensors:
+        e.add_tensor(x.name, np.array(x.data))
+    e.add_tensor("blk.0.attn_extra.weight", rnd(4, C))
+    e.write_header_to_file()
+    e.write_kv_data_to_file()
+    e.write_tensors_to_file()
+    e.close()
 
     v = gguf.GGUFWriter(f"{d}/vocab.gguf", "llama")
     add_vocab(v)

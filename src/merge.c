@@ -390,6 +390,7 @@ static ftune_status copy_kv(gguf_writer *w, const gguf_file *g, const gguf_kv *k
 typedef struct {
     gguf_writer *w;
     row_src *src;            /* (cap) */
+    char (*names)[FT_NAME_MAX]; /* (cap) the tensors added */
     fill_state fs;
     int n, cap;
     ft_dtype forced;         /* FT_NTYPES: each tensor's own type */
@@ -409,7 +410,7 @@ static ftune_status plan_mat(gguf_plan *p, const char *name, const ft_tensor *t,
                           ? gguf_writer_add_tensor(p->w, name, dt, 2, shape, t->data)
                           : gguf_writer_add_tensor_fill(p->w, name, dt, 2, shape, fill_rows, &p->fs, p->n);
     if (st) return st;
-    p->n++;
+    snprintf(p->names[p->n++], FT_NAME_MAX, "%s", name);
     p->rep->n_mat[dt]++;
     if (kept) p->rep->n_kept++;
     if (is_output) p->rep->output_dtype = dt;
@@ -423,7 +424,7 @@ static ftune_status plan_vec(gguf_plan *p, const char *name, const float *v, int
     ftune_status st = !heads ? gguf_writer_add_tensor(p->w, name, FT_F32, 1, shape, v)
                              : gguf_writer_add_tensor_fill(p->w, name, FT_F32, 1, shape, fill_rows, &p->fs, p->n);
     if (st) return st;
-    p->n++;
+    snprintf(p->names[p->n++], FT_NAME_MAX, "%s", name);
     p->rep->n_vec++;
     return FTUNE_OK;
 }
@@ -740,13 +741,14 @@ static ftune_status write_gguf(const ftune_model *mc, const char *path, const ft
     gguf_plan p = { .forced = forced, .rep = rep, .cap = 8 + c->L * (2 + 2 * FT_N_MODS) };
     p.fs = (fill_state){ .cached_index = -1, .cached_row = -1 };
     p.src = ft_calloc((size_t)p.cap, sizeof *p.src);
+    p.names = ft_calloc((size_t)p.cap, sizeof *p.names);
     p.fs.src = p.src;
     p.fs.row = ft_malloc((size_t)max_cols * sizeof(float));
     p.fs.bytes = ft_malloc((size_t)max_cols * sizeof(float)); /* 4 bytes per element is the most of any type */
     float *rope_factors = NULL;
     char *bdir = base_dir(m);
     ftune_status st = FTUNE_OK;
-    if (!p.src || !p.fs.row || !p.fs.bytes) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
+    if (!p.src || !p.names || !p.fs.row || !p.fs.bytes) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
     if ((st = gguf_writer_new(&p.w))) goto done;
 
     /* the file type is that of the Linear weights (llama.cpp's "mostly") */
@@ -810,9 +812,27 @@ static ftune_status write_gguf(const ftune_model *mc, const char *path, const ft
         }
     }
     if (st) goto done;
-    st = gguf_writer_write(p.w, path);
+    /* a GGUF base's tensors the model does not hold (none in the files ftune loads today) are
+     * copied as they are, never dropped */
+    for (uint64_t i = 0; m->gguf && i < m->gguf->n_tensors && !st; i++) {
+        const gguf_tensor_info *ti = &m->gguf->tensors[i];
+        snprintf(name, sizeof name, "%.*s", (int)ti->name.len, ti->name.ptr);
+        int k = 0;
+        while (k < p.n && strcmp(p.names[k], name) != 0) k++;
+        if (k < p.n) continue;
+        if (ti->dtype >= FT_NTYPES) {
+            st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: tensor \"%s\": ggml type %s cannot be copied", m->gguf->map.path,
+                        name, gguf_ggml_type_name(ti->ggml_type));
+            break;
+        }
+        int64_t shape[4];
+        for (uint32_t d = 0; d < ti->n_dims; d++) shape[d] = (int64_t)ti->ne[ti->n_dims - 1 - d];
+        st = gguf_writer_add_tensor(p.w, name, ti->dtype, (int)ti->n_dims, shape, ti->data);
+    }
+    if (!st) st = gguf_writer_write(p.w, path);
 done:
     gguf_writer_free(p.w);
+    free(p.names);
     free(rope_factors);
     free(bdir);
     free(p.fs.row);

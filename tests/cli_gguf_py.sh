@@ -101,6 +101,8 @@ if $CHECK write "$tmp" "$S/stories260K.gguf" > "$tmp/err.txt" 2>&1; then
     [ -n "$lg" ] && [ "$lg" = "$lb" ] \
         && "$FT" merge -m "$tmp/rand.bin" --tokenizer "$S/tok512.bin" -o "$tmp/rand_ft.gguf" 2>> "$tmp/err.txt" \
         && $CHECK compare "$tmp/rand_ft.gguf" "$tmp/rand.gguf" >> "$tmp/err.txt" 2>&1 \
+        && "$FT" merge -m "$tmp/rand_extra.gguf" -o "$tmp/rand_extra_ft.gguf" 2>> "$tmp/err.txt" \
+        && $CHECK compare "$tmp/rand_extra_ft.gguf" "$tmp/rand_extra.gguf" >> "$tmp/err.txt" 2>&1 \
         && pass gguf_py_model || fail gguf_py_model "$(cat "$tmp/err.txt") [gguf: $lg bin: $lb]"
     text="Once upon a time, Lily and Tom found a big red ball in the park."
     a=$(echo "$text" | "$FT" tokenize --tokenizer "$tmp/vocab.gguf" 2>&1)
