@@ -26,6 +26,7 @@ installed in .venv: /usr/bin/python3 -m venv --system-site-packages .venv && \
 fi
 head -c 3000 "$DATA/text/tinyshakespeare/input.txt" > "$tmp/t.txt"
 loss() { "$FT" eval --text "$tmp/t.txt" -t 1 "$@" 2> /dev/null; }
+gen() { "$FT" generate -p "Once upon a time" -n 40 --temp 0 -t 1 --quiet "$@" 2> /dev/null; }  # greedy
 
 # 1. Hugging Face and llama2.c → GGUF: the reference's tensors and vocabulary, the same loss as the source
 "$FT" merge -m "$HF" -o "$tmp/hf.gguf" 2> "$tmp/err.txt" \
@@ -58,7 +59,8 @@ done
     && grep -q "general.file_type 2; matrices: 5 f32 1 q8_0 30 q4_0 (tied token_embd/output q8_0" "$tmp/err.txt" \
     && pass merge_q4_0_tied || fail merge_q4_0_tied "$(cat "$tmp/err.txt")"
 
-# 3. an adapter exported as GGUF: the adapter keys; read back it gives the PEFT adapter's loss; merge takes it
+# 3. an adapter exported as GGUF: the adapter keys; read back it gives the PEFT adapter's loss and greedy
+#    text; merge takes it
 cat > "$tmp/d.jsonl" <<'EOF'
 {"text": "Once upon a time, there was a little cat named Tom. Tom liked to play with his red ball."}
 {"text": "The sun was hot. Lily went to the park with her mom. She saw a big dog and said hello."}
@@ -69,6 +71,7 @@ EOF
     && $CHECK adapter "$tmp/a/adapter.gguf" --alpha "$alpha" >> "$tmp/err.txt" 2>&1 \
     && lp=$(loss -m "$HF" --adapter "$tmp/a") && lg=$(loss -m "$HF" --adapter "$tmp/a/adapter.gguf") \
     && [ "$lp" = "$lg" ] && [ "$lp" != "$(loss -m "$HF")" ] \
+    && gp=$(gen -m "$HF" --adapter "$tmp/a") && [ "$gp" = "$(gen -m "$HF" --adapter "$tmp/a/adapter.gguf")" ] \
     && "$FT" merge -m "$S/stories260K.gguf" --adapter "$tmp/a/adapter.gguf" -o "$tmp/ma.gguf" --dtype q8_0 \
         2>> "$tmp/err.txt" \
     && $CHECK model "$tmp/ma.gguf" --file-type 7 >> "$tmp/err.txt" 2>&1 \
@@ -95,10 +98,13 @@ mkdir -p "$tmp/init_tok" && cp "$tmp/init"/* "$HF"/tokenizer*.json "$tmp/init_to
     && [ "$(loss -m "$tmp/init.gguf")" = "$(loss -m "$tmp/init_tok")" ] \
     && pass init_to_gguf || fail init_to_gguf "$(cat "$tmp/err.txt")"
 
-# 4. files written by gguf-py: a random model (awkward sizes, GQA, untied) and a vocab-only file
+# 4. files written by gguf-py: a random model (awkward sizes, GQA, untied) gives the loss and greedy text of
+#    the same weights as a llama2.c file, and ftune writes it back tensor for tensor; a vocab-only file
+#    tokenizes as the llama2.c tokenizer
 if $CHECK write "$tmp" "$S/stories260K.gguf" > "$tmp/err.txt" 2>&1; then
     lg=$(loss -m "$tmp/rand.gguf"); lb=$(loss -m "$tmp/rand.bin" --tokenizer "$S/tok512.bin")
-    [ -n "$lg" ] && [ "$lg" = "$lb" ] \
+    g1=$(gen -m "$tmp/rand.gguf"); g2=$(gen -m "$tmp/rand.bin" --tokenizer "$S/tok512.bin")
+    [ -n "$lg" ] && [ "$lg" = "$lb" ] && [ -n "$g1" ] && [ "$g1" = "$g2" ] \
         && "$FT" merge -m "$tmp/rand.bin" --tokenizer "$S/tok512.bin" -o "$tmp/rand_ft.gguf" 2>> "$tmp/err.txt" \
         && $CHECK compare "$tmp/rand_ft.gguf" "$tmp/rand.gguf" >> "$tmp/err.txt" 2>&1 \
         && "$FT" merge -m "$tmp/rand_extra.gguf" -o "$tmp/rand_extra_ft.gguf" 2>> "$tmp/err.txt" \
