@@ -1,8 +1,10 @@
 /* merge.c — folds LoRA adapters into the base weights: W' = W + scale·B·A
  * in f32. In memory (the model then carries f32 merged weights), or written
  * as a new model: a Hugging Face directory streamed one row at a time
- * through the safetensors writer's fill callback, or a GGUF file with the
- * base's metadata and tokenizer. */
+ * through the safetensors writer's fill callback, or a GGUF file streamed
+ * the same way through the GGUF writer's, from any base: a GGUF base's
+ * metadata is copied, a Hugging Face or llama2.c base's is written as
+ * llama.cpp's converter writes it (architecture keys, vocabulary). */
 #include "adapter.h"
 #include "tokenizer.h"
 
