@@ -98,6 +98,24 @@ mkdir -p "$tmp/init_tok" && cp "$tmp/init"/* "$HF"/tokenizer*.json "$tmp/init_to
     && [ "$(loss -m "$tmp/init.gguf")" = "$(loss -m "$tmp/init_tok")" ] \
     && pass init_to_gguf || fail init_to_gguf "$(cat "$tmp/err.txt")"
 
+# an embedding with more rows than the tokenizer has tokens: the rest are [PAD<i>] of type UNUSED, as
+# llama.cpp's converter pads them, and the file still loads
+sed 's/"vocab_size": 512/"vocab_size": 520/' "$HF/config.json" > "$tmp/cfg520.json"
+"$FT" init --config "$tmp/cfg520.json" "$tmp/init520" > /dev/null 2>&1 \
+    && "$FT" merge -m "$tmp/init520" --tokenizer "$S/tok512.bin" -o "$tmp/pad.gguf" 2> "$tmp/err.txt" \
+    && $CHECK model "$tmp/pad.gguf" --file-type 0 >> "$tmp/err.txt" 2>&1 \
+    && "$PY" -c '
+import sys, gguf
+sys.path.insert(0, "scripts")
+from gguf_py_check import value
+r = gguf.GGUFReader(sys.argv[1])
+toks, types = value(r, "tokenizer.ggml.tokens"), value(r, "tokenizer.ggml.token_type")
+assert len(toks) == 520 and toks[512] == "[PAD512]" and toks[519] == "[PAD519]", toks[510:]
+assert types[512:] == [5] * 8 and types[511] == 1, types[510:]
+' "$tmp/pad.gguf" >> "$tmp/err.txt" 2>&1 \
+    && loss -m "$tmp/pad.gguf" | grep -q "^loss [0-9]" \
+    && pass gguf_vocab_padded || fail gguf_vocab_padded "$(cat "$tmp/err.txt")"
+
 # 4. files written by gguf-py: a random model (awkward sizes, GQA, untied) gives the loss and greedy text of
 #    the same weights as a llama2.c file, and ftune writes it back tensor for tensor; a vocab-only file
 #    tokenizes as the llama2.c tokenizer
