@@ -6,6 +6,8 @@
                                                       a model parses, has the keys llama.cpp needs
   adapter FILE --alpha A                              a LoRA adapter parses, has the adapter keys
   compare OURS REF                                    OURS has REF's tensors (bit for bit) and vocabulary
+  to-f16 IN OUT                                       IN with every tensor in F16 (as llama.cpp's LoRA
+                                                      converter writes adapters)
   write DIR REF                                       writes, with gguf-py, a random small llama model
                                                       (DIR/rand.gguf; DIR/rand_extra.gguf with one
                                                       more tensor), the same weights as a llama2.c
@@ -236,6 +238,26 @@ def write(d, ref):
     print(f"{d}: rand.gguf, rand.bin, vocab.gguf written with gguf-py {C=} {F=} {L=} {NH=} {NKV=} {V=}")
 
 
+def to_f16(src, dst):
+    """Rewrites a GGUF with every tensor in float16, as llama.cpp's convert_lora_to_gguf.py writes adapters."""
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(dst, value_of_field(r.fields["general.architecture"]))
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_array(f.name, value_of_field(f))
+        else:
+            w.add_key_value(f.name, value_of_field(f), f.types[0])
+    for t in r.tensors:
+        w.add_tensor(t.name, np.array(t.data).astype(np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(f"{dst}: {len(r.tensors)} tensors in F16")
+
+
 def main(argv):
     if len(argv) < 3:
         die(__doc__)
@@ -248,6 +270,8 @@ def main(argv):
         check_adapter(path, float(argv[argv.index("--alpha") + 1]))
     elif cmd == "compare":
         compare(path, argv[3])
+    elif cmd == "to-f16":
+        to_f16(path, argv[3])
     elif cmd == "write":
         write(path, argv[3])
     else:

@@ -76,6 +76,12 @@ EOF
         2>> "$tmp/err.txt" \
     && $CHECK model "$tmp/ma.gguf" --file-type 7 >> "$tmp/err.txt" 2>&1 \
     && pass gguf_adapter || fail gguf_adapter "$(cat "$tmp/err.txt") [peft: ${lp:-} gguf: ${lg:-}]"
+# the same adapter in F16 (llama.cpp's LoRA converter's default type): f16 rounds each weight by <= 2^-11
+# (4.9e-4) relative, so the loss, which the adapter moves by ~0.4 here, moves by well under 1e-3 (measured 4e-5)
+if [ -n "${lg:-}" ] && $CHECK to-f16 "$tmp/a/adapter.gguf" "$tmp/a16.gguf" > "$tmp/err.txt" 2>&1 \
+    && l16=$(loss -m "$HF" --adapter "$tmp/a16.gguf") \
+    && "$PY" -c 'import sys; a, b = float(sys.argv[1].split()[1]), float(sys.argv[2].split()[1]); sys.exit(abs(a - b) >= 1e-3)' \
+        "$l16" "$lg"; then pass gguf_adapter_f16; else fail gguf_adapter_f16 "$(cat "$tmp/err.txt") [f16: ${l16:-} f32: ${lg:-}]"; fi
 "$FT" eval -m "$HF" --adapter "$S/stories260K.gguf" --text "$tmp/t.txt" 2> "$tmp/err.txt" >/dev/null
 [ $? -ne 0 ] && grep -q "stories260K.gguf: no general.type: not a llama.cpp LoRA adapter" "$tmp/err.txt" \
     && pass gguf_adapter_not_lora || fail gguf_adapter_not_lora "$(cat "$tmp/err.txt")"
