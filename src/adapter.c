@@ -870,7 +870,7 @@ ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *
                         name, c->arch, mod, l, L);
             goto done;
         }
-        if (ti->n_dims != 2 || ti->dtype >= FT_NTYPES || !ft_types[ti->dtype].is_float) {
+        if (ti->n_dims != 2 || (ti->dtype != FT_F32 && ti->dtype != FT_F16 && ti->dtype != FT_BF16)) {
             st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: tensor \"%s\": %u-D of ggml type %s (a 2-D f32, f16 or bf16 "
                         "matrix expected)", path, name, ti->n_dims, gguf_ggml_type_name(ti->ggml_type));
             goto done;

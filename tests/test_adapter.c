@@ -565,6 +565,26 @@ static void test_gguf_adapter_load(void) {
         printf("  expected error: %s\n", msg);
         CHECK(g->adapter == NULL && g->layers[0].wq.lora == NULL);
     }
+    /* a quantized LoRA tensor (llama.cpp writes them as f32, f16 or bf16) */
+    {
+        gguf_writer *w = NULL;
+        char p[600];
+        tmp(p, sizeof p, "bad_q8.gguf");
+        CHECK_OK(gguf_writer_new(&w));
+        int64_t sa[2] = { 4, 64 }, sb[2] = { 64, 4 };
+        if (w) {
+            CHECK_OK(gguf_writer_set_str(w, "general.architecture", "llama"));
+            CHECK_OK(gguf_writer_set_str(w, "general.type", "adapter"));
+            CHECK_OK(gguf_writer_set_str(w, "adapter.type", "lora"));
+            CHECK_OK(gguf_writer_set_f32(w, "adapter.lora.alpha", 8));
+            CHECK_OK(gguf_writer_add_tensor(w, "blk.0.attn_q.weight.lora_a", FT_Q8_0, 2, sa, zeros));
+            CHECK_OK(gguf_writer_add_tensor(w, "blk.0.attn_q.weight.lora_b", FT_F32, 2, sb, zeros));
+            CHECK_OK(gguf_writer_write(w, p));
+            gguf_writer_free(w);
+        }
+        CHECK(ftune_model_load_adapter(g, p) != FTUNE_OK && contains(ftune_last_error(), "q8_0"));
+        printf("  expected error: %s\n", ftune_last_error());
+    }
     /* a model GGUF is not an adapter */
     CHECK(ftune_model_load_adapter(g, gguf_path) != FTUNE_OK && contains(ftune_last_error(), "general.type"));
     printf("  expected error: %s\n", ftune_last_error());
