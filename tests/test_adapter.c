@@ -1042,9 +1042,28 @@ static void test_gguf_write(void) {
         CHECK_OK(ft_write_json_atomic(dst, cj));
         cJSON_Delete(cj);
     } else CHECK(0);
+    /* and a chat template, which llama.cpp reads from tokenizer.chat_template */
+    static const char tmpl[] = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}";
+    snprintf(dst, sizeof dst, "%s/tokenizer_config.json", d3);
+    char *tct = NULL;
+    CHECK_OK(ft_read_file(dst, &tct, NULL));
+    cJSON *tcj = tct ? cJSON_Parse(tct) : NULL;
+    free(tct);
+    if (tcj) {
+        cJSON_AddStringToObject(tcj, "chat_template", tmpl);
+        CHECK_OK(ft_write_json_atomic(dst, tcj));
+        cJSON_Delete(tcj);
+    } else CHECK(0);
     ftune_model *h3 = load(d3);
     tmp(p, sizeof p, "llama3.gguf");
     if (h3) CHECK_OK(ft_merge_write(h3, p, NULL));
+    gguf_file g3;
+    if (h3 && gguf_open(&g3, p) == FTUNE_OK) {
+        gguf_str ct;
+        CHECK(gguf_get_str(&g3, "tokenizer.chat_template", &ct) && ct.len == strlen(tmpl) && !memcmp(ct.ptr, tmpl, ct.len));
+        CHECK(gguf_find_tensor(&g3, "rope_freqs.weight") != NULL);
+        gguf_close(&g3);
+    } else CHECK(0);
     ftune_model *w3 = h3 ? load(p) : NULL;
     float *l3 = h3 ? logits(h3) : NULL, *lw3 = w3 ? logits(w3) : NULL;
     if (l3 && lw3 && lh) {
