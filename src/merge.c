@@ -485,12 +485,16 @@ static ftune_status config_kv(gguf_writer *w, const ft_config *c, const char *ar
 /* Byte-level BPE (tokenizer.ggml.model "gpt2") needs what the model's
  * tokenizer does not keep as text: the merge list, and the pre-tokenizer
  * under the name llama.cpp gives it. Both come from the Hugging Face base's
- * tokenizer.json (or merges.txt beside vocab.json, GPT-2's layout). */
+ * tokenizer.json (or merges.txt beside vocab.json, GPT-2's layout), or are
+ * made from a tiktoken tokenizer.model (Llama 3). */
 typedef struct {
     char *buf;               /* the merges, NUL-separated */
     const char **merges;     /* (n) "a b" */
     int n;
     const char *pre;         /* tokenizer.ggml.pre */
+    char *tokbuf;            /* tiktoken: token texts in GPT-2's alphabet, NUL-separated */
+    const char **tok_text;   /* (n_tok_text) they replace the stored raw bytes, or NULL */
+    int n_tok_text;
 } bpe_extra;
 
 #define HF_RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
@@ -546,7 +550,154 @@ static const char *llama_pre_name(const char *const *re, int n) {
 static void bpe_extra_free(bpe_extra *b) {
     free(b->buf);
     free(b->merges);
+    free(b->tokbuf);
+    free(b->tok_text);
 }
+
+/* GPT-2's byte -> unicode map, UTF-8 encoded: the bytes GGUF and
+ * tokenizer.json token texts are written in (printable Latin-1 bytes stand
+ * for themselves, the others for U+0100 onwards, in byte order). */
+static void gpt2_byte_map(char map[256][3]) {
+    int n = 0;
+    for (int b = 0; b < 256; b++) {
+        bool keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+        int cp = keep ? b : 256 + n++;
+        if (cp < 0x80) { map[b][0] = (char)cp; map[b][1] = 0; }
+        else { map[b][0] = (char)(0xC0 | (cp >> 6)); map[b][1] = (char)(0x80 | (cp & 0x3F)); map[b][2] = 0; }
+    }
+}
+
+static int b64_val(int c) {
+    return c >= 'A' && c <= 'Z' ? c - 'A' : c >= 'a' && c <= 'z' ? c - 'a' + 26 : c >= '0' && c <= '9' ? c - '0' + 52
+         : c == '+' ? 62 : c == '/' ? 63 : -1;
+}
+
+/* A tiktoken tokenizer.model (Llama 3's: "base64 rank" per line, ranks
+ * 0, 1, 2, ...) has no merge list; it is made as llama.cpp's converter gets
+ * it (transformers' TikTokenConverter): for each token in rank order, every
+ * split into two tokens, ordered by (left rank, right rank). Merging by
+ * these ranks is then tiktoken's lowest-rank-first BPE. */
+static ftune_status read_tiktoken_extra(const char *path, bpe_extra *b) {
+    char *text = NULL;
+    size_t size = 0;
+    ftune_status st = ft_read_file(path, &text, &size);
+    if (st) return st;
+    int n = 0;
+    for (size_t i = 0; i < size; i++) n += text[i] == '\n';
+    uint8_t *bytes = ft_malloc(size + 1);                  /* every token's bytes, back to back */
+    uint32_t *off = ft_calloc((size_t)n + 2, sizeof *off);  /* token i is bytes[off[i] .. off[i+1]) */
+    uint32_t hcap = 1;
+    while (hcap < 2u * (uint32_t)n + 2) hcap <<= 1;
+    int32_t *hash = ft_malloc((size_t)hcap * sizeof *hash);
+    int32_t *parts = ft_malloc(256 * 3 * sizeof *parts); /* (left rank, right rank, cut) of each split */
+    char map[256][3];
+    gpt2_byte_map(map);
+    if (!bytes || !off || !hash || !parts) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
+    for (uint32_t i = 0; i < hcap; i++) hash[i] = -1;
+    int k = 0;
+    uint32_t o = 0;
+    for (char *line = text, *next; line < text + size && *line; line = next) {
+        next = memchr(line, '\n', (size_t)(text + size - line));
+        next = next ? next + 1 : text + size;
+        char *sp = memchr(line, ' ', (size_t)(next - line));
+        long rank = sp ? strtol(sp + 1, NULL, 10) : -1;
+        if (!sp || rank != k) { st = ft_err(FTUNE_ERR_FORMAT, "%s:%d: expected \"base64 %d\"", path, k + 1, k); goto done; }
+        off[k] = o;
+        uint32_t acc = 0;
+        int nbits = 0;
+        for (char *c = line; c < sp && *c != '='; c++) {
+            int v = b64_val((unsigned char)*c);
+            if (v < 0) { st = ft_err(FTUNE_ERR_FORMAT, "%s:%d: not base64", path, k + 1); goto done; }
+            acc = (acc << 6) | (uint32_t)v;
+            if ((nbits += 6) >= 8) { nbits -= 8; bytes[o++] = (uint8_t)(acc >> nbits); }
+        }
+        if (o == off[k] || o - off[k] > 256) { st = ft_err(FTUNE_ERR_FORMAT, "%s:%d: token of %u bytes", path, k + 1, o - off[k]); goto done; }
+        uint64_t h = 0xcbf29ce484222325ull;
+        for (uint32_t j = off[k]; j < o; j++) { h ^= bytes[j]; h *= 0x100000001b3ull; }
+        uint32_t slot = (uint32_t)h & (hcap - 1);
+        while (hash[slot] >= 0) slot = (slot + 1) & (hcap - 1);
+        hash[slot] = k;
+        k++;
+    }
+    off[k] = o;
+    n = k;
+#define RANK_OF(P, L, OUT) do { \
+        uint64_t h_ = 0xcbf29ce484222325ull; \
+        for (uint32_t j_ = 0; j_ < (L); j_++) { h_ ^= (P)[j_]; h_ *= 0x100000001b3ull; } \
+        uint32_t s_ = (uint32_t)h_ & (hcap - 1); (OUT) = -1; \
+        for (; hash[s_] >= 0; s_ = (s_ + 1) & (hcap - 1)) \
+            if (off[hash[s_] + 1] - off[hash[s_]] == (L) && !memcmp(bytes + off[hash[s_]], (P), (L))) { (OUT) = hash[s_]; break; } \
+    } while (0)
+    /* token texts (n of them, each byte up to 2 UTF-8 bytes); the merges are counted in a first pass and
+     * written in a second */
+    size_t tb = 3 * (size_t)o + (size_t)n, mb = 0, mcount = 0;
+    b->tokbuf = ft_malloc(tb);
+    b->tok_text = ft_calloc((size_t)n, sizeof *b->tok_text);
+    if (!b->tokbuf || !b->tok_text) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
+    size_t to = 0, mo = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            b->buf = ft_malloc(mb ? mb : 1);
+            b->merges = ft_calloc(mcount ? mcount : 1, sizeof *b->merges);
+            if (!b->buf || !b->merges) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
+        }
+        for (int i = 0; i < n; i++) {
+            const uint8_t *p = bytes + off[i];
+            uint32_t len = off[i + 1] - off[i];
+            if (pass == 0) {
+                b->tok_text[i] = b->tokbuf + to;
+                for (uint32_t j = 0; j < len; j++) to += (size_t)sprintf(b->tokbuf + to, "%s", map[p[j]]);
+                b->tokbuf[to++] = 0;
+            }
+            if (len < 2) continue;
+            /* every split into two tokens, by (left rank, right rank) */
+            int np = 0;
+            for (uint32_t cut = 1; cut < len; cut++) {
+                int rl, rr;
+                RANK_OF(p, cut, rl);
+                RANK_OF(p + cut, len - cut, rr);
+                if (rl < 0 || rr < 0) continue;
+                int at = np++;
+                while (at > 0 && (parts[3 * (at - 1)] > rl || (parts[3 * (at - 1)] == rl && parts[3 * (at - 1) + 1] > rr))) {
+                    memcpy(parts + 3 * at, parts + 3 * (at - 1), 3 * sizeof *parts);
+                    at--;
+                }
+                parts[3 * at] = rl;
+                parts[3 * at + 1] = rr;
+                parts[3 * at + 2] = (int32_t)cut;
+            }
+            if (np == 0) {
+                st = ft_err(FTUNE_ERR_FORMAT, "%s:%d: token of rank %d is not two tokens joined", path, i + 1, i);
+                goto done;
+            }
+            if (pass == 0) {
+                mcount += (size_t)np;
+                for (uint32_t j = 0; j < len; j++) mb += (size_t)np * strlen(map[p[j]]);
+                mb += 2 * (size_t)np;
+                continue;
+            }
+            for (int q = 0; q < np; q++) {
+                uint32_t cut = (uint32_t)parts[3 * q + 2];
+                b->merges[b->n++] = b->buf + mo;
+                for (uint32_t j = 0; j < cut; j++) mo += (size_t)sprintf(b->buf + mo, "%s", map[p[j]]);
+                b->buf[mo++] = ' ';
+                for (uint32_t j = cut; j < len; j++) mo += (size_t)sprintf(b->buf + mo, "%s", map[p[j]]);
+                b->buf[mo++] = 0;
+            }
+        }
+    }
+#undef RANK_OF
+    b->n_tok_text = n;
+    b->pre = "llama-bpe"; /* Llama 3's pattern, the only tiktoken file ftune reads */
+done:
+    free(text);
+    free(bytes);
+    free(off);
+    free(hash);
+    free(parts);
+    return st;
+}
+
 
 static ftune_status read_bpe_extra(const char *bdir, bpe_extra *b) {
     memset(b, 0, sizeof *b);
@@ -557,9 +708,12 @@ static ftune_status read_bpe_extra(const char *bdir, bpe_extra *b) {
     snprintf(path, sizeof path, "%s/tokenizer.json", bdir);
     bool json = ft_file_exists(path);
     if (!json) snprintf(path, sizeof path, "%s/merges.txt", bdir);
-    if (!ft_file_exists(path))
-        return ft_err(FTUNE_ERR_UNSUPPORTED, "%s: no tokenizer.json or merges.txt: the BPE merges (a tiktoken "
-                      "tokenizer.model has none) cannot be written to GGUF", bdir);
+    if (!json && !ft_file_exists(path)) {
+        snprintf(path, sizeof path, "%s/tokenizer.model", bdir);
+        if (ft_file_exists(path)) return read_tiktoken_extra(path, b);
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "%s: no tokenizer.json, merges.txt or tiktoken tokenizer.model: the BPE "
+                      "merges cannot be written to GGUF", bdir);
+    }
     char *text = NULL;
     ftune_status st = ft_read_file(path, &text, NULL);
     if (st) return st;
@@ -651,7 +805,7 @@ static ftune_status tokenizer_kv(gguf_writer *w, const ftune_model *m, const ftu
     int k = 0;
     for (int i = 0; i < V; i++) {
         if (i < n) {
-            toks[i] = ft_tokenizer_token(t, i);
+            toks[i] = i < bpe.n_tok_text ? bpe.tok_text[i] : ft_tokenizer_token(t, i);
             types[i] = ft_tokenizer_type(t, i) ? ft_tokenizer_type(t, i) : FT_TOKTYPE_NORMAL;
             if (i == sp.unk) types[i] = FT_TOKTYPE_UNKNOWN; /* tokenizer.json lists <unk> among the special tokens */
             /* llama2.c's .bin stores "\n<s>\n" and "\n</s>\n"; llama.cpp's llama2.c converter names them so */

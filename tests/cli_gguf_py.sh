@@ -221,3 +221,25 @@ PY
     [ $? -ne 0 ] && grep -q "tokenizer.json: the pre_tokenizer is not one llama.cpp names" "$tmp/err.txt" \
         && [ ! -e "$tmp/qwen2_re.gguf" ] && pass hf_bpe_unknown_pre || fail hf_bpe_unknown_pre "$(cat "$tmp/err.txt")"
 fi
+
+# 6. Llama 3's tiktoken tokenizer.model (no merge list) for a model without a tokenizer: the merges are made
+#    as llama.cpp's converter gets them, and the GGUF tokenizes as the tiktoken file does
+L3=$DATA/tokenizers/llama3/tokenizer.model
+sed 's/"vocab_size": 512/"vocab_size": 128256/' "$HF/config.json" > "$tmp/cfg_l3.json"
+if "$FT" init --config "$tmp/cfg_l3.json" "$tmp/init_l3" > /dev/null 2>&1 \
+    && "$FT" merge -m "$tmp/init_l3" --tokenizer "$L3" -o "$tmp/l3.gguf" 2> "$tmp/err.txt" \
+    && $CHECK model "$tmp/l3.gguf" --file-type 0 --key tokenizer.ggml.model=gpt2 --key tokenizer.ggml.pre=llama-bpe \
+        >> "$tmp/err.txt" 2>&1; then
+    ok=1
+    for t in "Hello world! It's 2024, we'll see 12345 cats." $'  New   lines\n\n\tand tabs.  ' \
+             "Ünïcödé 日本語 русский 🤗 ((x))=>{y}" "<|start_header_id|>user<|end_header_id|> hi<|eot_id|>"; do
+        for sp in "" --parse-special; do
+            a=$(printf '%s' "$t" | "$FT" tokenize --tokenizer "$L3" $sp 2>&1)
+            b=$(printf '%s' "$t" | "$FT" tokenize -m "$tmp/l3.gguf" $sp 2>&1)
+            [ -n "$a" ] && [ "$a" = "$b" ] || { ok=0; echo "  '$t' $sp: $a / $b" >> "$tmp/err.txt"; }
+        done
+    done
+    [ $ok = 1 ] && pass tiktoken_to_gguf || fail tiktoken_to_gguf "$(cat "$tmp/err.txt")"
+else
+    fail tiktoken_to_gguf "$(cat "$tmp/err.txt")"
+fi
