@@ -150,18 +150,18 @@ const char *const *ftune_init_presets(void);
 
 /* -------------------------------------------------------------- adapters */
 
-/* Loads a PEFT LoRA adapter directory (adapter_config.json +
- * adapter_model.safetensors) onto m. Sessions, evaluation and
+/* Loads a LoRA adapter onto m: a PEFT directory (adapter_config.json +
+ * adapter_model.safetensors) or a llama.cpp GGUF adapter file. Sessions, evaluation and
  * ftune_model_save_merged then include it. The model owns the adapter and
  * frees it in ftune_model_free; a model carries at most one. Its targets
  * and every shape must match the model. */
 ftune_status ftune_model_load_adapter(ftune_model *m, const char *dir);
 
 /* Writes m with its adapter (if any) folded into the base weights: a path
- * ending in ".gguf" gets a GGUF file (the base must be GGUF), any other path
+ * ending in ".gguf" gets a GGUF file (from any base), any other path
  * a Hugging Face directory (config.json, model.safetensors, the base's
- * tokenizer files). dtype "f32", "bf16", "f16", or NULL to keep each
- * weight's own. */
+ * tokenizer files). dtype "f32", "bf16", "f16" (GGUF also "q8_0", "q4_0"),
+ * or NULL to keep each weight's own. */
 ftune_status ftune_model_save_merged(const ftune_model *m, const char *path, const char *dtype);
 
 #ifdef __cplusplus

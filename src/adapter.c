@@ -808,3 +808,126 @@ done:
     free_bs(bs, a->n);
     return st;
 }
+
+/* ------------------------------------------------------------- GGUF load */
+
+/* One lora_a/lora_b pair found in a GGUF adapter. */
+typedef struct { const gguf_tensor_info *A, *B; } gguf_pair;
+
+static ftune_status gguf_adapter_str(const gguf_file *g, const char *key, const char *want, bool required_eq,
+                                     const char *what) {
+    gguf_str s;
+    if (!gguf_get_str(g, key, &s))
+        return ft_err(FTUNE_ERR_FORMAT, "%s: no %s: not a llama.cpp LoRA adapter%s", g->map.path, key,
+                      required_eq ? " (a model GGUF? pass it with -m)" : "");
+    if (!gguf_str_eq(s, want))
+        return ft_err(required_eq ? FTUNE_ERR_FORMAT : FTUNE_ERR_UNSUPPORTED, "%s: %s is \"%.*s\"; %s", g->map.path,
+                      key, (int)(s.len < 64 ? s.len : 64), s.ptr, what);
+    return FTUNE_OK;
+}
+
+ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *path, bool trainable) {
+    *out = NULL;
+    gguf_file g;
+    memset(&g, 0, sizeof g);
+    ftune_status st = gguf_open(&g, path);
+    if (st) return st;
+    const ft_config *c = &m->cfg;
+    const int L = c->L;
+    const char *arch = strcmp(c->arch, "qwen2") == 0 ? "qwen2" : "llama"; /* as ft_adapter_save_gguf names them */
+    gguf_pair *pairs = ft_calloc((size_t)L * FT_N_MODS, sizeof *pairs);
+    bool *sel = ft_calloc((size_t)L * FT_N_MODS, sizeof *sel);
+    ft_adapter *a = NULL;
+    double alpha = 0;
+    char what[128];
+    if (!pairs || !sel) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
+    if ((st = gguf_adapter_str(&g, "general.type", "adapter", true, "not a LoRA adapter (a model GGUF? pass it with -m)")) ||
+        (st = gguf_adapter_str(&g, "adapter.type", "lora", false, "only LoRA adapters are read")))
+        goto done;
+    snprintf(what, sizeof what, "the adapter is for another architecture than this %s model (%s)", c->arch, arch);
+    if ((st = gguf_adapter_str(&g, "general.architecture", arch, true, what))) goto done;
+    if (!gguf_get_f64(&g, "adapter.lora.alpha", &alpha) || !isfinite(alpha)) {
+        st = ft_err(FTUNE_ERR_FORMAT, "%s: no adapter.lora.alpha (a number): the LoRA scale alpha/r is unknown", path);
+        goto done;
+    }
+    int r = 0;
+    for (uint64_t i = 0; i < g.n_tensors; i++) {
+        const gguf_tensor_info *ti = &g.tensors[i];
+        char name[FT_NAME_MAX], mod[32];
+        snprintf(name, sizeof name, "%.*s", (int)ti->name.len, ti->name.ptr);
+        int l = -1, used = 0, k;
+        char ab = 0;
+        if (sscanf(name, "blk.%d.%31[a-z_].weight.lora_%c%n", &l, mod, &ab, &used) != 3 || used != (int)strlen(name) ||
+            (ab != 'a' && ab != 'b')) {
+            st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: tensor \"%s\" is not a LoRA tensor of a block's Linear "
+                        "(blk.{i}.<attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down>.weight.lora_a/lora_b)",
+                        path, name);
+            goto done;
+        }
+        for (k = 0; k < FT_N_MODS && strcmp(mod, mod_gguf[k]) != 0; k++) {}
+        if (k == FT_N_MODS || l < 0 || l >= L) {
+            st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": this %s model has no %s in block %d (%d blocks)", path,
+                        name, c->arch, mod, l, L);
+            goto done;
+        }
+        if (ti->n_dims != 2 || (ti->dtype != FT_F32 && ti->dtype != FT_F16 && ti->dtype != FT_BF16)) {
+            st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: tensor \"%s\": %u-D of ggml type %s (a 2-D f32, f16 or bf16 "
+                        "matrix expected)", path, name, ti->n_dims, gguf_ggml_type_name(ti->ggml_type));
+            goto done;
+        }
+        /* PyTorch shapes: A [r, in] is ggml ne (in, r); B [out, r] is ne (r, out) */
+        const ft_linear *lin = ft_model_linear(m, l, (ft_module)k);
+        int tr = (int)(ab == 'a' ? ti->ne[1] : ti->ne[0]);
+        uint64_t other = ab == 'a' ? ti->ne[0] : ti->ne[1], want = ab == 'a' ? (uint64_t)lin->in : (uint64_t)lin->out;
+        if (r == 0) r = tr;
+        if (other != want || tr != r || tr <= 0) {
+            st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": ggml shape [%llu, %llu] but the model's block %d %s has "
+                        "%d %s and the adapter r=%d (expected [%llu, %llu])", path, name,
+                        (unsigned long long)ti->ne[0], (unsigned long long)ti->ne[1], l, mod_names[k],
+                        (int)want, ab == 'a' ? "inputs" : "outputs", r,
+                        (unsigned long long)(ab == 'a' ? want : (uint64_t)r),
+                        (unsigned long long)(ab == 'a' ? (uint64_t)r : want));
+            goto done;
+        }
+        if (ab == 'a') pairs[l * FT_N_MODS + k].A = ti;
+        else pairs[l * FT_N_MODS + k].B = ti;
+    }
+    int n = 0;
+    for (int i = 0; i < L * FT_N_MODS; i++) {
+        const gguf_pair *p = &pairs[i];
+        if (!p->A && !p->B) continue;
+        if (!p->A || !p->B) {
+            st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"blk.%d.%s.weight.lora_%c\" is missing (its partner lora_%c is "
+                        "there)", path, i / FT_N_MODS, mod_gguf[i % FT_N_MODS], p->A ? 'b' : 'a', p->A ? 'a' : 'b');
+            goto done;
+        }
+        sel[i] = true;
+        n++;
+    }
+    if (!n) { st = ft_err(FTUNE_ERR_FORMAT, "%s: no LoRA tensors", path); goto done; }
+    ft_lora_cfg lc = { .r = r, .alpha = (float)alpha };
+    for (int i = 0; i < L * FT_N_MODS; i++)
+        if (sel[i]) lc.targets |= FT_MOD_BIT(i % FT_N_MODS);
+    if ((st = alloc_owned(&a, m, &lc, sel, trainable))) goto done;
+    /* llama-arch adapters keep q/k lora_b rows interleaved (as the model files do) */
+    bool file_interleaved = strcmp(arch, "llama") == 0;
+    for (int i = 0; i < a->n; i++) {
+        ft_adapter_entry *e = &a->e[i];
+        const gguf_pair *p = &pairs[e->layer * FT_N_MODS + e->mod];
+        ft_types[p->A->dtype].to_f32(p->A->data, e->lora->A, (int64_t)r * e->lin->in);
+        ft_types[p->B->dtype].to_f32(p->B->data, e->lora->B, (int64_t)e->lin->out * r);
+        int heads = ft_module_rope_heads(c, e->mod);
+        if (heads && file_interleaved != c->rope_interleaved &&
+            (st = ft_permute_rope_rows(e->lora->B, e->lin->out, r, heads, c->rope_interleaved)))
+            goto done;
+    }
+    attach_all(a);
+    *out = a;
+    a = NULL;
+done: /* every message names the file */
+    ft_adapter_free(a);
+    free(pairs);
+    free(sel);
+    gguf_close(&g);
+    return st;
+}

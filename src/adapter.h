@@ -147,6 +147,14 @@ ftune_status ft_adapter_save_peft(const ft_adapter *a, const char *dir);
  * [r, in] and .lora_b [out, r], F32). For rsLoRA alpha·sqrt(r) is written,
  * as llama.cpp scales by alpha / r. */
 ftune_status ft_adapter_save_gguf(const ft_adapter *a, const char *path);
+/* Loads such an adapter onto m (attached until ft_adapter_free): general.type
+ * "adapter", adapter.type "lora", general.architecture the model's (llama
+ * for the Llama family, qwen2), adapter.lora.alpha present; every tensor a
+ * lora_a/lora_b of a block Linear (f32, f16 or bf16) with its partner, one
+ * rank r for all, shapes matching the model. Scale alpha / r; lora_b of
+ * q/k is permuted from the file's layout (interleaved for llama) to the
+ * model's. */
+ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *path, bool trainable);
 
 /* ------------------------------------------------------------- merge (merge.c) */
 
@@ -155,17 +163,38 @@ ftune_status ft_adapter_save_gguf(const ft_adapter *a, const char *path);
  * carries the adapter. */
 ftune_status ft_merge_lora(ftune_model *m);
 
+/* What a GGUF write did (ft_merge_write fills it for a .gguf output). */
 typedef struct {
-    const char *dtype;       /* "f32", "bf16", "f16" for every matrix; NULL keeps each
-                              * weight's dtype (f32 where safetensors has none, e.g. q8_0).
-                              * A GGUF output also takes "q8_0" and "q4_0" (for the
-                              * Linear weights whose rows are whole blocks) */
+    int n_mat[FT_NTYPES];    /* 2-D tensors written, by type */
+    int n_kept;              /* of those, rows not a whole number of the chosen type's blocks: own type kept */
+    int n_vec;               /* 1-D tensors (norms, biases, RoPE factors), always f32 */
+    ft_dtype output_dtype;   /* the output matrix: output.weight, or token_embd when tied */
+    bool tied;
+    uint32_t file_type;      /* general.file_type (llama.cpp's LLAMA_FTYPE) */
+} ft_merge_report;
+
+typedef struct {
+    ft_merge_report *report; /* filled for a GGUF output, or NULL */
+    const ftune_tokenizer *tokenizer; /* written to a GGUF output for a model without one
+                              * (ftune init's), or NULL */
+    const char *tokenizer_dir; /* where its tokenizer.json / merges.txt / tokenizer_config.json
+                              * are (a BPE vocabulary's merges), or NULL */
+    const char *dtype;       /* "f32", "bf16", "f16" for every matrix (embedding and output
+                              * included); NULL keeps each weight's dtype (f32 where
+                              * safetensors has none, e.g. q8_0). A GGUF output also takes
+                              * "q8_0" and "q4_0" (q4_0 writes the output matrix, or the tied
+                              * embedding, as q8_0); a matrix whose rows are not whole
+                              * blocks of the type keeps its own */
 } ft_merge_opts;
 
 /* Writes m with every attached adapter folded in (W + scale·B·A computed
  * in f32, one row at a time, so nothing is copied whole): a path ending in
- * ".gguf" gets a GGUF file (the base must be a GGUF model: its metadata and
- * tokenizer are copied); any other path a Hugging Face directory
+ * ".gguf" gets a GGUF file with general.file_type set for its weight type:
+ * from a GGUF base its metadata and tokenizer are copied; from a Hugging
+ * Face or llama2.c base they are written as llama.cpp's converter does
+ * (llama/qwen2 keys, SentencePiece-style vocabulary only, q/k rows permuted
+ * to the interleaved layout for llama, rope_freqs for Llama 3 scaling);
+ * any other path a Hugging Face directory
  * (config.json, model.safetensors with Hugging Face names in rotate-half
  * layout, and the base directory's tokenizer files when it has them). opts
  * may be NULL. */

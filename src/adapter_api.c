@@ -1,5 +1,6 @@
-/* adapter_api.c — the public face of adapters: a PEFT adapter loaded onto
- * a model and owned by it, and a model written with its adapter merged. */
+/* adapter_api.c — the public face of adapters: a PEFT or GGUF adapter
+ * loaded onto a model and owned by it, and a model written with its adapter
+ * merged. */
 #include "adapter.h"
 
 static void free_adapter(void *a) { ft_adapter_free(a); }
@@ -8,7 +9,9 @@ ftune_status ftune_model_load_adapter(ftune_model *m, const char *dir) {
     if (!m || !dir) return ft_err(FTUNE_ERR_ARG, "ftune_model_load_adapter: no model or directory");
     if (m->adapter) return ft_err(FTUNE_ERR_ARG, "%s: the model already carries an adapter", dir);
     ft_adapter *a = NULL;
-    ftune_status st = ft_adapter_load_peft(&a, m, dir, false);
+    /* a file is a llama.cpp GGUF adapter, a directory a PEFT one */
+    ftune_status st = ft_file_exists(dir) && !ft_is_dir(dir) ? ft_adapter_load_gguf(&a, m, dir, false)
+                                                             : ft_adapter_load_peft(&a, m, dir, false);
     if (st) return st;
     m->adapter = a;
     m->free_adapter = free_adapter;

@@ -979,3 +979,13 @@ int32_t ft_tokenizer_find(const ftune_tokenizer *t, const char *s, size_t n) {
     return -1;
 }
 int ft_tokenizer_max_piece(const ftune_tokenizer *t) { return t ? t->max_piece : 0; }
+
+/* What a GGUF writer needs beyond the token strings and types (merge.c). */
+float ft_tokenizer_score(const ftune_tokenizer *t, int32_t id) {
+    return t && t->score && id >= 0 && id < t->n_vocab ? t->score[id] : 0.0f;
+}
+void ft_tokenizer_special(const ftune_tokenizer *t, ft_tokenizer_specials *out) {
+    *out = (ft_tokenizer_specials){ .bos = t->bos, .eos = t->eos, .unk = t->unk, .pad = t->pad, .eot = t->eot,
+                                    .add_bos = t->add_bos, .add_eos = t->add_eos,
+                                    .add_space_prefix = t->add_space_prefix };
+}

@@ -93,5 +93,13 @@ int ft_tokenizer_type(const ftune_tokenizer *t, int32_t id);
 int32_t ft_tokenizer_find(const ftune_tokenizer *t, const char *s, size_t n);
 /* The longest piece ftune_token_to_piece can return, in bytes. */
 int ft_tokenizer_max_piece(const ftune_tokenizer *t);
+/* SPM merge score of a token (0 when the file had none, or for a bad id). */
+float ft_tokenizer_score(const ftune_tokenizer *t, int32_t id);
+/* Special ids (-1 if none) and the encoding defaults, for writing GGUF metadata. */
+typedef struct {
+    int32_t bos, eos, unk, pad, eot;
+    int add_bos, add_eos, add_space_prefix;
+} ft_tokenizer_specials;
+void ft_tokenizer_special(const ftune_tokenizer *t, ft_tokenizer_specials *out);
 
 #endif

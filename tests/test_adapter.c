@@ -481,6 +481,123 @@ out:
     ftune_model_free(g);
 }
 
+/* A GGUF adapter read back gives the same logits as the PEFT one (on the
+ * HF model, whose q/k rows are in the other layout, and on the GGUF model);
+ * bad GGUF adapters fail naming the file and what is wrong. */
+static void test_gguf_adapter_load(void) {
+    ftune_model *h = load(hf_path), *g = load(gguf_path);
+    if (!h || !g) { CHECK(0); goto out; }
+    char pg[600], dir[600];
+    tmp(pg, sizeof pg, "from_hf.gguf");   /* written by test_gguf_adapter: rsLoRA r=4 alpha=8 on q, k, v, down */
+    tmp(dir, sizeof dir, "peft_qkvd");    /* the same adapter as PEFT */
+    ftune_model *models[2] = { h, g };
+    for (int i = 0; i < 2; i++) {
+        ftune_model *m = models[i];
+        CHECK_OK(ftune_model_load_adapter(m, dir));
+        float *l_peft = logits(m);
+        m->free_adapter(m->adapter);
+        m->adapter = NULL;
+        CHECK_OK(ftune_model_load_adapter(m, pg));
+        float *l_gguf = logits(m);
+        const ft_adapter *a = m->adapter;
+        CHECK(a && a->n == 4 * 5 && a->cfg.r == 4 && a->e[0].lora->scale == 4.0f);
+        if (l_peft && l_gguf) {
+            double e = logit_err(l_gguf, l_peft, (long)T_TOK * m->cfg.V);
+            printf("  %s model: GGUF adapter vs the same PEFT adapter, logits max rel err %.3g\n", i ? "GGUF" : "HF", e);
+            CHECKF(e == 0, "%g", e); /* the same A, B (permuted twice: a copy) and scale 16/4 = 8/sqrt(4) */
+        } else CHECK(0);
+        free(l_peft);
+        free(l_gguf);
+    }
+    g->free_adapter(g->adapter);
+    g->adapter = NULL;
+    /* merge reads it too: the same file as merging the PEFT adapter */
+    char m1[600], m2[600];
+    tmp(m1, sizeof m1, "merged_gguf_adapter.gguf");
+    CHECK_OK(ft_merge_write(h, m1, NULL));
+    h->free_adapter(h->adapter);
+    h->adapter = NULL;
+    CHECK_OK(ftune_model_load_adapter(h, dir));
+    tmp(m2, sizeof m2, "merged_peft_adapter.gguf");
+    CHECK_OK(ft_merge_write(h, m2, NULL));
+    char *b1 = NULL, *b2 = NULL;
+    size_t n1 = 0, n2 = 0;
+    CHECK_OK(ft_read_file(m1, &b1, &n1));
+    CHECK_OK(ft_read_file(m2, &b2, &n2));
+    CHECK(b1 && b2 && n1 == n2 && memcmp(b1, b2, n1) == 0);
+    free(b1);
+    free(b2);
+    h->free_adapter(h->adapter);
+    h->adapter = NULL;
+
+    /* bad adapters */
+    struct { const char *name, *arch, *type, *atype; bool alpha; int a_in, r_b; const char *extra, *expect; } bad[] = {
+        { "arch", "qwen2", "adapter", "lora", true, 64, 4, NULL, "architecture" },
+        { "shape", "llama", "adapter", "lora", true, 32, 4, NULL, "shape" },
+        { "rank", "llama", "adapter", "lora", true, 64, 8, NULL, "r=4" },
+        { "alpha", "llama", "adapter", "lora", false, 64, 4, NULL, "adapter.lora.alpha" },
+        { "type", "llama", "model", "lora", true, 64, 4, NULL, "not a LoRA adapter" },
+        { "atype", "llama", "adapter", "control_vector", true, 64, 4, NULL, "only LoRA" },
+        { "tensor", "llama", "adapter", "lora", true, 64, 4, "token_embd.weight", "not a LoRA tensor" },
+        { "partner", "llama", "adapter", "lora", true, 64, 4, "blk.1.attn_v.weight.lora_a", "is missing" },
+    };
+    static float zeros[172 * 8];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        gguf_writer *w = NULL;
+        char p[600], nm[64];
+        snprintf(nm, sizeof nm, "bad_%s.gguf", bad[i].name);
+        tmp(p, sizeof p, nm);
+        CHECK_OK(gguf_writer_new(&w));
+        if (!w) continue;
+        CHECK_OK(gguf_writer_set_str(w, "general.architecture", bad[i].arch));
+        CHECK_OK(gguf_writer_set_str(w, "general.type", bad[i].type));
+        CHECK_OK(gguf_writer_set_str(w, "adapter.type", bad[i].atype));
+        if (bad[i].alpha) CHECK_OK(gguf_writer_set_f32(w, "adapter.lora.alpha", 8));
+        int64_t sa[2] = { 4, bad[i].a_in }, sb[2] = { 64, bad[i].r_b }, sx[2] = { 4, 64 };
+        CHECK_OK(gguf_writer_add_tensor(w, "blk.0.attn_q.weight.lora_a", FT_F32, 2, sa, zeros));
+        CHECK_OK(gguf_writer_add_tensor(w, "blk.0.attn_q.weight.lora_b", FT_F32, 2, sb, zeros));
+        if (bad[i].extra) CHECK_OK(gguf_writer_add_tensor(w, bad[i].extra, FT_F32, 2, sx, zeros));
+        CHECK_OK(gguf_writer_write(w, p));
+        gguf_writer_free(w);
+        ftune_status st = ftune_model_load_adapter(g, p);
+        const char *msg = ftune_last_error();
+        CHECKF(st != FTUNE_OK && contains(msg, nm) && contains(msg, bad[i].expect), "%s: %s", bad[i].name, msg);
+        printf("  expected error: %s\n", msg);
+        CHECK(g->adapter == NULL && g->layers[0].wq.lora == NULL);
+    }
+    /* a quantized LoRA tensor (llama.cpp writes them as f32, f16 or bf16) */
+    {
+        gguf_writer *w = NULL;
+        char p[600];
+        tmp(p, sizeof p, "bad_q8.gguf");
+        CHECK_OK(gguf_writer_new(&w));
+        int64_t sa[2] = { 4, 64 }, sb[2] = { 64, 4 };
+        if (w) {
+            CHECK_OK(gguf_writer_set_str(w, "general.architecture", "llama"));
+            CHECK_OK(gguf_writer_set_str(w, "general.type", "adapter"));
+            CHECK_OK(gguf_writer_set_str(w, "adapter.type", "lora"));
+            CHECK_OK(gguf_writer_set_f32(w, "adapter.lora.alpha", 8));
+            CHECK_OK(gguf_writer_add_tensor(w, "blk.0.attn_q.weight.lora_a", FT_Q8_0, 2, sa, zeros));
+            CHECK_OK(gguf_writer_add_tensor(w, "blk.0.attn_q.weight.lora_b", FT_F32, 2, sb, zeros));
+            CHECK_OK(gguf_writer_write(w, p));
+            gguf_writer_free(w);
+        }
+        CHECK(ftune_model_load_adapter(g, p) != FTUNE_OK && contains(ftune_last_error(), "q8_0"));
+        printf("  expected error: %s\n", ftune_last_error());
+    }
+    /* a model GGUF is not an adapter */
+    CHECK(ftune_model_load_adapter(g, gguf_path) != FTUNE_OK && contains(ftune_last_error(), "general.type"));
+    printf("  expected error: %s\n", ftune_last_error());
+    /* nor a file of another kind */
+    char hf_st[1200];
+    snprintf(hf_st, sizeof hf_st, "%s/model.safetensors", hf_path);
+    CHECK(ftune_model_load_adapter(g, hf_st) != FTUNE_OK && contains(ftune_last_error(), "model.safetensors"));
+    printf("  expected error: %s\n", ftune_last_error());
+out:
+    ftune_model_free(h);
+    ftune_model_free(g);
+}
+
 /* ------------------------------------------------------------- bad input */
 
 static void write_text(const char *path, const char *text) {
@@ -682,8 +799,7 @@ static void test_merge(void) {
         snprintf(out, sizeof out, "%s/merged_%s", tmpdir, (const char *[]){ "from_hf", "from_gguf", "from_bin" }[b]);
         snprintf(out_gguf, sizeof out_gguf, "%s/merged.gguf", tmpdir);
         CHECK_OK(ft_merge_write(m, out, NULL));
-        if (b == 1) CHECK_OK(ft_merge_write(m, out_gguf, NULL));
-        else CHECK(ft_merge_write(m, out_gguf, NULL) == FTUNE_ERR_UNSUPPORTED);
+        CHECK_OK(ft_merge_write(m, out_gguf, NULL)); /* from every base (HF: its tokenizer written as GGUF metadata) */
         CHECK(ft_merge_write(m, bases[b], NULL) == FTUNE_ERR_ARG); /* never over the files being read */
         CHECK_OK(ft_merge_lora(ref));     /* merged in memory */
         float *l_mem = logits(ref);
@@ -705,13 +821,15 @@ static void test_merge(void) {
              * turn into ~2e-6 of the largest logit; the adapter itself moves them by > 1e-2 */
             CHECKF(e_lora < 1e-5, "%g", e_lora);
         } else CHECK(0);
-        if (b == 1) {
+        {
             ftune_model *wg = load(out_gguf);
             float *l_g = wg ? logits(wg) : NULL;
             if (l_g && l_mem) {
                 double e = logit_err(l_g, l_mem, n);
-                printf("  GGUF base: merged GGUF written and reloaded vs merged in memory %.3g\n", e);
-                CHECKF(e < 1e-6, "%g", e); /* the same f32 weights, the same forward */
+                printf("  %s base: merged GGUF written and reloaded vs merged in memory %.3g\n",
+                       (const char *[]){ "HF", "GGUF", "llama2.c" }[b], e);
+                /* the same f32 weights, the same forward; from HF in the other RoPE layout (see above) */
+                CHECKF(e < (b == 0 ? 1e-5 : 1e-6), "%g", e);
             } else CHECK(0);
             if (wg) CHECK(strcmp(wg->format, "gguf") == 0 && wg->tok != NULL && wg->cfg.rope_interleaved);
             free(l_g);
@@ -745,6 +863,226 @@ static void test_merge(void) {
     }
 }
 
+/* ------------------------------------------------------------- GGUF writing */
+
+static uint32_t file_type_of(const char *path) {
+    gguf_file g;
+    int64_t v = -1;
+    if (gguf_open(&g, path) == FTUNE_OK) {
+        if (!gguf_get_i64(&g, "general.file_type", &v)) v = -1;
+        gguf_close(&g);
+    }
+    return (uint32_t)v;
+}
+
+static uint32_t ggml_type_of(const char *path, const char *tensor) {
+    gguf_file g;
+    uint32_t t = 999;
+    if (gguf_open(&g, path) == FTUNE_OK) {
+        const gguf_tensor_info *ti = gguf_find_tensor(&g, tensor);
+        if (ti) t = ti->ggml_type;
+        gguf_close(&g);
+    }
+    return t;
+}
+
+/* Hugging Face → GGUF: the same logits as the HF directory, the same
+ * tensors, vocabulary, scores and token types as the reference GGUF of the
+ * same model (converted from llama2.c by llama.cpp's tools), the same
+ * tokenization; llama.cpp's file type for each --dtype; every matrix
+ * converted by f32; q4_0 quantizing the tied embedding (as q8_0). */
+static void test_gguf_write(void) {
+    ftune_model *h = load(hf_path), *g = load(gguf_path);
+    if (!h || !g) { CHECK(0); goto out; }
+    char p[600];
+    tmp(p, sizeof p, "hf.gguf");
+    ft_merge_report rep;
+    ft_merge_opts o = { .report = &rep };
+    CHECK_OK(ft_merge_write(h, p, &o));
+    CHECK(rep.file_type == 0 && rep.tied && rep.n_mat[FT_F32] == 1 + 5 * 7 && rep.n_vec == 1 + 5 * 2);
+    ftune_model *w = load(p);
+    float *lh = logits(h), *lw = w ? logits(w) : NULL;
+    if (lh && lw) {
+        double e = logit_err(lw, lh, (long)T_TOK * h->cfg.V);
+        printf("  HF dir vs the GGUF written from it: logits max rel err %.3g\n", e);
+        CHECKF(e < 1e-5, "%g", e); /* the same weights in the other RoPE layout (see test_qk_layout_across_models) */
+    } else CHECK(0);
+    if (w) {
+        CHECK(w->cfg.rope_interleaved && w->cfg.tied && w->cfg.max_T == 512 && w->cfg.NKV == 4);
+        const char *text = "Once upon a time, Lily saw a big dog. \"Hi!\" she said.";
+        int32_t *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
+        CHECK_OK(ftune_tokenize(ftune_model_tokenizer(h), text, strlen(text), 1, 1, &a, &na));
+        CHECK_OK(ftune_tokenize(ftune_model_tokenizer(w), text, strlen(text), 1, 1, &b, &nb));
+        CHECK(na > 10 && na == nb && a && b && memcmp(a, b, na * sizeof *a) == 0);
+        free(a);
+        free(b);
+    }
+    gguf_file gw, gr;
+    CHECK_OK(gguf_open(&gw, p));
+    CHECK_OK(gguf_open(&gr, gguf_path));
+    /* every reference tensor, bit for bit (its output.weight is a copy of the tied embedding) */
+    for (uint64_t i = 0; i < gr.n_tensors; i++) {
+        const gguf_tensor_info *r = &gr.tensors[i];
+        char nm[FT_NAME_MAX];
+        snprintf(nm, sizeof nm, "%.*s", (int)r->name.len, r->name.ptr);
+        const gguf_tensor_info *t = gguf_find_tensor(&gw, strcmp(nm, "output.weight") ? nm : "token_embd.weight");
+        CHECKF(t && t->nbytes == r->nbytes && t->ne[0] == r->ne[0] && t->ne[1] == r->ne[1] &&
+               memcmp(t->data, r->data, r->nbytes) == 0, "%s", nm);
+    }
+    CHECK(gguf_find_tensor(&gw, "output.weight") == NULL && gw.n_tensors == gr.n_tensors - 1);
+    /* the vocabulary metadata, value for value */
+    static const char *const same[] = { "tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
+                                        "tokenizer.ggml.model", "general.architecture", "llama.embedding_length",
+                                        "llama.feed_forward_length", "llama.block_count", "llama.attention.head_count",
+                                        "llama.attention.head_count_kv", "llama.rope.dimension_count",
+                                        "llama.attention.layer_norm_rms_epsilon", "tokenizer.ggml.bos_token_id",
+                                        "tokenizer.ggml.eos_token_id", "tokenizer.ggml.unknown_token_id" };
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        const gguf_kv *a = gguf_find(&gw, same[i]), *b = gguf_find(&gr, same[i]);
+        bool eq = a && b && a->type == b->type;
+        if (eq && a->type == GGUF_T_STRING) eq = a->str.len == b->str.len && !memcmp(a->str.ptr, b->str.ptr, a->str.len);
+        else if (eq && a->type == GGUF_T_ARRAY) {
+            eq = a->arr_type == b->arr_type && a->arr_n == b->arr_n;
+            if (eq && a->arr_type != GGUF_T_STRING) eq = !memcmp(a->arr_data, b->arr_data, a->arr_n * 4);
+            if (eq && a->arr_type == GGUF_T_STRING) {
+                gguf_str_array x = { 0 }, y = { 0 };
+                eq = !gguf_get_str_array(&gw, same[i], &x) && !gguf_get_str_array(&gr, same[i], &y) && x.n == y.n;
+                for (uint64_t j = 0; eq && j < x.n; j++)
+                    eq = x.items[j].len == y.items[j].len && !memcmp(x.items[j].ptr, y.items[j].ptr, x.items[j].len);
+                free(x.items);
+                free(y.items);
+            }
+        } else if (eq) eq = a->v.u == b->v.u;
+        CHECKF(eq, "%s", same[i]);
+    }
+    int64_t v;
+    CHECK(gguf_get_i64(&gw, "general.file_type", &v) && v == 0);
+    CHECK(gguf_get_i64(&gw, "llama.context_length", &v) && v == 512); /* the HF config's (the reference says 2048) */
+    gguf_close(&gw);
+    gguf_close(&gr);
+
+    /* general.file_type as llama.cpp numbers them, and the types of the embedding/output */
+    struct { const char *dtype; uint32_t ftype; uint32_t embd_untied, out, embd_tied, q; } cases[] = {
+        { "f32", 0, GGML_TYPE_F32, GGML_TYPE_F32, GGML_TYPE_F32, GGML_TYPE_F32 },
+        { "f16", 1, GGML_TYPE_F16, GGML_TYPE_F16, GGML_TYPE_F16, GGML_TYPE_F16 },
+        { "bf16", 32, GGML_TYPE_BF16, GGML_TYPE_BF16, GGML_TYPE_BF16, GGML_TYPE_BF16 },
+        { "q8_0", 7, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0 },
+        { "q4_0", 2, GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0 },
+    };
+    char pq[600], p32[600];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        o.dtype = cases[i].dtype;
+        tmp(pq, sizeof pq, "q.gguf");
+        CHECK_OK(ft_merge_write(g, pq, &o)); /* GGUF base: untied */
+        CHECKF(file_type_of(pq) == cases[i].ftype, "%s", cases[i].dtype);
+        CHECKF(ggml_type_of(pq, "token_embd.weight") == cases[i].embd_untied, "%s", cases[i].dtype);
+        CHECKF(ggml_type_of(pq, "output.weight") == cases[i].out, "%s", cases[i].dtype);
+        CHECKF(ggml_type_of(pq, "blk.1.attn_k.weight") == cases[i].q, "%s", cases[i].dtype);
+        /* 172 columns are not whole 32-element blocks: ffn_down keeps f32, and is counted */
+        CHECKF(ggml_type_of(pq, "blk.1.ffn_down.weight") == (cases[i].q == GGML_TYPE_Q8_0 || cases[i].q == GGML_TYPE_Q4_0
+                                                                 ? GGML_TYPE_F32 : cases[i].q), "%s", cases[i].dtype);
+        CHECK(rep.n_kept == (cases[i].ftype == 2 || cases[i].ftype == 7 ? 5 : 0) && !rep.tied);
+        CHECK(ggml_type_of(pq, "blk.1.ffn_norm.weight") == GGML_TYPE_F32);
+        CHECK_OK(ft_merge_write(h, pq, &o)); /* HF base: tied */
+        CHECKF(file_type_of(pq) == cases[i].ftype, "%s", cases[i].dtype);
+        CHECKF(ggml_type_of(pq, "token_embd.weight") == cases[i].embd_tied, "%s", cases[i].dtype);
+        CHECK(rep.tied && gguf_ggml_type(rep.output_dtype) == (int)cases[i].embd_tied);
+        if (strcmp(cases[i].dtype, "q4_0") == 0) {
+            /* the quantized model still runs and stays near the original */
+            ftune_model *wq = load(pq);
+            float *lq = wq ? logits(wq) : NULL;
+            if (lq && lh) {
+                double e = logit_err(lq, lh, (long)T_TOK * h->cfg.V);
+                printf("  q4_0 GGUF from HF vs HF: logits max rel err %.3g\n", e);
+                CHECKF(e < 0.5 && e > 1e-4, "%g", e); /* 4-bit weights move logits visibly, but not to noise */
+            } else CHECK(0);
+            free(lq);
+            ftune_model_free(wq);
+            /* and --dtype f32 from the q4_0 file converts every matrix, embedding included */
+            ftune_model *q = load(pq);
+            o.dtype = "f32";
+            tmp(p32, sizeof p32, "back32.gguf");
+            if (q) CHECK_OK(ft_merge_write(q, p32, &o));
+            CHECK(ggml_type_of(p32, "token_embd.weight") == GGML_TYPE_F32 && file_type_of(p32) == 0);
+            CHECK(ggml_type_of(p32, "blk.0.attn_q.weight") == GGML_TYPE_F32);
+            ftune_model_free(q);
+        }
+    }
+    o.dtype = NULL;
+
+    /* Llama 3 RoPE scaling: rope_freqs.weight, the same logits as the HF directory */
+    char d3[600], src[1200], dst[1200];
+    tmp(d3, sizeof d3, "hf_llama3");
+    mkdir(d3, 0755);
+    static const char *const files[] = { "model.safetensors", "tokenizer.json", "tokenizer_config.json" };
+    for (int i = 0; i < 3; i++) {
+        snprintf(src, sizeof src, "%s/%s", hf_path, files[i]);
+        snprintf(dst, sizeof dst, "%s/%s", d3, files[i]);
+        char *buf;
+        size_t nb;
+        CHECK_OK(ft_read_file(src, &buf, &nb));
+        if (buf) CHECK_OK(ft_write_file_atomic(dst, buf, nb));
+        free(buf);
+    }
+    snprintf(src, sizeof src, "%s/config.json", hf_path);
+    char *cfgt = NULL;
+    CHECK_OK(ft_read_file(src, &cfgt, NULL));
+    cJSON *cj = cfgt ? cJSON_Parse(cfgt) : NULL;
+    free(cfgt);
+    if (cj) {
+        cJSON_DeleteItemFromObject(cj, "rope_scaling");
+        cJSON *rs = cJSON_AddObjectToObject(cj, "rope_scaling");
+        cJSON_AddStringToObject(rs, "rope_type", "llama3");
+        cJSON_AddNumberToObject(rs, "factor", 8);
+        cJSON_AddNumberToObject(rs, "low_freq_factor", 1);
+        cJSON_AddNumberToObject(rs, "high_freq_factor", 4);
+        cJSON_AddNumberToObject(rs, "original_max_position_embeddings", 64); /* so that all three bands occur with HS = 8 */
+        snprintf(dst, sizeof dst, "%s/config.json", d3);
+        CHECK_OK(ft_write_json_atomic(dst, cj));
+        cJSON_Delete(cj);
+    } else CHECK(0);
+    /* and a chat template, which llama.cpp reads from tokenizer.chat_template */
+    static const char tmpl[] = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}";
+    snprintf(dst, sizeof dst, "%s/tokenizer_config.json", d3);
+    char *tct = NULL;
+    CHECK_OK(ft_read_file(dst, &tct, NULL));
+    cJSON *tcj = tct ? cJSON_Parse(tct) : NULL;
+    free(tct);
+    if (tcj) {
+        cJSON_AddStringToObject(tcj, "chat_template", tmpl);
+        CHECK_OK(ft_write_json_atomic(dst, tcj));
+        cJSON_Delete(tcj);
+    } else CHECK(0);
+    ftune_model *h3 = load(d3);
+    tmp(p, sizeof p, "llama3.gguf");
+    if (h3) CHECK_OK(ft_merge_write(h3, p, NULL));
+    gguf_file g3;
+    if (h3 && gguf_open(&g3, p) == FTUNE_OK) {
+        gguf_str ct;
+        CHECK(gguf_get_str(&g3, "tokenizer.chat_template", &ct) && ct.len == strlen(tmpl) && !memcmp(ct.ptr, tmpl, ct.len));
+        CHECK(gguf_find_tensor(&g3, "rope_freqs.weight") != NULL);
+        gguf_close(&g3);
+    } else CHECK(0);
+    ftune_model *w3 = h3 ? load(p) : NULL;
+    float *l3 = h3 ? logits(h3) : NULL, *lw3 = w3 ? logits(w3) : NULL;
+    if (l3 && lw3 && lh) {
+        double e = logit_err(lw3, l3, (long)T_TOK * h->cfg.V), moved = logit_err(l3, lh, (long)T_TOK * h->cfg.V);
+        printf("  Llama 3 RoPE: HF vs its GGUF (rope_freqs) %.3g; the scaling moves logits by %.3g\n", e, moved);
+        CHECKF(w3->rope_freq_factors != NULL && e < 1e-5 && moved > 1e-3, "%g %g", e, moved); /* layout tolerance */
+    } else CHECK(0);
+    free(l3);
+    free(lw3);
+    ftune_model_free(h3);
+    ftune_model_free(w3);
+    free(lh);
+    free(lw);
+    ftune_model_free(w);
+out:
+    ftune_model_free(h);
+    ftune_model_free(g);
+}
+
 int main(void) {
     const char *base = getenv("TMPDIR");
     snprintf(tmpdir, sizeof tmpdir, "%s/ftune-test-adapter-XXXXXX", base && *base ? base : "/tmp");
@@ -757,9 +1095,11 @@ int main(void) {
     RUN(test_peft_vs_torch);
     RUN(test_wrap_and_partial);
     RUN(test_gguf_adapter);
+    RUN(test_gguf_adapter_load);
     RUN(test_bad_adapters);
     RUN(test_gpt2_adapter);
     RUN(test_merge);
+    RUN(test_gguf_write);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);

@@ -67,7 +67,7 @@ int cmd_eval(int argc, char **argv) {
     bool json = false, no_bos = false, progress = false;
     cli_opt opts[] = {
         { "-m", "--model", OPT_STR, &model, "MODEL", "Hugging Face directory, .gguf, or llama2.c .bin" },
-        { NULL, "--adapter", OPT_STR, &adapter, "DIR", "apply a PEFT LoRA adapter directory" },
+        { NULL, "--adapter", OPT_STR, &adapter, "DIR", "apply a LoRA adapter: PEFT directory or llama.cpp .gguf" },
         { NULL, "--text", OPT_STR, &text_path, "FILE", "evaluate a plain text file as one document" },
         { NULL, "--jsonl", OPT_STR, &jsonl_path, "FILE", "evaluate each line's text field as a document" },
         { NULL, "--field", OPT_STR, &field, "NAME", "the JSONL field holding the text" },

@@ -18,7 +18,7 @@ int cmd_generate(int argc, char **argv) {
     uint64_t seed = 0;
     cli_opt opts[] = {
         { "-m", "--model", OPT_STR, &model, "MODEL", "Hugging Face directory, .gguf, or llama2.c .bin" },
-        { NULL, "--adapter", OPT_STR, &adapter, "DIR", "apply a PEFT LoRA adapter directory" },
+        { NULL, "--adapter", OPT_STR, &adapter, "DIR", "apply a LoRA adapter: PEFT directory or llama.cpp .gguf" },
         { "-p", "--prompt", OPT_STR, &prompt, "TEXT", "prompt to continue (UTF-8)" },
         { "-n", "--n-predict", OPT_INT, &n_predict, "N", "new tokens to generate; -1 = until end of text or context full" },
         { NULL, "--temp", OPT_FLOAT, &sp.temperature, "T", "temperature; 0 = greedy" },

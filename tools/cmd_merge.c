@@ -1,27 +1,44 @@
-/* cmd_merge.c — `ftune merge`: folds a PEFT LoRA adapter into the base
- * weights and writes the merged model (a Hugging Face directory, or GGUF
- * when the output ends in .gguf and the base is GGUF). Without an adapter
- * it converts: GGUF/llama2.c to a Hugging Face directory, or a GGUF to
- * another weight type (q8_0, q4_0, ...). */
+/* cmd_merge.c — `ftune merge`: folds a LoRA adapter (PEFT directory or
+ * llama.cpp GGUF) into the base weights and writes the merged model (a
+ * Hugging Face directory, or GGUF when the output ends in .gguf, from any
+ * base). Without an adapter it converts between formats and weight types
+ * (q8_0, q4_0, ...). */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cli.h"
+#include "adapter.h"
+#include "tokenizer.h"
+
+/* What a GGUF write did, on one line. */
+static void print_report(const char *out, const ft_merge_report *r) {
+    fprintf(stderr, "%s: general.file_type %u; matrices:", out, r->file_type);
+    for (int t = 0; t < FT_NTYPES; t++)
+        if (r->n_mat[t]) fprintf(stderr, " %d %s", r->n_mat[t], ft_types[t].name);
+    fprintf(stderr, " (%s %s", r->tied ? "tied token_embd/output" : "output.weight", ft_types[r->output_dtype].name);
+    if (r->n_kept) fprintf(stderr, "; %d kept their type: rows not whole blocks", r->n_kept);
+    fprintf(stderr, "); %d vectors f32\n", r->n_vec);
+}
 
 int cmd_merge(int argc, char **argv) {
     const char *model = NULL, *adapter = NULL, *out = NULL, *dtype = NULL, *tokenizer = NULL;
     cli_opt opts[] = {
         { "-m", "--model", OPT_STR, &model, "MODEL", "base model: Hugging Face directory, .gguf, or llama2.c .bin" },
-        { NULL, "--adapter", OPT_STR, &adapter, "DIR", "PEFT adapter directory (adapter_config.json + safetensors); none = convert only" },
+        { NULL, "--adapter", OPT_STR, &adapter, "DIR", "PEFT adapter directory or llama.cpp LoRA .gguf; none = convert only" },
         { "-o", "--output", OPT_STR, &out, "OUT", "a directory (Hugging Face safetensors) or a path ending in .gguf" },
-        { NULL, "--dtype", OPT_STR, &dtype, "T", "f32, bf16 or f16 for every matrix; a .gguf output also q8_0, q4_0 (default: each weight's own)" },
-        { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
+        { NULL, "--dtype", OPT_STR, &dtype, "T", "f32, bf16 or f16 for every matrix, embedding and output included; a .gguf output also q8_0, q4_0 (default: each weight's own)" },
+        { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model); for a .gguf output from a model without a tokenizer (ftune init's): any tokenizer file or directory" },
         { 0 },
     };
     cli_cmd cmd = { "merge", "-m MODEL [--adapter DIR] -o OUT [--dtype T]",
                     "Writes the base model with the adapter folded in: W + scale * B * A, computed in f32.\n"
-                    "A GGUF output needs a GGUF base and keeps each tensor's type unless --dtype says otherwise\n"
-                    "(q8_0/q4_0 quantize the Linear weights whose rows are whole 32-element blocks).\n"
-                    "Without --adapter the model is only converted.",
+                    "A GGUF output (from a GGUF, Hugging Face or llama2.c base) keeps each tensor's type unless\n"
+                    "--dtype says otherwise. q8_0 quantizes every matrix, token_embd and output included; q4_0\n"
+                    "does the same but writes the output matrix (output.weight, or token_embd when tied to it)\n"
+                    "as q8_0, where llama.cpp's quantize uses q6_K. Matrices whose rows are not whole 32-element\n"
+                    "blocks keep their type; norms stay f32. general.file_type follows --dtype (llama.cpp's\n"
+                    "LLAMA_FTYPE). Without --adapter the model is only converted.",
                     opts, NULL, 0, 0 };
     int r = cli_parse(&cmd, argc, argv);
     if (r) return r > 0 ? 0 : 2;
@@ -32,9 +49,33 @@ int cmd_merge(int argc, char **argv) {
     ftune_model *m = cli_load_model("merge", model, tokenizer, 0, false);
     if (!m) return 1;
     ftune_status st = adapter ? ftune_model_load_adapter(m, adapter) : FTUNE_OK;
-    if (!st) st = ftune_model_save_merged(m, out, dtype);
+    ft_merge_report rep;
+    ft_merge_opts mo = { .dtype = dtype, .report = &rep };
+    size_t n = strlen(out);
+    bool gguf = n >= 5 && strcmp(out + n - 5, ".gguf") == 0;
+    ftune_tokenizer *tok = NULL;
+    char *tok_dir = NULL;
+    if (!st && tokenizer && strcmp(m->format, "llama2c") != 0) {
+        /* a model without a tokenizer (ftune init's) gets one for its GGUF */
+        if (ftune_model_tokenizer(m) || !gguf)
+            st = ft_err(FTUNE_ERR_ARG, "--tokenizer %s: only for a llama2.c model, or a .gguf output from a model "
+                        "without a tokenizer (%s has %s)", tokenizer, model,
+                        ftune_model_tokenizer(m) ? "its own" : "none, but the output is not .gguf");
+        else if (!(st = ft_tokenizer_load_path(&tok, tokenizer))) {
+            tok_dir = ft_strdup(tokenizer);
+            char *slash = tok_dir && !ft_is_dir(tokenizer) ? strrchr(tok_dir, '/') : NULL;
+            if (slash) *slash = 0;
+            else if (tok_dir && !ft_is_dir(tokenizer)) strcpy(tok_dir, ".");
+            mo.tokenizer = tok;
+            mo.tokenizer_dir = tok_dir;
+        }
+    }
+    if (!st) st = ft_merge_write(m, out, &mo);
     int rc = st ? cli_fail("merge", st) : 0;
+    if (!st && gguf) print_report(out, &rep);
     if (!st) fprintf(stderr, "wrote %s\n", out);
+    ft_tokenizer_free(tok);
+    free(tok_dir);
     ftune_model_free(m);
     return rc;
 }
