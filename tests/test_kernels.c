@@ -1,4 +1,4 @@
-/* test_kernels.c — the fast Linear kernels (kernels_*.c, chosen by
+/* test_kernels.c — the Linear kernels (kernels.c and kernels_*.c, chosen by
  * cpu.c) against linear_forward_ref: every weight dtype, awkward sizes,
  * one row (decode) and several (prefill, across the 128-row packing
  * boundary), 1 to 3 threads, with the dispatch forced to every level this
@@ -248,17 +248,22 @@ static void test_edge_weights(void) {
     ft_cpu_force_level(FT_CPU_AVX512);
 }
 
-/* The kernels decline what they do not handle, writing nothing. */
+/* The driver declines what it does not handle, writing nothing. */
 static void test_kernels_decline(void) {
     float out[4] = { 7, 7, 7, 7 }, x[64] = { 0 }, scratch[64];
     uint16_t w[64] = { 0 };
-    CHECK(!ft_matmul_avx512(out, x, w, FT_I32, 1, 16, 4, 1, scratch, 64));
-    CHECK(!ft_matmul_avx2(out, x, w, FT_I32, 1, 16, 4, 1, scratch, 64));
-    /* several rows need 128·IC floats of scratch */
-    CHECK(!ft_matmul_avx512(out, x, w, FT_BF16, 2, 16, 2, 1, scratch, 64));
-    CHECK(!ft_matmul_avx2(out, x, w, FT_BF16, 2, 16, 2, 1, scratch, 64));
-    CHECK(!ft_matmul_avx512(out, x, w, FT_Q8_0, 1, 16, 1, 1, scratch, 64)); /* IC not a multiple of 32 */
-    CHECK(out[0] == 7 && out[1] == 7 && out[2] == 7 && out[3] == 7);
+    ft_mat X = ft_mat_f32(x, 1, 16);
+    ft_mat Wi = { .p = w, .dt = FT_I32, .rs = 64, .cs = 1 };
+    for (int li = 0; li < n_levels; li++) {
+        ft_cpu_force_level(levels[li]);
+        CHECK(!ft_gemm(out, 1, 4, &Wi, &X, 4, 1, 16, 1, false, 1, scratch, 64)); /* not a weight dtype */
+        ft_mat Wb = ft_mat_rows(w, FT_BF16, 16), Wq = { .p = w, .dt = FT_Q8_0, .rs = 34, .cs = 1 };
+        CHECK(!ft_gemm(out, 1, 2, &Wb, &X, 2, 2, 16, 1, false, 1, scratch, 64)); /* several rows need the packing scratch */
+        CHECK(!ft_gemm(out, 1, 1, &Wq, &X, 1, 1, 16, 1, false, 1, scratch, 64)); /* 16 is not whole q8_0 blocks */
+        CHECK(!ft_gemm(out, 1, 1, &Wb, &X, 0, 1, 16, 1, false, 1, scratch, 64)); /* empty */
+        CHECK(out[0] == 7 && out[1] == 7 && out[2] == 7 && out[3] == 7);
+    }
+    ft_cpu_force_level(FT_CPU_AVX512);
 }
 
 int main(void) {

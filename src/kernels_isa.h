@@ -1,0 +1,161 @@
+/* kernels_isa.h — the micro-kernel and the row-dot of kernels.h, written
+ * once with GCC vector extensions and included by each kernels_<isa>.c,
+ * which defines first:
+ *   ISA_TARGET   the target attribute (empty for the portable build)
+ *   VL           floats per vector register
+ *   VFMA(a,b,c)  a·b + c on vf (fused where the ISA has FMA)
+ *   MR_W, NV_W   the wide register tile: MR_W rows × NV_W vectors
+ *   MR_N, NV_N   the narrow one, for N of at most VL·NV_N
+ *   ISA_NAME, ISA_TABLE  the level's name and the ft_kernel_isa to define
+ * and its dequantizers (or WIDEN_REFERENCE_ONLY to use dtype.c's):
+ *   bf16_vec, f16_vec(float *dst, const uint16_t *h)   VL values
+ *   q8_0_block(float *dst, const ft_block_q8_0 *b), q4_0_block(...)  32 values
+ * A new weight dtype is a traits row in dtype.c (which every level uses
+ * until it has its own) plus a case here and a dequantizer per ISA.
+ * Not a header for anything else to include. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+#include <string.h>
+
+typedef float vf __attribute__((vector_size(VL * sizeof(float))));
+
+#define KINLINE static inline __attribute__((always_inline)) ISA_TARGET
+#define TILE_MR_MAX (MR_W > MR_N ? MR_W : MR_N)
+#define TILE_NV_MAX (NV_W > NV_N ? NV_W : NV_N)
+
+KINLINE vf vload(const float *p) {
+    vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+/* the first n < VL floats at p, the rest zero */
+KINLINE vf vload_n(const float *p, int n) {
+    float buf[VL] = { 0 };
+    memcpy(buf, p, (size_t)n * sizeof(float));
+    return vload(buf);
+}
+#define VSTORE(p, v) do { vf vs_ = (v); memcpy((p), &vs_, sizeof vs_); } while (0)
+
+/* Elements [k0, k0+n) of a row of dtype dt to f32; what the ISA has no
+ * dequantizer for (f32 itself, a ragged end) goes through dtype.c. */
+ISA_TARGET static void widen(float *dst, const uint8_t *row, ft_dtype dt, int k0, int n) {
+    int k = 0;
+#ifndef WIDEN_REFERENCE_ONLY
+    const uint16_t *h = (const uint16_t *)row + k0;
+    switch (dt) {
+    case FT_BF16:
+        for (; k + VL <= n; k += VL) bf16_vec(dst + k, h + k);
+        break;
+    case FT_F16:
+        for (; k + VL <= n; k += VL) f16_vec(dst + k, h + k);
+        break;
+    case FT_Q8_0:
+        for (const ft_block_q8_0 *b = (const ft_block_q8_0 *)row + k0 / FT_QK; k < n; k += FT_QK, b++)
+            q8_0_block(dst + k, b);
+        break;
+    case FT_Q4_0:
+        for (const ft_block_q4_0 *b = (const ft_block_q4_0 *)row + k0 / FT_QK; k < n; k += FT_QK, b++)
+            q4_0_block(dst + k, b);
+        break;
+    default:
+        break;
+    }
+#endif
+    if (k < n) ft_dtype_span_to_f32(dt, row, k0 + k, dst + k, n - k);
+}
+
+/* cb (MR, VL·NV) = ap (MR, kc) · bp (kc, VL·NV): a broadcast element of A
+ * times NV vectors of B's row k, MR·NV accumulators in registers. */
+KINLINE void tile_body(float *cb, const float *bp, const float *ap, int kc, const int MR, const int NV) {
+    const int NR = VL * NV;
+    vf acc[TILE_MR_MAX][TILE_NV_MAX];
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; j++) acc[r][j] = (vf){ 0 };
+    for (int k = 0; k < kc; k++) {
+        vf xv[TILE_NV_MAX];
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; j++) xv[j] = vload(bp + (size_t)k * NR + VL * j);
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; r++) {
+            vf b = (vf){ 0 } + ap[r * FT_GEMM_KC + k];
+#pragma GCC unroll 4
+            for (int j = 0; j < NV; j++) acc[r][j] = VFMA(b, xv[j], acc[r][j]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; j++) VSTORE(cb + r * NR + VL * j, acc[r][j]);
+}
+
+ISA_TARGET static void tile_wide(float *cb, const float *bp, const float *ap, int kc) {
+    tile_body(cb, bp, ap, kc, MR_W, NV_W);
+}
+ISA_TARGET static void tile_narrow(float *cb, const float *bp, const float *ap, int kc) {
+    tile_body(cb, bp, ap, kc, MR_N, NV_N);
+}
+
+/* out[r] = row r · x for r < NRW: each row widened a K-chunk at a time
+ * into L1 (f32 rows read in place), two accumulators per row. */
+KINLINE void dot_body(float *out, const float *x, const uint8_t *w, size_t rb, ft_dtype dt, int K, const int NRW) {
+    float buf[4][FT_GEMM_KC] __attribute__((aligned(64)));
+    vf acc[4][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < NRW; r++) acc[r][0] = acc[r][1] = (vf){ 0 };
+    for (int k0 = 0; k0 < K; k0 += FT_GEMM_KC) {
+        int kc = K - k0 < FT_GEMM_KC ? K - k0 : FT_GEMM_KC;
+        const float *p[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NRW; r++) {
+            if (dt == FT_F32) {
+                p[r] = (const float *)(w + r * rb) + k0;
+            } else {
+                widen(buf[r], w + r * rb, dt, k0, kc);
+                p[r] = buf[r];
+            }
+        }
+        const float *xk = x + k0;
+        int k = 0;
+        for (; k + 2 * VL <= kc; k += 2 * VL) {
+            vf x0 = vload(xk + k), x1 = vload(xk + k + VL);
+#pragma GCC unroll 4
+            for (int r = 0; r < NRW; r++) {
+                acc[r][0] = VFMA(vload(p[r] + k), x0, acc[r][0]);
+                acc[r][1] = VFMA(vload(p[r] + k + VL), x1, acc[r][1]);
+            }
+        }
+        for (; k < kc; k += VL) {
+            int n = kc - k < VL ? kc - k : VL;
+            vf x0 = vload_n(xk + k, n);
+#pragma GCC unroll 4
+            for (int r = 0; r < NRW; r++) acc[r][0] = VFMA(vload_n(p[r] + k, n), x0, acc[r][0]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NRW; r++) {
+        vf s = acc[r][0] + acc[r][1];
+        float t = 0;
+        for (int i = 0; i < VL; i++) t += s[i];
+        out[r] = t;
+    }
+}
+
+ISA_TARGET static void dot_rows(float *out, const float *x, const uint8_t *w, size_t rb, ft_dtype dt, int K,
+                                int nrows) {
+    if (nrows == 4) {
+        dot_body(out, x, w, rb, dt, K, 4);
+        return;
+    }
+    for (int r = 0; r < nrows; r++) dot_body(out + r, x, w + r * rb, rb, dt, K, 1);
+}
+
+const ft_kernel_isa ISA_TABLE = {
+    .name = ISA_NAME,
+    .mr = { MR_W, MR_N },
+    .nr = { VL * NV_W, VL * NV_N },
+    .tile = { tile_wide, tile_narrow },
+    .widen = widen,
+    .dot_rows = dot_rows,
+};
