@@ -64,22 +64,23 @@ ISA_TARGET static void widen(float *dst, const uint8_t *row, ft_dtype dt, int k0
     if (k < n) ft_dtype_span_to_f32(dt, row, k0 + k, dst + k, n - k);
 }
 
-/* cb (MR, VL·NV) = ap (MR, kc) · bp (kc, VL·NV): a broadcast element of A
+/* cb (MR, VL·NV) (+)= ap (MR, kc) · bp (kc, VL·NV): a broadcast element of A
  * times NV vectors of B's row k, MR·NV accumulators in registers. */
-KINLINE void tile_body(float *cb, const float *bp, const float *ap, int kc, const int MR, const int NV) {
+KINLINE void tile_body(float *cb, const float *bp, const float *ap, int64_t lda, int kc, bool add, const int MR,
+                       const int NV) {
     const int NR = VL * NV;
     vf acc[TILE_MR_MAX][TILE_NV_MAX];
 #pragma GCC unroll 16
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 4
-        for (int j = 0; j < NV; j++) acc[r][j] = (vf){ 0 };
+        for (int j = 0; j < NV; j++) acc[r][j] = add ? vload(cb + r * NR + VL * j) : (vf){ 0 };
     for (int k = 0; k < kc; k++) {
         vf xv[TILE_NV_MAX];
 #pragma GCC unroll 4
         for (int j = 0; j < NV; j++) xv[j] = vload(bp + (size_t)k * NR + VL * j);
 #pragma GCC unroll 16
         for (int r = 0; r < MR; r++) {
-            vf b = (vf){ 0 } + ap[r * FT_GEMM_KC + k];
+            vf b = (vf){ 0 } + ap[r * lda + k];
 #pragma GCC unroll 4
             for (int j = 0; j < NV; j++) acc[r][j] = VFMA(b, xv[j], acc[r][j]);
         }
@@ -90,11 +91,25 @@ KINLINE void tile_body(float *cb, const float *bp, const float *ap, int kc, cons
         for (int j = 0; j < NV; j++) VSTORE(cb + r * NR + VL * j, acc[r][j]);
 }
 
-ISA_TARGET static void tile_wide(float *cb, const float *bp, const float *ap, int kc) {
-    tile_body(cb, bp, ap, kc, MR_W, NV_W);
+ISA_TARGET static void tile_wide(float *cb, const float *bp, const float *ap, int64_t lda, int kc, bool add) {
+    tile_body(cb, bp, ap, lda, kc, add, MR_W, NV_W);
 }
-ISA_TARGET static void tile_narrow(float *cb, const float *bp, const float *ap, int kc) {
-    tile_body(cb, bp, ap, kc, MR_N, NV_N);
+ISA_TARGET static void tile_narrow(float *cb, const float *bp, const float *ap, int64_t lda, int kc, bool add) {
+    tile_body(cb, bp, ap, lda, kc, add, MR_N, NV_N);
+}
+
+ISA_TARGET static void store(float *C, int64_t ldc, const float *cb, int nr, int rows, int cols, float alpha,
+                             bool overwrite) {
+    for (int r = 0; r < rows; r++) {
+        float *d = C + r * ldc;
+        const float *c = cb + r * nr;
+        int l = 0;
+        if (overwrite)
+            for (; l + VL <= cols; l += VL) VSTORE(d + l, vload(c + l) * alpha);
+        else
+            for (; l + VL <= cols; l += VL) VSTORE(d + l, vload(d + l) + vload(c + l) * alpha);
+        for (; l < cols; l++) d[l] = overwrite ? alpha * c[l] : d[l] + alpha * c[l];
+    }
 }
 
 /* out[r] = row r · x for r < NRW: each row widened a K-chunk at a time
@@ -157,5 +172,6 @@ const ft_kernel_isa ISA_TABLE = {
     .nr = { VL * NV_W, VL * NV_N },
     .tile = { tile_wide, tile_narrow },
     .widen = widen,
+    .store = store,
     .dot_rows = dot_rows,
 };

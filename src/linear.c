@@ -35,12 +35,12 @@ size_t linear_scratch_floats(int in, int n_threads) {
     return FT_GEMM_SCRATCH_FLOATS + (size_t)TILE_ROWS * in;
 }
 
-/* out = inp · W^T + bias, without the adapter: computed as its transpose
- * W · inpᵀ so that W, in any dtype, is read along its rows. */
+/* out = inp · W^T + bias, without the adapter (Wᵀ: W's rows, in any dtype,
+ * read along K). */
 static void base_forward(float *out, const float *inp, const ft_linear *l, int T, int n_threads, float *scratch) {
     int IC = l->in, OC = l->out;
-    ft_mat W = ft_mat_rows(l->w.data, l->w.dtype, IC), Xt = ft_mat_f32(inp, 1, IC);
-    gemm_checked(ft_gemm(out, 1, OC, &W, &Xt, OC, T, IC, 1.0f, false, n_threads, scratch, FT_GEMM_SCRATCH_FLOATS), l,
+    ft_mat X = ft_mat_f32(inp, IC, 1), Wt = ft_mat_rows_t(l->w.data, l->w.dtype, IC);
+    gemm_checked(ft_gemm(out, OC, 1, &X, &Wt, T, OC, IC, 1.0f, false, n_threads, scratch, FT_GEMM_SCRATCH_FLOATS), l,
                  "the forward");
     add_bias(out, l->bias, T, OC);
 }

@@ -119,12 +119,13 @@ static void test_linear_kernels(void) {
                          * Each output sums IC products of unit normals, so it
                          * has scale sqrt(IC); rounding a running f32 sum of
                          * n terms errs by ~6e-8·sqrt(n) of that scale, with n
-                         * ≤ 256 in the SIMD kernels (K-blocks) and ≤ 1032 in
-                         * the portable GEMV (4 partial sums): ~2e-6. The floor
+                         * ≤ FT_GEMM_KCH = 1024 in the GEMM (a K chunk per
+                         * lane) and ≤ 516 in the GEMV (2·VL lanes, VL ≥ 4):
+                         * ~2e-6. The floor
                          * sqrt(IC) measures the error against that scale so
                          * that outputs that cancel to near zero are not
                          * judged relative to themselves. The worst seen is
-                         * ~2e-6 (every level); 1e-5 leaves room for other
+                         * ~3e-6 (every level); 1e-5 leaves room for other
                          * data and still catches one wrong element (an error
                          * of one weight·input is ~1/sqrt(IC) ≥ 1.5e-2). */
                         double e = check_max_rel_err(c.y, c.yr, (long)T * OC, sqrt((double)IC));
@@ -346,8 +347,8 @@ static double gemm_case(int M, int N, int K, ft_dtype adt, bool at, ft_dtype bdt
     if (!ok1 || !ok3) goto done;
     CHECKF(!memcmp(c1, c3, nc * sizeof(float)), "%s M=%d N=%d K=%d A %s B %s: 1 and 3 threads differ",
            ft_cpu_level_name(ft_cpu_level()), M, N, K, layout(&A), layout(&B));
-    /* as in test_linear_kernels: products of unit normals summed K at a
-     * time at most FT_GEMM_KC = 256 per running f32 sum, measured against
+    /* as in test_linear_kernels: products of unit normals summed at most
+     * FT_GEMM_KCH = 1024 per running f32 sum, measured against
      * their scale |alpha|·sqrt(K) (plus the unit-normal C when adding) */
     err = check_max_rel_err(c1, ref, (long)nc, fabs(alpha) * sqrt((double)K) + (accumulate ? 1 : 0));
 done:
