@@ -90,11 +90,15 @@ static void pack_b(void *vctx, int task, int thread) {
     float tmp[FT_GEMM_NC];
     int k1 = (task + 1) * PACK_ROWS < kc ? (task + 1) * PACK_ROWS : kc;
     for (int k = task * PACK_ROWS; k < k1; k++) {
-        g->isa->widen(tmp, row_at(B, g->k0 + k), B->dt, g->n0, g->nw);
+        const float *src = tmp;
+        if (B->dt == FT_F32) /* dealt out straight from the row */
+            src = (const float *)row_at(B, g->k0 + k) + g->n0;
+        else
+            g->isa->widen(tmp, row_at(B, g->k0 + k), B->dt, g->n0, g->nw);
         for (int s = 0; s < ns; s++) {
             float *dst = g->bp + ((size_t)s * kc + k) * nr;
             int n = g->nw - s * nr < nr ? g->nw - s * nr : nr;
-            memcpy(dst, tmp + s * nr, (size_t)n * sizeof(float));
+            memcpy(dst, src + s * nr, (size_t)n * sizeof(float));
             memset(dst + n, 0, (size_t)(nr - n) * sizeof(float));
         }
     }

@@ -14,6 +14,7 @@
 #define ISA_TARGET __attribute__((target("avx2,fma,f16c")))
 #define VL 8
 #define VFMA(a, b, c) ((vf)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
+#define VSET1(x) ((vf)_mm256_set1_ps(x))
 /* 6 rows × 16 columns (12 of the 16 ymm registers) when N > 8, else 12 × 8 */
 #define MR_W 6
 #define NV_W 2

@@ -9,6 +9,7 @@
 #define ISA_TARGET
 #define VL 4
 #define VFMA(a, b, c) ((a) * (b) + (c))
+#define VSET1(x) ((vf){ (x), (x), (x), (x) })
 /* 6 rows × 8 columns (12 of x86-64's 16 xmm registers) when N > 4, else 8 × 4 */
 #define MR_W 6
 #define NV_W 2

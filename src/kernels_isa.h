@@ -4,6 +4,7 @@
  *   ISA_TARGET   the target attribute (empty for the portable build)
  *   VL           floats per vector register
  *   VFMA(a,b,c)  a·b + c on vf (fused where the ISA has FMA)
+ *   VSET1(x)     x in every lane (not (vf){0} + x: that costs an add, for -0)
  *   MR_W, NV_W   the wide register tile: MR_W rows × NV_W vectors
  *   MR_N, NV_N   the narrow one, for N of at most VL·NV_N
  *   ISA_NAME, ISA_TABLE  the level's name and the ft_kernel_isa to define
@@ -80,7 +81,7 @@ KINLINE void tile_body(float *cb, const float *bp, const float *ap, int64_t lda,
         for (int j = 0; j < NV; j++) xv[j] = vload(bp + (size_t)k * NR + VL * j);
 #pragma GCC unroll 16
         for (int r = 0; r < MR; r++) {
-            vf b = (vf){ 0 } + ap[r * lda + k];
+            vf b = VSET1(ap[r * lda + k]);
 #pragma GCC unroll 4
             for (int j = 0; j < NV; j++) acc[r][j] = VFMA(b, xv[j], acc[r][j]);
         }
