@@ -26,12 +26,12 @@
 
 #define LOCAL static inline __attribute__((always_inline)) ISA_TARGET
 
-LOCAL void bf16_vec(float *dst, const uint16_t *h) {
+LOCAL __m256 bf16_vec(const uint16_t *h) {
     __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)h));
-    _mm256_storeu_ps(dst, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
 
-LOCAL void f16_vec(float *dst, const uint16_t *h) { _mm256_storeu_ps(dst, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h))); }
+LOCAL __m256 f16_vec(const uint16_t *h) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)); }
 
 LOCAL void q8_0_block(float *dst, const ft_block_q8_0 *b) {
     __m256 d = _mm256_set1_ps(ft_f16_to_f32(b->d));

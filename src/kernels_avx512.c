@@ -28,14 +28,12 @@
 
 #define LOCAL static inline __attribute__((always_inline)) ISA_TARGET
 
-LOCAL void bf16_vec(float *dst, const uint16_t *h) {
+LOCAL __m512 bf16_vec(const uint16_t *h) {
     __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)h));
-    _mm512_storeu_ps(dst, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
 }
 
-LOCAL void f16_vec(float *dst, const uint16_t *h) {
-    _mm512_storeu_ps(dst, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)));
-}
+LOCAL __m512 f16_vec(const uint16_t *h) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)); }
 
 LOCAL void q8_0_block(float *dst, const ft_block_q8_0 *b) {
     __m512 d = _mm512_set1_ps(ft_f16_to_f32(b->d));

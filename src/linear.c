@@ -35,13 +35,20 @@ size_t linear_scratch_floats(int in, int n_threads) {
     return FT_GEMM_SCRATCH_FLOATS + (size_t)TILE_ROWS * in;
 }
 
-/* out = inp · W^T + bias, without the adapter (Wᵀ: W's rows, in any dtype,
- * read along K). */
+/* out = inp · W^T + bias, without the adapter; W, in any dtype, is read
+ * along its rows either way. Few rows: as its transpose W · inpᵀ, W the
+ * broadcast operand widened panel by panel and out written transposed
+ * (a scalar store per output per 1024 of IC); many rows: inp as the
+ * broadcast operand and Wᵀ packed once (a scalar store per weight).
+ * Those costs per multiply-add are ~1/IC + 1/OC and ~1/T. */
 static void base_forward(float *out, const float *inp, const ft_linear *l, int T, int n_threads, float *scratch) {
     int IC = l->in, OC = l->out;
-    ft_mat X = ft_mat_f32(inp, IC, 1), Wt = ft_mat_rows_t(l->w.data, l->w.dtype, IC);
-    gemm_checked(ft_gemm(out, OC, 1, &X, &Wt, T, OC, IC, 1.0f, false, n_threads, scratch, FT_GEMM_SCRATCH_FLOATS), l,
-                 "the forward");
+    bool transposed = (double)T * (IC + OC) < (double)IC * OC;
+    ft_mat X = ft_mat_f32(inp, IC, 1), Xt = ft_mat_f32(inp, 1, IC);
+    ft_mat W = ft_mat_rows(l->w.data, l->w.dtype, IC), Wt = ft_mat_rows_t(l->w.data, l->w.dtype, IC);
+    bool ok = transposed ? ft_gemm(out, 1, OC, &W, &Xt, OC, T, IC, 1.0f, false, n_threads, scratch, FT_GEMM_SCRATCH_FLOATS)
+                         : ft_gemm(out, OC, 1, &X, &Wt, T, OC, IC, 1.0f, false, n_threads, scratch, FT_GEMM_SCRATCH_FLOATS);
+    gemm_checked(ok, l, "the forward");
     add_bias(out, l->bias, T, OC);
 }
 
