@@ -47,6 +47,22 @@ typedef struct {
 
 extern const ft_type_traits ft_types[FT_NTYPES];
 
+/* ggml's quantized blocks, defined once for the reference conversions
+ * (dtype.c), the kernels and the writers: a little-endian f16 scale d, then
+ * q8_0: 32 int8, x = d·q; q4_0: 16 bytes, element j (j < 16) in the low
+ * nibble of byte j and element j+16 in the high nibble, x = (q-8)·d. */
+#define FT_QK 32
+typedef struct { uint16_t d; int8_t qs[FT_QK]; } ft_block_q8_0;
+typedef struct { uint16_t d; uint8_t qs[FT_QK / 2]; } ft_block_q4_0;
+_Static_assert(sizeof(ft_block_q8_0) == 34, "q8_0 block is 34 bytes");
+_Static_assert(sizeof(ft_block_q4_0) == 18, "q4_0 block is 18 bytes");
+
+/* Elements [k0, k0+n) of a row of weight dtype t at `row` to f32 with the
+ * traits' to_f32 (k0 and n whole blocks): the reference every kernel's
+ * widening is tested against, and their fallback for dtypes they do not
+ * special-case. */
+void ft_dtype_span_to_f32(ft_dtype t, const void *row, int64_t k0, float *dst, int64_t n);
+
 /* Bytes for n elements of dtype t; -1 if n is not a whole number of blocks. */
 int64_t ft_dtype_nbytes(ft_dtype t, int64_t n);
 

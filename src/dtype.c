@@ -1,16 +1,10 @@
 /* dtype.c — the type-traits table: for every dtype, its block size, bytes
- * per block and reference conversions to and from f32. ggml's Q8_0 and
- * Q4_0 block layouts are defined here once. */
+ * per block and reference conversions to and from f32 (ggml's Q8_0 and
+ * Q4_0 block layouts are in core.h). */
 #include "core.h"
 
-#include <assert.h>
 #include <math.h>
 #include <string.h>
-
-typedef struct { uint16_t d; int8_t qs[32]; } block_q8_0;
-typedef struct { uint16_t d; uint8_t qs[16]; } block_q4_0;
-static_assert(sizeof(block_q8_0) == 34, "q8_0 block is 34 bytes");
-static_assert(sizeof(block_q4_0) == 18, "q4_0 block is 18 bytes");
 
 float ft_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
@@ -72,7 +66,7 @@ static void bf16_from_f32(const float *s, void *d, int64_t n) {
     for (int64_t i = 0; i < n; i++) h[i] = ft_f32_to_bf16(s[i]);
 }
 static void q8_0_to_f32(const void *s, float *d, int64_t n) {
-    const block_q8_0 *b = s;
+    const ft_block_q8_0 *b = s;
     for (int64_t i = 0; i < n / 32; i++) {
         float sc = ft_f16_to_f32(b[i].d);
         for (int j = 0; j < 32; j++) d[i * 32 + j] = sc * (float)b[i].qs[j];
@@ -80,7 +74,7 @@ static void q8_0_to_f32(const void *s, float *d, int64_t n) {
 }
 /* As ggml's reference quantizer: d = amax/127, q = round(x/d). */
 static void q8_0_from_f32(const float *s, void *dst, int64_t n) {
-    block_q8_0 *b = dst;
+    ft_block_q8_0 *b = dst;
     for (int64_t i = 0; i < n / 32; i++) {
         float amax = 0;
         for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(s[i * 32 + j]));
@@ -92,7 +86,7 @@ static void q8_0_from_f32(const float *s, void *dst, int64_t n) {
 /* ggml layout: element j (j < 16) in the low nibble of qs[j], element j+16
  * in the high nibble; x = (q - 8) * d. */
 static void q4_0_to_f32(const void *s, float *d, int64_t n) {
-    const block_q4_0 *b = s;
+    const ft_block_q4_0 *b = s;
     for (int64_t i = 0; i < n / 32; i++) {
         float sc = ft_f16_to_f32(b[i].d);
         for (int j = 0; j < 16; j++) {
@@ -104,7 +98,7 @@ static void q4_0_to_f32(const void *s, float *d, int64_t n) {
 /* As ggml's reference quantizer: d = max/-8 where max is the signed value of
  * largest magnitude. */
 static void q4_0_from_f32(const float *s, void *dst, int64_t n) {
-    block_q4_0 *b = dst;
+    ft_block_q4_0 *b = dst;
     for (int64_t i = 0; i < n / 32; i++) {
         const float *x = s + i * 32;
         float amax = 0, max = 0;
@@ -125,8 +119,8 @@ const ft_type_traits ft_types[FT_NTYPES] = {
     [FT_F32]  = { .name = "f32",  .block = 1,  .block_bytes = 4,  .is_float = true, .to_f32 = f32_to_f32,  .from_f32 = f32_from_f32 },
     [FT_F16]  = { .name = "f16",  .block = 1,  .block_bytes = 2,  .is_float = true, .to_f32 = f16_to_f32,  .from_f32 = f16_from_f32 },
     [FT_BF16] = { .name = "bf16", .block = 1,  .block_bytes = 2,  .is_float = true, .to_f32 = bf16_to_f32, .from_f32 = bf16_from_f32 },
-    [FT_Q8_0] = { .name = "q8_0", .block = 32, .block_bytes = sizeof(block_q8_0), .is_float = true, .to_f32 = q8_0_to_f32, .from_f32 = q8_0_from_f32 },
-    [FT_Q4_0] = { .name = "q4_0", .block = 32, .block_bytes = sizeof(block_q4_0), .is_float = true, .to_f32 = q4_0_to_f32, .from_f32 = q4_0_from_f32 },
+    [FT_Q8_0] = { .name = "q8_0", .block = FT_QK, .block_bytes = sizeof(ft_block_q8_0), .is_float = true, .to_f32 = q8_0_to_f32, .from_f32 = q8_0_from_f32 },
+    [FT_Q4_0] = { .name = "q4_0", .block = FT_QK, .block_bytes = sizeof(ft_block_q4_0), .is_float = true, .to_f32 = q4_0_to_f32, .from_f32 = q4_0_from_f32 },
     [FT_I32]  = { .name = "i32",  .block = 1,  .block_bytes = 4 },
     [FT_I64]  = { .name = "i64",  .block = 1,  .block_bytes = 8 },
     [FT_U8]   = { .name = "u8",   .block = 1,  .block_bytes = 1 },
@@ -144,6 +138,11 @@ int64_t ft_tensor_numel(const ft_tensor *t) {
     int64_t n = 1;
     for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
     return n;
+}
+
+void ft_dtype_span_to_f32(ft_dtype t, const void *row, int64_t k0, float *dst, int64_t n) {
+    const ft_type_traits *tr = &ft_types[t];
+    tr->to_f32((const uint8_t *)row + k0 / tr->block * (int64_t)tr->block_bytes, dst, n);
 }
 
 void ft_tensor_row_f32(const ft_tensor *t, int64_t r, float *dst) {

@@ -1,20 +1,17 @@
 /* linear.c — y = x·Wᵀ + b (+ a LoRA adapter) for a weight W in any dtype,
- * and its backward. The forward first tries the SIMD kernels for this CPU
- * (kernels.h). Otherwise, and in backward: f32 weights go straight to BLAS.
- * Other dtypes: one row of input (decode) uses a fused dequantize-and-dot
- * per output row, in parallel; several rows dequantize W a tile of output
- * rows at a time into f32 and call sgemm, so the f32 copy of W never exists
- * whole (forward and backward to the input alike). */
+ * and its backward. Every product goes through the one driver in
+ * kernels.h (W widened or dequantized a block at a time, never whole):
+ * forward W·xᵀ, dX = dY·W, dW += dYᵀ·X (for any dtype of W: the gradient
+ * does not depend on it), and the adapter's products in lora.c. */
 #include "linear.h"
-#include "cpu.h"
 #include "kernels.h"
 #include "ops.h"
 
-#include <cblas.h>
-#include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* the u = x·Aᵀ area of the scratch holds TILE_ROWS·in floats */
 #define TILE_ROWS 128
 
 static void add_bias(float *out, const float *bias, int T, int OC) {
@@ -23,95 +20,35 @@ static void add_bias(float *out, const float *bias, int T, int OC) {
         for (int o = 0; o < OC; o++) out[(size_t)t * OC + o] += bias[o];
 }
 
-static float dot_f32(const float *a, const float *b, int n) {
-    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    int i = 0;
-    for (; i + 4 <= n; i += 4) {
-        s0 += a[i] * b[i]; s1 += a[i + 1] * b[i + 1];
-        s2 += a[i + 2] * b[i + 2]; s3 += a[i + 3] * b[i + 3];
-    }
-    for (; i < n; i++) s0 += a[i] * b[i];
-    return (s0 + s1) + (s2 + s3);
+/* ft_gemm declines only sizes, dtypes or scratch that the callers here
+ * never pass for a layer the loaders accepted: our bug, not bad input. */
+static void gemm_checked(bool ok, const ft_linear *l, const char *what) {
+    if (ok) return;
+    fprintf(stderr, "ftune: internal error: %s of %s (%s, %d -> %d) was declined by the kernels\n", what, l->w.name,
+            ft_types[l->w.dtype].name, l->in, l->out);
+    abort();
 }
 
-/* bf16 rows: widen on the fly (a shift) instead of a full dequantize pass. */
-static float dot_bf16(const uint16_t *w, const float *x, int n) {
-    float s[8] = {0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) s[j] += ft_bf16_to_f32(w[i + j]) * x[i + j];
-    float r = 0;
-    for (int j = 0; j < 8; j++) r += s[j];
-    for (; i < n; i++) r += ft_bf16_to_f32(w[i]) * x[i];
-    return r;
-}
-
+/* Scratch layout: [ft_gemm's packing | u area: TILE_ROWS·in] */
 size_t linear_scratch_floats(int in, int n_threads) {
-    return (size_t)TILE_ROWS * in + (size_t)n_threads * in;
+    (void)n_threads;
+    return FT_GEMM_SCRATCH_FLOATS + (size_t)TILE_ROWS * in;
 }
 
-static void gemv_any(float *out, const float *inp, const ft_linear *l, int n_threads, float *scratch) {
-    const ft_type_traits *tr = &ft_types[l->w.dtype];
-    size_t row_bytes = (size_t)ft_dtype_nbytes(l->w.dtype, l->in);
-    const uint8_t *W = l->w.data;
-    int IC = l->in;
-#pragma omp parallel num_threads(n_threads)
-    {
-        float *row = scratch + (size_t)omp_get_thread_num() * IC;
-#pragma omp for schedule(static)
-        for (int o = 0; o < l->out; o++) {
-            const uint8_t *wr = W + (size_t)o * row_bytes;
-            if (l->w.dtype == FT_BF16) out[o] = dot_bf16((const uint16_t *)wr, inp, IC);
-            else {
-                tr->to_f32(wr, row, IC);
-                out[o] = dot_f32(row, inp, IC);
-            }
-        }
-    }
-}
-
-/* Dequantizes rows [o0, o0+nr) of W into tile (nr, in). */
-static void dequant_tile(float *tile, const ft_linear *l, int o0, int nr, int n_threads) {
-    const ft_type_traits *tr = &ft_types[l->w.dtype];
-    size_t row_bytes = (size_t)ft_dtype_nbytes(l->w.dtype, l->in);
-#pragma omp parallel for num_threads(n_threads) schedule(static)
-    for (int r = 0; r < nr; r++)
-        tr->to_f32((const uint8_t *)l->w.data + (size_t)(o0 + r) * row_bytes, tile + (size_t)r * l->in, l->in);
-}
-
-/* The fastest kernels this CPU has (kernels.h); false when none applies and
- * the portable paths below (BLAS for f32) should run. */
-static bool fast_forward(float *out, const float *inp, const ft_linear *l, int T, int n_threads, float *scratch) {
-    size_t n = linear_scratch_floats(l->in, n_threads);
-    int level = ft_cpu_level();
-    if (level >= FT_CPU_AVX512 &&
-        ft_matmul_avx512(out, inp, l->w.data, l->w.dtype, T, l->in, l->out, n_threads, scratch, n))
-        return true;
-    return level >= FT_CPU_AVX2 &&
-           ft_matmul_avx2(out, inp, l->w.data, l->w.dtype, T, l->in, l->out, n_threads, scratch, n);
-}
-
-/* out = inp · W^T + bias, without the adapter. */
+/* out = inp · W^T + bias, without the adapter; W, in any dtype, is read
+ * along its rows either way. Few rows: as its transpose W · inpᵀ, W the
+ * broadcast operand widened panel by panel and out written transposed
+ * (a scalar store per output per 1024 of IC); many rows: inp as the
+ * broadcast operand and Wᵀ packed once (a scalar store per weight).
+ * Those costs per multiply-add are ~1/IC + 1/OC and ~1/T. */
 static void base_forward(float *out, const float *inp, const ft_linear *l, int T, int n_threads, float *scratch) {
     int IC = l->in, OC = l->out;
-    if (fast_forward(out, inp, l, T, n_threads, scratch)) {
-    } else if (l->w.dtype == FT_F32) {
-        if (T == 1)
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, OC, IC, 1.0f, l->w.data, IC, inp, 1, 0.0f, out, 1);
-        else
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, OC, IC, 1.0f, inp, IC, l->w.data, IC,
-                        0.0f, out, OC);
-    } else if (T == 1) {
-        gemv_any(out, inp, l, n_threads, scratch);
-    } else {
-        float *tile = scratch;
-        for (int o0 = 0; o0 < OC; o0 += TILE_ROWS) {
-            int nr = OC - o0 < TILE_ROWS ? OC - o0 : TILE_ROWS;
-            dequant_tile(tile, l, o0, nr, n_threads);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, nr, IC, 1.0f, inp, IC, tile, IC, 0.0f,
-                        out + o0, OC);
-        }
-    }
+    bool transposed = (double)T * (IC + OC) < (double)IC * OC;
+    ft_mat X = ft_mat_f32(inp, IC, 1), Xt = ft_mat_f32(inp, 1, IC);
+    ft_mat W = ft_mat_rows(l->w.data, l->w.dtype, IC), Wt = ft_mat_rows_t(l->w.data, l->w.dtype, IC);
+    bool ok = transposed ? ft_gemm(out, 1, OC, &W, &Xt, OC, T, IC, 1.0f, false, n_threads, scratch, FT_GEMM_SCRATCH_FLOATS)
+                         : ft_gemm(out, OC, 1, &X, &Wt, T, OC, IC, 1.0f, false, n_threads, scratch, FT_GEMM_SCRATCH_FLOATS);
+    gemm_checked(ok, l, "the forward");
     add_bias(out, l->bias, T, OC);
 }
 
@@ -121,11 +58,13 @@ void linear_forward(float *out, const float *inp, const ft_linear *l, int T, int
     if (!a) return;
     /* the adapter's u = x·A^T goes through the (now free) tile area of the
      * scratch, a chunk of rows at a time: 128·in floats hold 128·in/R rows */
+    float *u = scratch + FT_GEMM_SCRATCH_FLOATS;
     int rows = (int)((size_t)TILE_ROWS * l->in / (size_t)a->r);
     if (rows < 1) rows = 1;
     for (int t0 = 0; t0 < T; t0 += rows) {
         int n = T - t0 < rows ? T - t0 : rows;
-        lora_forward(out + (size_t)t0 * l->out, scratch, inp + (size_t)t0 * l->in, a, n, l->in, l->out);
+        lora_forward_fast(out + (size_t)t0 * l->out, u, inp + (size_t)t0 * l->in, a, n, l->in, l->out, n_threads,
+                          scratch);
     }
 }
 
@@ -152,7 +91,7 @@ void linear_forward_ref(float *out, const float *inp, const ft_linear *l, int T)
     }
 }
 
-/* Training scratch layout: [tile + per-thread rows | xd (T, in) | g (T, R)] */
+/* Training scratch layout: [linear_scratch_floats | xd (T, in) | g (T, R)] */
 size_t linear_train_scratch_floats(int in, int R, int T, int n_threads) {
     return linear_scratch_floats(in, n_threads) + (size_t)T * in + (size_t)T * R;
 }
@@ -168,29 +107,23 @@ void linear_forward_train(float *out, float *u, const float *inp, const ft_linea
         lora_dropout(xd, inp, a->dropout, mask_seed, T, l->in, n_threads);
         x = xd;
     }
-    lora_forward(out, u, x, a, T, l->in, l->out);
+    lora_forward_fast(out, u, x, a, T, l->in, l->out, n_threads, scratch);
 }
 
 void linear_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *u,
                      const ft_linear *l, int T, uint64_t mask_seed, bool accumulate, int n_threads, float *scratch) {
     int IC = l->in, OC = l->out;
-    if (dinp) {
-        float beta = accumulate ? 1.0f : 0.0f;
-        if (l->w.dtype == FT_F32) {
-            /* dinp (T, IC) = dout (T, OC) · W (OC, IC) */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, IC, OC, 1.0f, dout, OC, l->w.data, IC, beta,
-                        dinp, IC);
-        } else {
-            for (int o0 = 0; o0 < OC; o0 += TILE_ROWS) {
-                int nr = OC - o0 < TILE_ROWS ? OC - o0 : TILE_ROWS;
-                dequant_tile(scratch, l, o0, nr, n_threads);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, IC, nr, 1.0f, dout + o0, OC, scratch, IC,
-                            o0 == 0 ? beta : 1.0f, dinp, IC);
-            }
-        }
+    ft_mat D = ft_mat_f32(dout, OC, 1);
+    if (dinp) { /* dinp (T, IC) = dout (T, OC) · W (OC, IC): W read along its rows, widened a block at a time */
+        ft_mat W = ft_mat_rows(l->w.data, l->w.dtype, IC);
+        gemm_checked(ft_gemm(dinp, IC, 1, &D, &W, T, IC, OC, 1.0f, accumulate, n_threads, scratch,
+                             FT_GEMM_SCRATCH_FLOATS), l, "the input gradient");
     }
-    if (dw && l->w.dtype == FT_F32) /* dw (OC, IC) += dout^T · inp */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, T, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
+    if (dw) { /* dw (OC, IC) += doutᵀ · inp */
+        ft_mat Dt = ft_mat_f32(dout, 1, OC), X = ft_mat_f32(inp, IC, 1);
+        gemm_checked(ft_gemm(dw, IC, 1, &Dt, &X, OC, IC, T, 1.0f, true, n_threads, scratch, FT_GEMM_SCRATCH_FLOATS),
+                     l, "the weight gradient");
+    }
     if (dbias)
         for (int t = 0; t < T; t++)
             for (int o = 0; o < OC; o++) dbias[o] += dout[(size_t)t * OC + o];
@@ -204,7 +137,7 @@ void linear_backward(float *dinp, float *dw, float *dbias, const float *dout, co
     }
     /* the adapter's dx lands in xd (lora_backward writes it last, after x
      * was read), then goes back through the same mask */
-    lora_backward(dinp ? xd : NULL, dout, x, u, a, T, IC, OC, g);
+    lora_backward_fast(dinp ? xd : NULL, dout, x, u, a, T, IC, OC, g, n_threads, scratch);
     if (!dinp) return;
     if (a->dropout > 0) lora_dropout(xd, xd, a->dropout, mask_seed, T, IC, n_threads);
     for (size_t i = 0; i < (size_t)T * IC; i++) dinp[i] += xd[i];

@@ -1,10 +1,10 @@
 /* linear.h — a Linear layer whose base weight may be in any dtype (f32,
  * bf16, f16, q8_0, q4_0), the one place where adapters meet the model.
  * Forward for inference and for training (saving what backward needs), and
- * backward to the input, to an f32 base weight (full fine-tuning) and to a
- * LoRA adapter. Fast paths: BLAS sgemm for f32, dequantize-in-tiles + sgemm
- * for other dtypes with several rows, fused dequant-dot for one row (decode).
- * The LoRA pieces themselves live in lora.c. */
+ * backward to the input, to the base weight (full fine-tuning; an f32
+ * gradient whatever W's dtype) and to a LoRA adapter. Every product runs on
+ * the kernels of kernels.h, for any dtype of W. The LoRA pieces themselves
+ * live in lora.c. */
 #ifndef FT_LINEAR_H
 #define FT_LINEAR_H
 
@@ -34,10 +34,10 @@ typedef struct {
 /* ------------------------------------------------------------ inference */
 
 /* Floats of scratch that linear_forward needs for a weight with `in`
- * columns (a tile of dequantized rows, and one row per thread). */
+ * columns (the kernels' packing area, and room for the adapter's u). */
 size_t linear_scratch_floats(int in, int n_threads);
 /* out (T, out) = inp (T, in) · W^T + bias (+ the adapter, without dropout,
- * when l->lora is set), with BLAS and n_threads. */
+ * when l->lora is set), on n_threads threads. */
 void linear_forward(float *out, const float *inp, const ft_linear *l, int T, int n_threads, float *scratch);
 /* Reference: dequantize W to f32 and use matmul_forward_ref (plus the
  * adapter in plain loops). For tests. */
@@ -56,7 +56,7 @@ void linear_forward_train(float *out, float *u, const float *inp, const ft_linea
 /* Backward of linear_forward_train, with the same mask_seed and the saved u.
  * dinp (T, in) = dout · W (+ the adapter's path through the same dropout
  * mask); it is overwritten, or added to when accumulate; it may be NULL.
- * dw (out, in) and dbias (out) accumulate when non-NULL; dw needs an f32 W.
+ * dw (out, in) and dbias (out) accumulate when non-NULL, for W of any dtype.
  * The adapter's dA, dB accumulate when non-NULL. */
 void linear_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *u,
                      const ft_linear *l, int T, uint64_t mask_seed, bool accumulate, int n_threads, float *scratch);
@@ -75,13 +75,21 @@ void lora_init(ft_lora *a, int r, float alpha, bool rslora, float dropout, float
  * t), so backward regenerates it instead of storing it. xd may be inp. */
 void lora_dropout(float *xd, const float *inp, float p, uint64_t mask_seed, int T, int in, int n_threads);
 /* out (T, OC) += scale · u · B^T with u (T, R) = x · A^T, where x is the
- * (already dropped-out) input. u is written. */
+ * (already dropped-out) input. u is written. On the kernels of kernels.h
+ * with n_threads and scratch (FT_GEMM_SCRATCH_FLOATS floats). */
+void lora_forward_fast(float *out, float *u, const float *x, const ft_lora *a, int T, int IC, int OC, int n_threads,
+                       float *scratch);
+/* The same in plain loops on one thread, without scratch: the reference. */
 void lora_forward(float *out, float *u, const float *x, const ft_lora *a, int T, int IC, int OC);
 /* Backward of lora_forward for the same x (already dropped out) and saved
  * u: dA += scale · (dout·B)^T · x, dB += scale · dout^T · u (each skipped
  * when NULL); dx (T, in) = scale · (dout·B) · A is written when non-NULL
  * (the caller applies the dropout mask); it is written last, so dx may be
- * the same buffer as x. g (T, R) is scratch. */
+ * the same buffer as x. g (T, R) is scratch; the kernels' packing area is
+ * `scratch` (FT_GEMM_SCRATCH_FLOATS floats), on n_threads threads. */
+void lora_backward_fast(float *dx, const float *dout, const float *x, const float *u, const ft_lora *a, int T, int IC,
+                        int OC, float *g, int n_threads, float *scratch);
+/* The same in plain loops on one thread, without scratch: the reference. */
 void lora_backward(float *dx, const float *dout, const float *x, const float *u, const ft_lora *a, int T, int IC,
                    int OC, float *g);
 

@@ -1,11 +1,15 @@
 /* lora.c — the LoRA adapter of a Linear: PEFT initialisation, input
  * dropout with masks regenerated from a seed, and the low-rank forward and
- * backward (all small GEMMs through BLAS). linear.c combines these with the
- * frozen base weight. */
+ * backward: on the kernels of kernels.h (the _fast functions) and in plain
+ * loops (the references). linear.c combines these with the frozen base
+ * weight. */
 #include "linear.h"
+#include "kernels.h"
+#include "parallel.h"
 
-#include <cblas.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 float lora_scale(float alpha, int r, bool rslora) {
@@ -28,38 +32,110 @@ void lora_init(ft_lora *a, int r, float alpha, bool rslora, float dropout, float
     if (dB) memset(dB, 0, (size_t)out * r * sizeof(float));
 }
 
-void lora_dropout(float *xd, const float *inp, float p, uint64_t mask_seed, int T, int in, int n_threads) {
-    float keep = 1.0f - p, inv = 1.0f / keep;
-    int nt = n_threads > 1 ? n_threads : 1;
-#pragma omp parallel for num_threads(nt) if (nt > 1 && (size_t)T * in > 65536) schedule(static)
-    for (int t = 0; t < T; t++) {
-        ft_rng rng;
-        ft_rng_seed(&rng, mask_seed ^ ((uint64_t)(t + 1) * 0xD1B54A32D192ED03ull));
-        const float *x = inp + (size_t)t * in;
-        float *y = xd + (size_t)t * in;
-        for (int i = 0; i < in; i++) y[i] = ft_rng_uniform(&rng) < keep ? x[i] * inv : 0.0f;
-    }
+typedef struct {
+    float *xd;
+    const float *inp;
+    float keep, inv;
+    uint64_t mask_seed;
+    int in;
+} dropout_ctx;
+
+static void dropout_row(void *vctx, int t, int thread) {
+    (void)thread;
+    const dropout_ctx *c = vctx;
+    ft_rng rng;
+    ft_rng_seed(&rng, c->mask_seed ^ ((uint64_t)(t + 1) * 0xD1B54A32D192ED03ull));
+    const float *x = c->inp + (size_t)t * c->in;
+    float *y = c->xd + (size_t)t * c->in;
+    for (int i = 0; i < c->in; i++) y[i] = ft_rng_uniform(&rng) < c->keep ? x[i] * c->inv : 0.0f;
 }
+
+void lora_dropout(float *xd, const float *inp, float p, uint64_t mask_seed, int T, int in, int n_threads) {
+    dropout_ctx c = { .xd = xd, .inp = inp, .keep = 1.0f - p, .inv = 1.0f / (1.0f - p), .mask_seed = mask_seed, .in = in };
+    /* small inputs are not worth waking the threads for */
+    ft_parallel_for((size_t)T * in > 65536 ? n_threads : 1, T, dropout_row, &c);
+}
+
+/* The products below are all f32 with sizes the callers have checked:
+ * ft_gemm declining one is our bug. */
+static void gemm_checked(bool ok, const char *what) {
+    if (ok) return;
+    fprintf(stderr, "ftune: internal error: the kernels declined the LoRA product %s\n", what);
+    abort();
+}
+#define GEMM(what, C, crs, ccs, A, B, M, N, K, alpha, acc) \
+    gemm_checked(ft_gemm(C, crs, ccs, A, B, M, N, K, alpha, acc, n_threads, scratch, FT_GEMM_SCRATCH_FLOATS), what)
+
+void lora_forward_fast(float *out, float *u, const float *x, const ft_lora *a, int T, int in, int OC, int n_threads,
+                       float *scratch) {
+    int R = a->r;
+    ft_mat X = ft_mat_f32(x, in, 1), At = ft_mat_f32(a->A, 1, in);
+    ft_mat U = ft_mat_f32(u, R, 1), Bt = ft_mat_f32(a->B, 1, R);
+    GEMM("u = x·Aᵀ", u, R, 1, &X, &At, T, R, in, 1.0f, false);
+    GEMM("out += scale·u·Bᵀ", out, OC, 1, &U, &Bt, T, OC, R, a->scale, true);
+}
+
+void lora_backward_fast(float *dx, const float *dout, const float *x, const float *u, const ft_lora *a, int T, int in,
+                        int OC, float *g, int n_threads, float *scratch) {
+    int R = a->r;
+    ft_mat D = ft_mat_f32(dout, OC, 1), Dt = ft_mat_f32(dout, 1, OC);
+    ft_mat U = ft_mat_f32(u, R, 1), Bm = ft_mat_f32(a->B, R, 1);
+    ft_mat G = ft_mat_f32(g, R, 1), Gt = ft_mat_f32(g, 1, R);
+    ft_mat X = ft_mat_f32(x, in, 1), Am = ft_mat_f32(a->A, in, 1);
+    if (a->dB) GEMM("dB += scale·doutᵀ·u", a->dB, R, 1, &Dt, &U, OC, R, T, a->scale, true);
+    if (!a->dA && !dx) return;
+    GEMM("g = scale·dout·B", g, R, 1, &D, &Bm, T, R, OC, a->scale, false);
+    if (a->dA) GEMM("dA += gᵀ·x", a->dA, in, 1, &Gt, &X, R, in, T, 1.0f, true);
+    if (dx) GEMM("dx = g·A", dx, in, 1, &G, &Am, T, in, R, 1.0f, false);
+}
+
+/* ------------------------------------------------------------ references */
 
 void lora_forward(float *out, float *u, const float *x, const ft_lora *a, int T, int in, int OC) {
     int R = a->r;
-    /* u (T, R) = x (T, in) · A^T;  out (T, OC) += scale · u · B^T */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, R, in, 1.0f, x, in, a->A, in, 0.0f, u, R);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, OC, R, a->scale, u, R, a->B, R, 1.0f, out, OC);
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < R; k++) {
+            float s = 0;
+            for (int i = 0; i < in; i++) s += x[(size_t)t * in + i] * a->A[(size_t)k * in + i];
+            u[(size_t)t * R + k] = s;
+        }
+    for (int t = 0; t < T; t++)
+        for (int o = 0; o < OC; o++) {
+            float s = 0;
+            for (int k = 0; k < R; k++) s += u[(size_t)t * R + k] * a->B[(size_t)o * R + k];
+            out[(size_t)t * OC + o] += a->scale * s;
+        }
 }
 
 void lora_backward(float *dx, const float *dout, const float *x, const float *u, const ft_lora *a, int T, int in,
                    int OC, float *g) {
     int R = a->r;
-    /* dB (OC, R) += scale · dout^T (OC, T) · u (T, R) */
     if (a->dB)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, R, T, a->scale, dout, OC, u, R, 1.0f, a->dB, R);
+        for (int o = 0; o < OC; o++)
+            for (int k = 0; k < R; k++) {
+                float s = 0;
+                for (int t = 0; t < T; t++) s += dout[(size_t)t * OC + o] * u[(size_t)t * R + k];
+                a->dB[(size_t)o * R + k] += a->scale * s;
+            }
     if (!a->dA && !dx) return;
-    /* g (T, R) = scale · dout · B */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, R, OC, a->scale, dout, OC, a->B, R, 0.0f, g, R);
-    /* dA (R, in) += g^T · x */
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < R; k++) {
+            float s = 0;
+            for (int o = 0; o < OC; o++) s += dout[(size_t)t * OC + o] * a->B[(size_t)o * R + k];
+            g[(size_t)t * R + k] = a->scale * s;
+        }
     if (a->dA)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, R, in, T, 1.0f, g, R, x, in, 1.0f, a->dA, in);
-    /* dx (T, in) = g · A */
-    if (dx) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, in, R, 1.0f, g, R, a->A, in, 0.0f, dx, in);
+        for (int k = 0; k < R; k++)
+            for (int i = 0; i < in; i++) {
+                float s = 0;
+                for (int t = 0; t < T; t++) s += g[(size_t)t * R + k] * x[(size_t)t * in + i];
+                a->dA[(size_t)k * in + i] += s;
+            }
+    if (dx)
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < in; i++) {
+                float s = 0;
+                for (int k = 0; k < R; k++) s += g[(size_t)t * R + k] * a->A[(size_t)k * in + i];
+                dx[(size_t)t * in + i] = s;
+            }
 }

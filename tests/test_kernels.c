@@ -1,8 +1,12 @@
-/* test_kernels.c — the fast Linear kernels (kernels_*.c, chosen by
+/* test_kernels.c — the Linear kernels (kernels.c and kernels_*.c, chosen by
  * cpu.c) against linear_forward_ref: every weight dtype, awkward sizes,
  * one row (decode) and several (prefill, across the 128-row packing
  * boundary), 1 to 3 threads, with the dispatch forced to every level this
- * CPU supports (the portable path included). */
+ * CPU supports (the portable path included); then the driver itself in
+ * every operand layout the backward uses (dX = dY·W for W of any dtype,
+ * dW += dYᵀ·X, the LoRA products) against a plain double-precision
+ * product, linear_backward against plain loops for every base dtype, and
+ * the same bits on 1 and 3 threads everywhere. */
 #include "check.h"
 #include "cpu.h"
 #include "kernels.h"
@@ -115,12 +119,13 @@ static void test_linear_kernels(void) {
                          * Each output sums IC products of unit normals, so it
                          * has scale sqrt(IC); rounding a running f32 sum of
                          * n terms errs by ~6e-8·sqrt(n) of that scale, with n
-                         * ≤ 256 in the SIMD kernels (K-blocks) and ≤ 1032 in
-                         * the portable GEMV (4 partial sums): ~2e-6. The floor
+                         * ≤ FT_GEMM_KCH = 1024 in the GEMM (a K chunk per
+                         * lane) and ≤ 516 in the GEMV (2·VL lanes, VL ≥ 4):
+                         * ~2e-6. The floor
                          * sqrt(IC) measures the error against that scale so
                          * that outputs that cancel to near zero are not
                          * judged relative to themselves. The worst seen is
-                         * ~2e-6 (every level); 1e-5 leaves room for other
+                         * ~3e-6 (every level); 1e-5 leaves room for other
                          * data and still catches one wrong element (an error
                          * of one weight·input is ~1/sqrt(IC) ≥ 1.5e-2). */
                         double e = check_max_rel_err(c.y, c.yr, (long)T * OC, sqrt((double)IC));
@@ -136,15 +141,14 @@ static void test_linear_kernels(void) {
     printf("  %d cases over %d levels\n", n_cases, n_levels);
 }
 
-/* In the SIMD kernels each output is computed by one thread in a fixed
- * order, so the result is the same bit for bit whatever the number of
- * threads. (Not asserted of the portable path: BLAS makes no such promise.) */
+/* At every level (the portable one is ours too) each output is computed by
+ * one thread in a fixed order, so the result is the same bit for bit
+ * whatever the number of threads. */
 static void test_thread_invariance(void) {
     ft_rng rng;
     ft_rng_seed(&rng, 3);
     int Ts[] = { 1, 17, 130 };
     for (int li = 0; li < n_levels; li++) {
-        if (levels[li] == FT_CPU_GENERIC) continue;
         ft_cpu_force_level(levels[li]);
         for (int ti = 0; ti < NTYPES; ti++)
             for (int k = 0; k < 3; k++) {
@@ -248,17 +252,275 @@ static void test_edge_weights(void) {
     ft_cpu_force_level(FT_CPU_AVX512);
 }
 
-/* The kernels decline what they do not handle, writing nothing. */
+/* The driver declines what it does not handle, writing nothing. */
 static void test_kernels_decline(void) {
     float out[4] = { 7, 7, 7, 7 }, x[64] = { 0 }, scratch[64];
     uint16_t w[64] = { 0 };
-    CHECK(!ft_matmul_avx512(out, x, w, FT_I32, 1, 16, 4, 1, scratch, 64));
-    CHECK(!ft_matmul_avx2(out, x, w, FT_I32, 1, 16, 4, 1, scratch, 64));
-    /* several rows need 128·IC floats of scratch */
-    CHECK(!ft_matmul_avx512(out, x, w, FT_BF16, 2, 16, 2, 1, scratch, 64));
-    CHECK(!ft_matmul_avx2(out, x, w, FT_BF16, 2, 16, 2, 1, scratch, 64));
-    CHECK(!ft_matmul_avx512(out, x, w, FT_Q8_0, 1, 16, 1, 1, scratch, 64)); /* IC not a multiple of 32 */
-    CHECK(out[0] == 7 && out[1] == 7 && out[2] == 7 && out[3] == 7);
+    ft_mat X = ft_mat_f32(x, 1, 16);
+    ft_mat Wi = { .p = w, .dt = FT_I32, .rs = 64, .cs = 1 };
+    for (int li = 0; li < n_levels; li++) {
+        ft_cpu_force_level(levels[li]);
+        CHECK(!ft_gemm(out, 1, 4, &Wi, &X, 4, 1, 16, 1, false, 1, scratch, 64)); /* not a weight dtype */
+        ft_mat Wb = ft_mat_rows(w, FT_BF16, 16), Wq = { .p = w, .dt = FT_Q8_0, .rs = 34, .cs = 1 };
+        CHECK(!ft_gemm(out, 1, 2, &Wb, &X, 2, 2, 16, 1, false, 1, scratch, 64)); /* several rows need the packing scratch */
+        CHECK(!ft_gemm(out, 1, 1, &Wq, &X, 1, 1, 16, 1, false, 1, scratch, 64)); /* 16 is not whole q8_0 blocks */
+        CHECK(!ft_gemm(out, 1, 1, &Wb, &X, 0, 1, 16, 1, false, 1, scratch, 64)); /* empty */
+        CHECK(out[0] == 7 && out[1] == 7 && out[2] == 7 && out[3] == 7);
+    }
+    ft_cpu_force_level(FT_CPU_AVX512);
+}
+
+/* ------------------------------------------------ the driver, every layout */
+
+/* An operand of a product case: f32 with strides, or rows of a weight
+ * dtype; `f` holds its values as f32 (the dtype's exact dequantization),
+ * element (i, j) at f[i·cols + j]. */
+typedef struct {
+    ft_mat m;
+    float *f;
+    void *q;
+    int rows, cols;
+} operand;
+
+static bool operand_new(operand *o, int rows, int cols, ft_dtype dt, bool transposed, ft_rng *rng) {
+    memset(o, 0, sizeof *o);
+    o->rows = rows;
+    o->cols = cols;
+    size_t n = (size_t)rows * cols;
+    o->f = malloc(n * sizeof(float));
+    if (!o->f) return false;
+    for (size_t i = 0; i < n; i++) o->f[i] = ft_rng_normal(rng);
+    if (dt != FT_F32) {
+        o->q = malloc((size_t)ft_dtype_nbytes(dt, (int64_t)n));
+        if (!o->q) return false;
+        ft_types[dt].from_f32(o->f, o->q, (int64_t)n);
+        ft_types[dt].to_f32(o->q, o->f, (int64_t)n);
+        o->m = ft_mat_rows(o->q, dt, cols);
+        return true;
+    }
+    /* f32: stored row-major, or transposed (element (i, j) at j·rows + i) */
+    o->q = malloc(n * sizeof(float));
+    if (!o->q) return false;
+    float *d = o->q;
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++) d[transposed ? (size_t)j * rows + i : (size_t)i * cols + j] = o->f[(size_t)i * cols + j];
+    o->m = transposed ? ft_mat_f32(d, 1, rows) : ft_mat_f32(d, cols, 1);
+    return true;
+}
+
+static void operand_free(operand *o) { free(o->f); free(o->q); }
+
+static const char *layout(const operand *o) {
+    return o->m.dt != FT_F32 ? ft_types[o->m.dt].name : o->m.cs == 1 ? "f32" : "f32ᵀ";
+}
+
+/* C (M, N) (+)= alpha·A·B through ft_gemm at the current level on 1 and 3
+ * threads, against the double-precision product; c_t stores C transposed.
+ * Returns the error as in test_linear_kernels, or -1 on failure. */
+static double gemm_case(int M, int N, int K, ft_dtype adt, bool at, ft_dtype bdt, bool bt, bool c_t, float alpha,
+                        bool accumulate, ft_rng *rng) {
+    operand A, B;
+    size_t nc = (size_t)M * N;
+    float *c0 = malloc(nc * sizeof(float)), *c1 = malloc(nc * sizeof(float)), *c3 = malloc(nc * sizeof(float));
+    float *ref = malloc(nc * sizeof(float));
+    float *scratch = ft_aligned_alloc(FT_GEMM_SCRATCH_FLOATS * sizeof(float));
+    double err = -1;
+    if (!operand_new(&A, M, K, adt, at, rng) || !operand_new(&B, K, N, bdt, bt, rng) || !c0 || !c1 || !c3 || !ref ||
+        !scratch) {
+        CHECKF(0, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < nc; i++) c0[i] = ft_rng_normal(rng);
+    int64_t crs = c_t ? 1 : N, ccs = c_t ? M : 1;
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double s = 0;
+            for (int k = 0; k < K; k++) s += (double)A.f[(size_t)m * K + k] * B.f[(size_t)k * N + n];
+            size_t at_ = (size_t)(m * crs + n * ccs);
+            ref[at_] = (float)((accumulate ? c0[at_] : 0) + alpha * s);
+        }
+    memcpy(c1, c0, nc * sizeof(float));
+    memcpy(c3, c0, nc * sizeof(float));
+    bool ok1 = ft_gemm(c1, crs, ccs, &A.m, &B.m, M, N, K, alpha, accumulate, 1, scratch, FT_GEMM_SCRATCH_FLOATS);
+    bool ok3 = ft_gemm(c3, crs, ccs, &A.m, &B.m, M, N, K, alpha, accumulate, 3, scratch, FT_GEMM_SCRATCH_FLOATS);
+    CHECKF(ok1 && ok3, "M=%d N=%d K=%d A %s B %s: declined", M, N, K, layout(&A), layout(&B));
+    if (!ok1 || !ok3) goto done;
+    CHECKF(!memcmp(c1, c3, nc * sizeof(float)), "%s M=%d N=%d K=%d A %s B %s: 1 and 3 threads differ",
+           ft_cpu_level_name(ft_cpu_level()), M, N, K, layout(&A), layout(&B));
+    /* as in test_linear_kernels: products of unit normals summed at most
+     * FT_GEMM_KCH = 1024 per running f32 sum, measured against
+     * their scale |alpha|·sqrt(K) (plus the unit-normal C when adding) */
+    err = check_max_rel_err(c1, ref, (long)nc, fabs(alpha) * sqrt((double)K) + (accumulate ? 1 : 0));
+done:
+    operand_free(&A); operand_free(&B);
+    free(c0); free(c1); free(c3); free(ref); free(scratch);
+    return err;
+}
+
+/* Every layout linear.c and lora.c hand the driver, at every level, with
+ * sizes across the K chunk (256), the N chunk (256) and every tile edge. */
+static void test_gemm_layouts(void) {
+    ft_rng rng;
+    ft_rng_seed(&rng, 21);
+    int Ms[] = { 1, 5, 37, 203 };
+    int Ns[] = { 1, 7, 33, 260 };
+    int Ks[] = { 1, 19, 300 };
+    int blockN[] = { 32, 96, 288 }; /* B in a weight dtype: whole blocks along n */
+    int n_cases = 0;
+    for (int li = 0; li < n_levels; li++) {
+        ft_cpu_force_level(levels[li]);
+        double worst = 0;
+        for (int mi = 0; mi < 4; mi++)
+            for (int ni = 0; ni < 4; ni++)
+                for (int ki = 0; ki < 3; ki++) {
+                    int M = Ms[mi], N = Ns[ni], K = Ks[ki], i = mi + ni + ki;
+                    if ((size_t)M * N * K > 4000000) continue; /* keep the double reference quick */
+                    /* dW += dYᵀ·X; dx = g·A; the LoRA u = x·Aᵀ and out += scale·u·Bᵀ (B transposed) */
+                    struct { bool at, bt, ct; float alpha; bool acc; } lay[] = {
+                        { true, false, false, 1.0f, true },  { false, false, false, 1.0f, false },
+                        { false, true, false, 1.0f, false }, { false, true, false, 0.5f, true },
+                        { true, false, true, -2.0f, i % 2 },
+                    };
+                    for (int j = 0; j < 5; j++) {
+                        double e = gemm_case(M, N, K, FT_F32, lay[j].at, FT_F32, lay[j].bt, lay[j].ct, lay[j].alpha,
+                                             lay[j].acc, &rng);
+                        CHECKF(e >= 0 && e < 1e-5, "%s f32 M=%d N=%d K=%d layout %d: max rel err %.3g",
+                               ft_cpu_level_name(levels[li]), M, N, K, j, e);
+                        if (e > worst) worst = e;
+                        n_cases++;
+                    }
+                }
+        /* dX = dY·W for W (K, N) in every dtype, read along its rows */
+        for (int ti = 0; ti < NTYPES; ti++)
+            for (int mi = 0; mi < 4; mi++)
+                for (int ni = 0; ni < 3; ni++)
+                    for (int ki = 0; ki < 2; ki++) {
+                        int M = Ms[mi], N = blockN[ni], K = Ks[ki + 1];
+                        double e = gemm_case(M, N, K, FT_F32, false, types[ti], false, false, 1.0f, (mi + ni) % 2,
+                                             &rng);
+                        CHECKF(e >= 0 && e < 1e-5, "%s dX, W %s M=%d N=%d K=%d: max rel err %.3g",
+                               ft_cpu_level_name(levels[li]), ft_types[types[ti]].name, M, N, K, e);
+                        if (e > worst) worst = e;
+                        n_cases++;
+                    }
+        printf("  %s: max rel err %.3g\n", ft_cpu_level_name(levels[li]), worst);
+    }
+    ft_cpu_force_level(FT_CPU_AVX512);
+    printf("  %d cases over %d levels\n", n_cases, n_levels);
+}
+
+/* linear_backward for every base dtype and level, with bias and a LoRA
+ * adapter under dropout, against plain loops on the dequantized weight:
+ * dinp, dw (an f32 gradient whatever W's dtype), dbias, dA, dB. */
+static void test_linear_backward(void) {
+    ft_rng rng;
+    ft_rng_seed(&rng, 33);
+    const int OC = 45, IC = 96, T = 37, R = 4;
+    for (int li = 0; li < n_levels; li++) {
+        ft_cpu_force_level(levels[li]);
+        double worst = 0;
+        for (int ti = 0; ti < NTYPES; ti++) {
+            lin_case c;
+            if (!case_new(&c, types[ti], OC, IC, T, 3, true, &rng)) {
+                CHECKF(0, "out of memory");
+                case_free(&c);
+                return;
+            }
+            size_t nA = (size_t)R * IC, nB = (size_t)OC * R;
+            float *Am = malloc(nA * 4), *Bm = malloc(nB * 4), *dA = calloc(nA, 4), *dB = calloc(nB, 4);
+            float *dAr = calloc(nA, 4), *dBr = calloc(nB, 4), *dout = malloc((size_t)T * OC * 4);
+            float *dinp = malloc((size_t)T * IC * 4), *dinpr = malloc((size_t)T * IC * 4);
+            float *dw = calloc((size_t)OC * IC, 4), *dwr = calloc((size_t)OC * IC, 4);
+            float *db = calloc(OC, 4), *dbr = calloc(OC, 4), *u = malloc((size_t)T * R * 4);
+            float *xd = malloc((size_t)T * IC * 4), *dx = malloc((size_t)T * IC * 4), *g = malloc((size_t)T * R * 4);
+            float *yr = malloc((size_t)T * OC * 4), *wf = malloc((size_t)OC * IC * 4);
+            float *scratch = ft_aligned_alloc(linear_train_scratch_floats(IC, R, T, 3) * sizeof(float));
+            if (!Am || !Bm || !dA || !dB || !dAr || !dBr || !dout || !dinp || !dinpr || !dw || !dwr || !db || !dbr ||
+                !u || !xd || !dx || !g || !yr || !wf || !scratch) {
+                CHECKF(0, "out of memory");
+            } else {
+                for (size_t i = 0; i < nA; i++) Am[i] = ft_rng_normal(&rng);
+                for (size_t i = 0; i < nB; i++) Bm[i] = ft_rng_normal(&rng);
+                for (size_t i = 0; i < (size_t)T * OC; i++) dout[i] = ft_rng_normal(&rng);
+                ft_lora a = { .r = R, .alpha = 8, .scale = 2, .dropout = 0.25f, .A = Am, .B = Bm, .dA = dA, .dB = dB };
+                c.l.lora = &a;
+                uint64_t seed = 77;
+                linear_forward_train(c.y, u, c.x, &c.l, T, seed, 3, scratch);
+                linear_backward(dinp, dw, db, dout, c.x, u, &c.l, T, seed, false, 3, scratch);
+                /* the reference: plain loops in double on the dequantized W,
+                 * the adapter through lora.c's plain-loop references */
+                for (int o = 0; o < OC; o++) ft_tensor_row_f32(&c.l.w, o, wf + (size_t)o * IC);
+                for (int t = 0; t < T; t++)
+                    for (int i = 0; i < IC; i++) {
+                        double s = 0;
+                        for (int o = 0; o < OC; o++) s += (double)dout[(size_t)t * OC + o] * wf[(size_t)o * IC + i];
+                        dinpr[(size_t)t * IC + i] = (float)s;
+                    }
+                for (int o = 0; o < OC; o++) {
+                    double sb = 0;
+                    for (int t = 0; t < T; t++) sb += dout[(size_t)t * OC + o];
+                    dbr[o] = (float)sb;
+                    for (int i = 0; i < IC; i++) {
+                        double s = 0;
+                        for (int t = 0; t < T; t++) s += (double)dout[(size_t)t * OC + o] * c.x[(size_t)t * IC + i];
+                        dwr[(size_t)o * IC + i] = (float)s;
+                    }
+                }
+                ft_lora ar = a;
+                ar.dA = dAr;
+                ar.dB = dBr;
+                lora_dropout(xd, c.x, a.dropout, seed, T, IC, 1);
+                memset(yr, 0, (size_t)T * OC * 4);
+                float *ur = malloc((size_t)T * R * 4);
+                if (ur) {
+                    lora_forward(yr, ur, xd, &ar, T, IC, OC);
+                    double eu = check_max_rel_err(u, ur, (long)T * R, sqrt((double)IC));
+                    CHECKF(eu < 1e-5, "%s %s: saved u max rel err %.3g", ft_cpu_level_name(levels[li]),
+                           ft_types[types[ti]].name, eu);
+                    lora_backward(dx, dout, xd, ur, &ar, T, IC, OC, g);
+                    free(ur);
+                }
+                lora_dropout(dx, dx, a.dropout, seed, T, IC, 1);
+                for (size_t i = 0; i < (size_t)T * IC; i++) dinpr[i] += dx[i];
+                /* every gradient is a sum of at most max(T, OC) = 45 unit-normal
+                 * products (the adapter's through R = 4 more, scaled by 2 and by
+                 * the dropout's 4/3), so errors are f32 rounding of sums of that
+                 * scale: observed ~1e-6; 1e-5 as elsewhere in this file */
+                struct { const char *name; const float *got, *want; long n; double scale; } cmp[] = {
+                    { "dinp", dinp, dinpr, (long)T * IC, sqrt((double)OC) * 4 },
+                    { "dw", dw, dwr, (long)OC * IC, sqrt((double)T) },
+                    { "dbias", db, dbr, OC, sqrt((double)T) },
+                    { "dA", dA, dAr, (long)nA, sqrt((double)T * OC) * 4 },
+                    { "dB", dB, dBr, (long)nB, sqrt((double)T * IC) * 4 },
+                };
+                for (int k = 0; k < 5; k++) {
+                    double e = check_max_rel_err(cmp[k].got, cmp[k].want, cmp[k].n, cmp[k].scale);
+                    CHECKF(e < 1e-5, "%s W %s: %s max rel err %.3g", ft_cpu_level_name(levels[li]),
+                           ft_types[types[ti]].name, cmp[k].name, e);
+                    if (e > worst) worst = e;
+                }
+                /* and the same bits on one thread */
+                float *dinp1 = malloc((size_t)T * IC * 4), *dw1 = calloc((size_t)OC * IC, 4);
+                float *dA1 = calloc(nA, 4), *dB1 = calloc(nB, 4);
+                if (dinp1 && dw1 && dA1 && dB1) {
+                    a.dA = dA1;
+                    a.dB = dB1;
+                    linear_backward(dinp1, dw1, NULL, dout, c.x, u, &c.l, T, seed, false, 1, scratch);
+                    CHECKF(!memcmp(dinp, dinp1, (size_t)T * IC * 4) && !memcmp(dw, dw1, (size_t)OC * IC * 4) &&
+                               !memcmp(dA, dA1, nA * 4) && !memcmp(dB, dB1, nB * 4),
+                           "%s W %s: linear_backward differs on 1 and 3 threads", ft_cpu_level_name(levels[li]),
+                           ft_types[types[ti]].name);
+                }
+                free(dinp1); free(dw1); free(dA1); free(dB1);
+            }
+            free(Am); free(Bm); free(dA); free(dB); free(dAr); free(dBr); free(dout); free(dinp); free(dinpr);
+            free(dw); free(dwr); free(db); free(dbr); free(u); free(xd); free(dx); free(g); free(yr); free(wf);
+            free(scratch);
+            case_free(&c);
+        }
+        printf("  %s: max rel err %.3g\n", ft_cpu_level_name(levels[li]), worst);
+    }
+    ft_cpu_force_level(FT_CPU_AVX512);
 }
 
 int main(void) {
@@ -269,5 +531,7 @@ int main(void) {
     RUN(test_thread_invariance);
     RUN(test_nonfinite);
     RUN(test_edge_weights);
+    RUN(test_gemm_layouts);
+    RUN(test_linear_backward);
     CHECK_EXIT();
 }
