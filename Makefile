@@ -6,40 +6,19 @@
 #   make fuzz       libFuzzer targets: safetensors, GGUF, tokenizer.json, config.json, the dataset readers, trainer_state.json (clang)
 #   make bench      benchmarks; writes BENCHMARKS.md
 #   make clean
-# Options: BUILD=dir  CC=compiler  OPT="-O2 ..."  BLAS=openblas-serial|openblas-openmp|system
+# Options: BUILD=dir  CC=compiler  OPT="-O2 ..."
 
 CC      ?= gcc
 BUILD   ?= build
 OPT     ?= -O2 -g
 WARN    := -Wall -Wextra -Wno-unused-parameter -Wshadow=local -Wvla -Wno-format-truncation -Wno-missing-field-initializers
-CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -fopenmp -Iinclude -Isrc $(EXTRA_CFLAGS)
-# OpenBLAS: the serial (single-threaded) build, so a BLAS call runs on the
-# thread that makes it: it cannot start threads of its own beyond n_threads
-# and needs no process-global thread setting. The OpenMP build sized itself
-# from the process-global OpenMP thread count, which honoured no session's
-# n_threads.
-# BLAS=openblas-openmp links that build instead; BLAS=system whatever
-# -lopenblas is.
-BLAS    ?= openblas-serial
-MULTIARCH := $(shell $(CC) -print-multiarch 2>/dev/null)
-ifneq ($(filter openblas-serial openblas-openmp,$(BLAS)),)
-  BLAS_DIR := /usr/lib/$(MULTIARCH)/$(BLAS)
-  ifneq ($(wildcard $(BLAS_DIR)/libopenblas.so),)
-    BLAS_LIBS := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas
-  else
-    $(warning BLAS=$(BLAS): $(BLAS_DIR) not found (run scripts/setup.sh); using -lopenblas)
-    BLAS_LIBS := -lopenblas
-  endif
-else ifeq ($(BLAS),system)
-  BLAS_LIBS := -lopenblas
-else
-  $(error BLAS must be openblas-serial, openblas-openmp or system, not "$(BLAS)")
-endif
-# That build is not safe to call from two threads at once: every BLAS call
-# goes through one mutex (src/blas_lock.c), by wrapping these symbols.
-BLAS_WRAP := cblas_sgemm cblas_sgemv
-LDLIBS  := $(BLAS_LIBS) -lpcre2-8 -lcjson -lm -lpthread
-LDFLAGS += -fopenmp $(foreach f,$(BLAS_WRAP),-Wl,--wrap=$(f)) $(EXTRA_LDFLAGS)
+CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -pthread -Iinclude -Isrc $(EXTRA_CFLAGS)
+# No BLAS and no OpenMP: every matrix product runs on ftune's own kernels
+# (src/kernels*.c) and every parallel loop on its own thread pool
+# (src/parallel.c), so -t bounds every thread and nothing depends on a BLAS
+# library recognising the CPU.
+LDLIBS  := -lpcre2-8 -lcjson -lm -lpthread
+LDFLAGS += -pthread $(EXTRA_LDFLAGS)
 
 LIB_SRC   := $(sort $(wildcard src/*.c))
 LIB_OBJ   := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
@@ -100,8 +79,9 @@ build-fuzz/fuzz_config: fuzz/fuzz_config.c $(FUZZ_CFG_SRC) $(wildcard src/*.h)
 	@mkdir -p build-fuzz
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -o $@ $< $(FUZZ_CFG_SRC) -lcjson -lm
 
+# (the benchmark's own bandwidth probe uses OpenMP; the library does not)
 $(BUILD)/bench_forward: bench/bench_forward.c bench/bench_util.h $(BUILD)/libftune.a
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libftune.a $(LDFLAGS) $(LDLIBS)
+	$(CC) $(CFLAGS) -fopenmp -o $@ $< $(BUILD)/libftune.a $(LDFLAGS) -fopenmp $(LDLIBS)
 
 $(BUILD)/bench_train: bench/bench_train.c bench/bench_util.h $(wildcard src/*.h) $(BUILD)/libftune.a
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libftune.a $(LDFLAGS) $(LDLIBS)

@@ -4,9 +4,6 @@
 set -euo pipefail
 PKGS=(
   build-essential     # gcc, make
-  libopenblas-dev     # BLAS for fp32 matrix products (and PyTorch's fast BLAS)
-  libopenblas-serial-dev  # the single-threaded OpenBLAS ftune links: threads come from ftune's own pool
-  libopenblas-openmp-dev  # the OpenMP build, for BLAS=openblas-openmp
   libpcre2-dev        # Unicode regex pre-tokenization for byte-level BPE
   libcjson-dev        # JSON parsing: config.json, tokenizer.json, JSONL, safetensors headers
   clang               # libFuzzer target for the file parsers

@@ -8,7 +8,6 @@
 #include "adapter.h"
 #include "tokenizer.h"
 
-#include <cblas.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
@@ -20,7 +19,11 @@
 
 /* row (in) += scale · B[o, :] · A: the adapter's contribution to row o */
 static void add_lora_row(float *row, const ft_lora *a, int o, int in) {
-    cblas_sgemv(CblasRowMajor, CblasTrans, a->r, in, a->scale, a->A, in, a->B + (size_t)o * a->r, 1, 1.0f, row, 1);
+    for (int r = 0; r < a->r; r++) {
+        float s = a->scale * a->B[(size_t)o * a->r + r];
+        const float *ar = a->A + (size_t)r * in;
+        for (int j = 0; j < in; j++) row[j] += s * ar[j];
+    }
 }
 
 ftune_status ft_merge_lora(ftune_model *m) {

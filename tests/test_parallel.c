@@ -5,7 +5,6 @@
 #include "check.h"
 #include "parallel.h"
 
-#include <cblas.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
@@ -141,36 +140,6 @@ static void test_grow_and_shutdown(void) {
     ft_parallel_shutdown();
 }
 
-/* BLAS called from inside tasks on several threads at once gives what the
- * same call gives alone. Exact equality: the same sgemm on the same data,
- * only the thread differs. Without src/blas_lock.c the single-threaded
- * OpenBLAS fails this about one run in fifteen. */
-/* big enough that sgemm packs into its work buffers */
-#define GM 97
-#define GN 83
-#define GK 131
-typedef struct { const float *a, *b; float *c; } gemm_ctx;
-static void gemm_task(void *vctx, int task, int thread) {
-    gemm_ctx *g = vctx;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, GM, GN, GK, 1.0f, g->a + (size_t)task * GM * GK, GK,
-                g->b, GK, 0.0f, g->c + (size_t)task * GM * GN, GN);
-}
-static void test_blas_in_tasks(void) {
-    enum { NT = 24 };
-    float *a = malloc(sizeof(float) * NT * GM * GK), *b = malloc(sizeof(float) * GN * GK);
-    float *c1 = malloc(sizeof(float) * NT * GM * GN), *c3 = malloc(sizeof(float) * NT * GM * GN);
-    unsigned s = 12345;
-    for (int i = 0; i < NT * GM * GK; i++) a[i] = (float)((s = s * 1103515245u + 12345u) >> 8) / (1 << 24) - 0.5f;
-    for (int i = 0; i < GN * GK; i++) b[i] = (float)((s = s * 1103515245u + 12345u) >> 8) / (1 << 24) - 0.5f;
-    gemm_ctx g1 = { a, b, c1 }, g3 = { a, b, c3 };
-    ft_parallel_for(1, NT, gemm_task, &g1);
-    for (int rep = 0; rep < 50; rep++) {
-        ft_parallel_for(3, NT, gemm_task, &g3);
-        CHECKF(memcmp(c1, c3, sizeof(float) * NT * GM * GN) == 0, "rep %d", rep);
-    }
-    free(a); free(b); free(c1); free(c3);
-}
-
 int main(void) {
     RUN(test_every_task_once);
     RUN(test_many_small_jobs);
@@ -178,7 +147,6 @@ int main(void) {
     RUN(test_nested);
     RUN(test_concurrent_callers);
     RUN(test_grow_and_shutdown);
-    RUN(test_blas_in_tasks);
     ft_parallel_shutdown();
     CHECK_EXIT();
 }
