@@ -465,7 +465,7 @@ ftune_status ft_tokenizer_build(ftune_tokenizer **out, const ft_vocab_spec *spec
                 if (!sp) continue;
                 la = (size_t)(sp - a); b = sp + 1; lb = strlen(b);
             }
-            if (2 * (la + lb) > cap) {
+            if (!buf || 2 * (la + lb) > cap) {
                 cap = 2 * (la + lb) + 64;
                 char *nb = realloc(buf, cap);
                 if (!nb) { free(buf); goto fail; }
