@@ -54,7 +54,8 @@ static lm_result run_fused(const test_head *hd, const float *h, const int *tg, i
     lm_result r = { 0 };
     float *scr = ft_aligned_alloc(ft_lm_loss_scratch_floats(CH, V, true) * sizeof(float));
     float *ls = ft_aligned_alloc(linear_train_scratch_floats(C, 0, CH, nt) * sizeof(float));
-    ft_lm_loss_env e = { .head = &hd->lin, .loss = &ft_loss_crossentropy, .chunk_rows = CH, .n_threads = nt,
+    ft_backend be = ft_backend_cpu(nt);
+    ft_lm_loss_env e = { .head = &hd->lin, .loss = &ft_loss_crossentropy, .chunk_rows = CH, .be = &be,
                          .scratch = scr, .lin_scratch = ls };
     r.dh = malloc((size_t)n * C * sizeof(float));
     r.dw = grad_w ? calloc((size_t)V * C, sizeof(float)) : NULL;
@@ -386,7 +387,8 @@ static void test_block_recompute(void) {
     size_t lin_f = linear_train_scratch_floats(F > qd ? (F > C ? F : C) : (qd > C ? qd : C), R, BT, 2);
     float *ls = ft_aligned_alloc(lin_f * 4);
     float *as = ft_aligned_alloc(attention_fast_scratch_floats(T, c->HS, 2, true) * 4);
-    ft_block_env e = { .cfg = c, .inv_freq = NULL, .n_threads = 2, .lin_scratch = ls, .att_scratch = as };
+    ft_backend be = ft_backend_cpu(2);
+    ft_block_env e = { .cfg = c, .inv_freq = NULL, .be = &be, .lin_scratch = ls, .att_scratch = as };
     float *inv = take(&al, (size_t)c->HS / 2, 0);
     ft_rope_setup(inv, c, m->rope_freq_factors);
     e.inv_freq = inv;
