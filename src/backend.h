@@ -53,10 +53,16 @@ struct ft_backend {
     /* Returns when every op issued so far has finished (CPU: at once). */
     void (*sync)(const ft_backend *be);
 
-    /* ------------------------------------------------ Linear (linear.h)
-     * scratch: linear_scratch_floats(in, n_threads) for linear_forward,
-     * linear_train_scratch_floats(in, R, T, n_threads) for the training
-     * pair; the reference backend ignores it. */
+    /* Floats of scratch (a backend buffer) the ops below need: the Linear
+     * ops for a weight with `in` columns, an adapter of rank R (0: none) and
+     * up to T rows (train false: linear_forward only; true: also the
+     * training pair); attention for Tk keys (backward true: both
+     * directions). CPU: linear_scratch_floats / linear_train_scratch_floats
+     * and attention_fast_scratch_floats with be->n_threads; reference: 0. */
+    size_t (*linear_scratch_floats)(const ft_backend *be, int in, int R, int T, bool train);
+    size_t (*attention_scratch_floats)(const ft_backend *be, int Tk, int HS, bool backward);
+
+    /* ------------------------------------------------ Linear (linear.h) */
     void (*linear_forward)(const ft_backend *be, float *out, const float *inp, const ft_linear *l, int T,
                            float *scratch);
     void (*linear_forward_train)(const ft_backend *be, float *out, float *u, const float *inp, const ft_linear *l,
@@ -75,8 +81,7 @@ struct ft_backend {
     void (*rope_backward)(const ft_backend *be, float *dx, const int *pos, const float *inv_freq, int T, int nh,
                           int HS, bool interleaved);
     /* As attention_forward_fast / attention_backward_fast (B batch rows,
-     * lse (B, NH, T) instead of probabilities); scratch is
-     * attention_fast_scratch_floats(Tk, HS, n_threads, backward). */
+     * lse (B, NH, T) instead of probabilities). */
     void (*attention_forward)(const ft_backend *be, float *out, float *lse, const float *q, const float *k,
                               const float *v, const int *q_pos, const int *doc, int B, int T, int Tk, int NH,
                               int NKV, int HS, int kv_stride, float *scratch);

@@ -21,6 +21,13 @@ static void cpu_memcpy(const ft_backend *be, void *dst, const void *src, size_t 
 }
 static void cpu_sync(const ft_backend *be) { (void)be; }
 
+static size_t cpu_linear_scratch(const ft_backend *be, int in, int R, int T, bool train) {
+    return train ? linear_train_scratch_floats(in, R, T, be->n_threads) : linear_scratch_floats(in, be->n_threads);
+}
+static size_t cpu_attention_scratch(const ft_backend *be, int Tk, int HS, bool backward) {
+    return attention_fast_scratch_floats(Tk, HS, be->n_threads, backward);
+}
+
 static void cpu_linear_forward(const ft_backend *be, float *out, const float *inp, const ft_linear *l, int T,
                                float *scratch) {
     linear_forward(out, inp, l, T, be->n_threads, scratch);
@@ -110,6 +117,8 @@ ft_backend ft_backend_cpu(int n_threads) {
         .download = cpu_memcpy,
         .copy = cpu_memcpy,
         .sync = cpu_sync,
+        .linear_scratch_floats = cpu_linear_scratch,
+        .attention_scratch_floats = cpu_attention_scratch,
         .linear_forward = cpu_linear_forward,
         .linear_forward_train = cpu_linear_forward_train,
         .linear_backward = cpu_linear_backward,

@@ -29,6 +29,16 @@ static void ref_memcpy(const ft_backend *be, void *dst, const void *src, size_t 
 }
 static void ref_sync(const ft_backend *be) { (void)be; }
 
+/* No scratch: the reference allocates its own temporaries. */
+static size_t ref_linear_scratch(const ft_backend *be, int in, int R, int T, bool train) {
+    (void)be; (void)in; (void)R; (void)T; (void)train;
+    return 0;
+}
+static size_t ref_attention_scratch(const ft_backend *be, int Tk, int HS, bool backward) {
+    (void)be; (void)Tk; (void)HS; (void)backward;
+    return 0;
+}
+
 /* ------------------------------------------------------------- Linear */
 
 static void ref_linear_forward(const ft_backend *be, float *out, const float *inp, const ft_linear *l, int T,
@@ -281,6 +291,8 @@ ft_backend ft_backend_ref(void) {
         .download = ref_memcpy,
         .copy = ref_memcpy,
         .sync = ref_sync,
+        .linear_scratch_floats = ref_linear_scratch,
+        .attention_scratch_floats = ref_attention_scratch,
         .linear_forward = ref_linear_forward,
         .linear_forward_train = ref_linear_forward_train,
         .linear_backward = ref_linear_backward,

@@ -104,6 +104,23 @@ static void cmp(const char *be, const char *what, float *got, const float *want,
 
 /* ------------------------------------------------------------ buffers */
 
+/* A backend fills every entry of the table (a missing one fails here,
+ * not as a crash in the middle of a step). */
+static void test_table_complete(void) {
+    for (int bi = 0; bi < N_BACKENDS; bi++) {
+        ft_backend be = backends[bi].make();
+        CHECKF(be.name && be.name[0], "%s: no name", backends[bi].label);
+#define HAS(f) CHECKF(be.f != NULL, "%s: no %s", backends[bi].label, #f)
+        HAS(alloc); HAS(free); HAS(upload); HAS(download); HAS(copy); HAS(sync);
+        HAS(linear_scratch_floats); HAS(attention_scratch_floats);
+        HAS(linear_forward); HAS(linear_forward_train); HAS(linear_backward);
+        HAS(rmsnorm_forward); HAS(rmsnorm_backward); HAS(rope_forward); HAS(rope_backward);
+        HAS(attention_forward); HAS(attention_backward); HAS(swiglu_forward); HAS(swiglu_backward);
+        HAS(embedding_forward); HAS(embedding_backward); HAS(add); HAS(crossentropy); HAS(adamw_step);
+#undef HAS
+    }
+}
+
 static void test_buffers(void) {
     for (int bi = 0; bi < N_BACKENDS; bi++) {
         ft_backend be = backends[bi].make();
@@ -203,8 +220,7 @@ static void linear_case(ft_dtype dt, int T, int in, int out, int R, float p) {
         bufs b = { .be = &be };
         ft_lora lora;
         ft_linear l = linear_on(&b, &c, &lora);
-        int nt = be.n_threads > 0 ? be.n_threads : 1;
-        float *scr = up(&b, NULL, linear_train_scratch_floats(in, R, T, nt) + linear_scratch_floats(in, nt));
+        float *scr = up(&b, NULL, be.linear_scratch_floats(&be, in, R, T, true));
         float *d_x = up(&b, x, ni), *d_dout = up(&b, dout, no), *d_out = up(&b, NULL, no), *d_u = up(&b, NULL, nu);
         float *d_dinp = up(&b, dinp0, ni), *d_dinp2 = up(&b, dinp0, ni), *d_dw = up(&b, dw0, (size_t)out * in);
         float *d_db = up(&b, db0, (size_t)out);
@@ -353,8 +369,7 @@ static void attention_case(int B, int T, int Tk, int NH, int NKV, int HS, bool d
         ft_backend be = backends[bi].make();
         const char *bn = backends[bi].label;
         bufs b = { .be = &be };
-        int nt = be.n_threads > 0 ? be.n_threads : 1;
-        float *scr = up(&b, NULL, attention_fast_scratch_floats(Tk, HS, nt, true));
+        float *scr = up(&b, NULL, be.attention_scratch_floats(&be, Tk, HS, true));
         float *d_q = up(&b, q, nq), *d_k = up(&b, k, nk), *d_v = up(&b, v, nk), *d_dout = up(&b, dout, nq);
         float *d_ks = up(&b, ks, (size_t)B * Tk * stride), *d_vs = up(&b, vs, (size_t)B * Tk * stride);
         float *d_out = up(&b, NULL, nq), *d_lse = up(&b, NULL, nl);
@@ -516,6 +531,7 @@ static void test_adamw(void) {
 
 int main(void) {
     ft_rng_seed(&rng, 20261201);
+    RUN(test_table_complete);
     RUN(test_buffers);
     RUN(test_linear);
     RUN(test_rmsnorm);
