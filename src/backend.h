@@ -50,6 +50,8 @@ struct ft_backend {
     void (*upload)(const ft_backend *be, void *dst, const void *src, size_t bytes);
     void (*download)(const ft_backend *be, void *dst, const void *src, size_t bytes);
     void (*copy)(const ft_backend *be, void *dst, const void *src, size_t bytes);
+    /* bytes of backend memory at p set to 0 (CPU: memset). */
+    void (*zero)(const ft_backend *be, void *p, size_t bytes);
     /* Returns when every op issued so far has finished (CPU: at once). */
     void (*sync)(const ft_backend *be);
 

@@ -19,6 +19,10 @@ static void cpu_memcpy(const ft_backend *be, void *dst, const void *src, size_t 
     (void)be;
     if (bytes) memcpy(dst, src, bytes);
 }
+static void cpu_zero(const ft_backend *be, void *p, size_t bytes) {
+    (void)be;
+    if (bytes) memset(p, 0, bytes);
+}
 static void cpu_sync(const ft_backend *be) { (void)be; }
 
 static size_t cpu_linear_scratch(const ft_backend *be, int in, int R, int T, bool train) {
@@ -116,6 +120,7 @@ ft_backend ft_backend_cpu(int n_threads) {
         .upload = cpu_memcpy,
         .download = cpu_memcpy,
         .copy = cpu_memcpy,
+        .zero = cpu_zero,
         .sync = cpu_sync,
         .linear_scratch_floats = cpu_linear_scratch,
         .attention_scratch_floats = cpu_attention_scratch,

@@ -27,6 +27,10 @@ static void ref_memcpy(const ft_backend *be, void *dst, const void *src, size_t 
     (void)be;
     if (bytes) memcpy(dst, src, bytes);
 }
+static void ref_zero(const ft_backend *be, void *p, size_t bytes) {
+    (void)be;
+    if (bytes) memset(p, 0, bytes);
+}
 static void ref_sync(const ft_backend *be) { (void)be; }
 
 /* No scratch: the reference allocates its own temporaries. */
@@ -290,6 +294,7 @@ ft_backend ft_backend_ref(void) {
         .upload = ref_memcpy,
         .download = ref_memcpy,
         .copy = ref_memcpy,
+        .zero = ref_zero,
         .sync = ref_sync,
         .linear_scratch_floats = ref_linear_scratch,
         .attention_scratch_floats = ref_attention_scratch,

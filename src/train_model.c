@@ -455,7 +455,7 @@ void ft_trainer_free(ft_trainer *tr) {
 
 /* ------------------------------------------------------------ accessors */
 
-void ft_trainer_zero_grad(ft_trainer *tr) { memset(tr->grads, 0, (size_t)tr->n_values * sizeof(float)); }
+void ft_trainer_zero_grad(ft_trainer *tr) { tr->be.zero(&tr->be, tr->grads, (size_t)tr->n_values * sizeof(float)); }
 int ft_trainer_n_params(const ft_trainer *tr) { return tr->n_params; }
 const ft_train_param *ft_trainer_param(const ft_trainer *tr, int i) {
     return i >= 0 && i < tr->n_params ? &tr->params[i] : NULL;
@@ -597,7 +597,7 @@ static void backward(ft_trainer *tr, const ft_batch *b, const int *pos) {
     const ft_backend *be = &tr->be;
     ft_block_scratch s = { .dln = tr->dln, .dq = tr->dq, .datty = tr->datty, .dk = tr->dk, .dv = tr->dv,
                            .h = tr->hbuf, .dh = tr->dh, .dgate = tr->dgate, .dup = tr->dup };
-    memset(tr->dres, 0, (size_t)BT * C * sizeof(float));
+    be->zero(be, tr->dres, (size_t)BT * C * sizeof(float));
     be->rmsnorm_backward(be, tr->dres, tr->d_out_norm, tr->dln, tr->res + (size_t)c->L * BT * C, tr->out_norm,
                          tr->rstdf, BT, C);
     for (int l = c->L - 1; l >= 0; l--) {

@@ -111,7 +111,7 @@ static void test_table_complete(void) {
         ft_backend be = backends[bi].make();
         CHECKF(be.name && be.name[0], "%s: no name", backends[bi].label);
 #define HAS(f) CHECKF(be.f != NULL, "%s: no %s", backends[bi].label, #f)
-        HAS(alloc); HAS(free); HAS(upload); HAS(download); HAS(copy); HAS(sync);
+        HAS(alloc); HAS(free); HAS(upload); HAS(download); HAS(copy); HAS(zero); HAS(sync);
         HAS(linear_scratch_floats); HAS(attention_scratch_floats);
         HAS(linear_forward); HAS(linear_forward_train); HAS(linear_backward);
         HAS(rmsnorm_forward); HAS(rmsnorm_backward); HAS(rope_forward); HAS(rope_backward);
@@ -137,6 +137,11 @@ static void test_buffers(void) {
         be.sync(&be);
         be.download(&be, back, b, n * sizeof(float));
         CHECK(memcmp(back, h, n * sizeof(float)) == 0);
+        /* zero clears exactly the bytes it is given */
+        be.zero(&be, b, 7 * sizeof(float));
+        be.sync(&be);
+        be.download(&be, back, b, n * sizeof(float));
+        for (size_t i = 0; i < n; i++) CHECK(back[i] == (i < 7 ? 0.0f : h[i]));
         be.free(&be, FT_MEM_ACTS, a, n * sizeof(float));
         be.free(&be, FT_MEM_ACTS, b, n * sizeof(float));
         be.free(&be, FT_MEM_ACTS, z, 0);
