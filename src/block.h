@@ -18,6 +18,8 @@
  *    it unchanged. Forward is a pure function of (x, weights, io).
  *  - bf16 compute changes the element type of the ft_block_acts arrays and
  *    the ops they are passed to, not the shape of the calls.
+ *  - every op goes through the env's backend table (backend.h), so another
+ *    backend runs this same sequence on its own buffers.
  *  - ZeRO-3 gathers a layer's weights in the pre hooks and frees them in the
  *    post hooks; the block reads the weights only between the two.
  *  - calibration (GPTQ/AWQ/SparseGPT) sees each Linear's input rows through
@@ -26,6 +28,7 @@
 #ifndef FT_BLOCK_H
 #define FT_BLOCK_H
 
+#include "backend.h"
 #include "model.h"
 
 /* The block's Linears, in PEFT order (ft_target_names). */
@@ -98,7 +101,7 @@ typedef struct {
 typedef struct {
     const ft_config *cfg;
     const float *inv_freq;        /* (HS/2) from ft_rope_setup */
-    int n_threads;
+    const ft_backend *be;         /* every op runs through it (threads: be->n_threads) */
     float *lin_scratch;           /* linear_scratch_floats (inference) or linear_train_scratch_floats */
     float *att_scratch;           /* attention_fast_scratch_floats(Tk, HS, n_threads, backward) */
     const ft_block_hooks *hooks;  /* or NULL */

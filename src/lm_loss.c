@@ -1,11 +1,10 @@
 /* lm_loss.c — fused LM head + loss in chunks of rows (see lm_loss.h). */
 #include "lm_loss.h"
-#include "ops.h"
 
 static double ce_fn(void *ctx, float *dlogits, const float *logits, const int *targets, int r0, int n, int V,
-                    float dloss_scale, int n_threads) {
+                    float dloss_scale, const ft_backend *be) {
     (void)ctx; (void)r0;
-    return crossentropy_fast(dlogits, logits, targets, n, V, dloss_scale, n_threads);
+    return be->crossentropy(be, dlogits, logits, targets, n, V, dloss_scale);
 }
 
 const ft_loss ft_loss_crossentropy = { ce_fn, NULL, "cross-entropy" };
@@ -38,11 +37,11 @@ static double run(const ft_lm_loss_env *e, float *dh, float *dw, int64_t *n_targ
     for (int r0 = 0; r0 < n; r0 += CH) {
         int k = n - r0 < CH ? n - r0 : CH;
         const float *hc = h + (size_t)r0 * C;
-        linear_forward(logits, hc, head, k, e->n_threads, e->lin_scratch);
-        loss += e->loss->fn(e->loss->ctx, dlogits, logits, targets + r0, r0, k, V, dloss_scale, e->n_threads);
+        e->be->linear_forward(e->be, logits, hc, head, k, e->lin_scratch);
+        loss += e->loss->fn(e->loss->ctx, dlogits, logits, targets + r0, r0, k, V, dloss_scale, e->be);
         if (grad)
-            linear_backward(dh + (size_t)r0 * C, dw, NULL, dlogits, hc, NULL, head, k, 0, false, e->n_threads,
-                            e->lin_scratch);
+            e->be->linear_backward(e->be, dh + (size_t)r0 * C, dw, NULL, dlogits, hc, NULL, head, k, 0, false,
+                                   e->lin_scratch);
     }
     if (n_targets) *n_targets = count_targets(targets, n);
     return loss;

@@ -6,22 +6,23 @@
 #ifndef FT_LM_LOSS_H
 #define FT_LM_LOSS_H
 
-#include "linear.h"
+#include "backend.h"
 
 /* A loss over rows of logits. fn returns the summed loss of rows
  * [r0, r0+n) of the call (logits (n, V) for those rows, targets of them;
  * negative targets are ignored) and, when dlogits is non-NULL, overwrites
  * it with d(loss · dloss_scale)/d(logits) (zero rows where ignored). r0
  * lets a loss with per-row data of its own (a distillation teacher's
- * logits in ctx) find its rows. Results must not depend on n_threads. */
+ * logits in ctx) find its rows. Its ops go through be (logits and dlogits
+ * are backend buffers). Results must not depend on be->n_threads. */
 typedef struct {
     double (*fn)(void *ctx, float *dlogits, const float *logits, const int *targets, int r0, int n, int V,
-                 float dloss_scale, int n_threads);
+                 float dloss_scale, const ft_backend *be);
     void *ctx;
     const char *name;
 } ft_loss;
 
-/* Next-token cross-entropy (crossentropy_fast; targets >= V give NaN). */
+/* Next-token cross-entropy (be->crossentropy; targets >= V give NaN). */
 extern const ft_loss ft_loss_crossentropy;
 
 /* Rows per chunk for V (at most FT_LM_LOSS_CHUNK_FLOATS logits at a time),
@@ -38,7 +39,7 @@ typedef struct {
     const ft_linear *head;        /* (V, C) lm_head, any dtype; no adapter */
     const ft_loss *loss;
     int chunk_rows;               /* from ft_lm_loss_chunk_rows */
-    int n_threads;
+    const ft_backend *be;         /* the head and the loss run through it */
     float *scratch;               /* ft_lm_loss_scratch_floats */
     float *lin_scratch;           /* the head's linear scratch */
 } ft_lm_loss_env;

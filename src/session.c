@@ -15,6 +15,7 @@
 struct ftune_session {
     const ftune_model *m;
     int n_ctx, n_threads, pos;
+    ft_backend be;            /* every op of the forward runs through it (the CPU's) */
     int n_prefix;             /* KV prefix rows pinned at the cache's start (ft_session_set_kv_prefix) */
     const ft_block_hooks *hooks;
     float *k_cache, *v_cache; /* (L, n_ctx, NKV*HS) */
@@ -41,6 +42,7 @@ ftune_status ftune_session_new(ftune_session **out, const ftune_model *m, int n_
     s->m = m;
     s->n_ctx = n_ctx;
     s->n_threads = ft_num_threads(n_threads);
+    s->be = ft_backend_cpu(s->n_threads);
     size_t kv = (size_t)c->L * n_ctx * c->NKV * c->HS, qd = (size_t)c->NH * c->HS;
     size_t wide = max3((size_t)c->C, qd, 1);
     size_t max_in = max3((size_t)c->C, (size_t)c->F, qd);
@@ -113,12 +115,11 @@ ftune_status ft_session_get_kv(const ftune_session *s, int l, int n, float *k, f
 static const float *forward_chunk(ftune_session *s, const int32_t *tokens, int n, int first_row) {
     const ftune_model *m = s->m;
     const ft_config *c = &m->cfg;
+    const ft_backend *be = &s->be;
     int C = c->C, kvd = c->NKV * c->HS, p0 = s->pos;
-    for (int t = 0; t < n; t++) {
-        ft_tensor_row_f32(&m->tok_embd, tokens[t], s->x + (size_t)t * C);
-        s->qpos[t] = p0 + t;
-    }
-    ft_block_env e = { .cfg = c, .inv_freq = s->inv_freq, .n_threads = s->n_threads, .lin_scratch = s->scratch,
+    be->embedding_forward(be, s->x, tokens, &m->tok_embd, n);
+    for (int t = 0; t < n; t++) s->qpos[t] = p0 + t;
+    ft_block_env e = { .cfg = c, .inv_freq = s->inv_freq, .be = be, .lin_scratch = s->scratch,
                        .att_scratch = s->att_scratch, .hooks = s->hooks };
     for (int l = 0; l < c->L; l++) {
         float *kc = s->k_cache + (size_t)l * s->n_ctx * kvd, *vc = s->v_cache + (size_t)l * s->n_ctx * kvd;
@@ -129,13 +130,13 @@ static const float *forward_chunk(ftune_session *s, const int32_t *tokens, int n
     }
     s->pos += n;
     if (first_row >= n) return NULL;
-    rmsnorm_forward(s->xb, NULL, s->x + (size_t)first_row * C, m->out_norm, n - first_row, C, c->norm_eps);
+    be->rmsnorm_forward(be, s->xb, NULL, s->x + (size_t)first_row * C, m->out_norm, n - first_row, C, c->norm_eps);
     return s->xb;
 }
 
 static void forward_logits(ftune_session *s, const int32_t *tokens, int n, float *logits, int first_row) {
     const float *h = forward_chunk(s, tokens, n, logits ? first_row : n);
-    if (h) linear_forward(logits, h, &s->m->lm_head, n - first_row, s->n_threads, s->scratch);
+    if (h) s->be.linear_forward(&s->be, logits, h, &s->m->lm_head, n - first_row, s->scratch);
 }
 
 ftune_status ftune_session_forward(ftune_session *s, const int32_t *tokens, int n, float *logits, int all_logits) {
@@ -181,7 +182,7 @@ ftune_status ftune_eval_tokens(ftune_session *s, const int32_t *tokens, size_t n
         if (!s->lm_scratch) return ft_err(FTUNE_ERR_NOMEM, "out of memory for %d rows of %d logits", CH, V);
     }
     ft_lm_loss_env le = { .head = &s->m->lm_head, .loss = &ft_loss_crossentropy, .chunk_rows = CH,
-                          .n_threads = s->n_threads, .scratch = s->lm_scratch, .lin_scratch = s->scratch };
+                          .be = &s->be, .scratch = s->lm_scratch, .lin_scratch = s->scratch };
     int targets[CHUNK];
     /* windows [w0, w0+W) with w0 advancing by W-1: each token after the first
      * is predicted exactly once, from at most W-1 tokens of context */

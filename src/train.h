@@ -17,6 +17,7 @@
 
 #include "data.h"
 #include "model.h"
+#include "optim.h"
 
 typedef enum { FT_TRAIN_LORA = 0, FT_TRAIN_FULL = 1 } ft_train_mode;
 
@@ -98,6 +99,9 @@ ftune_status ft_trainer_step(ft_trainer *tr, const ft_batch *b, int64_t n_target
  * targets (for validation loss). */
 ftune_status ft_trainer_eval(ft_trainer *tr, const ft_batch *b, double *loss_sum, int64_t *n_targets);
 void ft_trainer_zero_grad(ft_trainer *tr);
+/* One AdamW update (ft_adamw_step) of o, whose parameters are this
+ * trainer's values and grads, on the trainer's backend. */
+void ft_trainer_adamw_step(const ft_trainer *tr, ft_adamw *o, double lr);
 
 int ft_trainer_n_params(const ft_trainer *tr);
 const ft_train_param *ft_trainer_param(const ft_trainer *tr, int i);

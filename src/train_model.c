@@ -41,6 +41,7 @@ struct ft_trainer {
     ft_config cfg;
     ft_train_opts o;
     int nt;
+    ft_backend be;            /* every op of a step runs through it (the CPU's) */
     uint64_t micro_step;
     /* the trainer's view of the model */
     ft_tensor tok_embd;       /* (V, C): the model's, or the f32 trainable copy */
@@ -395,6 +396,7 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
     tr->cfg = *c;
     tr->o = *o;
     tr->nt = ft_num_threads(o->n_threads);
+    tr->be = ft_backend_cpu(tr->nt);
     tr->tok_embd = m->tok_embd;
     tr->out_norm = m->out_norm;
     tr->lm_head = m->lm_head;
@@ -453,7 +455,7 @@ void ft_trainer_free(ft_trainer *tr) {
 
 /* ------------------------------------------------------------ accessors */
 
-void ft_trainer_zero_grad(ft_trainer *tr) { memset(tr->grads, 0, (size_t)tr->n_values * sizeof(float)); }
+void ft_trainer_zero_grad(ft_trainer *tr) { tr->be.zero(&tr->be, tr->grads, (size_t)tr->n_values * sizeof(float)); }
 int ft_trainer_n_params(const ft_trainer *tr) { return tr->n_params; }
 const ft_train_param *ft_trainer_param(const ft_trainer *tr, int i) {
     return i >= 0 && i < tr->n_params ? &tr->params[i] : NULL;
@@ -535,7 +537,7 @@ ftune_status ft_trainer_set_kv_prefix(ft_trainer *tr, const float *k, const floa
 }
 
 static ft_block_env block_env(const ft_trainer *tr) {
-    return (ft_block_env){ .cfg = &tr->cfg, .inv_freq = tr->inv_freq, .n_threads = tr->nt,
+    return (ft_block_env){ .cfg = &tr->cfg, .inv_freq = tr->inv_freq, .be = &tr->be,
                            .lin_scratch = tr->lin_scratch, .att_scratch = tr->P ? tr->p_att_scratch : tr->att_scratch,
                            .hooks = tr->hooks };
 }
@@ -561,7 +563,7 @@ static ft_block_io block_io(const ft_trainer *tr, const ft_batch *b, const int *
 
 static ft_lm_loss_env lm_env(const ft_trainer *tr) {
     return (ft_lm_loss_env){ .head = &tr->lm_head, .loss = &ft_loss_crossentropy, .chunk_rows = tr->CH,
-                             .n_threads = tr->nt, .scratch = tr->lm_scratch, .lin_scratch = tr->lin_scratch };
+                             .be = &tr->be, .scratch = tr->lm_scratch, .lin_scratch = tr->lin_scratch };
 }
 
 /* Forward of the blocks and the final norm; then the fused lm_head + loss,
@@ -572,7 +574,8 @@ static double forward(ft_trainer *tr, const ft_batch *b, const int *pos, bool tr
     const ft_config *c = &tr->cfg;
     int BT = b->B * b->T, C = c->C;
     ft_block_env e = block_env(tr);
-    for (int i = 0; i < BT; i++) ft_tensor_row_f32(&tr->tok_embd, b->tokens[i], tr->res + (size_t)i * C);
+    const ft_backend *be = &tr->be;
+    be->embedding_forward(be, tr->res, b->tokens, &tr->tok_embd, BT);
     for (int l = 0; l < c->L; l++) {
         uint64_t seeds[FT_N_LINEAR];
         ft_block_io io = block_io(tr, b, pos, l, train, seeds);
@@ -581,7 +584,7 @@ static double forward(ft_trainer *tr, const ft_batch *b, const int *pos, bool tr
         ft_block_forward(&e, &tr->layers[l], l, &a, tr->res + (size_t)(l + 1) * BT * C, tr->res + (size_t)l * BT * C,
                          &io);
     }
-    rmsnorm_forward(tr->lnf, tr->rstdf, tr->res + (size_t)c->L * BT * C, tr->out_norm, BT, C, c->norm_eps);
+    be->rmsnorm_forward(be, tr->lnf, tr->rstdf, tr->res + (size_t)c->L * BT * C, tr->out_norm, BT, C, c->norm_eps);
     ft_lm_loss_env le = lm_env(tr);
     if (train) return ft_lm_loss_backward(&le, tr->dln, tr->d_lm_head, n_targets, tr->lnf, b->targets, BT, dloss_scale);
     return ft_lm_loss_forward(&le, n_targets, tr->lnf, b->targets, BT);
@@ -591,18 +594,19 @@ static void backward(ft_trainer *tr, const ft_batch *b, const int *pos) {
     const ft_config *c = &tr->cfg;
     int BT = b->B * b->T, C = c->C;
     ft_block_env e = block_env(tr);
+    const ft_backend *be = &tr->be;
     ft_block_scratch s = { .dln = tr->dln, .dq = tr->dq, .datty = tr->datty, .dk = tr->dk, .dv = tr->dv,
                            .h = tr->hbuf, .dh = tr->dh, .dgate = tr->dgate, .dup = tr->dup };
-    memset(tr->dres, 0, (size_t)BT * C * sizeof(float));
-    rmsnorm_backward(tr->dres, tr->d_out_norm, tr->dln, tr->res + (size_t)c->L * BT * C, tr->out_norm, tr->rstdf, BT,
-                     C);
+    be->zero(be, tr->dres, (size_t)BT * C * sizeof(float));
+    be->rmsnorm_backward(be, tr->dres, tr->d_out_norm, tr->dln, tr->res + (size_t)c->L * BT * C, tr->out_norm,
+                         tr->rstdf, BT, C);
     for (int l = c->L - 1; l >= 0; l--) {
         uint64_t seeds[FT_N_LINEAR];
         ft_block_io io = block_io(tr, b, pos, l, true, seeds);
         ft_block_backward(&e, &tr->layers[l], l, &tr->lg[l], tr->dres, tr->res + (size_t)l * BT * C, &tr->la[l], &io,
                           &s);
     }
-    if (tr->d_tok_embd) embedding_backward(tr->d_tok_embd, tr->dres, (const int *)b->tokens, BT, C, c->V);
+    if (tr->d_tok_embd) be->embedding_backward(be, tr->d_tok_embd, tr->dres, b->tokens, BT, C, c->V);
 }
 
 /* RoPE positions: the batch's, or 0..T-1 per row; shifted by a KV prefix. */
@@ -629,6 +633,8 @@ ftune_status ft_trainer_step(ft_trainer *tr, const ft_batch *b, int64_t n_target
     tr->micro_step++;
     return FTUNE_OK;
 }
+
+void ft_trainer_adamw_step(const ft_trainer *tr, ft_adamw *o, double lr) { tr->be.adamw_step(&tr->be, o, lr); }
 
 ftune_status ft_trainer_eval(ft_trainer *tr, const ft_batch *b, double *loss_sum, int64_t *n_targets) {
     *loss_sum = 0;

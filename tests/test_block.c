@@ -54,7 +54,8 @@ static lm_result run_fused(const test_head *hd, const float *h, const int *tg, i
     lm_result r = { 0 };
     float *scr = ft_aligned_alloc(ft_lm_loss_scratch_floats(CH, V, true) * sizeof(float));
     float *ls = ft_aligned_alloc(linear_train_scratch_floats(C, 0, CH, nt) * sizeof(float));
-    ft_lm_loss_env e = { .head = &hd->lin, .loss = &ft_loss_crossentropy, .chunk_rows = CH, .n_threads = nt,
+    ft_backend be = ft_backend_cpu(nt);
+    ft_lm_loss_env e = { .head = &hd->lin, .loss = &ft_loss_crossentropy, .chunk_rows = CH, .be = &be,
                          .scratch = scr, .lin_scratch = ls };
     r.dh = malloc((size_t)n * C * sizeof(float));
     r.dw = grad_w ? calloc((size_t)V * C, sizeof(float)) : NULL;
@@ -335,7 +336,18 @@ done:
  * activations, and backward from either gives bit-identical gradients. A
  * layer of stories260K with a LoRA adapter (random B, dropout 0.1) on q
  * and down, in training mode. */
-typedef struct { float *p[40]; int n; } allocs;
+typedef struct { float *p[60]; int n; } allocs;
+/* max |a - b| / max |b| */
+static double norm_err(const float *a, const float *b, size_t n) {
+    double m = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (isnan(d)) return INFINITY;
+        m = d > m ? d : m;
+        s = fabs(b[i]) > s ? fabs(b[i]) : s;
+    }
+    return s > 0 ? m / s : m;
+}
 static float *take(allocs *al, size_t n, float fill) {
     float *p = ft_aligned_alloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) p[i] = fill;
@@ -383,20 +395,37 @@ static void test_block_recompute(void) {
     float *x = take(&al, (size_t)BT * C, 0);
     for (int i = 0; i < BT * C; i++) x[i] = ft_rng_normal(&rng);
     ft_block_acts a1 = make_acts(&al, c, BT, B, R, 0), a2 = make_acts(&al, c, BT, B, R, NAN);
+    ft_block_acts a3 = make_acts(&al, c, BT, B, R, NAN);
     size_t lin_f = linear_train_scratch_floats(F > qd ? (F > C ? F : C) : (qd > C ? qd : C), R, BT, 2);
     float *ls = ft_aligned_alloc(lin_f * 4);
     float *as = ft_aligned_alloc(attention_fast_scratch_floats(T, c->HS, 2, true) * 4);
-    ft_block_env e = { .cfg = c, .inv_freq = NULL, .n_threads = 2, .lin_scratch = ls, .att_scratch = as };
+    ft_backend be = ft_backend_cpu(2);
+    ft_block_env e = { .cfg = c, .inv_freq = NULL, .be = &be, .lin_scratch = ls, .att_scratch = as };
     float *inv = take(&al, (size_t)c->HS / 2, 0);
     ft_rope_setup(inv, c, m->rope_freq_factors);
     e.inv_freq = inv;
-    float *o1 = malloc((size_t)BT * C * 4), *o2 = malloc((size_t)BT * C * 4);
+    float *o1 = malloc((size_t)BT * C * 4), *o2 = malloc((size_t)BT * C * 4), *o3 = malloc((size_t)BT * C * 4);
     ft_block_io io1 = { .B = B, .T = T, .pos = pos, .q_pos = idx, .keys = a1.k, .values = a1.v, .Tk = T,
                         .train = true, .mask_seed = seeds };
     ft_block_io io2 = io1;
     io2.keys = a2.k; io2.values = a2.v;
+    ft_block_io io3 = io1;
+    io3.keys = a3.k; io3.values = a3.v;
+    /* the same block through the reference backend: every op goes through
+     * the env's table, so the result moves, but only by the order of float
+     * sums: each op is within ~1e-6 of its reference (test_backend.c) and
+     * the ~15 ops of a block compound that to a few 1e-6 at most, hence
+     * 1e-5 normwise (max err / max |cpu|) */
+    ft_backend ref = ft_backend_ref();
+    ft_block_env e_ref = e;
+    e_ref.be = &ref;
     ft_block_forward(&e, &ly, 0, &a1, o1, x, &io1);
     ft_block_forward(&e, &ly, 0, &a2, o2, x, &io2);
+    ft_block_forward(&e_ref, &ly, 0, &a3, o3, x, &io3);
+    double eo = norm_err(o3, o1, (size_t)BT * C);
+    printf("  block forward, reference vs cpu backend: max rel err %.2e\n", eo);
+    CHECKF(eo <= 1e-5, "block output through the reference backend: %.3e", eo);
+    CHECK(memcmp(o3, o1, (size_t)BT * C * 4) != 0); /* it did run other arithmetic */
     int bad = memcmp(o1, o2, (size_t)BT * C * 4) != 0;
     const float *s1[] = { a1.ln1, a1.rstd1, a1.q, a1.k, a1.v, a1.atty, a1.lse, a1.mid, a1.ln2, a1.rstd2, a1.gate,
                           a1.up, a1.u[FT_LIN_Q], a1.u[FT_LIN_DOWN] };
@@ -408,8 +437,8 @@ static void test_block_recompute(void) {
     for (int i = 0; i < 14; i++) bad += memcmp(s1[i], s2[i], sz[i] * 4) != 0;
     CHECKF(bad == 0, "%d saved arrays differ between the two forwards", bad);
     /* backward from each: the same adapter gradients, the same d(x) */
-    float *grads[2][3];
-    for (int rep = 0; rep < 2; rep++) {
+    float *grads[3][3];
+    for (int rep = 0; rep < 3; rep++) {
         ft_block_scratch sc = { .dln = malloc((size_t)BT * C * 4), .dq = malloc((size_t)BT * qd * 4),
                                 .datty = malloc((size_t)BT * qd * 4), .dk = malloc((size_t)BT * kvd * 4),
                                 .dv = malloc((size_t)BT * kvd * 4), .h = malloc((size_t)BT * F * 4),
@@ -425,7 +454,8 @@ static void test_block_recompute(void) {
             memset(ad[j][3], 0, (size_t)lin->out * R * 4);
         }
         ft_block_grads g = { 0 };
-        ft_block_backward(&e, &ly, 0, &g, dres, x, rep ? &a2 : &a1, rep ? &io2 : &io1, &sc);
+        if (rep < 2) ft_block_backward(&e, &ly, 0, &g, dres, x, rep ? &a2 : &a1, rep ? &io2 : &io1, &sc);
+        else ft_block_backward(&e_ref, &ly, 0, &g, dres, x, &a3, &io3, &sc);
         grads[rep][0] = dres;
         grads[rep][1] = malloc((size_t)R * C * 4);
         memcpy(grads[rep][1], ad[0][2], (size_t)R * C * 4);
@@ -440,12 +470,17 @@ static void test_block_recompute(void) {
     float gm = 0;
     for (int i = 0; i < R * C; i++) gm = fmaxf(gm, fabsf(grads[0][1][i]));
     CHECK(gm > 0);
-    for (int rep = 0; rep < 2; rep++)
+    double ed = norm_err(grads[2][0], grads[0][0], (size_t)BT * C);
+    double ea = norm_err(grads[2][1], grads[0][1], (size_t)R * C);
+    double eb = norm_err(grads[2][2], grads[0][2], (size_t)C * R);
+    printf("  block backward, reference vs cpu backend: dx %.2e, dA(q) %.2e, dB(down) %.2e\n", ed, ea, eb);
+    CHECKF(ed <= 1e-5 && ea <= 1e-5 && eb <= 1e-5, "block gradients through the reference backend");
+    for (int rep = 0; rep < 3; rep++)
         for (int i = 0; i < 3; i++) free(grads[rep][i]);
     for (int j = 0; j < 2; j++)
         for (int i = 0; i < 4; i++) free(ad[j][i]);
     for (int i = 0; i < al.n; i++) free(al.p[i]);
-    free(ls); free(as); free(o1); free(o2);
+    free(ls); free(as); free(o1); free(o2); free(o3);
     ftune_model_free(m);
 }
 
