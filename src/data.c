@@ -3,6 +3,7 @@
  * epoch order, dynamic padding, packing with per-example positions and
  * document ids). Chat templates live in chat_template.c. */
 #include "data.h"
+#include "mem.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -179,8 +180,8 @@ void ft_dataset_opts_default(ft_dataset_opts *o) {
 void ft_dataset_free(ft_dataset *ds) {
     if (!ds) return;
     free(ds->path);
-    free(ds->tokens);
-    free(ds->mask);
+    ft_mem_free(FT_MEM_DATA, ds->tokens, (size_t)ds->cap_tok * sizeof *ds->tokens);
+    ft_mem_free(FT_MEM_DATA, ds->mask, (size_t)ds->cap_tok);
     free(ds->off);
     free(ds->line);
     free(ds);
@@ -218,11 +219,18 @@ static ftune_status dataset_append(ft_dataset *ds, const int32_t *ids, const uin
     if (used + n > ds->cap_tok) {
         int64_t cap = ds->cap_tok ? ds->cap_tok : 4096;
         while (cap < used + n) cap *= 2;
-        int32_t *pt = realloc(ds->tokens, (size_t)cap * sizeof *pt);
-        if (!pt) return nomem();
+        /* both or neither: the counted sizes follow cap_tok */
+        int32_t *pt = ft_mem_alloc(FT_MEM_DATA, (size_t)cap * sizeof *pt);
+        uint8_t *pm = ft_mem_alloc(FT_MEM_DATA, (size_t)cap);
+        if (!pt || !pm) {
+            ft_mem_free(FT_MEM_DATA, pt, (size_t)cap * sizeof *pt);
+            ft_mem_free(FT_MEM_DATA, pm, (size_t)cap);
+            return nomem();
+        }
+        if (used) { memcpy(pt, ds->tokens, (size_t)used * sizeof *pt); memcpy(pm, ds->mask, (size_t)used); }
+        ft_mem_free(FT_MEM_DATA, ds->tokens, (size_t)ds->cap_tok * sizeof *ds->tokens);
+        ft_mem_free(FT_MEM_DATA, ds->mask, (size_t)ds->cap_tok);
         ds->tokens = pt;
-        uint8_t *pm = realloc(ds->mask, (size_t)cap);
-        if (!pm) return nomem();
         ds->mask = pm;
         ds->cap_tok = cap;
     }
