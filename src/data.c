@@ -695,22 +695,23 @@ ftune_status ft_batch_init(ft_batch *b, int B_max, int T_max) {
     memset(b, 0, sizeof *b);
     if (B_max < 1 || T_max < 2) return ft_err(FTUNE_ERR_ARG, "batch of %d x %d: need B >= 1 and T >= 2", B_max, T_max);
     size_t n = (size_t)B_max * (size_t)T_max;
-    b->tokens = malloc(n * sizeof *b->tokens);
-    b->targets = malloc(n * sizeof *b->targets);
-    b->pos = malloc(n * sizeof *b->pos);
-    b->doc = malloc(n * sizeof *b->doc);
-    if (!b->tokens || !b->targets || !b->pos || !b->doc) { ft_batch_free(b); return nomem(); }
-    b->B_max = B_max;
+    b->B_max = B_max; /* before allocating: ft_batch_free sizes the arrays by it */
     b->T_max = T_max;
+    b->tokens = ft_mem_alloc(FT_MEM_DATA, n * sizeof *b->tokens);
+    b->targets = ft_mem_alloc(FT_MEM_DATA, n * sizeof *b->targets);
+    b->pos = ft_mem_alloc(FT_MEM_DATA, n * sizeof *b->pos);
+    b->doc = ft_mem_alloc(FT_MEM_DATA, n * sizeof *b->doc);
+    if (!b->tokens || !b->targets || !b->pos || !b->doc) { ft_batch_free(b); return nomem(); }
     return FTUNE_OK;
 }
 
 void ft_batch_free(ft_batch *b) {
     if (!b) return;
-    free(b->tokens);
-    free(b->targets);
-    free(b->pos);
-    free(b->doc);
+    size_t n = (size_t)b->B_max * (size_t)b->T_max;
+    ft_mem_free(FT_MEM_DATA, b->tokens, n * sizeof *b->tokens);
+    ft_mem_free(FT_MEM_DATA, b->targets, n * sizeof *b->targets);
+    ft_mem_free(FT_MEM_DATA, b->pos, n * sizeof *b->pos);
+    ft_mem_free(FT_MEM_DATA, b->doc, n * sizeof *b->doc);
     memset(b, 0, sizeof *b);
 }
 
