@@ -458,12 +458,14 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
     tr->scr_arena = ft_mem_alloc(FT_MEM_SCRATCH, pl->scratch_bytes);
     if (!tr->layers || !tr->loras || !tr->lg || !tr->la || !tr->inv_freq || !tr->idx || !tr->pos0 || !tr->params ||
         !tr->values || !tr->grads || !tr->act_arena || !tr->scr_arena) {
+        /* the message before the free: pl points into tr */
+        ftune_status err = ft_err(FTUNE_ERR_NOMEM,
+                                  "out of memory for a trainer: %.1f MiB trainable (x2 with grads), %.1f MiB "
+                                  "activations, %.1f MiB scratch",
+                                  pl->trainable_bytes / 1048576.0, pl->activation_bytes / 1048576.0,
+                                  pl->scratch_bytes / 1048576.0);
         ft_trainer_free(tr);
-        return ft_err(FTUNE_ERR_NOMEM,
-                      "out of memory for a trainer: %.1f MiB trainable (x2 with grads), %.1f MiB activations, "
-                      "%.1f MiB scratch",
-                      pl->trainable_bytes / 1048576.0, pl->activation_bytes / 1048576.0,
-                      pl->scratch_bytes / 1048576.0);
+        return err;
     }
     memcpy(tr->layers, m->layers, (size_t)c->L * sizeof *tr->layers);
     param_specs(c, o, tr->params, &total);
