@@ -361,6 +361,26 @@ static void test_dataset(void) {
     printf("  dataset: %ld counted allocations\n", n);
 }
 
+static float opt_w[3][40], opt_g[3][40];
+static ftune_status build_adamw(void *ctx, void **obj) {
+    (void)ctx;
+    ft_param ps[3] = { 0 };
+    for (int i = 0; i < 3; i++) {
+        snprintf(ps[i].name, sizeof ps[i].name, "p%d", i);
+        ps[i].data = opt_w[i]; ps[i].grad = opt_g[i]; ps[i].numel = 40; ps[i].ndim = 1; ps[i].shape[0] = 40;
+    }
+    ft_adamw_cfg c;
+    ft_adamw_defaults(&c);
+    ft_adamw *o = calloc(1, sizeof *o);
+    if (!o) return FTUNE_ERR_NOMEM;
+    ftune_status st = ft_adamw_init(o, ps, 3, &c);
+    if (st) { free(o); return st; }
+    CHECK(ft_mem_current(FT_MEM_OPTIM) == 2 * 3 * 40 * sizeof(float));
+    *obj = o;
+    return FTUNE_OK;
+}
+static void destroy_adamw(void *obj) { ft_adamw_free(obj); free(obj); }
+
 static void test_fault_injection(void) {
     long n = fault_sweep("model load", build_model, destroy_model, small_dir);
     printf("  model load: %ld counted allocations, each made to fail in turn\n", n);
@@ -372,6 +392,8 @@ static void test_fault_injection(void) {
     printf("  trainer with a KV prefix: %ld\n", n);
     n = fault_sweep("session", build_session, destroy_session, m);
     printf("  session: %ld\n", n);
+    n = fault_sweep("optimizer", build_adamw, destroy_adamw, NULL);
+    printf("  optimizer: %ld\n", n);
     memset(held_before, 0, sizeof held_before);
     ftune_model_free(m);
     CHECK(counters_zero());
@@ -405,7 +427,7 @@ int main(void) {
         RUN(test_table_inference);
         printf("  three configurations in %.1f s\n", ft_time_s() - t0);
     } else {
-        printf("  (AddressSanitizer build: the RSS tables are not compared)\n");
+        printf("  (ASan build: the RSS tables are not compared)\n");
     }
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
