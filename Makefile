@@ -63,14 +63,14 @@ debug:
 	$(MAKE) BUILD=build-debug OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	    EXTRA_LDFLAGS="-fsanitize=address,undefined" all
 
-FUZZ_SRC := src/safetensors.c src/gguf.c src/core.c src/dtype.c src/data.c src/chat_template.c src/train_state.c
+FUZZ_SRC := src/safetensors.c src/gguf.c src/core.c src/mem.c src/dtype.c src/data.c src/chat_template.c src/train_state.c
 fuzz: build-fuzz/fuzz_safetensors build-fuzz/fuzz_gguf build-fuzz/fuzz_data build-fuzz/fuzz_trainer_state
 build-fuzz/fuzz_%: fuzz/fuzz_%.c $(FUZZ_SRC) $(wildcard src/*.h)
 	@mkdir -p build-fuzz
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -o $@ $< $(FUZZ_SRC) -lcjson -lm
 # the tokenizer.json and config.json parsers (model and tokenizer loading)
-FUZZ_TOK_SRC := src/tokenizer.c src/tokenizer_load.c src/gguf.c src/safetensors.c src/core.c src/dtype.c
-FUZZ_CFG_SRC := src/model_config.c src/core.c
+FUZZ_TOK_SRC := src/tokenizer.c src/tokenizer_load.c src/gguf.c src/safetensors.c src/core.c src/mem.c src/dtype.c
+FUZZ_CFG_SRC := src/model_config.c src/core.c src/mem.c
 fuzz: build-fuzz/fuzz_tokenizer_json build-fuzz/fuzz_config
 build-fuzz/fuzz_tokenizer_json: fuzz/fuzz_tokenizer_json.c $(FUZZ_TOK_SRC) $(wildcard src/*.h)
 	@mkdir -p build-fuzz

@@ -1,5 +1,6 @@
 /* core.c — error messages, file mappings, atomic writes, small utilities. */
 #include "core.h"
+#include "mem.h"
 
 #include <cjson/cJSON.h>
 
@@ -72,6 +73,7 @@ ftune_status ft_mmap_open(ft_mmap *m, const char *path) {
             return ft_err(FTUNE_ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
         }
         m->data = p;
+        ft_mem_map_add(p, m->size);
     }
     close(fd);
     m->path = ft_strdup(path);
@@ -80,7 +82,10 @@ ftune_status ft_mmap_open(ft_mmap *m, const char *path) {
 }
 
 void ft_mmap_close(ft_mmap *m) {
-    if (m->data && m->size) munmap((void *)m->data, m->size);
+    if (m->data && m->size) {
+        ft_mem_map_remove(m->data, m->size);
+        munmap((void *)m->data, m->size);
+    }
     free(m->path);
     memset(m, 0, sizeof *m);
 }

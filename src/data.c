@@ -3,6 +3,7 @@
  * epoch order, dynamic padding, packing with per-example positions and
  * document ids). Chat templates live in chat_template.c. */
 #include "data.h"
+#include "mem.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -252,8 +253,8 @@ void ft_dataset_opts_default(ft_dataset_opts *o) {
 void ft_dataset_free(ft_dataset *ds) {
     if (!ds) return;
     free(ds->path);
-    free(ds->tokens);
-    free(ds->mask);
+    ft_mem_free(FT_MEM_DATA, ds->tokens, (size_t)ds->cap_tok * sizeof *ds->tokens);
+    ft_mem_free(FT_MEM_DATA, ds->mask, (size_t)ds->cap_tok);
     free(ds->off);
     free(ds->line);
     free(ds);
@@ -291,11 +292,18 @@ static ftune_status dataset_append(ft_dataset *ds, const int32_t *ids, const uin
     if (used + n > ds->cap_tok) {
         int64_t cap = ds->cap_tok ? ds->cap_tok : 4096;
         while (cap < used + n) cap *= 2;
-        int32_t *pt = realloc(ds->tokens, (size_t)cap * sizeof *pt);
-        if (!pt) return nomem();
+        /* both or neither: the counted sizes follow cap_tok */
+        int32_t *pt = ft_mem_alloc(FT_MEM_DATA, (size_t)cap * sizeof *pt);
+        uint8_t *pm = ft_mem_alloc(FT_MEM_DATA, (size_t)cap);
+        if (!pt || !pm) {
+            ft_mem_free(FT_MEM_DATA, pt, (size_t)cap * sizeof *pt);
+            ft_mem_free(FT_MEM_DATA, pm, (size_t)cap);
+            return nomem();
+        }
+        if (used) { memcpy(pt, ds->tokens, (size_t)used * sizeof *pt); memcpy(pm, ds->mask, (size_t)used); }
+        ft_mem_free(FT_MEM_DATA, ds->tokens, (size_t)ds->cap_tok * sizeof *ds->tokens);
+        ft_mem_free(FT_MEM_DATA, ds->mask, (size_t)ds->cap_tok);
         ds->tokens = pt;
-        uint8_t *pm = realloc(ds->mask, (size_t)cap);
-        if (!pm) return nomem();
         ds->mask = pm;
         ds->cap_tok = cap;
     }
@@ -824,22 +832,23 @@ ftune_status ft_batch_init(ft_batch *b, int B_max, int T_max) {
     memset(b, 0, sizeof *b);
     if (B_max < 1 || T_max < 2) return ft_err(FTUNE_ERR_ARG, "batch of %d x %d: need B >= 1 and T >= 2", B_max, T_max);
     size_t n = (size_t)B_max * (size_t)T_max;
-    b->tokens = malloc(n * sizeof *b->tokens);
-    b->targets = malloc(n * sizeof *b->targets);
-    b->pos = malloc(n * sizeof *b->pos);
-    b->doc = malloc(n * sizeof *b->doc);
-    if (!b->tokens || !b->targets || !b->pos || !b->doc) { ft_batch_free(b); return nomem(); }
-    b->B_max = B_max;
+    b->B_max = B_max; /* before allocating: ft_batch_free sizes the arrays by it */
     b->T_max = T_max;
+    b->tokens = ft_mem_alloc(FT_MEM_DATA, n * sizeof *b->tokens);
+    b->targets = ft_mem_alloc(FT_MEM_DATA, n * sizeof *b->targets);
+    b->pos = ft_mem_alloc(FT_MEM_DATA, n * sizeof *b->pos);
+    b->doc = ft_mem_alloc(FT_MEM_DATA, n * sizeof *b->doc);
+    if (!b->tokens || !b->targets || !b->pos || !b->doc) { ft_batch_free(b); return nomem(); }
     return FTUNE_OK;
 }
 
 void ft_batch_free(ft_batch *b) {
     if (!b) return;
-    free(b->tokens);
-    free(b->targets);
-    free(b->pos);
-    free(b->doc);
+    size_t n = (size_t)b->B_max * (size_t)b->T_max;
+    ft_mem_free(FT_MEM_DATA, b->tokens, n * sizeof *b->tokens);
+    ft_mem_free(FT_MEM_DATA, b->targets, n * sizeof *b->targets);
+    ft_mem_free(FT_MEM_DATA, b->pos, n * sizeof *b->pos);
+    ft_mem_free(FT_MEM_DATA, b->doc, n * sizeof *b->doc);
     memset(b, 0, sizeof *b);
 }
 

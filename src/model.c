@@ -8,16 +8,37 @@
 #include <stdlib.h>
 #include <string.h>
 
+static bool owned_room(ftune_model *m) {
+    if (m->n_owned < m->cap_owned) return true;
+    int cap = m->cap_owned ? m->cap_owned * 2 : 64;
+    ft_owned *n = ft_mem_realloc(FT_MEM_OTHER, m->owned, (size_t)m->cap_owned * sizeof *n, (size_t)cap * sizeof *n);
+    if (!n) return false;
+    m->owned = n;
+    m->cap_owned = cap;
+    return true;
+}
+
 ftune_status ft_model_own(ftune_model *m, void *p) {
-    if (m->n_owned == m->cap_owned) {
-        int cap = m->cap_owned ? m->cap_owned * 2 : 64;
-        void **n = realloc(m->owned, (size_t)cap * sizeof *n);
-        if (!n) { free(p); return ft_err(FTUNE_ERR_NOMEM, "out of memory"); }
-        m->owned = n;
-        m->cap_owned = cap;
-    }
-    m->owned[m->n_owned++] = p;
+    if (!owned_room(m)) { free(p); return ft_err(FTUNE_ERR_NOMEM, "out of memory"); }
+    m->owned[m->n_owned++] = (ft_owned){ p, 0, false };
     return FTUNE_OK;
+}
+
+void *ft_model_alloc(ftune_model *m, size_t n) {
+    void *p = owned_room(m) ? ft_mem_alloc(FT_MEM_WEIGHTS, n) : NULL;
+    if (!p) { ft_err(FTUNE_ERR_NOMEM, "out of memory for %zu bytes of weights", n); return NULL; }
+    m->owned[m->n_owned++] = (ft_owned){ p, n, true };
+    m->owned_bytes += n;
+    return p;
+}
+
+void ft_model_mem_plan(const ftune_model *m, ft_mem_table *t) {
+    /* weight_bytes counts every bound tensor as stored, the vectors that
+     * were copied included: the mapping holds them too */
+    t->planned[FT_MEM_ROW_MAPPED] = m->weight_bytes > 0 ? (size_t)m->weight_bytes : 0;
+    t->planned[FT_MEM_WEIGHTS] += m->owned_bytes;
+    t->planned[FT_MEM_OTHER] += (size_t)m->cap_owned * sizeof *m->owned;
+    t->has_plan[FT_MEM_ROW_MAPPED] = t->has_plan[FT_MEM_WEIGHTS] = t->has_plan[FT_MEM_OTHER] = true;
 }
 
 static ftune_status check_shape(const ft_tensor *src, int ndim, int64_t d0, int64_t d1) {
@@ -44,10 +65,9 @@ ftune_status ft_model_bind_vec(ftune_model *m, float **dst, const ft_tensor *src
     if (!ft_types[src->dtype].is_float || ft_types[src->dtype].block != 1)
         return ft_err(FTUNE_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s not supported for a vector", src->name,
                       ft_types[src->dtype].name);
-    float *v = malloc((size_t)n * sizeof(float));
+    float *v = ft_model_alloc(m, (size_t)n * sizeof(float));
     if (!v) return ft_err(FTUNE_ERR_NOMEM, "out of memory for tensor \"%s\"", src->name);
     ft_types[src->dtype].to_f32(src->data, v, n);
-    if ((st = ft_model_own(m, v))) return st;
     count(m, src);
     *dst = v;
     return FTUNE_OK;
@@ -145,8 +165,11 @@ void ftune_model_free(ftune_model *m) {
     if (!m) return;
     if (m->adapter && m->free_adapter) m->free_adapter(m->adapter);
     ft_tokenizer_free(m->tok);
-    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
-    free(m->owned);
+    for (int i = 0; i < m->n_owned; i++) {
+        if (m->owned[i].counted) ft_mem_free(FT_MEM_WEIGHTS, m->owned[i].p, m->owned[i].n);
+        else free(m->owned[i].p);
+    }
+    ft_mem_free(FT_MEM_OTHER, m->owned, (size_t)m->cap_owned * sizeof *m->owned);
     for (int i = 0; i < m->n_shards; i++) st_close(&m->shards[i]);
     free(m->shards);
     if (m->gguf) { gguf_close(m->gguf); free(m->gguf); }

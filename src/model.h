@@ -4,6 +4,7 @@
 #define FT_MODEL_H
 
 #include "core.h"
+#include "mem.h"
 #include "linear.h"
 #include "ops.h"
 #include "gguf.h"
@@ -31,6 +32,14 @@ typedef struct {
     ft_linear w_down;         /* (C, F) */
 } ft_layer;
 
+/* A buffer the model frees: counted (from ft_model_alloc, FT_MEM_WEIGHTS,
+ * n bytes) or a plain malloc'd one handed over by ft_model_own. */
+typedef struct {
+    void *p;
+    size_t n;
+    bool counted;
+} ft_owned;
+
 struct ftune_model {
     ft_config cfg;
     char format[16];          /* hf, gguf, llama2c */
@@ -46,8 +55,9 @@ struct ftune_model {
     gguf_file *gguf;          /* GGUF: kept open, weights point into it */
     ft_mmap bin;              /* llama2.c: the mapped checkpoint */
     float *rope_freq_factors; /* (HS/2) GGUF rope_freqs.weight divisors, or NULL */
-    void **owned;             /* buffers the model allocated (converted weights) */
+    ft_owned *owned;          /* (n_owned) buffers the model allocated (converted weights) */
     int n_owned, cap_owned;
+    size_t owned_bytes;       /* of the counted ones (FT_MEM_WEIGHTS) */
     int64_t weight_bytes;
     int64_t n_params;
     unsigned dtype_mask;      /* bit per ft_dtype present */
@@ -66,8 +76,16 @@ ftune_status ft_load_hf(ftune_model *m, const char *dir);
 ftune_status ft_load_gguf(ftune_model *m, const char *path);
 ftune_status ft_load_llama2c(ftune_model *m, const char *path, const char *tokenizer_path);
 
-/* Takes ownership of a malloc'd buffer, freed with the model. */
+/* Takes ownership of a malloc'd buffer, freed with the model (not counted
+ * in the memory table: prefer ft_model_alloc). On failure p is freed. */
 ftune_status ft_model_own(ftune_model *m, void *p);
+/* n bytes counted as FT_MEM_WEIGHTS, freed with the model; NULL (with the
+ * error set) when out of memory. */
+void *ft_model_alloc(ftune_model *m, size_t n);
+/* Bytes of weights the model reads from its file mappings (as stored), and
+ * bytes of the copies it owns (and of its list of them): sets the mapped
+ * row of t, adds to the owned-weights and other rows. */
+void ft_model_mem_plan(const ftune_model *m, ft_mem_table *t);
 /* Binds a tensor found in a file to a weight slot, checking shape and dtype:
  * 1-D weights (norms, biases) are converted to owned f32 copies. */
 ftune_status ft_model_bind_vec(ftune_model *m, float **dst, const ft_tensor *src, int64_t n);

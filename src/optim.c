@@ -45,7 +45,8 @@ ftune_status ft_adamw_init(ft_adamw *o, const ft_param *params, int n, const ft_
     o->params = ft_malloc((size_t)(n ? n : 1) * sizeof *o->params);
     o->m = ft_calloc((size_t)(n ? n : 1), sizeof *o->m);
     o->v = ft_calloc((size_t)(n ? n : 1), sizeof *o->v);
-    o->state = ft_aligned_alloc((total ? 2 * total : 1) * sizeof(float));
+    o->state_bytes = 2 * total * sizeof(float);
+    o->state = ft_mem_alloc(FT_MEM_OPTIM, o->state_bytes);
     if (!o->params || !o->m || !o->v || !o->state) {
         ft_adamw_free(o);
         return ft_err(FTUNE_ERR_NOMEM, "adamw: out of memory for the state of %zu parameters (%.1f MiB)", total,
@@ -66,7 +67,7 @@ void ft_adamw_free(ft_adamw *o) {
     free(o->params);
     free(o->m);
     free(o->v);
-    free(o->state);
+    ft_mem_free(FT_MEM_OPTIM, o->state, o->state_bytes);
     memset(o, 0, sizeof *o);
 }
 

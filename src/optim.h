@@ -6,6 +6,7 @@
 #define FT_OPTIM_H
 
 #include "core.h"
+#include "mem.h"
 
 /* One trainable tensor. data and grad are caller-owned and must outlive the
  * optimizer; name and shape identify its state in a checkpoint. */
@@ -36,6 +37,7 @@ typedef struct {
     ft_param *params;           /* (n) copies of the caller's descriptors */
     float **m, **v;             /* (n) first/second moments, each (numel) */
     float *state;               /* one allocation holding every m and v */
+    size_t state_bytes;         /* its size, counted as FT_MEM_OPTIM */
     int64_t step;               /* updates done so far */
 } ft_adamw;
 

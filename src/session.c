@@ -28,37 +28,77 @@ struct ftune_session {
     float *att_scratch;       /* attention_fast_scratch_floats(n_ctx, HS, n_threads, false) */
     int *qpos;                /* (CHUNK) */
     float *lm_scratch;        /* ft_lm_loss_scratch_floats(CHUNK rows, V, false), made on first eval */
+    size_t sz[12];            /* bytes of each buffer above, in the order of session_sizes */
+    size_t lm_bytes;          /* of lm_scratch, 0 until the first eval */
 };
 
+/* The session's buffers in one size table, used both for the plan and for
+ * the allocation: k_cache, v_cache (KV), inv_freq, qpos (other), the rest
+ * scratch. */
+enum { S_K, S_V, S_INV_FREQ, S_QPOS, S_X, S_XB, S_XB2, S_Q, S_HB, S_HB2, S_SCRATCH, S_ATT, S_N };
+_Static_assert(S_N == 12, "sz[] holds every buffer");
+static ft_mem_class session_class(int i) {
+    return i <= S_V ? FT_MEM_KV : i <= S_QPOS ? FT_MEM_OTHER : FT_MEM_SCRATCH;
+}
+
 static size_t max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+
+static void session_sizes(const ft_config *c, int n_ctx, int nt, size_t sz[S_N]) {
+    size_t kv = (size_t)c->L * n_ctx * c->NKV * c->HS, qd = (size_t)c->NH * c->HS;
+    size_t wide = max3((size_t)c->C, qd, 1);
+    size_t max_in = max3((size_t)c->C, (size_t)c->F, qd);
+    sz[S_K] = sz[S_V] = kv * sizeof(float);
+    sz[S_INV_FREQ] = (size_t)c->HS / 2 * sizeof(float);
+    sz[S_QPOS] = CHUNK * sizeof(int);
+    sz[S_X] = (size_t)CHUNK * c->C * sizeof(float);
+    sz[S_XB] = sz[S_XB2] = (size_t)CHUNK * wide * sizeof(float);
+    sz[S_Q] = (size_t)CHUNK * qd * sizeof(float);
+    sz[S_HB] = sz[S_HB2] = (size_t)CHUNK * c->F * sizeof(float);
+    sz[S_SCRATCH] = linear_scratch_floats((int)max_in, nt) * sizeof(float);
+    sz[S_ATT] = attention_fast_scratch_floats(n_ctx, c->HS, nt, false) * sizeof(float);
+}
+
+void ft_session_plan(const ft_config *c, int n_ctx, int n_threads, ft_mem_table *t) {
+    size_t sz[S_N];
+    if (n_ctx <= 0) n_ctx = c->max_T;
+    session_sizes(c, n_ctx, ft_num_threads(n_threads), sz);
+    t->planned[FT_MEM_OTHER] += sizeof(struct ftune_session);
+    for (int i = 0; i < S_N; i++) {
+        t->planned[session_class(i)] += sz[i];
+        t->has_plan[session_class(i)] = true;
+    }
+}
+
+void ft_session_mem_table(const ftune_session *s, ft_mem_table *t) {
+    ft_model_mem_plan(s->m, t);
+    t->planned[FT_MEM_OTHER] += sizeof *s;
+    for (int i = 0; i < S_N; i++) {
+        t->planned[session_class(i)] += s->sz[i];
+        t->has_plan[session_class(i)] = true;
+    }
+    t->planned[FT_MEM_SCRATCH] += s->lm_bytes;
+    ft_mem_table_measure(t);
+}
 
 ftune_status ftune_session_new(ftune_session **out, const ftune_model *m, int n_ctx, int n_threads) {
     *out = NULL;
     const ft_config *c = &m->cfg;
     if (n_ctx <= 0) n_ctx = c->max_T;
     if (n_ctx <= 0) return ft_err(FTUNE_ERR_ARG, "context length must be positive");
-    ftune_session *s = calloc(1, sizeof *s);
+    ftune_session *s = ft_mem_calloc(FT_MEM_OTHER, sizeof *s);
     if (!s) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     s->m = m;
     s->n_ctx = n_ctx;
     s->n_threads = ft_num_threads(n_threads);
     s->be = ft_backend_cpu(s->n_threads);
-    size_t kv = (size_t)c->L * n_ctx * c->NKV * c->HS, qd = (size_t)c->NH * c->HS;
-    size_t wide = max3((size_t)c->C, qd, 1);
-    size_t max_in = max3((size_t)c->C, (size_t)c->F, qd);
-    s->k_cache = ft_aligned_alloc(kv * sizeof(float));
-    s->v_cache = ft_aligned_alloc(kv * sizeof(float));
-    s->inv_freq = malloc((size_t)c->HS / 2 * sizeof(float));
-    s->x = ft_aligned_alloc((size_t)CHUNK * c->C * sizeof(float));
-    s->xb = ft_aligned_alloc((size_t)CHUNK * wide * sizeof(float));
-    s->xb2 = ft_aligned_alloc((size_t)CHUNK * wide * sizeof(float));
-    s->q = ft_aligned_alloc((size_t)CHUNK * qd * sizeof(float));
-    s->hb = ft_aligned_alloc((size_t)CHUNK * c->F * sizeof(float));
-    s->hb2 = ft_aligned_alloc((size_t)CHUNK * c->F * sizeof(float));
-    s->scratch = ft_aligned_alloc(linear_scratch_floats((int)max_in, s->n_threads) * sizeof(float));
-    s->att_scratch =
-        ft_aligned_alloc(attention_fast_scratch_floats(n_ctx, c->HS, s->n_threads, false) * sizeof(float));
-    s->qpos = malloc(CHUNK * sizeof(int));
+    size_t kv = (size_t)c->L * n_ctx * c->NKV * c->HS;
+    session_sizes(c, n_ctx, s->n_threads, s->sz);
+    void **slot[S_N] = { [S_K] = (void **)&s->k_cache, [S_V] = (void **)&s->v_cache,
+                         [S_INV_FREQ] = (void **)&s->inv_freq, [S_QPOS] = (void **)&s->qpos,
+                         [S_X] = (void **)&s->x, [S_XB] = (void **)&s->xb, [S_XB2] = (void **)&s->xb2,
+                         [S_Q] = (void **)&s->q, [S_HB] = (void **)&s->hb, [S_HB2] = (void **)&s->hb2,
+                         [S_SCRATCH] = (void **)&s->scratch, [S_ATT] = (void **)&s->att_scratch };
+    for (int i = 0; i < S_N; i++) *slot[i] = s->be.alloc(&s->be, session_class(i), s->sz[i]);
     if (!s->k_cache || !s->v_cache || !s->inv_freq || !s->x || !s->xb || !s->xb2 || !s->q || !s->hb || !s->hb2 ||
         !s->scratch || !s->att_scratch || !s->qpos) {
         ftune_session_free(s);
@@ -72,10 +112,12 @@ ftune_status ftune_session_new(ftune_session **out, const ftune_model *m, int n_
 
 void ftune_session_free(ftune_session *s) {
     if (!s) return;
-    free(s->k_cache); free(s->v_cache); free(s->inv_freq); free(s->x); free(s->xb); free(s->xb2);
-    free(s->q); free(s->hb); free(s->hb2); free(s->scratch); free(s->att_scratch); free(s->qpos);
-    free(s->lm_scratch);
-    free(s);
+    void *p[S_N] = { [S_K] = s->k_cache, [S_V] = s->v_cache, [S_INV_FREQ] = s->inv_freq, [S_QPOS] = s->qpos,
+                     [S_X] = s->x, [S_XB] = s->xb, [S_XB2] = s->xb2, [S_Q] = s->q, [S_HB] = s->hb,
+                     [S_HB2] = s->hb2, [S_SCRATCH] = s->scratch, [S_ATT] = s->att_scratch };
+    for (int i = 0; i < S_N; i++) s->be.free(&s->be, session_class(i), p[i], s->sz[i]);
+    ft_mem_free(FT_MEM_SCRATCH, s->lm_scratch, s->lm_bytes);
+    ft_mem_free(FT_MEM_OTHER, s, sizeof *s);
 }
 
 int ftune_session_pos(const ftune_session *s) { return s->pos; }
@@ -178,7 +220,9 @@ ftune_status ftune_eval_tokens(ftune_session *s, const int32_t *tokens, size_t n
     if (st) return st;
     int CH = ft_lm_loss_chunk_rows(V, CHUNK);
     if (!s->lm_scratch) {
-        s->lm_scratch = ft_aligned_alloc(ft_lm_loss_scratch_floats(CH, V, false) * sizeof(float));
+        size_t nb = ft_lm_loss_scratch_floats(CH, V, false) * sizeof(float);
+        s->lm_scratch = ft_mem_alloc(FT_MEM_SCRATCH, nb);
+        if (s->lm_scratch) s->lm_bytes = nb;
         if (!s->lm_scratch) return ft_err(FTUNE_ERR_NOMEM, "out of memory for %d rows of %d logits", CH, V);
     }
     ft_lm_loss_env le = { .head = &s->m->lm_head, .loss = &ft_loss_crossentropy, .chunk_rows = CH,

@@ -70,10 +70,15 @@ typedef struct {
     int target;           /* LoRA/Linear module index into ft_target_names, or -1 */
 } ft_train_param;
 
-/* Memory a trainer needs, in bytes, by lifetime class. */
+/* Memory a trainer needs, in bytes, by lifetime class: exactly what
+ * ft_trainer_new allocates (optim_bytes: what ft_adamw_init allocates for
+ * these trainables, AdamW's m and v). Weights and a KV prefix are not in
+ * it: ft_trainer_mem_table adds them. */
 typedef struct {
     int64_t n_trainable;  /* floats */
     size_t trainable_bytes, grad_bytes, activation_bytes, scratch_bytes;
+    size_t optim_bytes;
+    size_t other_bytes;   /* the trainer's bookkeeping (layer views, parameter list) */
 } ft_train_plan;
 
 typedef struct ft_trainer ft_trainer;
@@ -88,6 +93,12 @@ ftune_status ft_trainer_plan(const ft_config *cfg, const ft_train_opts *o, ft_tr
  * from opts->seed, B zero); full mode copies every weight to f32. */
 ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_train_opts *o);
 void ft_trainer_free(ft_trainer *tr);
+/* The plan tr was allocated with. */
+const ft_train_plan *ft_trainer_get_plan(const ft_trainer *tr);
+/* The trainer's memory table: planned rows from its plan and its model
+ * (weights mapped and owned, KV prefix), measured rows from the counters
+ * of the whole process (ft_mem_table_measure). */
+void ft_trainer_mem_table(const ft_trainer *tr, ft_mem_table *t);
 
 /* Forward and backward of one micro-batch (B <= max_B rows of T <= max_T;
  * targets -1 ignored; pos NULL means 0..T-1 per row; doc NULL means one

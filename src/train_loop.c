@@ -1038,6 +1038,7 @@ ftune_status ft_train_run(const ft_train_run_opts *o, ft_train_progress_fn progr
     ftune_status st = train(r);
     r->res.steps_done = r->step;
     r->res.total_steps = r->total_steps;
+    if (r->tr) ft_trainer_mem_table(r->tr, &r->res.mem);
     if (res) *res = r->res;
     if (r->metrics) fclose(r->metrics);
     if (r->dump && fclose(r->dump) != 0 && !st) st = ft_err(FTUNE_ERR_IO, "%s: write failed", o->dump_batches);

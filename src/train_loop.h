@@ -124,6 +124,7 @@ typedef struct {
     bool has_val;
     double val_loss_first, val_loss_last; /* before training (or at resume) and at the end */
     char checkpoint[4096];     /* the last checkpoint written, or "" */
+    ft_mem_table mem;          /* planned and counted memory of the run (ft_trainer_mem_table) */
 } ft_train_result;
 
 /* Runs the training described by o. progress (may be NULL) is called from

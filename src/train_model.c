@@ -83,6 +83,8 @@ struct ft_trainer {
     float *kv_k, *kv_v, *dkv_k, *dkv_v; /* (max_B, P + max_T, NKV*HS) */
     float *p_att_scratch;
     int *pidx;                /* (max_T) P + t: each query's index among the keys */
+    size_t kv_bytes;          /* of kv_arena */
+    ft_train_plan plan;       /* the sizes every arena below was allocated with */
 };
 
 void ft_train_opts_default(ft_train_opts *o) {
@@ -280,20 +282,57 @@ static ftune_status check_opts(const ft_config *c, const ft_train_opts *o) {
     return FTUNE_OK;
 }
 
+/* The trainer's small bookkeeping arrays (FT_MEM_OTHER), each sized here
+ * once for both the plan and the allocation. */
+enum { O_LAYERS, O_LORAS, O_LG, O_LA, O_INV_FREQ, O_IDX, O_POS0, O_PARAMS, N_OTHER };
+static void other_sizes(const ft_config *c, const ft_train_opts *o, int n_params, size_t sz[N_OTHER]) {
+    sz[O_LAYERS] = (size_t)c->L * sizeof(ft_layer);
+    sz[O_LORAS] = (size_t)c->L * FT_N_TARGETS * sizeof(ft_lora);
+    sz[O_LG] = (size_t)c->L * sizeof(layer_grads);
+    sz[O_LA] = (size_t)c->L * sizeof(layer_acts);
+    sz[O_INV_FREQ] = (size_t)c->HS / 2 * sizeof(float);
+    sz[O_IDX] = (size_t)o->max_T * sizeof(int);
+    sz[O_POS0] = (size_t)o->max_B * o->max_T * sizeof(int);
+    sz[O_PARAMS] = (size_t)n_params * sizeof(ft_train_param);
+}
+
+/* The one size table: ft_trainer_plan reports it, ft_trainer_new allocates
+ * exactly these bytes per class. */
+static void plan_fill(const ft_config *c, const ft_train_opts *o, int nt, ft_train_plan *plan) {
+    memset(plan, 0, sizeof *plan);
+    int64_t total;
+    int n_params = param_specs(c, o, NULL, &total);
+    plan->n_trainable = total;
+    plan->trainable_bytes = plan->grad_bytes = (size_t)total * sizeof(float);
+    plan->optim_bytes = 2 * (size_t)total * sizeof(float);
+    carver a = { 0 }, s = { 0 };
+    carve_acts(NULL, &a, c, o);
+    carve_scratch(NULL, &s, c, o, nt);
+    plan->activation_bytes = a.off * sizeof(float);
+    plan->scratch_bytes = s.off * sizeof(float);
+    size_t sz[N_OTHER];
+    other_sizes(c, o, n_params, sz);
+    plan->other_bytes = sizeof(ft_trainer);
+    for (int i = 0; i < N_OTHER; i++) plan->other_bytes += sz[i];
+}
+
 ftune_status ft_trainer_plan(const ft_config *c, const ft_train_opts *o, ft_train_plan *plan) {
     memset(plan, 0, sizeof *plan);
     ftune_status st = check_opts(c, o);
     if (st) return st;
-    int64_t total;
-    param_specs(c, o, NULL, &total);
-    plan->n_trainable = total;
-    plan->trainable_bytes = plan->grad_bytes = (size_t)total * sizeof(float);
-    carver a = { 0 }, s = { 0 };
-    carve_acts(NULL, &a, c, o);
-    carve_scratch(NULL, &s, c, o, ft_num_threads(o->n_threads));
-    plan->activation_bytes = a.off * sizeof(float);
-    plan->scratch_bytes = s.off * sizeof(float);
+    plan_fill(c, o, ft_num_threads(o->n_threads), plan);
     return FTUNE_OK;
+}
+
+void ft_train_plan_table(const ft_train_plan *p, ft_mem_table *t) {
+    t->planned[FT_MEM_TRAINABLE] += p->trainable_bytes;
+    t->planned[FT_MEM_GRADS] += p->grad_bytes;
+    t->planned[FT_MEM_OPTIM] += p->optim_bytes;
+    t->planned[FT_MEM_ACTS] += p->activation_bytes;
+    t->planned[FT_MEM_SCRATCH] += p->scratch_bytes;
+    t->planned[FT_MEM_OTHER] += p->other_bytes;
+    t->has_plan[FT_MEM_TRAINABLE] = t->has_plan[FT_MEM_GRADS] = t->has_plan[FT_MEM_OPTIM] = true;
+    t->has_plan[FT_MEM_ACTS] = t->has_plan[FT_MEM_SCRATCH] = t->has_plan[FT_MEM_OTHER] = true;
 }
 
 /* ------------------------------------------------------------ new / free */
@@ -390,7 +429,7 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
                 return ft_err(FTUNE_ERR_UNSUPPORTED,
                               "layer %d %s already carries an adapter: merge it into the model before training", l,
                               ft_target_names[k]);
-    ft_trainer *tr = calloc(1, sizeof *tr);
+    ft_trainer *tr = ft_mem_calloc(FT_MEM_OTHER, sizeof *tr);
     if (!tr) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     tr->m = m;
     tr->cfg = *c;
@@ -400,31 +439,36 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
     tr->tok_embd = m->tok_embd;
     tr->out_norm = m->out_norm;
     tr->lm_head = m->lm_head;
-    tr->layers = malloc((size_t)c->L * sizeof *tr->layers);
-    tr->loras = calloc((size_t)c->L * FT_N_TARGETS, sizeof *tr->loras);
-    tr->lg = calloc((size_t)c->L, sizeof *tr->lg);
-    tr->la = calloc((size_t)c->L, sizeof *tr->la);
-    tr->inv_freq = malloc((size_t)c->HS / 2 * sizeof(float));
-    tr->idx = malloc((size_t)o->max_T * sizeof(int));
-    tr->pos0 = malloc((size_t)o->max_B * o->max_T * sizeof(int));
     int64_t total;
     tr->n_params = param_specs(c, o, NULL, &total);
     tr->n_values = total;
-    tr->params = calloc((size_t)tr->n_params, sizeof *tr->params);
-    tr->values = ft_aligned_alloc((size_t)total * sizeof(float));
-    tr->grads = ft_aligned_alloc((size_t)total * sizeof(float));
-    carver a = { 0 }, s = { 0 };
-    carve_acts(NULL, &a, c, o);
-    carve_scratch(NULL, &s, c, o, tr->nt);
-    tr->act_arena = ft_aligned_alloc(a.off * sizeof(float));
-    tr->scr_arena = ft_aligned_alloc(s.off * sizeof(float));
+    plan_fill(c, o, tr->nt, &tr->plan);
+    const ft_train_plan *pl = &tr->plan;
+    size_t sz[N_OTHER];
+    other_sizes(c, o, tr->n_params, sz);
+    tr->layers = ft_mem_alloc(FT_MEM_OTHER, sz[O_LAYERS]);
+    tr->loras = ft_mem_calloc(FT_MEM_OTHER, sz[O_LORAS]);
+    tr->lg = ft_mem_calloc(FT_MEM_OTHER, sz[O_LG]);
+    tr->la = ft_mem_calloc(FT_MEM_OTHER, sz[O_LA]);
+    tr->inv_freq = ft_mem_alloc(FT_MEM_OTHER, sz[O_INV_FREQ]);
+    tr->idx = ft_mem_alloc(FT_MEM_OTHER, sz[O_IDX]);
+    tr->pos0 = ft_mem_alloc(FT_MEM_OTHER, sz[O_POS0]);
+    tr->params = ft_mem_calloc(FT_MEM_OTHER, sz[O_PARAMS]);
+    /* the four arenas are backend buffers (on the CPU backend: ft_mem_alloc by class) */
+    tr->values = tr->be.alloc(&tr->be, FT_MEM_TRAINABLE, pl->trainable_bytes);
+    tr->grads = tr->be.alloc(&tr->be, FT_MEM_GRADS, pl->grad_bytes);
+    tr->act_arena = tr->be.alloc(&tr->be, FT_MEM_ACTS, pl->activation_bytes);
+    tr->scr_arena = tr->be.alloc(&tr->be, FT_MEM_SCRATCH, pl->scratch_bytes);
     if (!tr->layers || !tr->loras || !tr->lg || !tr->la || !tr->inv_freq || !tr->idx || !tr->pos0 || !tr->params ||
         !tr->values || !tr->grads || !tr->act_arena || !tr->scr_arena) {
+        /* the message before the free: pl points into tr */
+        ftune_status err = ft_err(FTUNE_ERR_NOMEM,
+                                  "out of memory for a trainer: %.1f MiB trainable (x2 with grads), %.1f MiB "
+                                  "activations, %.1f MiB scratch",
+                                  pl->trainable_bytes / 1048576.0, pl->activation_bytes / 1048576.0,
+                                  pl->scratch_bytes / 1048576.0);
         ft_trainer_free(tr);
-        return ft_err(FTUNE_ERR_NOMEM,
-                      "out of memory for a trainer: %.1f MiB trainable (x2 with grads), %.1f MiB activations, "
-                      "%.1f MiB scratch",
-                      total * 4.0 / 1048576, a.off * 4.0 / 1048576, s.off * 4.0 / 1048576);
+        return err;
     }
     memcpy(tr->layers, m->layers, (size_t)c->L * sizeof *tr->layers);
     param_specs(c, o, tr->params, &total);
@@ -445,12 +489,38 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
     return FTUNE_OK;
 }
 
+static void free_kv_prefix(ft_trainer *tr) {
+    ft_mem_free(FT_MEM_KV, tr->kv_arena, tr->kv_bytes);
+    ft_mem_free(FT_MEM_OTHER, tr->pidx, (size_t)tr->o.max_T * sizeof(int));
+    tr->kv_arena = NULL; tr->pidx = NULL; tr->kv_bytes = 0;
+}
+
 void ft_trainer_free(ft_trainer *tr) {
     if (!tr) return;
-    free(tr->layers); free(tr->loras); free(tr->lg); free(tr->la); free(tr->inv_freq); free(tr->idx);
-    free(tr->pos0); free(tr->params); free(tr->values); free(tr->grads); free(tr->act_arena); free(tr->scr_arena);
-    free(tr->kv_arena); free(tr->pidx);
-    free(tr);
+    size_t sz[N_OTHER];
+    other_sizes(&tr->cfg, &tr->o, tr->n_params, sz);
+    const ft_train_plan *pl = &tr->plan;
+    ft_mem_free(FT_MEM_OTHER, tr->layers, sz[O_LAYERS]); ft_mem_free(FT_MEM_OTHER, tr->loras, sz[O_LORAS]);
+    ft_mem_free(FT_MEM_OTHER, tr->lg, sz[O_LG]); ft_mem_free(FT_MEM_OTHER, tr->la, sz[O_LA]);
+    ft_mem_free(FT_MEM_OTHER, tr->inv_freq, sz[O_INV_FREQ]); ft_mem_free(FT_MEM_OTHER, tr->idx, sz[O_IDX]);
+    ft_mem_free(FT_MEM_OTHER, tr->pos0, sz[O_POS0]); ft_mem_free(FT_MEM_OTHER, tr->params, sz[O_PARAMS]);
+    tr->be.free(&tr->be, FT_MEM_TRAINABLE, tr->values, pl->trainable_bytes);
+    tr->be.free(&tr->be, FT_MEM_GRADS, tr->grads, pl->grad_bytes);
+    tr->be.free(&tr->be, FT_MEM_ACTS, tr->act_arena, pl->activation_bytes);
+    tr->be.free(&tr->be, FT_MEM_SCRATCH, tr->scr_arena, pl->scratch_bytes);
+    free_kv_prefix(tr);
+    ft_mem_free(FT_MEM_OTHER, tr, sizeof *tr);
+}
+
+const ft_train_plan *ft_trainer_get_plan(const ft_trainer *tr) { return &tr->plan; }
+
+void ft_trainer_mem_table(const ft_trainer *tr, ft_mem_table *t) {
+    ft_model_mem_plan(tr->m, t);
+    ft_train_plan_table(&tr->plan, t);
+    t->planned[FT_MEM_KV] += tr->kv_bytes;
+    t->planned[FT_MEM_OTHER] += tr->kv_arena ? (size_t)tr->o.max_T * sizeof(int) : 0; /* pidx */
+    t->has_plan[FT_MEM_KV] = true;
+    ft_mem_table_measure(t);
 }
 
 /* ------------------------------------------------------------ accessors */
@@ -511,8 +581,7 @@ void ft_trainer_set_hooks(ft_trainer *tr, const ft_block_hooks *h) { tr->hooks =
 
 ftune_status ft_trainer_set_kv_prefix(ft_trainer *tr, const float *k, const float *v, int P, float *dk, float *dv) {
     const ft_config *c = &tr->cfg;
-    free(tr->kv_arena); free(tr->pidx);
-    tr->kv_arena = NULL; tr->pidx = NULL;
+    free_kv_prefix(tr);
     tr->P = 0;
     tr->pk = tr->pv = NULL; tr->pdk = tr->pdv = NULL;
     if (P == 0) return FTUNE_OK;
@@ -521,11 +590,11 @@ ftune_status ft_trainer_set_kv_prefix(ft_trainer *tr, const float *k, const floa
                       1 << 20);
     size_t kvd = (size_t)c->NKV * c->HS, n = (((size_t)tr->o.max_B * (P + tr->o.max_T) * kvd) + 15) & ~(size_t)15;
     size_t att = attention_fast_scratch_floats(P + tr->o.max_T, c->HS, tr->nt, true);
-    tr->kv_arena = ft_aligned_alloc((4 * n + att) * sizeof(float));
-    tr->pidx = malloc((size_t)tr->o.max_T * sizeof(int));
+    tr->kv_bytes = (4 * n + att) * sizeof(float);
+    tr->kv_arena = ft_mem_alloc(FT_MEM_KV, tr->kv_bytes);
+    tr->pidx = ft_mem_alloc(FT_MEM_OTHER, (size_t)tr->o.max_T * sizeof(int));
     if (!tr->kv_arena || !tr->pidx) {
-        free(tr->kv_arena); free(tr->pidx);
-        tr->kv_arena = NULL; tr->pidx = NULL;
+        free_kv_prefix(tr);
         return ft_err(FTUNE_ERR_NOMEM, "out of memory for a KV prefix of %d positions", P);
     }
     tr->kv_k = tr->kv_arena; tr->kv_v = tr->kv_k + n; tr->dkv_k = tr->kv_v + n; tr->dkv_v = tr->dkv_k + n;

@@ -243,6 +243,9 @@ int cmd_train(int argc, char **argv) {
     int rc = 0;
     if (st) rc = cli_fail("train", st);
     else if (!quiet) {
+        char mt[2048];
+        if (ft_mem_table_format(&res.mem, mt, sizeof mt) > 0)
+            fprintf(stderr, "%speak RSS %.1f MiB\n", mt, ft_peak_rss_mib());
         if (res.has_val)
             fprintf(stderr, "val loss: %.4f before, %.4f after %lld steps\n", res.val_loss_first, res.val_loss_last,
                     (long long)res.steps_done);
