@@ -85,7 +85,7 @@ FTUNE_API ftune_status ftune_tokenize(const ftune_tokenizer *t, const char *text
                             int add_bos, int parse_special, int32_t **ids, size_t *n_ids);
 /* The bytes token `id` decodes to, given the previous token (SentencePiece
  * drops the leading space after BOS). Returns the number of bytes written to
- * buf (at most cap), or -1 on a bad id. */
+ * buf: the piece, cut at cap bytes if longer; or -1 on a bad id. */
 FTUNE_API int ftune_token_to_piece(const ftune_tokenizer *t, int32_t prev, int32_t id, char *buf, int cap);
 FTUNE_API int32_t ftune_tokenizer_bos(const ftune_tokenizer *t); /* -1 if none */
 FTUNE_API int32_t ftune_tokenizer_eos(const ftune_tokenizer *t); /* -1 if none */
@@ -132,6 +132,8 @@ typedef struct {
     uint64_t seed;
 } ftune_sampler_params;
 
+/* temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, repeat_penalty 1,
+ * repeat_last_n 64, seed 0. */
 FTUNE_API void ftune_sampler_defaults(ftune_sampler_params *p);
 
 typedef struct ftune_sampler ftune_sampler;
@@ -149,11 +151,13 @@ FTUNE_API ftune_status ftune_eval_tokens(ftune_session *s, const int32_t *tokens
 
 /* ------------------------------------------------------------ model init */
 
-/* Writes a model with random weights (normal, std 0.02, seeded) in Hugging
- * Face layout (config.json + model.safetensors) to out_dir. preset names:
- * "stories260K", "llama-110m", "smollm2-360m", "llama-3.2-1b", "llama-2-7b",
- * "qwen2-tiny"; or config_json is a path to a config.json to copy.
- * dtype: "f32", "bf16" or "f16". */
+/* Writes a model with random weights in Hugging Face layout (config.json +
+ * model.safetensors) to out_dir: matrices and embeddings normal(0, 0.02)
+ * from seed, norm weights ones, biases zeros. Exactly one of preset (one of
+ * ftune_init_presets(): "stories260K", "llama-110m", "smollm2-360m",
+ * "llama-3.2-1b", "llama-2-7b", "qwen2-0.5b") or config_json (the path of a
+ * config.json giving the shape; it is parsed and written out again) is
+ * given, else FTUNE_ERR_ARG. dtype: "f32" (also NULL), "bf16" or "f16". */
 FTUNE_API ftune_status ftune_init_model(const char *out_dir, const char *preset, const char *config_json,
                               const char *dtype, uint64_t seed);
 /* Names of the presets, NULL-terminated. */
@@ -168,11 +172,17 @@ FTUNE_API const char *const *ftune_init_presets(void);
  * and every shape must match the model. */
 FTUNE_API ftune_status ftune_model_load_adapter(ftune_model *m, const char *dir);
 
-/* Writes m with its adapter (if any) folded into the base weights: a path
- * ending in ".gguf" gets a GGUF file (the base must be GGUF), any other path
- * a Hugging Face directory (config.json, model.safetensors, the base's
- * tokenizer files). dtype "f32", "bf16", "f16", or NULL to keep each
- * weight's own. */
+/* Writes m with its adapter (if any) folded into the base weights.
+ * A path ending in ".gguf" gets a GGUF file; the base must be GGUF (its
+ * metadata and tokenizer are copied), else FTUNE_ERR_UNSUPPORTED. dtype
+ * "f32", "bf16", "f16", "q8_0" or "q4_0" applies to the Linear weights
+ * (rows that are not whole blocks of it keep their type); NULL keeps each
+ * tensor's own type.
+ * Any other path gets a Hugging Face directory (config.json,
+ * model.safetensors, the base's tokenizer files): dtype "f32", "bf16" or
+ * "f16" for every weight, or NULL to keep each weight's own where
+ * safetensors can store it (quantized weights become f32).
+ * Another dtype is FTUNE_ERR_ARG. */
 FTUNE_API ftune_status ftune_model_save_merged(const ftune_model *m, const char *path, const char *dtype);
 
 /* -------------------------------------------------------------- training */
