@@ -1,5 +1,6 @@
 # ftune — build, test, benchmark.
-#   make            library (build/libftune.a) and the ftune command (build/ftune)
+#   make            library (build/libftune.a: exports only ftune_*), the ftune command
+#                   (build/ftune, linked against it) and the tests (against build/libftune-internal.a)
 #   make demo       the main job: LoRA fine-tune of stories260K on Shakespeare, then generate
 #   make test       build and run the whole test suite (tests/run.sh)
 #   make debug      the same binaries with AddressSanitizer + UBSan in build-debug/
@@ -13,6 +14,10 @@ BUILD   ?= build
 OPT     ?= -O2 -g
 WARN    := -Wall -Wextra -Wno-unused-parameter -Wshadow=local -Wvla -Wno-format-truncation -Wno-missing-field-initializers
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -pthread -Iinclude -Isrc $(EXTRA_CFLAGS)
+# Only what ftune.h marks FTUNE_API is visible outside the library; -MMD -MP
+# writes each object's header dependencies next to it (included at the end).
+LIB_CFLAGS := -fvisibility=hidden
+DEPFLAGS := -MMD -MP
 # No BLAS and no OpenMP: every matrix product runs on ftune's own kernels
 # (src/kernels*.c) and every parallel loop on its own thread pool
 # (src/parallel.c), so -t bounds every thread and nothing depends on a BLAS
@@ -31,26 +36,40 @@ HELPER_SRC := $(sort $(wildcard tests/helper_*.c))
 HELPER_BIN := $(HELPER_SRC:tests/%.c=$(BUILD)/tests/%)
 
 .PHONY: all test debug fuzz bench clean demo
-all: $(BUILD)/libftune.a $(BUILD)/ftune $(TEST_BIN) $(HELPER_BIN)
+all: $(BUILD)/libftune.a $(BUILD)/libftune-internal.a $(BUILD)/ftune $(TEST_BIN) $(HELPER_BIN)
 
-$(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) include/ftune.h
+# Objects also depend on this Makefile: its flags (visibility) are part of them.
+$(BUILD)/obj/%.o: src/%.c Makefile
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(LIB_CFLAGS) $(DEPFLAGS) -c $< -o $@
 
-$(BUILD)/obj/tools/%.o: tools/%.c $(wildcard tools/*.h) $(wildcard src/*.h) include/ftune.h
+$(BUILD)/obj/tools/%.o: tools/%.c Makefile
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
 
-$(BUILD)/libftune.a: $(LIB_OBJ)
+# The tests reach into the internals: every object as it is.
+$(BUILD)/libftune-internal.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+# The public library: the objects linked into one (ld -r) whose hidden
+# symbols are then made local, so no internal name (gguf_find_tensor, ...)
+# can collide with another library's; nm -g shows only ftune_*. link-flags
+# records what a program linking it needs after it (tests/cli_symbols.sh).
+$(BUILD)/libftune.a: $(LIB_OBJ)
+	@rm -f $@ $(BUILD)/obj/ftune-public.o
+	$(LD) -r -o $(BUILD)/obj/ftune-public.o $^
+	objcopy --localize-hidden $(BUILD)/obj/ftune-public.o
+	ar rcs $@ $(BUILD)/obj/ftune-public.o
+	@echo '$(LDFLAGS) $(LDLIBS)' > $(BUILD)/link-flags
+
+# The command uses nothing but the public header (and its own cli.h).
 $(BUILD)/ftune: $(CLI_OBJ) $(BUILD)/libftune.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c tests/check.h $(BUILD)/libftune.a
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libftune.a $(LDFLAGS) $(LDLIBS)
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libftune-internal.a
+	@mkdir -p $(dir $@) $(BUILD)/obj/tests
+	$(CC) $(CFLAGS) $(DEPFLAGS) -MF $(BUILD)/obj/tests/$*.d -o $@ $< $(BUILD)/libftune-internal.a $(LDFLAGS) $(LDLIBS)
 
 FTUNE_DATA ?= ../shared/data
 demo: all
@@ -63,31 +82,38 @@ debug:
 	$(MAKE) BUILD=build-debug OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	    EXTRA_LDFLAGS="-fsanitize=address,undefined" all
 
+# one command compiles several sources, so their headers are listed by -MM
+FUZZ_DEPS = clang -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -MM -MP -MT $@ $(filter %.c,$^) > $@.d
 FUZZ_SRC := src/safetensors.c src/gguf.c src/core.c src/mem.c src/dtype.c src/data.c src/chat_template.c src/train_state.c
 fuzz: build-fuzz/fuzz_safetensors build-fuzz/fuzz_gguf build-fuzz/fuzz_data build-fuzz/fuzz_trainer_state
-build-fuzz/fuzz_%: fuzz/fuzz_%.c $(FUZZ_SRC) $(wildcard src/*.h)
+build-fuzz/fuzz_%: fuzz/fuzz_%.c $(FUZZ_SRC) Makefile
 	@mkdir -p build-fuzz
+	$(FUZZ_DEPS)
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -o $@ $< $(FUZZ_SRC) -lcjson -lm
 # the tokenizer.json and config.json parsers (model and tokenizer loading)
 FUZZ_TOK_SRC := src/tokenizer.c src/tokenizer_load.c src/gguf.c src/safetensors.c src/core.c src/mem.c src/dtype.c
 FUZZ_CFG_SRC := src/model_config.c src/core.c src/mem.c
 fuzz: build-fuzz/fuzz_tokenizer_json build-fuzz/fuzz_config
-build-fuzz/fuzz_tokenizer_json: fuzz/fuzz_tokenizer_json.c $(FUZZ_TOK_SRC) $(wildcard src/*.h)
+build-fuzz/fuzz_tokenizer_json: fuzz/fuzz_tokenizer_json.c $(FUZZ_TOK_SRC) Makefile
 	@mkdir -p build-fuzz
+	$(FUZZ_DEPS)
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -o $@ $< $(FUZZ_TOK_SRC) -lpcre2-8 -lcjson -lm
-build-fuzz/fuzz_config: fuzz/fuzz_config.c $(FUZZ_CFG_SRC) $(wildcard src/*.h)
+build-fuzz/fuzz_config: fuzz/fuzz_config.c $(FUZZ_CFG_SRC) Makefile
 	@mkdir -p build-fuzz
+	$(FUZZ_DEPS)
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -o $@ $< $(FUZZ_CFG_SRC) -lcjson -lm
 
 # (the benchmark's own bandwidth probe uses OpenMP; the library does not)
-$(BUILD)/bench_forward: bench/bench_forward.c bench/bench_util.h $(BUILD)/libftune.a
-	$(CC) $(CFLAGS) -fopenmp -o $@ $< $(BUILD)/libftune.a $(LDFLAGS) -fopenmp $(LDLIBS)
+$(BUILD)/bench_forward: bench/bench_forward.c $(BUILD)/libftune.a
+	$(CC) $(CFLAGS) -fopenmp $(DEPFLAGS) -MF $(BUILD)/obj/bench_forward.d -o $@ $< $(BUILD)/libftune.a $(LDFLAGS) -fopenmp $(LDLIBS)
 
-$(BUILD)/bench_train: bench/bench_train.c bench/bench_util.h $(wildcard src/*.h) $(BUILD)/libftune.a
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libftune.a $(LDFLAGS) $(LDLIBS)
+$(BUILD)/bench_train: bench/bench_train.c $(BUILD)/libftune.a
+	$(CC) $(CFLAGS) $(DEPFLAGS) -MF $(BUILD)/obj/bench_train.d -o $@ $< $(BUILD)/libftune.a $(LDFLAGS) $(LDLIBS)
 
 bench: all $(BUILD)/bench_forward $(BUILD)/bench_train
 	BUILD=$(BUILD) bash bench/run.sh
 
 clean:
 	rm -rf build build-debug build-fuzz
+
+-include $(wildcard $(BUILD)/obj/*.d $(BUILD)/obj/tools/*.d $(BUILD)/obj/tests/*.d build-fuzz/*.d)

@@ -80,7 +80,7 @@ if presets:
                "global-norm clipping to 1, AdamW update. Tokens/s = B·T / median step time; the ratio is the median over rounds of "
                "each round's ftune/PyTorch ratio (the two runs of a round share the machine's load). Peak RSS = the "
                "process's ru_maxrss, model loading included (ftune maps the f32 weights from the file; PyTorch "
-               "builds the model in memory). ftune: bench/bench_train.c (ft_trainer + ft_adamw); PyTorch: "
+               "builds the model in memory). ftune: bench/bench_train.c (ftune_trainer_step: ft_trainer + ft_adamw); PyTorch: "
                "bench/torch_train_bench.py (nn.Linear + PEFT-style lora_A/lora_B, torch.optim.AdamW).\n")
     out.append("| model | B × T | trainable params | ftune tok/s | PyTorch tok/s | ratio | ftune step s | PyTorch step s | ftune peak RSS MiB | PyTorch peak RSS MiB |")
     out.append("|---|---|---|---|---|---|---|---|---|---|")

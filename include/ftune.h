@@ -9,11 +9,22 @@
 #ifndef FTUNE_H
 #define FTUNE_H
 
+#include <signal.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
+#endif
+
+/* Marks what libftune exports. The library is built with hidden visibility
+ * and its archive keeps only these symbols global, so nothing else in it can
+ * collide with another library linked into the same program. */
+#if defined(__GNUC__) || defined(__clang__)
+#define FTUNE_API __attribute__((visibility("default")))
+#else
+#define FTUNE_API
 #endif
 
 typedef enum {
@@ -28,9 +39,9 @@ typedef enum {
 } ftune_status;
 
 /* Message for the most recent failure on this thread ("" if none). */
-const char *ftune_last_error(void);
+FTUNE_API const char *ftune_last_error(void);
 /* Short name of a status code ("FTUNE_ERR_FORMAT"). */
-const char *ftune_status_name(ftune_status st);
+FTUNE_API const char *ftune_status_name(ftune_status st);
 
 /* ---------------------------------------------------------------- models */
 
@@ -45,8 +56,8 @@ typedef struct {
 /* Loads a model from a Hugging Face directory (config.json + safetensors),
  * a .gguf file, or a llama2.c .bin checkpoint. Weights whose dtype is the
  * compute dtype stay in the file's read-only mapping. opts may be NULL. */
-ftune_status ftune_model_load(ftune_model **out, const char *path, const ftune_load_opts *opts);
-void ftune_model_free(ftune_model *m);
+FTUNE_API ftune_status ftune_model_load(ftune_model **out, const char *path, const ftune_load_opts *opts);
+FTUNE_API void ftune_model_free(ftune_model *m);
 
 typedef struct {
     char arch[32];         /* "llama", "qwen2", "mistral", ... */
@@ -62,36 +73,36 @@ typedef struct {
     int n_vocab_tokens;
 } ftune_model_info;
 
-void ftune_model_get_info(const ftune_model *m, ftune_model_info *info);
-const ftune_tokenizer *ftune_model_tokenizer(const ftune_model *m);
+FTUNE_API void ftune_model_get_info(const ftune_model *m, ftune_model_info *info);
+FTUNE_API const ftune_tokenizer *ftune_model_tokenizer(const ftune_model *m);
 
 /* ------------------------------------------------------------- tokenizer */
 
 /* Tokenizes UTF-8 text. Special-token strings in the text are parsed as
  * special tokens (as llama.cpp's parse_special=true) only if parse_special.
  * *ids is malloc'd; the caller frees it. Invalid UTF-8 is an error. */
-ftune_status ftune_tokenize(const ftune_tokenizer *t, const char *text, size_t len,
+FTUNE_API ftune_status ftune_tokenize(const ftune_tokenizer *t, const char *text, size_t len,
                             int add_bos, int parse_special, int32_t **ids, size_t *n_ids);
 /* The bytes token `id` decodes to, given the previous token (SentencePiece
  * drops the leading space after BOS). Returns the number of bytes written to
- * buf (at most cap), or -1 on a bad id. */
-int ftune_token_to_piece(const ftune_tokenizer *t, int32_t prev, int32_t id, char *buf, int cap);
-int32_t ftune_tokenizer_bos(const ftune_tokenizer *t); /* -1 if none */
-int32_t ftune_tokenizer_eos(const ftune_tokenizer *t); /* -1 if none */
-int ftune_tokenizer_is_eog(const ftune_tokenizer *t, int32_t id); /* end of generation */
-int ftune_tokenizer_n_vocab(const ftune_tokenizer *t);
-int ftune_tokenizer_add_bos(const ftune_tokenizer *t); /* the model's default */
+ * buf: the piece, cut at cap bytes if longer; or -1 on a bad id. */
+FTUNE_API int ftune_token_to_piece(const ftune_tokenizer *t, int32_t prev, int32_t id, char *buf, int cap);
+FTUNE_API int32_t ftune_tokenizer_bos(const ftune_tokenizer *t); /* -1 if none */
+FTUNE_API int32_t ftune_tokenizer_eos(const ftune_tokenizer *t); /* -1 if none */
+FTUNE_API int ftune_tokenizer_is_eog(const ftune_tokenizer *t, int32_t id); /* end of generation */
+FTUNE_API int ftune_tokenizer_n_vocab(const ftune_tokenizer *t);
+FTUNE_API int ftune_tokenizer_add_bos(const ftune_tokenizer *t); /* the model's default */
 /* The tokenizer alone, without weights: from a .gguf (any architecture, or a
  * vocabulary-only file such as llama.cpp's ggml-vocab-*.gguf), a directory
  * holding tokenizer.json (or vocab.json + merges.txt, tokenizer.model,
  * tokenizer.bin), a tokenizer.json, a tokenizer.model (SentencePiece or
  * tiktoken) or a llama2.c tokenizer .bin. Free it with ftune_tokenizer_free. */
-ftune_status ftune_tokenizer_load(ftune_tokenizer **out, const char *path);
-void ftune_tokenizer_free(ftune_tokenizer *t);
-const char *ftune_tokenizer_kind(const ftune_tokenizer *t); /* "spm" or "bpe" */
+FTUNE_API ftune_status ftune_tokenizer_load(ftune_tokenizer **out, const char *path);
+FTUNE_API void ftune_tokenizer_free(ftune_tokenizer *t);
+FTUNE_API const char *ftune_tokenizer_kind(const ftune_tokenizer *t); /* "spm" or "bpe" */
 /* 1 if path holds a tokenizer but no weights: a GGUF without tensors, a
  * directory without config.json or safetensors, a tokenizer file. */
-int ftune_path_is_vocab_only(const char *path);
+FTUNE_API int ftune_path_is_vocab_only(const char *path);
 
 /* ------------------------------------------------------------- inference */
 
@@ -99,16 +110,16 @@ typedef struct ftune_session ftune_session;
 
 /* A session holds a KV cache of n_ctx positions (0: the model's context
  * length) and runs the forward pass with n_threads (0: all cores). */
-ftune_status ftune_session_new(ftune_session **out, const ftune_model *m, int n_ctx, int n_threads);
-void ftune_session_free(ftune_session *s);
+FTUNE_API ftune_status ftune_session_new(ftune_session **out, const ftune_model *m, int n_ctx, int n_threads);
+FTUNE_API void ftune_session_free(ftune_session *s);
 /* Number of positions already in the cache. */
-int ftune_session_pos(const ftune_session *s);
+FTUNE_API int ftune_session_pos(const ftune_session *s);
 /* Clears the KV cache. */
-void ftune_session_reset(ftune_session *s);
+FTUNE_API void ftune_session_reset(ftune_session *s);
 /* Runs n tokens through the model at positions pos..pos+n-1 and appends them
  * to the cache. If logits is non-NULL it receives vocab_size floats per
  * token when all_logits, else only the last token's. */
-ftune_status ftune_session_forward(ftune_session *s, const int32_t *tokens, int n,
+FTUNE_API ftune_status ftune_session_forward(ftune_session *s, const int32_t *tokens, int n,
                                    float *logits, int all_logits);
 
 typedef struct {
@@ -121,32 +132,36 @@ typedef struct {
     uint64_t seed;
 } ftune_sampler_params;
 
-void ftune_sampler_defaults(ftune_sampler_params *p);
+/* temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, repeat_penalty 1,
+ * repeat_last_n 64, seed 0. */
+FTUNE_API void ftune_sampler_defaults(ftune_sampler_params *p);
 
 typedef struct ftune_sampler ftune_sampler;
-ftune_status ftune_sampler_new(ftune_sampler **out, const ftune_sampler_params *p, int n_vocab);
-void ftune_sampler_free(ftune_sampler *s);
+FTUNE_API ftune_status ftune_sampler_new(ftune_sampler **out, const ftune_sampler_params *p, int n_vocab);
+FTUNE_API void ftune_sampler_free(ftune_sampler *s);
 /* Picks the next token. logits (n_vocab) is modified in place; history is
  * the tokens so far (for the repetition penalty). */
-int32_t ftune_sampler_sample(ftune_sampler *s, float *logits, const int32_t *history, int n_history);
+FTUNE_API int32_t ftune_sampler_sample(ftune_sampler *s, float *logits, const int32_t *history, int n_history);
 
 /* Mean next-token cross-entropy over tokens[1..n-1] predicted from their
  * prefixes, in windows of the session's context length (each window starts
  * fresh, predicted positions are counted once). */
 typedef struct { double loss_sum; int64_t n_predicted; } ftune_eval_result;
-ftune_status ftune_eval_tokens(ftune_session *s, const int32_t *tokens, size_t n, ftune_eval_result *acc);
+FTUNE_API ftune_status ftune_eval_tokens(ftune_session *s, const int32_t *tokens, size_t n, ftune_eval_result *acc);
 
 /* ------------------------------------------------------------ model init */
 
-/* Writes a model with random weights (normal, std 0.02, seeded) in Hugging
- * Face layout (config.json + model.safetensors) to out_dir. preset names:
- * "stories260K", "llama-110m", "smollm2-360m", "llama-3.2-1b", "llama-2-7b",
- * "qwen2-tiny"; or config_json is a path to a config.json to copy.
- * dtype: "f32", "bf16" or "f16". */
-ftune_status ftune_init_model(const char *out_dir, const char *preset, const char *config_json,
+/* Writes a model with random weights in Hugging Face layout (config.json +
+ * model.safetensors) to out_dir: matrices and embeddings normal(0, 0.02)
+ * from seed, norm weights ones, biases zeros. Exactly one of preset (one of
+ * ftune_init_presets(): "stories260K", "llama-110m", "smollm2-360m",
+ * "llama-3.2-1b", "llama-2-7b", "qwen2-0.5b") or config_json (the path of a
+ * config.json giving the shape; it is parsed and written out again) is
+ * given, else FTUNE_ERR_ARG. dtype: "f32" (also NULL), "bf16" or "f16". */
+FTUNE_API ftune_status ftune_init_model(const char *out_dir, const char *preset, const char *config_json,
                               const char *dtype, uint64_t seed);
 /* Names of the presets, NULL-terminated. */
-const char *const *ftune_init_presets(void);
+FTUNE_API const char *const *ftune_init_presets(void);
 
 /* -------------------------------------------------------------- adapters */
 
@@ -155,14 +170,258 @@ const char *const *ftune_init_presets(void);
  * ftune_model_save_merged then include it. The model owns the adapter and
  * frees it in ftune_model_free; a model carries at most one. Its targets
  * and every shape must match the model. */
-ftune_status ftune_model_load_adapter(ftune_model *m, const char *dir);
+FTUNE_API ftune_status ftune_model_load_adapter(ftune_model *m, const char *dir);
 
 /* Writes m with its adapter (if any) folded into the base weights: a path
  * ending in ".gguf" gets a GGUF file (from any base), any other path
  * a Hugging Face directory (config.json, model.safetensors, the base's
  * tokenizer files). dtype "f32", "bf16", "f16" (GGUF also "q8_0", "q4_0"),
  * or NULL to keep each weight's own. */
-ftune_status ftune_model_save_merged(const ftune_model *m, const char *path, const char *dtype);
+FTUNE_API ftune_status ftune_model_save_merged(const ftune_model *m, const char *path, const char *dtype);
+
+typedef struct {
+    const char *dtype;     /* as ftune_model_save_merged's; NULL keeps each weight's own */
+    const char *tokenizer; /* for a .gguf output from a model without a tokenizer (ftune init's):
+                            * a tokenizer file or directory to write into it; NULL: none.
+                            * Given for a model with a tokenizer, or for a Hugging Face
+                            * output, it is FTUNE_ERR_ARG. */
+} ftune_merge_opts;
+
+/* ftune_model_save_merged with options (o may be NULL). summary (may be
+ * NULL) receives, for a GGUF output, one line saying what was written:
+ * general.file_type, the matrices per weight type, the output matrix's
+ * type, and how many kept their type; "" otherwise. */
+FTUNE_API ftune_status ftune_model_merge(const ftune_model *m, const char *path, const ftune_merge_opts *o,
+                                         char *summary, size_t summary_cap);
+
+/* -------------------------------------------------------------- training */
+
+/* A whole fine-tuning run is one call, ftune_train_run: the datasets and the
+ * validation split, a trainer (LoRA or full), AdamW with gradient clipping
+ * and a learning-rate schedule, gradient accumulation, validation, metrics,
+ * checkpoints that resume bit for bit, and the final adapter or model.
+ * `ftune train` is a thin layer over it.
+ *
+ * Files under out_dir:
+ *   metrics.jsonl              one object per optimizer step
+ *   adapter_config.json, adapter_model.safetensors   (LoRA) the final PEFT adapter
+ *   adapter.gguf               (LoRA, export_gguf) the same for llama.cpp
+ *   config.json, model.safetensors, tokenizer files  (full) the final model
+ *   initial/                   (save_initial_adapter) the adapter before step 1
+ *   checkpoint-STEP/           every save_every steps and on interruption:
+ *       trainer_state.json, trainable.safetensors, optimizer.safetensors,
+ *       and (LoRA) the adapter as it is at that step, usable as is
+ *   .ftune.lock                held (flock) while a run writes here
+ * A checkpoint is written to a temporary directory and renamed into place. A
+ * run refuses an out_dir that holds anything but the lock unless it resumes
+ * or overwrite is set. */
+
+/* The checkpoint format version written into trainer_state.json. */
+#define FTUNE_CHECKPOINT_VERSION 2
+
+typedef enum {
+    FTUNE_DATA_AUTO = 0,    /* from the file: .txt is plain, else the first record's fields */
+    FTUNE_DATA_TEXT,        /* JSONL {"text"}: loss on every token, EOS appended */
+    FTUNE_DATA_COMPLETION,  /* {"prompt", "completion"} (field names: prompt_key, completion_key) */
+    FTUNE_DATA_ALPACA,      /* {"instruction", "input"?, "output"} */
+    FTUNE_DATA_CHAT,        /* {"messages": [{"role", "content"}, ...]} through a chat template */
+    FTUNE_DATA_PLAIN,       /* plain text, cut into rows of ctx tokens */
+} ftune_data_format;
+
+typedef enum {
+    FTUNE_TRAIN_LORA = 0,   /* LoRA adapters over frozen base weights of any dtype */
+    FTUNE_TRAIN_FULL = 1,   /* every weight, as an f32 copy */
+} ftune_train_mode;
+
+/* LoRA target modules, a bit mask, named after the PEFT modules. */
+enum {
+    FTUNE_LORA_Q_PROJ = 1 << 0, FTUNE_LORA_K_PROJ = 1 << 1, FTUNE_LORA_V_PROJ = 1 << 2,
+    FTUNE_LORA_O_PROJ = 1 << 3, FTUNE_LORA_GATE_PROJ = 1 << 4, FTUNE_LORA_UP_PROJ = 1 << 5,
+    FTUNE_LORA_DOWN_PROJ = 1 << 6,
+    FTUNE_LORA_ALL = 0x7f,
+};
+
+/* The learning rate after a linear warmup from 0 over `warmup` steps. */
+typedef enum {
+    FTUNE_SCHED_CONSTANT = 0, /* stays at lr */
+    FTUNE_SCHED_LINEAR,       /* linear decay to min_lr at the last step */
+    FTUNE_SCHED_COSINE,       /* half-cosine decay to min_lr at the last step */
+} ftune_schedule;
+
+/* What an example longer than ctx loses (unless drop_long drops it). */
+typedef enum {
+    FTUNE_TRUNCATE_END = 0,   /* its end (often the response) */
+    FTUNE_TRUNCATE_PROMPT,    /* prompt tokens first (after a leading BOS), then the end */
+} ftune_truncate;
+
+/* Bits of ftune_train_opts.lora_set: which LoRA settings the caller chose
+ * explicitly. With init_adapter, the others are taken from that adapter and
+ * a chosen one that differs from it is an FTUNE_ERR_ARG. */
+enum { FTUNE_SET_LORA_R = 1, FTUNE_SET_LORA_ALPHA = 2, FTUNE_SET_LORA_TARGETS = 4, FTUNE_SET_RSLORA = 8 };
+
+/* Tokenization progress: done of total input bytes of one data file. */
+typedef void (*ftune_data_progress_fn)(void *ctx, size_t done, size_t total);
+
+/* A training run. Fill it with ftune_train_opts_default, then set model,
+ * data_path and out_dir (required) and whatever else differs. The defaults
+ * are those of `ftune train --help`; they are given after each field. */
+typedef struct {
+    ftune_model *model;        /* loaded by the caller, no adapter loaded; required */
+    const char *model_path;    /* where it came from (chat template lookup, messages); NULL */
+    /* data */
+    const char *data_path;     /* JSONL, JSON array or .txt; required */
+    const char *val_path;      /* a validation file; NULL: split val_split off data_path */
+    double val_split;          /* fraction held out when val_path is NULL, in [0, 1); 0.05 */
+    ftune_data_format format;  /* FTUNE_DATA_AUTO */
+    const char *chat_template; /* "chatml", "llama2", "llama3", "mistral", "zephyr", "alpaca";
+                                * NULL: from the model's tokenizer_config.json */
+    bool train_on_prompt;      /* loss on prompt tokens too; false */
+    bool drop_long;            /* drop examples longer than ctx instead of truncating; false */
+    bool pack;                 /* several examples per row (they never attend to each other); false */
+    bool shuffle;              /* reshuffle the examples every epoch (seeded); true */
+    ftune_truncate truncate;   /* FTUNE_TRUNCATE_END */
+    const char *prompt_key;    /* completion-format field names; NULL: "prompt" */
+    const char *completion_key;/*   and "completion" */
+    ftune_data_progress_fn data_progress; /* called while each file is tokenized; NULL */
+    void *data_progress_ctx;
+    int ctx;                   /* T, the sequence length, >= 2; 0: min(512, the model's context) */
+    /* what is trained */
+    ftune_train_mode mode;     /* FTUNE_TRAIN_LORA */
+    int lora_r;                /* LoRA rank; 8 */
+    float lora_alpha;          /* scale alpha / r; 16 */
+    float lora_dropout;        /* dropout on the LoRA input; 0.05 */
+    unsigned lora_targets;     /* FTUNE_LORA_* mask; FTUNE_LORA_ALL */
+    bool rslora;               /* scale alpha / sqrt(r) instead; false */
+    unsigned lora_set;         /* FTUNE_SET_* bits; 0 */
+    const char *init_adapter;  /* a PEFT directory to start the LoRA weights from; NULL */
+    /* optimisation: AdamW with decoupled weight decay (none on norms and
+     * biases in full mode), the global gradient norm clipped first */
+    double lr;                 /* peak learning rate; 2e-4 */
+    double min_lr;             /* the learning rate at the end of the decay; 0 */
+    double weight_decay;       /* 0 */
+    double beta1, beta2;       /* 0.9, 0.999 */
+    double adam_eps;           /* 1e-8 */
+    double max_grad_norm;      /* 0: no clipping; 1 */
+    ftune_schedule schedule;   /* FTUNE_SCHED_COSINE */
+    int64_t warmup;            /* warmup steps; 0 */
+    int64_t steps;             /* optimizer steps; 0: from epochs */
+    int epochs;                /* passes over the training set when steps is 0 (0 means 1) */
+    int batch_size;            /* B, rows per micro-batch; 1 */
+    int grad_accum;            /* K, micro-batches per optimizer step; 1 */
+    uint64_t seed;             /* LoRA init, dropout, shuffling, the validation split; 0 */
+    int eval_every;            /* steps between validations; 0: only before and after */
+    int save_every;            /* steps between checkpoints; 0: none */
+    const char *resume;        /* a checkpoint-STEP directory to continue from; NULL */
+    /* outputs */
+    const char *out_dir;       /* required; created if missing */
+    bool overwrite;            /* replace (remove) a previous run in out_dir instead of refusing; false */
+    bool export_gguf;          /* also write adapter.gguf (LoRA only); false */
+    bool save_initial_adapter; /* write initial/ (LoRA only); false */
+    const char *dump_batches;  /* a JSONL file receiving every micro-batch; NULL */
+    int n_threads;             /* 0: all cores */
+    /* When *stop becomes non-zero (a signal handler may set it) the run
+     * finishes the current step, saves a checkpoint and returns
+     * FTUNE_ERR_INTERRUPTED. NULL: never. */
+    volatile sig_atomic_t *stop;
+} ftune_train_opts;
+
+FTUNE_API void ftune_train_opts_default(ftune_train_opts *o);
+
+/* Parsers for the names `ftune train` accepts; FTUNE_ERR_ARG names the bad
+ * one. Data formats: "auto", "text", "completion", "alpaca", "chat",
+ * "plain". Targets: a comma-separated list of q,k,v,o,gate,up,down or the
+ * PEFT names (q_proj, ...), or "all" / "all-linear". Schedules: "cosine",
+ * "linear", "constant". */
+FTUNE_API ftune_status ftune_data_format_parse(const char *name, ftune_data_format *out);
+FTUNE_API ftune_status ftune_lora_targets_parse(const char *list, unsigned *mask);
+FTUNE_API ftune_status ftune_schedule_parse(const char *name, ftune_schedule *out);
+
+typedef enum {
+    FTUNE_TRAIN_START,   /* data loaded, trainer built: the counts below */
+    FTUNE_TRAIN_STEP,    /* an optimizer step finished */
+    FTUNE_TRAIN_EVAL,    /* a validation finished (step 0: before training) */
+    FTUNE_TRAIN_SAVE,    /* a checkpoint was written to path */
+    FTUNE_TRAIN_DONE,    /* the final outputs were written to path */
+} ftune_train_event;
+
+typedef struct {
+    ftune_train_event ev;
+    /* FTUNE_TRAIN_START */
+    int n_train, n_val;        /* examples */
+    int64_t train_tokens, train_targets, val_tokens;
+    int64_t n_truncated, n_dropped_long, n_dropped_empty; /* over both sets */
+    int64_t n_truncated_empty; /* truncated examples left without a target (dropped) */
+    int64_t n_trainable;       /* trainable parameters */
+    int T, B, K;
+    const char *data_format;   /* the format used ("text", "chat", ...) */
+    /* every event */
+    int64_t step, total_steps, start_step; /* start_step: where a resumed run began */
+    /* FTUNE_TRAIN_STEP */
+    double loss, lr, grad_norm, tokens_per_s, elapsed_s, eta_s;
+    double peak_mib;           /* the process's peak resident memory so far */
+    /* FTUNE_TRAIN_EVAL (and STEP when this step was also validated) */
+    bool has_val_loss;
+    double val_loss;
+    const char *path;          /* FTUNE_TRAIN_SAVE, FTUNE_TRAIN_DONE */
+} ftune_train_progress;
+
+typedef void (*ftune_train_progress_fn)(void *ctx, const ftune_train_progress *p);
+
+typedef struct {
+    int64_t steps_done, total_steps;
+    double last_loss;
+    bool has_val;
+    double val_loss_first, val_loss_last; /* before training (or at resume) and at the end */
+    char checkpoint[4096];     /* the last checkpoint written, or "" */
+    /* The run's memory table as text lines (MiB): per lifetime class
+     * (weights as stored and touched, owned copies, trainables, gradients,
+     * optimizer state, activations, scratch, KV, data) what the plan
+     * predicted and what the allocator counted, with totals; "" if the
+     * trainer was never built. */
+    char memory_table[2048];
+    double peak_rss_mib;       /* peak resident memory of the process at the end */
+} ftune_train_result;
+
+/* Runs the training o describes. progress (may be NULL) is called on the
+ * calling thread with ctx. res may be NULL. FTUNE_ERR_ARG names the option at
+ * fault (in `ftune train`'s spelling); data, model and checkpoint errors name
+ * the file, line or tensor; FTUNE_ERR_RANGE is a non-finite loss; an
+ * interruption through o->stop is FTUNE_ERR_INTERRUPTED after the checkpoint
+ * is saved. */
+FTUNE_API ftune_status ftune_train_run(const ftune_train_opts *o, ftune_train_progress_fn progress, void *ctx,
+                                       ftune_train_result *res);
+
+/* A trainer driven step by step on the caller's token batches (benchmarks,
+ * custom loops): the trainer and AdamW of ftune_train_run without data,
+ * schedule, validation or files. From opts it uses mode, the lora_* fields
+ * (lora_set and init_adapter must be unset), seed, batch_size (the most
+ * rows a step may have), ctx (the longest row; 0: min(512, the model's
+ * context)), weight_decay, beta1, beta2, adam_eps, max_grad_norm and
+ * n_threads; the model must outlive the trainer and is not modified. */
+typedef struct ftune_trainer ftune_trainer;
+FTUNE_API ftune_status ftune_trainer_new(ftune_trainer **out, const ftune_model *m, const ftune_train_opts *opts);
+FTUNE_API void ftune_trainer_free(ftune_trainer *tr);
+/* One optimizer step on one micro-batch of B rows (B <= batch_size) of T
+ * tokens (T <= ctx): zero the gradients, forward and backward of the mean
+ * cross-entropy of targets (-1: ignored) given tokens, clip, one AdamW
+ * update with learning rate lr. tokens and targets are (B, T) row-major; each
+ * row is one document at positions 0..T-1. *loss gets the mean loss before
+ * the update. FTUNE_ERR_ARG: a size, token or target out of range, or no
+ * target; FTUNE_ERR_RANGE: the loss or gradient norm is not finite (nothing
+ * was updated). */
+FTUNE_API ftune_status ftune_trainer_step(ftune_trainer *tr, const int32_t *tokens, const int32_t *targets, int B, int T,
+                                          double lr, double *loss);
+/* Trainable parameters (floats). */
+FTUNE_API int64_t ftune_trainer_n_trainable(const ftune_trainer *tr);
+/* The threads it runs on (n_threads, or all cores for 0). */
+FTUNE_API int ftune_trainer_n_threads(const ftune_trainer *tr);
+
+/* ----------------------------------------------------------------- JSON */
+
+/* The offset of the first NUL that the JSON text p[0..n) would put into a
+ * string (a raw 0 byte, or a \u0000 escape inside a string), or -1. JSON
+ * readers built on C strings would cut such text short silently. */
+FTUNE_API int64_t ftune_json_nul_at(const char *p, size_t n);
 
 #ifdef __cplusplus
 }

@@ -26,23 +26,40 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* The public enums are the internal ones under public names: same values. */
+_Static_assert(FTUNE_DATA_AUTO == (int)FT_FMT_AUTO && FTUNE_DATA_TEXT == (int)FT_FMT_TEXT &&
+               FTUNE_DATA_COMPLETION == (int)FT_FMT_COMPLETION && FTUNE_DATA_ALPACA == (int)FT_FMT_ALPACA &&
+               FTUNE_DATA_CHAT == (int)FT_FMT_CHAT && FTUNE_DATA_PLAIN == (int)FT_FMT_PLAIN, "data formats");
+_Static_assert(FTUNE_TRAIN_LORA == (int)FT_TRAIN_LORA && FTUNE_TRAIN_FULL == (int)FT_TRAIN_FULL, "train modes");
+_Static_assert((int)FTUNE_LORA_Q_PROJ == (int)FT_TARGET_Q && (int)FTUNE_LORA_K_PROJ == (int)FT_TARGET_K && (int)FTUNE_LORA_V_PROJ == (int)FT_TARGET_V &&
+               (int)FTUNE_LORA_O_PROJ == (int)FT_TARGET_O && (int)FTUNE_LORA_GATE_PROJ == (int)FT_TARGET_GATE &&
+               (int)FTUNE_LORA_UP_PROJ == (int)FT_TARGET_UP && (int)FTUNE_LORA_DOWN_PROJ == (int)FT_TARGET_DOWN &&
+               (int)FTUNE_LORA_ALL == (int)FT_TARGET_ALL, "LoRA targets");
+_Static_assert(FTUNE_SCHED_CONSTANT == (int)FT_SCHED_CONSTANT && FTUNE_SCHED_LINEAR == (int)FT_SCHED_LINEAR &&
+               FTUNE_SCHED_COSINE == (int)FT_SCHED_COSINE, "schedules");
+_Static_assert(FTUNE_TRUNCATE_END == (int)FT_TRUNC_END && FTUNE_TRUNCATE_PROMPT == (int)FT_TRUNC_PROMPT, "truncation");
+
 #define TRY(x) do { ftune_status st_ = (x); if (st_) return st_; } while (0)
 
-void ft_train_run_opts_default(ft_train_run_opts *o) {
+void ftune_train_opts_default(ftune_train_opts *o) {
     memset(o, 0, sizeof *o);
     o->val_split = 0.05;
-    o->format = FT_FMT_AUTO;
+    o->format = FTUNE_DATA_AUTO;
     o->shuffle = true;
-    o->mode = FT_TRAIN_LORA;
+    o->mode = FTUNE_TRAIN_LORA;
     o->lora_r = 8;
     o->lora_alpha = 16;
     o->lora_dropout = 0.05f;
-    o->lora_targets = FT_TARGET_ALL;
-    ft_adamw_defaults(&o->adamw);
-    o->adamw.weight_decay = 0;
+    o->lora_targets = FTUNE_LORA_ALL;
+    ft_adamw_cfg ac;
+    ft_adamw_defaults(&ac);
+    o->beta1 = ac.beta1;
+    o->beta2 = ac.beta2;
+    o->adam_eps = ac.eps;
+    o->weight_decay = 0;
     o->lr = 2e-4;
     o->max_grad_norm = 1.0;
-    o->schedule = FT_SCHED_COSINE;
+    o->schedule = FTUNE_SCHED_COSINE;
     o->batch_size = 1;
     o->grad_accum = 1;
 }
@@ -99,8 +116,8 @@ static ftune_status fsync_dir(const char *path) {
 /* ------------------------------------------------------------ the run */
 
 typedef struct {
-    const ft_train_run_opts *o;
-    ft_train_progress_fn cb;
+    const ftune_train_opts *o;
+    ftune_train_progress_fn cb;
     void *cb_ctx;
     ftune_model *m;
     ft_data_tokenizer dt;
@@ -125,10 +142,10 @@ typedef struct {
     float *init_vals;          /* --init-adapter A/B by (layer, module) */
     int64_t init_off[256 * FT_N_MODS + 1];
     int lock_fd;               /* OUT/.ftune.lock, held for the whole run; -1: none */
-    ft_train_result res;
+    ftune_train_result res;
 } run;
 
-static void emit(run *r, ft_train_progress *p) {
+static void emit(run *r, ftune_train_progress *p) {
     p->total_steps = r->total_steps;
     if (r->cb) r->cb(r->cb_ctx, p);
 }
@@ -136,7 +153,7 @@ static void emit(run *r, ft_train_progress *p) {
 /* The run configuration: everything a resumed run must share with the
  * checkpoint's run to continue it exactly. */
 static cJSON *make_config(run *r) {
-    const ft_train_run_opts *o = r->o;
+    const ftune_train_opts *o = r->o;
     const ft_config *c = &r->m->cfg;
     cJSON *j = cJSON_CreateObject(), *mo = cJSON_AddObjectToObject(j, "model"), *d = cJSON_AddObjectToObject(j, "data");
     if (!mo || !d) { cJSON_Delete(j); return NULL; }
@@ -175,8 +192,8 @@ static cJSON *make_config(run *r) {
     cJSON_AddStringToObject(d, "fingerprint", hex);
     cJSON_AddNumberToObject(d, "val_examples", r->val ? r->val->n : 0);
     /* training settings */
-    cJSON_AddStringToObject(j, "mode", o->mode == FT_TRAIN_FULL ? "full" : "lora");
-    if (o->mode == FT_TRAIN_LORA) {
+    cJSON_AddStringToObject(j, "mode", o->mode == FTUNE_TRAIN_FULL ? "full" : "lora");
+    if (o->mode == FTUNE_TRAIN_LORA) {
         cJSON_AddNumberToObject(j, "lora_r", r->topts.r);
         cJSON_AddNumberToObject(j, "lora_alpha", r->topts.alpha);
         cJSON_AddNumberToObject(j, "lora_dropout", r->topts.dropout);
@@ -203,10 +220,10 @@ static cJSON *make_config(run *r) {
     cJSON_AddStringToObject(j, "schedule", sn[o->schedule]);
     cJSON_AddNumberToObject(j, "warmup", (double)o->warmup);
     cJSON_AddNumberToObject(j, "total_steps", (double)r->total_steps);
-    cJSON_AddNumberToObject(j, "weight_decay", o->adamw.weight_decay);
-    cJSON_AddNumberToObject(j, "beta1", o->adamw.beta1);
-    cJSON_AddNumberToObject(j, "beta2", o->adamw.beta2);
-    cJSON_AddNumberToObject(j, "adam_eps", o->adamw.eps);
+    cJSON_AddNumberToObject(j, "weight_decay", o->weight_decay);
+    cJSON_AddNumberToObject(j, "beta1", o->beta1);
+    cJSON_AddNumberToObject(j, "beta2", o->beta2);
+    cJSON_AddNumberToObject(j, "adam_eps", o->adam_eps);
     cJSON_AddNumberToObject(j, "max_grad_norm", o->max_grad_norm);
     return j;
 }
@@ -245,14 +262,14 @@ static bool config_diff(const cJSON *a, const cJSON *b, const char *prefix, char
 /* ------------------------------------------------------------ data */
 
 static ftune_status load_data(run *r) {
-    const ft_train_run_opts *o = r->o;
+    const ftune_train_opts *o = r->o;
     ft_dataset_opts dop;
     ft_dataset_opts_default(&dop);
-    dop.format = o->format;
+    dop.format = (ft_data_format)o->format;
     dop.ctx_len = r->T;
     dop.train_on_prompt = o->train_on_prompt;
     dop.drop_long = o->drop_long;
-    dop.truncate = o->truncate;
+    dop.truncate = (ft_truncate_side)o->truncate;
     dop.prompt_key = o->prompt_key;
     dop.completion_key = o->completion_key;
     dop.progress = o->data_progress;
@@ -278,7 +295,7 @@ static ftune_status load_data(run *r) {
 /* Reads --init-adapter's LoRA settings and A/B values; the adapter is
  * attached only while it is read (the trainer wants a bare model). */
 static ftune_status read_init_adapter(run *r) {
-    const ft_train_run_opts *o = r->o;
+    const ftune_train_opts *o = r->o;
     const ft_config *c = &r->m->cfg;
     if (c->L > 256) return ft_err(FTUNE_ERR_UNSUPPORTED, "--init-adapter: models of more than 256 layers");
     ft_adapter *a = NULL;
@@ -287,14 +304,14 @@ static ftune_status read_init_adapter(run *r) {
     const ft_lora_cfg *lc = &a->cfg;
     const char *bad = NULL;
     char have[64] = "", want[64] = "";
-    if ((o->lora_set & FT_RUN_SET_R) && lc->r != r->topts.r) {
+    if ((o->lora_set & FTUNE_SET_LORA_R) && lc->r != r->topts.r) {
         bad = "--lora-r"; snprintf(have, sizeof have, "%d", lc->r); snprintf(want, sizeof want, "%d", r->topts.r);
-    } else if ((o->lora_set & FT_RUN_SET_ALPHA) && lc->alpha != r->topts.alpha) {
+    } else if ((o->lora_set & FTUNE_SET_LORA_ALPHA) && lc->alpha != r->topts.alpha) {
         bad = "--lora-alpha"; snprintf(have, sizeof have, "%g", lc->alpha); snprintf(want, sizeof want, "%g", r->topts.alpha);
-    } else if ((o->lora_set & FT_RUN_SET_RSLORA) && lc->rslora != r->topts.rslora) {
+    } else if ((o->lora_set & FTUNE_SET_RSLORA) && lc->rslora != r->topts.rslora) {
         bad = "--rslora"; snprintf(have, sizeof have, "%s", lc->rslora ? "on" : "off");
         snprintf(want, sizeof want, "%s", r->topts.rslora ? "on" : "off");
-    } else if ((o->lora_set & FT_RUN_SET_TARGETS) && lc->targets != r->topts.targets) {
+    } else if ((o->lora_set & FTUNE_SET_LORA_TARGETS) && lc->targets != r->topts.targets) {
         bad = "--lora-targets"; snprintf(have, sizeof have, "mask 0x%x", lc->targets);
         snprintf(want, sizeof want, "mask 0x%x", r->topts.targets);
     }
@@ -503,7 +520,7 @@ static ftune_status save_checkpoint(run *r) {
     }
     rm_tree(old);
     snprintf(r->res.checkpoint, sizeof r->res.checkpoint, "%s", dir);
-    ft_train_progress p = { .ev = FT_RUN_SAVE, .step = r->step, .path = dir };
+    ftune_train_progress p = { .ev = FTUNE_TRAIN_SAVE, .step = r->step, .path = dir };
     emit(r, &p);
     return FTUNE_OK;
 }
@@ -726,7 +743,7 @@ static ftune_status train_step(run *r, double *loss, double *gnorm, double *lr, 
     return FTUNE_OK;
 }
 
-static ftune_status check_opts(const ft_train_run_opts *o) {
+static ftune_status check_opts(const ftune_train_opts *o) {
     if (!o->model) return ft_err(FTUNE_ERR_ARG, "no model");
     if (!o->data_path) return ft_err(FTUNE_ERR_ARG, "no training data (--data FILE)");
     if (!o->out_dir) return ft_err(FTUNE_ERR_ARG, "no output directory (-o DIR)");
@@ -740,7 +757,7 @@ static ftune_status check_opts(const ft_train_run_opts *o) {
     if (!(o->lr >= 0) || !(o->min_lr >= 0)) return ft_err(FTUNE_ERR_ARG, "--lr and --min-lr must not be negative");
     if (!(o->max_grad_norm >= 0)) return ft_err(FTUNE_ERR_ARG, "--max-grad-norm must not be negative");
     if (!(o->val_split >= 0 && o->val_split < 1)) return ft_err(FTUNE_ERR_ARG, "--val-split %g: expected a fraction in [0, 1)", o->val_split);
-    if (o->mode == FT_TRAIN_FULL) {
+    if (o->mode == FTUNE_TRAIN_FULL) {
         if (o->init_adapter) return ft_err(FTUNE_ERR_ARG, "--init-adapter starts a LoRA run; it does not apply to --full");
         if (o->export_gguf) return ft_err(FTUNE_ERR_ARG, "--export-gguf writes a LoRA adapter; it does not apply to --full");
         if (o->save_initial_adapter) return ft_err(FTUNE_ERR_ARG, "--save-initial-adapter does not apply to --full");
@@ -766,7 +783,7 @@ static bool stale_output(const char *name) {
  * not the base model's directory, creatable, locked against a second run,
  * and empty unless resuming or overwriting. */
 static ftune_status claim_out_dir(run *r) {
-    const ft_train_run_opts *o = r->o;
+    const ftune_train_opts *o = r->o;
     if (o->resume && o->overwrite) return ft_err(FTUNE_ERR_ARG, "give --resume or --overwrite, not both");
     if (o->model_path) {
         char parent[4200];
@@ -841,7 +858,7 @@ static ftune_status clear_old_run(run *r) {
 }
 
 static ftune_status setup(run *r) {
-    const ft_train_run_opts *o = r->o;
+    const ftune_train_opts *o = r->o;
     const ft_config *c = &r->m->cfg;
     TRY(check_opts(o));
     const ftune_tokenizer *tok = ftune_model_tokenizer(r->m);
@@ -856,7 +873,7 @@ static ftune_status setup(run *r) {
     TRY(load_data(r));
 
     ft_train_opts_default(&r->topts);
-    r->topts.mode = o->mode;
+    r->topts.mode = (ft_train_mode)o->mode;
     r->topts.r = o->lora_r;
     r->topts.alpha = o->lora_alpha;
     r->topts.rslora = o->rslora;
@@ -884,15 +901,15 @@ static ftune_status setup(run *r) {
         q->ndim = p->ndim;
         q->shape[0] = p->shape[0];
         q->shape[1] = p->shape[1];
-        q->decay = o->mode == FT_TRAIN_LORA || p->ndim == 2; /* no decay on norms and biases, as HF's Trainer */
+        q->decay = o->mode == FTUNE_TRAIN_LORA || p->ndim == 2; /* no decay on norms and biases, as HF's Trainer */
         n_trainable += p->numel;
     }
-    ft_adamw_cfg acfg = o->adamw;
-    acfg.n_threads = o->n_threads;
-    TRY(ft_adamw_init(&r->opt, r->params, r->n_params, &acfg));
+    ft_adamw_cfg ac = { .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps, .weight_decay = o->weight_decay,
+                        .n_threads = o->n_threads };
+    TRY(ft_adamw_init(&r->opt, r->params, r->n_params, &ac));
     r->opt_ready = true;
 
-    if (o->mode == FT_TRAIN_LORA) {
+    if (o->mode == FTUNE_TRAIN_LORA) {
         ft_lora **loras = ft_calloc((size_t)c->L * FT_N_MODS, sizeof *loras);
         if (!loras) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
         for (int l = 0; l < c->L; l++)
@@ -931,7 +948,7 @@ static ftune_status setup(run *r) {
         r->total_micro = m;
         r->total_steps = (m + r->K - 1) / r->K;
     }
-    r->sched = (ft_sched){ .kind = o->schedule, .lr = o->lr, .min_lr = o->min_lr, .warmup_steps = o->warmup,
+    r->sched = (ft_sched){ .kind = (ft_sched_kind)o->schedule, .lr = o->lr, .min_lr = o->min_lr, .warmup_steps = o->warmup,
                            .total_steps = r->total_steps };
     r->config = make_config(r);
     if (!r->config) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
@@ -943,7 +960,7 @@ static ftune_status setup(run *r) {
         if (!r->dump) return ft_err(FTUNE_ERR_IO, "%s: cannot create: %s", o->dump_batches, strerror(errno));
     }
 
-    ft_train_progress p = { .ev = FT_RUN_START, .n_train = r->train->n, .n_val = r->val ? r->val->n : 0,
+    ftune_train_progress p = { .ev = FTUNE_TRAIN_START, .n_train = r->train->n, .n_val = r->val ? r->val->n : 0,
                             .train_tokens = r->train->stats.n_tokens, .train_targets = r->train->stats.n_targets,
                             .val_tokens = r->val ? r->val->stats.n_tokens : 0, .n_trainable = n_trainable,
                             .T = r->T, .B = r->B, .K = r->K, .data_format = ft_data_format_name(r->train->format),
@@ -961,7 +978,7 @@ static ftune_status setup(run *r) {
 }
 
 static ftune_status train(run *r) {
-    const ft_train_run_opts *o = r->o;
+    const ftune_train_opts *o = r->o;
     TRY(setup(r));
     int64_t start = r->step;
     if (o->save_initial_adapter && r->wrapped && start == 0) {
@@ -974,7 +991,7 @@ static ftune_status train(run *r) {
         TRY(validate(r, &vl));
         r->res.has_val = true;
         r->res.val_loss_first = r->res.val_loss_last = vl;
-        ft_train_progress p = { .ev = FT_RUN_EVAL, .step = r->step, .start_step = start, .has_val_loss = true, .val_loss = vl };
+        ftune_train_progress p = { .ev = FTUNE_TRAIN_EVAL, .step = r->step, .start_step = start, .has_val_loss = true, .val_loss = vl };
         emit(r, &p);
     }
     double t0 = ft_time_s();
@@ -984,7 +1001,7 @@ static ftune_status train(run *r) {
         TRY(train_step(r, &loss, &gnorm, &lr, &ntok));
         double te = ft_time_s();
         r->res.last_loss = loss;
-        ft_train_progress p = { .ev = FT_RUN_STEP, .step = r->step, .start_step = start, .loss = loss, .lr = lr,
+        ftune_train_progress p = { .ev = FTUNE_TRAIN_STEP, .step = r->step, .start_step = start, .loss = loss, .lr = lr,
                                 .grad_norm = gnorm, .tokens_per_s = te > ts ? (double)ntok / (te - ts) : 0,
                                 .elapsed_s = te - t0, .peak_mib = ft_peak_rss_mib() };
         p.eta_s = p.elapsed_s / (double)(r->step - start) * (double)(r->total_steps - r->step);
@@ -1014,7 +1031,7 @@ static ftune_status train(run *r) {
         }
     }
     /* final outputs */
-    if (o->mode == FT_TRAIN_LORA) {
+    if (o->mode == FTUNE_TRAIN_LORA) {
         TRY(save_adapter_dir(r, o->out_dir));
         if (o->export_gguf) {
             char path[4200];
@@ -1022,12 +1039,12 @@ static ftune_status train(run *r) {
             TRY(ft_adapter_save_gguf(r->wrapped, path));
         }
     } else TRY(save_full_model(r, o->out_dir));
-    ft_train_progress p = { .ev = FT_RUN_DONE, .step = r->step, .start_step = start, .path = o->out_dir };
+    ftune_train_progress p = { .ev = FTUNE_TRAIN_DONE, .step = r->step, .start_step = start, .path = o->out_dir };
     emit(r, &p);
     return FTUNE_OK;
 }
 
-ftune_status ft_train_run(const ft_train_run_opts *o, ft_train_progress_fn progress, void *ctx, ft_train_result *res) {
+ftune_status ftune_train_run(const ftune_train_opts *o, ftune_train_progress_fn progress, void *ctx, ftune_train_result *res) {
     run *r = calloc(1, sizeof *r);
     if (!r) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     r->o = o;
@@ -1038,7 +1055,12 @@ ftune_status ft_train_run(const ft_train_run_opts *o, ft_train_progress_fn progr
     ftune_status st = train(r);
     r->res.steps_done = r->step;
     r->res.total_steps = r->total_steps;
-    if (r->tr) ft_trainer_mem_table(r->tr, &r->res.mem);
+    if (r->tr) {
+        ft_mem_table mt;
+        ft_trainer_mem_table(r->tr, &mt);
+        ft_mem_table_format(&mt, r->res.memory_table, sizeof r->res.memory_table);
+    }
+    r->res.peak_rss_mib = ft_peak_rss_mib();
     if (res) *res = r->res;
     if (r->metrics) fclose(r->metrics);
     if (r->dump && fclose(r->dump) != 0 && !st) st = ft_err(FTUNE_ERR_IO, "%s: write failed", o->dump_batches);

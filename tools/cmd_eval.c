@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "data.h"
 
 static char *slurp(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -142,7 +141,7 @@ int cmd_eval(int argc, char **argv) {
             if (*p) {
                 /* the line is NUL-terminated at its end; a NUL before that (raw or \u0000) would cut the text */
                 size_t ll = (size_t)((nl ? nl : data + len) - line);
-                int64_t nul = ft_json_nul_at(line, ll);
+                int64_t nul = ftune_json_nul_at(line, ll);
                 if (nul >= 0) {
                     cli_progress_end(&pr);
                     fprintf(stderr, "ftune eval: error: %s: a NUL character in the record (column %lld); text may not "

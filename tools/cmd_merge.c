@@ -8,18 +8,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "adapter.h"
-#include "tokenizer.h"
-
-/* What a GGUF write did, on one line. */
-static void print_report(const char *out, const ft_merge_report *r) {
-    fprintf(stderr, "%s: general.file_type %u; matrices:", out, r->file_type);
-    for (int t = 0; t < FT_NTYPES; t++)
-        if (r->n_mat[t]) fprintf(stderr, " %d %s", r->n_mat[t], ft_types[t].name);
-    fprintf(stderr, " (%s %s", r->tied ? "tied token_embd/output" : "output.weight", ft_types[r->output_dtype].name);
-    if (r->n_kept) fprintf(stderr, "; %d kept their type: rows not whole blocks", r->n_kept);
-    fprintf(stderr, "); %d vectors f32\n", r->n_vec);
-}
 
 int cmd_merge(int argc, char **argv) {
     const char *model = NULL, *adapter = NULL, *out = NULL, *dtype = NULL, *tokenizer = NULL;
@@ -49,33 +37,15 @@ int cmd_merge(int argc, char **argv) {
     ftune_model *m = cli_load_model("merge", model, tokenizer, 0, false);
     if (!m) return 1;
     ftune_status st = adapter ? ftune_model_load_adapter(m, adapter) : FTUNE_OK;
-    ft_merge_report rep;
-    ft_merge_opts mo = { .dtype = dtype, .report = &rep };
-    size_t n = strlen(out);
-    bool gguf = n >= 5 && strcmp(out + n - 5, ".gguf") == 0;
-    ftune_tokenizer *tok = NULL;
-    char *tok_dir = NULL;
-    if (!st && tokenizer && strcmp(m->format, "llama2c") != 0) {
-        /* a model without a tokenizer (ftune init's) gets one for its GGUF */
-        if (ftune_model_tokenizer(m) || !gguf)
-            st = ft_err(FTUNE_ERR_ARG, "--tokenizer %s: only for a llama2.c model, or a .gguf output from a model "
-                        "without a tokenizer (%s has %s)", tokenizer, model,
-                        ftune_model_tokenizer(m) ? "its own" : "none, but the output is not .gguf");
-        else if (!(st = ft_tokenizer_load_path(&tok, tokenizer))) {
-            tok_dir = ft_strdup(tokenizer);
-            char *slash = tok_dir && !ft_is_dir(tokenizer) ? strrchr(tok_dir, '/') : NULL;
-            if (slash) *slash = 0;
-            else if (tok_dir && !ft_is_dir(tokenizer)) strcpy(tok_dir, ".");
-            mo.tokenizer = tok;
-            mo.tokenizer_dir = tok_dir;
-        }
-    }
-    if (!st) st = ft_merge_write(m, out, &mo);
+    ftune_model_info info;
+    ftune_model_get_info(m, &info);
+    /* a llama2.c model's --tokenizer was its own (cli_load_model); any other model's goes into the GGUF */
+    ftune_merge_opts mo = { .dtype = dtype, .tokenizer = strcmp(info.format, "llama2c") != 0 ? tokenizer : NULL };
+    char summary[1024];
+    if (!st) st = ftune_model_merge(m, out, &mo, summary, sizeof summary);
     int rc = st ? cli_fail("merge", st) : 0;
-    if (!st && gguf) print_report(out, &rep);
+    if (!st && summary[0]) fprintf(stderr, "%s\n", summary);
     if (!st) fprintf(stderr, "wrote %s\n", out);
-    ft_tokenizer_free(tok);
-    free(tok_dir);
     ftune_model_free(m);
     return rc;
 }

@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "tokenizer.h"
 
 int cmd_tokenize(int argc, char **argv) {
     const char *model = NULL, *tokenizer = NULL;

@@ -1,5 +1,5 @@
 /* cmd_train.c — `ftune train`: fine-tunes a model (LoRA or full) on a
- * dataset through ft_train_run, showing a live progress line on stderr.
+ * dataset through ftune_train_run (the public API only), showing a live progress line on stderr.
  * Ctrl-C finishes the current step, saves a checkpoint and exits non-zero. */
 #include <errno.h>
 #include <math.h>
@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "train_loop.h"
 
 static volatile sig_atomic_t g_stop = 0;
 static void on_sigint(int sig) { (void)sig; g_stop = 1; }
@@ -30,13 +29,13 @@ static void end_line(progress_ctx *pc) {
     pc->line_open = false;
 }
 
-static void on_progress(void *ctx, const ft_train_progress *p) {
+static void on_progress(void *ctx, const ftune_train_progress *p) {
     progress_ctx *pc = ctx;
     if (pc->quiet) return;
     char eta[32];
     if (pc->data) cli_progress_end(pc->data);
     switch (p->ev) {
-    case FT_RUN_START:
+    case FTUNE_TRAIN_START:
         fprintf(stderr, "data: %d training examples (%lld tokens, %lld targets, format %s), %d validation examples\n",
                 p->n_train, (long long)p->train_tokens, (long long)p->train_targets, p->data_format, p->n_val);
         if (p->n_truncated)
@@ -54,7 +53,7 @@ static void on_progress(void *ctx, const ft_train_progress *p) {
                 (long long)p->total_steps, p->B, p->T, p->K);
         if (p->start_step) fprintf(stderr, "resuming after step %lld\n", (long long)p->start_step);
         break;
-    case FT_RUN_STEP:
+    case FTUNE_TRAIN_STEP:
         cli_fmt_duration(eta, sizeof eta, p->eta_s);
         fprintf(stderr, "%sstep %lld/%lld  loss %.4f  lr %.1e  gnorm %.2f  %.0f tok/s  mem %.1f MiB  ETA %s%s",
                 pc->tty ? "\r" : "", (long long)p->step, (long long)p->total_steps, p->loss, p->lr, p->grad_norm,
@@ -65,16 +64,16 @@ static void on_progress(void *ctx, const ft_train_progress *p) {
             fprintf(stderr, "step %lld: val loss %.4f\n", (long long)p->step, p->val_loss);
         }
         break;
-    case FT_RUN_EVAL:
+    case FTUNE_TRAIN_EVAL:
         end_line(pc);
         fprintf(stderr, "step %lld: val loss %.4f%s\n", (long long)p->step, p->val_loss,
                 p->step == 0 ? " (before training)" : "");
         break;
-    case FT_RUN_SAVE:
+    case FTUNE_TRAIN_SAVE:
         end_line(pc);
         fprintf(stderr, "saved %s\n", p->path);
         break;
-    case FT_RUN_DONE:
+    case FTUNE_TRAIN_DONE:
         end_line(pc);
         fprintf(stderr, "wrote %s\n", p->path);
         break;
@@ -95,8 +94,8 @@ static int parse_num(const char *name, const char *s, double *out) {
 }
 
 int cmd_train(int argc, char **argv) {
-    ft_train_run_opts o;
-    ft_train_run_opts_default(&o);
+    ftune_train_opts o;
+    ftune_train_opts_default(&o);
     const char *model = NULL, *tokenizer = NULL, *format = "auto", *targets = "q,k,v,o,gate,up,down";
     const char *val_split = "0.05", *lora_alpha = "16", *lora_dropout = "0.05", *lr = "2e-4", *wd = "0.0";
     const char *beta1 = "0.9", *beta2 = "0.999", *eps = "1e-8", *max_norm = "1.0", *schedule = "cosine", *min_lr = "0";
@@ -173,8 +172,8 @@ int cmd_train(int argc, char **argv) {
     struct { const char *name, *s; double *d; float *f; } nums[] = {
         { "--val-split", val_split, &o.val_split, NULL }, { "--lora-alpha", lora_alpha, NULL, &o.lora_alpha },
         { "--lora-dropout", lora_dropout, NULL, &o.lora_dropout }, { "--lr", lr, &o.lr, NULL },
-        { "--weight-decay", wd, &o.adamw.weight_decay, NULL }, { "--beta1", beta1, &o.adamw.beta1, NULL },
-        { "--beta2", beta2, &o.adamw.beta2, NULL }, { "--adam-eps", eps, &o.adamw.eps, NULL },
+        { "--weight-decay", wd, &o.weight_decay, NULL }, { "--beta1", beta1, &o.beta1, NULL },
+        { "--beta2", beta2, &o.beta2, NULL }, { "--adam-eps", eps, &o.adam_eps, NULL },
         { "--max-grad-norm", max_norm, &o.max_grad_norm, NULL }, { "--min-lr", min_lr, &o.min_lr, NULL },
     };
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
@@ -189,11 +188,11 @@ int cmd_train(int argc, char **argv) {
     if (strcmp(format, "prompt-completion") == 0) format = "completion";
     else if (strcmp(format, "txt") == 0) format = "plain";
     ftune_status st;
-    if ((st = ft_data_format_from_name(&o.format, format))) return cli_fail("train", st);
-    if ((st = ft_lora_targets_parse(targets, &o.lora_targets))) return cli_fail("train", st);
-    if ((st = ft_sched_kind_parse(schedule, &o.schedule))) return cli_fail("train", st);
-    if (strcmp(truncate, "end") == 0) o.truncate = FT_TRUNC_END;
-    else if (strcmp(truncate, "prompt") == 0) o.truncate = FT_TRUNC_PROMPT;
+    if ((st = ftune_data_format_parse(format, &o.format))) return cli_fail("train", st);
+    if ((st = ftune_lora_targets_parse(targets, &o.lora_targets))) return cli_fail("train", st);
+    if ((st = ftune_schedule_parse(schedule, &o.schedule))) return cli_fail("train", st);
+    if (strcmp(truncate, "end") == 0) o.truncate = FTUNE_TRUNCATE_END;
+    else if (strcmp(truncate, "prompt") == 0) o.truncate = FTUNE_TRUNCATE_PROMPT;
     else {
         fprintf(stderr, "ftune train: --truncate expects end or prompt, got \"%s\"\n", truncate);
         return 2;
@@ -202,14 +201,14 @@ int cmd_train(int argc, char **argv) {
         fprintf(stderr, "ftune train: give --ctx-size (-c) or --ctx, not both\n");
         return 2;
     }
-    o.mode = full ? FT_TRAIN_FULL : FT_TRAIN_LORA;
+    o.mode = full ? FTUNE_TRAIN_FULL : FTUNE_TRAIN_LORA;
     o.warmup = warmup;
     o.steps = steps;
     o.epochs = epochs;
     o.shuffle = !no_shuffle;
-    o.lora_set = (cli_seen(&cmd, "--lora-r") ? FT_RUN_SET_R : 0) | (cli_seen(&cmd, "--lora-alpha") ? FT_RUN_SET_ALPHA : 0) |
-                 (cli_seen(&cmd, "--lora-targets") ? FT_RUN_SET_TARGETS : 0) |
-                 (cli_seen(&cmd, "--rslora") ? FT_RUN_SET_RSLORA : 0);
+    o.lora_set = (cli_seen(&cmd, "--lora-r") ? FTUNE_SET_LORA_R : 0) | (cli_seen(&cmd, "--lora-alpha") ? FTUNE_SET_LORA_ALPHA : 0) |
+                 (cli_seen(&cmd, "--lora-targets") ? FTUNE_SET_LORA_TARGETS : 0) |
+                 (cli_seen(&cmd, "--rslora") ? FTUNE_SET_RSLORA : 0);
     if (cli_seen(&cmd, "--val") && cli_seen(&cmd, "--val-split")) {
         fprintf(stderr, "ftune train: give --val FILE or --val-split F, not both\n");
         return 2;
@@ -229,23 +228,21 @@ int cmd_train(int argc, char **argv) {
     signal(SIGXFSZ, SIG_IGN); /* a file-size limit is a write error, not a kill */
 
     cli_progress dp;
-    progress_ctx pc = { .quiet = quiet, .tty = isatty(2), .truncate_end = o.truncate == FT_TRUNC_END, .data = &dp };
+    progress_ctx pc = { .quiet = quiet, .tty = isatty(2), .truncate_end = o.truncate == FTUNE_TRUNCATE_END, .data = &dp };
     cli_progress_begin(&dp, "tokenizing the data", progress);
     if (!quiet && dp.on) {
         o.data_progress = on_data_progress;
         o.data_progress_ctx = &dp;
     }
-    ft_train_result res;
-    st = ft_train_run(&o, on_progress, &pc, &res);
+    ftune_train_result res;
+    st = ftune_train_run(&o, on_progress, &pc, &res);
     cli_progress_end(&dp);
     end_line(&pc);
     signal(SIGINT, SIG_DFL);
     int rc = 0;
     if (st) rc = cli_fail("train", st);
     else if (!quiet) {
-        char mt[2048];
-        if (ft_mem_table_format(&res.mem, mt, sizeof mt) > 0)
-            fprintf(stderr, "%speak RSS %.1f MiB\n", mt, ft_peak_rss_mib());
+        if (res.memory_table[0]) fprintf(stderr, "%speak RSS %.1f MiB\n", res.memory_table, res.peak_rss_mib);
         if (res.has_val)
             fprintf(stderr, "val loss: %.4f before, %.4f after %lld steps\n", res.val_loss_first, res.val_loss_last,
                     (long long)res.steps_done);

@@ -3,7 +3,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "train_loop.h"
 
 #define FTUNE_CLI_VERSION "0.1.0"
 
@@ -31,7 +30,7 @@ int main(int argc, char **argv) {
 #else
         const char *cc = "gcc";
 #endif
-        printf("ftune %s (checkpoint format %d; built %s with %s %s)\n", FTUNE_CLI_VERSION, FT_CKPT_VERSION, __DATE__,
+        printf("ftune %s (checkpoint format %d; built %s with %s %s)\n", FTUNE_CLI_VERSION, FTUNE_CHECKPOINT_VERSION, __DATE__,
                cc, __VERSION__);
         return 0;
     }
