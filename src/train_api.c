@@ -156,7 +156,7 @@ ftune_status ftune_trainer_step(ftune_trainer *t, const int32_t *tokens, const i
     if (!isfinite(*loss) || !isfinite(gnorm))
         return ft_err(FTUNE_ERR_RANGE, "ftune_trainer_step: the loss (%g) or gradient norm (%g) is not finite; try a lower lr",
                       *loss, gnorm);
-    ft_adamw_step(&t->opt, lr);
+    ft_trainer_adamw_step(t->tr, &t->opt, lr);
     return FTUNE_OK;
 }
 

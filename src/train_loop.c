@@ -738,7 +738,7 @@ static ftune_status train_step(run *r, double *loss, double *gnorm, double *lr, 
         return ft_err(FTUNE_ERR_RANGE, "step %lld: the loss (%g) or gradient norm (%g) is not finite; try a lower --lr",
                       (long long)r->step + 1, *loss, *gnorm);
     *lr = ft_sched_lr(&r->sched, r->step);
-    ft_adamw_step(&r->opt, *lr);
+    ft_trainer_adamw_step(r->tr, &r->opt, *lr); /* through the trainer's backend */
     r->step++;
     return FTUNE_OK;
 }
