@@ -21,14 +21,22 @@ static void print_report(const char *out, const ft_merge_report *r) {
     fprintf(stderr, "); %d vectors f32\n", r->n_vec);
 }
 
+/* ft_merge_opts.progress: elements of the computed tensors made so far */
+static void on_progress(void *ctx, uint64_t done, uint64_t total) {
+    cli_progress_update(ctx, (double)done, (double)total);
+}
+
 int cmd_merge(int argc, char **argv) {
     const char *model = NULL, *adapter = NULL, *out = NULL, *dtype = NULL, *tokenizer = NULL;
+    bool progress = false;
     cli_opt opts[] = {
         { "-m", "--model", OPT_STR, &model, "MODEL", "base model: Hugging Face directory, .gguf, or llama2.c .bin" },
         { NULL, "--adapter", OPT_STR, &adapter, "DIR", "PEFT adapter directory or llama.cpp LoRA .gguf; none = convert only" },
         { "-o", "--output", OPT_STR, &out, "OUT", "a directory (Hugging Face safetensors) or a path ending in .gguf" },
         { NULL, "--dtype", OPT_STR, &dtype, "T", "f32, bf16 or f16 for every matrix, embedding and output included; a .gguf output also q8_0, q4_0 (default: each weight's own)" },
         { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model); for a .gguf output from a model without a tokenizer (ftune init's): any tokenizer file or directory" },
+        { NULL, "--progress", OPT_FLAG, &progress, "",
+          "show progress and ETA on stderr even when it is not a terminal" },
         { 0 },
     };
     cli_cmd cmd = { "merge", "-m MODEL [--adapter DIR] -o OUT [--dtype T]",
@@ -70,7 +78,14 @@ int cmd_merge(int argc, char **argv) {
             mo.tokenizer_dir = tok_dir;
         }
     }
+    cli_progress pr = { 0 };
+    char label[4200];
+    snprintf(label, sizeof label, "%s %s", adapter ? "merging" : "writing", out);
+    cli_progress_begin(&pr, label, progress);
+    mo.progress = on_progress;
+    mo.progress_ctx = &pr;
     if (!st) st = ft_merge_write(m, out, &mo);
+    cli_progress_end(&pr);
     int rc = st ? cli_fail("merge", st) : 0;
     if (!st && gguf) print_report(out, &rep);
     if (!st) fprintf(stderr, "wrote %s\n", out);
