@@ -185,6 +185,11 @@ typedef struct {
                             * a tokenizer file or directory to write into it; NULL: none.
                             * Given for a model with a tokenizer, or for a Hugging Face
                             * output, it is FTUNE_ERR_ARG. */
+    /* Called now and then from the calling thread with the elements of the
+     * tensors computed so far (folded, converted, quantized) and their
+     * total; NULL: none. */
+    void (*progress)(void *ctx, uint64_t done, uint64_t total);
+    void *progress_ctx;
 } ftune_merge_opts;
 
 /* ftune_model_save_merged with options (o may be NULL). summary (may be

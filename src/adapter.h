@@ -185,6 +185,11 @@ typedef struct {
                               * "q8_0" and "q4_0" (q4_0 writes the output matrix, or the tied
                               * embedding, as q8_0); a matrix whose rows are not whole
                               * blocks of the type keeps its own */
+    void (*progress)(void *ctx, uint64_t done, uint64_t total); /* or NULL: called as the rows of
+                              * tensors that are computed (folded, converted, permuted or
+                              * quantized) are made, done/total counting their elements; tensors
+                              * copied byte for byte are not counted. Last call done == total */
+    void *progress_ctx;
 } ft_merge_opts;
 
 /* Writes m with every attached adapter folded in (W + scale·B·A computed

@@ -49,7 +49,8 @@ ftune_status ftune_model_merge(const ftune_model *m, const char *path, const ftu
     size_t n = strlen(path);
     bool gguf = n >= 5 && strcmp(path + n - 5, ".gguf") == 0;
     ft_merge_report rep;
-    ft_merge_opts mo = { .dtype = o ? o->dtype : NULL, .report = &rep };
+    ft_merge_opts mo = { .dtype = o ? o->dtype : NULL, .report = &rep, .progress = o ? o->progress : NULL,
+                         .progress_ctx = o ? o->progress_ctx : NULL };
     ftune_tokenizer *tok = NULL;
     char *tok_dir = NULL;
     ftune_status st = FTUNE_OK;

@@ -90,7 +90,15 @@ typedef struct {
     float *row;               /* (max cols) f32 */
     uint8_t *bytes;           /* (max cols) in the output dtype */
     int cached_index, cached_row;
+    void (*progress)(void *, uint64_t, uint64_t); /* ft_merge_opts.progress, or NULL */
+    void *progress_ctx;
+    uint64_t done, total;     /* elements of computed rows: made so far, in all */
 } fill_state;
+
+static void progress_init(fill_state *fs, const ft_merge_opts *opts) {
+    fs->progress = opts ? opts->progress : NULL;
+    fs->progress_ctx = opts ? opts->progress_ctx : NULL;
+}
 
 /* st_write's generator: bytes [offset, offset+n) of tensor `index`, built
  * row by row (a row may straddle two calls; the last one is cached). */
@@ -107,6 +115,8 @@ static void fill_rows(void *ctx, int index, ft_dtype dtype, void *dst, uint64_t 
             ft_types[dtype].from_f32(fs->row, fs->bytes, s->cols);
             fs->cached_index = index;
             fs->cached_row = R;
+            fs->done += (uint64_t)s->cols;
+            if (fs->progress) fs->progress(fs->progress_ctx, fs->done < fs->total ? fs->done : fs->total, fs->total);
         }
         memcpy(out, fs->bytes + in_row, k);
         out += k;
@@ -278,6 +288,9 @@ static ftune_status write_hf(const ftune_model *mc, const char *dir, const ft_me
     /* bytes: each row buffer holds max_cols elements of up to 4 bytes */
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    progress_init(&fs, opts);
+    for (int i = 0; i < n; i++)
+        if (ts[i].fill) fs.total += (uint64_t)src[i].rows * (uint64_t)src[i].cols;
     if ((st = st_write(path, ts, n, NULL))) goto done;
 
     /* config.json: the base's own when it has one (torch_dtype updated), else built from the config */
@@ -415,6 +428,7 @@ static ftune_status plan_mat(gguf_plan *p, const char *name, const ft_tensor *t,
                           ? gguf_writer_add_tensor(p->w, name, dt, 2, shape, t->data)
                           : gguf_writer_add_tensor_fill(p->w, name, dt, 2, shape, fill_rows, &p->fs, p->n);
     if (st) return st;
+    if (lora || heads || dt != t->dtype) p->fs.total += (uint64_t)rows * (uint64_t)cols; /* made row by row */
     snprintf(p->names[p->n++], FT_NAME_MAX, "%s", name);
     p->rep->n_mat[dt]++;
     if (kept) p->rep->n_kept++;
@@ -429,6 +443,7 @@ static ftune_status plan_vec(gguf_plan *p, const char *name, const float *v, int
     ftune_status st = !heads ? gguf_writer_add_tensor(p->w, name, FT_F32, 1, shape, v)
                              : gguf_writer_add_tensor_fill(p->w, name, FT_F32, 1, shape, fill_rows, &p->fs, p->n);
     if (st) return st;
+    if (heads) p->fs.total += (uint64_t)len;
     snprintf(p->names[p->n++], FT_NAME_MAX, "%s", name);
     p->rep->n_vec++;
     return FTUNE_OK;
@@ -988,6 +1003,7 @@ static ftune_status write_gguf(const ftune_model *mc, const char *path, const ft
         for (uint32_t d = 0; d < ti->n_dims; d++) shape[d] = (int64_t)ti->ne[ti->n_dims - 1 - d];
         st = gguf_writer_add_tensor(p.w, name, ti->dtype, (int)ti->n_dims, shape, ti->data);
     }
+    progress_init(&p.fs, opts);
     if (!st) st = gguf_writer_write(p.w, path);
 done:
     gguf_writer_free(p.w);

@@ -9,14 +9,22 @@
 
 #include "cli.h"
 
+/* ft_merge_opts.progress: elements of the computed tensors made so far */
+static void on_progress(void *ctx, uint64_t done, uint64_t total) {
+    cli_progress_update(ctx, (double)done, (double)total);
+}
+
 int cmd_merge(int argc, char **argv) {
     const char *model = NULL, *adapter = NULL, *out = NULL, *dtype = NULL, *tokenizer = NULL;
+    bool progress = false;
     cli_opt opts[] = {
         { "-m", "--model", OPT_STR, &model, "MODEL", "base model: Hugging Face directory, .gguf, or llama2.c .bin" },
         { NULL, "--adapter", OPT_STR, &adapter, "DIR", "PEFT adapter directory or llama.cpp LoRA .gguf; none = convert only" },
         { "-o", "--output", OPT_STR, &out, "OUT", "a directory (Hugging Face safetensors) or a path ending in .gguf" },
         { NULL, "--dtype", OPT_STR, &dtype, "T", "f32, bf16 or f16 for every matrix, embedding and output included; a .gguf output also q8_0, q4_0 (default: each weight's own)" },
         { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model); for a .gguf output from a model without a tokenizer (ftune init's): any tokenizer file or directory" },
+        { NULL, "--progress", OPT_FLAG, &progress, "",
+          "show progress and ETA on stderr even when it is not a terminal" },
         { 0 },
     };
     cli_cmd cmd = { "merge", "-m MODEL [--adapter DIR] -o OUT [--dtype T]",
@@ -41,8 +49,15 @@ int cmd_merge(int argc, char **argv) {
     ftune_model_get_info(m, &info);
     /* a llama2.c model's --tokenizer was its own (cli_load_model); any other model's goes into the GGUF */
     ftune_merge_opts mo = { .dtype = dtype, .tokenizer = strcmp(info.format, "llama2c") != 0 ? tokenizer : NULL };
+    cli_progress pr = { 0 };
+    char label[4200];
+    snprintf(label, sizeof label, "%s %s", adapter ? "merging" : "writing", out);
+    cli_progress_begin(&pr, label, progress);
+    mo.progress = on_progress;
+    mo.progress_ctx = &pr;
     char summary[1024];
     if (!st) st = ftune_model_merge(m, out, &mo, summary, sizeof summary);
+    cli_progress_end(&pr);
     int rc = st ? cli_fail("merge", st) : 0;
     if (!st && summary[0]) fprintf(stderr, "%s\n", summary);
     if (!st) fprintf(stderr, "wrote %s\n", out);
