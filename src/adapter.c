@@ -99,8 +99,6 @@ static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_lora_
         for (int k = 0; k < FT_N_MODS; k++) {
             if (!sel[l * FT_N_MODS + k]) continue;
             ft_linear *lin = ft_model_linear(m, l, (ft_module)k);
-            if (lin->lora)
-                return ft_err(FTUNE_ERR_ARG, "layer %d %s already carries an adapter", l, mod_names[k]);
             n++;
             floats += (size_t)cfg->r * ((size_t)lin->in + (size_t)lin->out) * (trainable ? 2 : 1);
         }
@@ -111,7 +109,8 @@ static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_lora_
     a->e = ft_calloc((size_t)(n ? n : 1), sizeof *a->e);
     a->loras = ft_calloc((size_t)(n ? n : 1), sizeof *a->loras);
     a->mem = ft_aligned_alloc((floats ? floats : 1) * sizeof(float));
-    if (!a->e || !a->loras || !a->mem) {
+    a->set = ft_calloc((size_t)c->L * FT_N_MODS, sizeof *a->set);
+    if (!a->e || !a->loras || !a->mem || !a->set) {
         ft_adapter_free(a);
         return ft_err(FTUNE_ERR_NOMEM, "out of memory for %d adapters (%.1f MiB)", n, floats * 4.0 / 1048576.0);
     }
@@ -128,6 +127,7 @@ static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_lora_
             e->mod = (ft_module)k;
             e->lin = ft_model_linear(m, l, (ft_module)k);
             e->lora = lo;
+            a->set[l * FT_N_MODS + k] = lo;
             size_t na = (size_t)cfg->r * e->lin->in, nb = (size_t)e->lin->out * cfg->r;
             lo->r = cfg->r;
             lo->alpha = cfg->alpha;
@@ -141,10 +141,6 @@ static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_lora_
         }
     *out = a;
     return FTUNE_OK;
-}
-
-static void attach_all(ft_adapter *a) {
-    for (int i = 0; i < a->n; i++) a->e[i].lin->lora = a->e[i].lora;
 }
 
 ftune_status ft_adapter_attach(ft_adapter **out, ftune_model *m, const ft_lora_cfg *cfg, bool trainable, uint64_t seed) {
@@ -168,7 +164,6 @@ ftune_status ft_adapter_attach(ft_adapter **out, ftune_model *m, const ft_lora_c
         float *A = a->e[i].lora->A;
         for (size_t j = 0; j < (size_t)cfg->r * in; j++) A[j] = (2.0f * ft_rng_uniform(&rng) - 1.0f) * bound;
     }
-    attach_all(a);
     *out = a;
     return FTUNE_OK;
 }
@@ -191,7 +186,9 @@ ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *l
     }
     if (!n) return ft_err(FTUNE_ERR_ARG, "no adapters to wrap");
     ft_adapter *a = ft_calloc(1, sizeof *a);
-    if (!a || !(a->e = ft_calloc((size_t)n, sizeof *a->e))) {
+    if (!a || !(a->e = ft_calloc((size_t)n, sizeof *a->e)) ||
+        !(a->set = ft_calloc((size_t)c->L * FT_N_MODS, sizeof *a->set))) {
+        if (a) free(a->e);
         free(a);
         return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     }
@@ -205,6 +202,7 @@ ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *l
         e->mod = (ft_module)(i % FT_N_MODS);
         e->lin = ft_model_linear(m, e->layer, e->mod);
         e->lora = loras[i];
+        a->set[i] = loras[i];
         a->cfg.targets |= FT_MOD_BIT(e->mod);
     }
     *out = a;
@@ -213,9 +211,7 @@ ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *l
 
 void ft_adapter_free(ft_adapter *a) {
     if (!a) return;
-    if (a->loras)
-        for (int i = 0; i < a->n; i++)
-            if (a->e[i].lin->lora == a->e[i].lora) a->e[i].lin->lora = NULL;
+    free(a->set);
     free(a->e);
     free(a->loras);
     free(a->mem);
@@ -613,7 +609,6 @@ ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *
         if (c->rope_interleaved && heads &&
             (st = ft_permute_rope_rows(e->lora->B, e->lin->out, pc.r, heads, true))) goto done;
     }
-    attach_all(a);
     *out = a;
     a = NULL;
 done:
@@ -921,7 +916,6 @@ ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *
             (st = ft_permute_rope_rows(e->lora->B, e->lin->out, r, heads, c->rope_interleaved)))
             goto done;
     }
-    attach_all(a);
     *out = a;
     a = NULL;
 done: /* every message names the file */

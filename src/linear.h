@@ -28,7 +28,9 @@ typedef struct {
     ft_tensor w;        /* (out, in) in any weight dtype */
     float *bias;        /* (out) or NULL */
     int in, out;
-    ft_lora *lora;      /* NULL when the layer carries no adapter */
+    ft_lora *lora;      /* the adapter for this call, or NULL. A model's Linears keep
+                         * NULL (the model is read-only after load): the block binds
+                         * its caller's adapter set into a stack copy per op */
 } ft_linear;
 
 /* ------------------------------------------------------------ inference */

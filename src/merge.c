@@ -26,11 +26,20 @@ static void add_lora_row(float *row, const ft_lora *a, int o, int in) {
     }
 }
 
-ftune_status ft_merge_lora(ftune_model *m) {
+/* The adapter of Linear mod in block l that a write folds in: opts->adapter,
+ * else the model's default adapter, else none. */
+static const ft_lora *merged_lora(const ftune_model *m, const ft_merge_opts *opts, int l, ft_module mod) {
+    const ft_adapter *a = opts && opts->adapter ? opts->adapter : m->adapter;
+    return a ? a->set[l * FT_N_MODS + mod] : NULL;
+}
+
+ftune_status ft_merge_lora(ftune_model *m, const ft_adapter *ad) {
+    if (!ad) return FTUNE_OK;
+    if (ad->m != m) return ft_err(FTUNE_ERR_ARG, "merge: the adapter was made for another model");
     for (int l = 0; l < m->cfg.L; l++)
         for (int k = 0; k < FT_N_MODS; k++) {
             ft_linear *lin = ft_model_linear(m, l, (ft_module)k);
-            const ft_lora *a = lin->lora;
+            const ft_lora *a = ad->set[l * FT_N_MODS + k];
             if (!a) continue;
             float *w = ft_aligned_alloc((size_t)lin->out * lin->in * sizeof(float));
             if (!w) return ft_err(FTUNE_ERR_NOMEM, "out of memory merging layer %d %s", l, ft_module_name((ft_module)k));
@@ -44,7 +53,6 @@ ftune_status ft_merge_lora(ftune_model *m) {
             lin->w.dtype = FT_F32;
             lin->w.data = w;
             lin->w.nbytes = (size_t)lin->out * lin->in * sizeof(float);
-            lin->lora = NULL;
         }
     return FTUNE_OK;
 }
@@ -266,7 +274,7 @@ static ftune_status write_hf(const ftune_model *mc, const char *dir, const ft_me
             const ft_linear *lin = ft_model_linear(m, l, (ft_module)k);
             int heads = c->rope_interleaved ? ft_module_rope_heads(c, (ft_module)k) : 0;
             snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, ft_module_path((ft_module)k));
-            ADD_MAT(name, &lin->w, lin->lora, heads);
+            ADD_MAT(name, &lin->w, merged_lora(m, opts, l, (ft_module)k), heads);
             if (lin->bias) {
                 snprintf(name, sizeof name, "model.layers.%d.%s.bias", l, ft_module_path((ft_module)k));
                 ADD_VEC(name, lin->bias, lin->out, heads);
@@ -944,7 +952,7 @@ static ftune_status write_gguf(const ftune_model *mc, const char *path, const ft
     char name[FT_NAME_MAX];
     if ((st = plan_mat(&p, "token_embd.weight", &m->tok_embd, NULL, 0, c->tied))) goto done;
     if ((st = plan_vec(&p, "output_norm.weight", m->out_norm, c->C, 0))) goto done;
-    if (!c->tied && (st = plan_mat(&p, "output.weight", &m->lm_head.w, m->lm_head.lora, 0, true))) goto done;
+    if (!c->tied && (st = plan_mat(&p, "output.weight", &m->lm_head.w, NULL, 0, true))) goto done;
     const float *rf = m->rope_freq_factors;
     if (!rf && c->rope_scaling.type == 2) {
         if (!(rope_factors = ft_malloc((size_t)(c->HS / 2) * sizeof(float)))) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
@@ -959,7 +967,7 @@ static ftune_status write_gguf(const ftune_model *mc, const char *path, const ft
             const ft_linear *lin = ft_model_linear(m, l, (ft_module)k);
             int heads = permute ? ft_module_rope_heads(c, (ft_module)k) : 0;
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, ft_module_gguf_name((ft_module)k));
-            st = plan_mat(&p, name, &lin->w, lin->lora, heads, false);
+            st = plan_mat(&p, name, &lin->w, merged_lora(m, opts, l, (ft_module)k), heads, false);
             if (!st && lin->bias) {
                 snprintf(name, sizeof name, "blk.%d.%s.bias", l, ft_module_gguf_name((ft_module)k));
                 st = plan_vec(&p, name, lin->bias, lin->out, heads);
@@ -1018,6 +1026,8 @@ static bool is_source(const ftune_model *m, const char *path) {
 ftune_status ft_merge_write(const ftune_model *m, const char *out_path, const ft_merge_opts *opts) {
     if (is_source(m, out_path))
         return ft_err(FTUNE_ERR_ARG, "%s: is where the base model is read from; write the merged model elsewhere", out_path);
+    if (opts && opts->adapter && opts->adapter->m != m)
+        return ft_err(FTUNE_ERR_ARG, "%s: the adapter to merge was made for another model", out_path);
     size_t n = strlen(out_path);
     if (n >= 5 && strcmp(out_path + n - 5, ".gguf") == 0) return write_gguf(m, out_path, opts);
     return write_hf(m, out_path, opts);

@@ -61,8 +61,8 @@ struct ftune_model {
     int64_t weight_bytes;
     int64_t n_params;
     unsigned dtype_mask;      /* bit per ft_dtype present */
-    void *adapter;            /* ftune_model_load_adapter's adapter, or NULL */
-    void (*free_adapter)(void *); /* frees it, detaching it from the Linears */
+    void *adapter;            /* ftune_model_load_adapter's default adapter (an ft_adapter), or NULL; never bound into the Linears */
+    void (*free_adapter)(void *); /* frees it */
 };
 
 /* Checks a config for sizes that are positive and consistent. */

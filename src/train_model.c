@@ -49,6 +49,7 @@ struct ft_trainer {
     ft_linear lm_head;        /* (V, C) */
     ft_layer *layers;         /* (L) */
     ft_lora *loras;           /* (L, 7) */
+    const ft_lora **set;      /* (L, 7): the adapter set the block binds (&loras[i] where trained, else NULL) */
     float *inv_freq;          /* (HS/2) */
     const ft_block_hooks *hooks; /* or NULL */
     /* trainables */
@@ -284,10 +285,11 @@ static ftune_status check_opts(const ft_config *c, const ft_train_opts *o) {
 
 /* The trainer's small bookkeeping arrays (FT_MEM_OTHER), each sized here
  * once for both the plan and the allocation. */
-enum { O_LAYERS, O_LORAS, O_LG, O_LA, O_INV_FREQ, O_IDX, O_POS0, O_PARAMS, N_OTHER };
+enum { O_LAYERS, O_LORAS, O_SET, O_LG, O_LA, O_INV_FREQ, O_IDX, O_POS0, O_PARAMS, N_OTHER };
 static void other_sizes(const ft_config *c, const ft_train_opts *o, int n_params, size_t sz[N_OTHER]) {
     sz[O_LAYERS] = (size_t)c->L * sizeof(ft_layer);
     sz[O_LORAS] = (size_t)c->L * FT_N_TARGETS * sizeof(ft_lora);
+    sz[O_SET] = (size_t)c->L * FT_N_TARGETS * sizeof(ft_lora *);
     sz[O_LG] = (size_t)c->L * sizeof(layer_grads);
     sz[O_LA] = (size_t)c->L * sizeof(layer_acts);
     sz[O_INV_FREQ] = (size_t)c->HS / 2 * sizeof(float);
@@ -412,7 +414,7 @@ static void bind_lora(ft_trainer *tr) {
         ft_lora *a = &tr->loras[l * FT_N_TARGETS + k];
         lora_init(a, tr->o.r, tr->o.alpha, tr->o.rslora, tr->o.dropout, pa->data, pb->data, pa->grad, pb->grad,
                   lin->in, lin->out, &rng);
-        lin->lora = a;
+        tr->set[l * FT_N_TARGETS + k] = a;
     }
     (void)c;
 }
@@ -422,13 +424,10 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
     const ft_config *c = &m->cfg;
     ftune_status st = check_opts(c, o);
     if (st) return st;
-    if (m->lm_head.lora) return ft_err(FTUNE_ERR_UNSUPPORTED, "the model's lm_head carries an adapter");
-    for (int l = 0; l < c->L; l++)
-        for (int k = 0; k < FT_N_TARGETS; k++)
-            if (lin_of(&m->layers[l], k)->lora)
-                return ft_err(FTUNE_ERR_UNSUPPORTED,
-                              "layer %d %s already carries an adapter: merge it into the model before training", l,
-                              ft_target_names[k]);
+    /* the trainer's forward binds only its own adapters (ft_block_env), so a
+     * default adapter of the model would silently not be trained on top of */
+    if (m->adapter)
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "the model carries an adapter: merge it into the model before training");
     ft_trainer *tr = ft_mem_calloc(FT_MEM_OTHER, sizeof *tr);
     if (!tr) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     tr->m = m;
@@ -448,6 +447,7 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
     other_sizes(c, o, tr->n_params, sz);
     tr->layers = ft_mem_alloc(FT_MEM_OTHER, sz[O_LAYERS]);
     tr->loras = ft_mem_calloc(FT_MEM_OTHER, sz[O_LORAS]);
+    tr->set = ft_mem_calloc(FT_MEM_OTHER, sz[O_SET]);
     tr->lg = ft_mem_calloc(FT_MEM_OTHER, sz[O_LG]);
     tr->la = ft_mem_calloc(FT_MEM_OTHER, sz[O_LA]);
     tr->inv_freq = ft_mem_alloc(FT_MEM_OTHER, sz[O_INV_FREQ]);
@@ -459,7 +459,7 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
     tr->grads = tr->be.alloc(&tr->be, FT_MEM_GRADS, pl->grad_bytes);
     tr->act_arena = tr->be.alloc(&tr->be, FT_MEM_ACTS, pl->activation_bytes);
     tr->scr_arena = tr->be.alloc(&tr->be, FT_MEM_SCRATCH, pl->scratch_bytes);
-    if (!tr->layers || !tr->loras || !tr->lg || !tr->la || !tr->inv_freq || !tr->idx || !tr->pos0 || !tr->params ||
+    if (!tr->layers || !tr->loras || !tr->set || !tr->lg || !tr->la || !tr->inv_freq || !tr->idx || !tr->pos0 || !tr->params ||
         !tr->values || !tr->grads || !tr->act_arena || !tr->scr_arena) {
         /* the message before the free: pl points into tr */
         ftune_status err = ft_err(FTUNE_ERR_NOMEM,
@@ -501,6 +501,7 @@ void ft_trainer_free(ft_trainer *tr) {
     other_sizes(&tr->cfg, &tr->o, tr->n_params, sz);
     const ft_train_plan *pl = &tr->plan;
     ft_mem_free(FT_MEM_OTHER, tr->layers, sz[O_LAYERS]); ft_mem_free(FT_MEM_OTHER, tr->loras, sz[O_LORAS]);
+    ft_mem_free(FT_MEM_OTHER, tr->set, sz[O_SET]);
     ft_mem_free(FT_MEM_OTHER, tr->lg, sz[O_LG]); ft_mem_free(FT_MEM_OTHER, tr->la, sz[O_LA]);
     ft_mem_free(FT_MEM_OTHER, tr->inv_freq, sz[O_INV_FREQ]); ft_mem_free(FT_MEM_OTHER, tr->idx, sz[O_IDX]);
     ft_mem_free(FT_MEM_OTHER, tr->pos0, sz[O_POS0]); ft_mem_free(FT_MEM_OTHER, tr->params, sz[O_PARAMS]);
@@ -608,7 +609,7 @@ ftune_status ft_trainer_set_kv_prefix(ft_trainer *tr, const float *k, const floa
 static ft_block_env block_env(const ft_trainer *tr) {
     return (ft_block_env){ .cfg = &tr->cfg, .inv_freq = tr->inv_freq, .be = &tr->be,
                            .lin_scratch = tr->lin_scratch, .att_scratch = tr->P ? tr->p_att_scratch : tr->att_scratch,
-                           .hooks = tr->hooks };
+                           .hooks = tr->hooks, .adapters = tr->set };
 }
 
 /* Block l's call: its own keys/values (no cache), causal over the row. */

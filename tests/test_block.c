@@ -377,6 +377,7 @@ static void test_block_recompute(void) {
     ft_rng_seed(&rng, 5);
     ft_layer ly = m->layers[0];
     ft_lora lo[2];
+    const ft_lora *set[FT_N_LINEAR] = { 0 }; /* layer 0's adapter set, bound by the block through its env */
     float *ad[2][4];
     int tg[2] = { FT_LIN_Q, FT_LIN_DOWN };
     for (int j = 0; j < 2; j++) {
@@ -385,7 +386,7 @@ static void test_block_recompute(void) {
         ad[j][2] = malloc((size_t)R * lin->in * 4); ad[j][3] = malloc((size_t)lin->out * R * 4);
         lora_init(&lo[j], R, 6, false, 0.1f, ad[j][0], ad[j][1], ad[j][2], ad[j][3], lin->in, lin->out, &rng);
         for (int i = 0; i < lin->out * R; i++) ad[j][1][i] = ft_rng_normal(&rng) * 0.1f;
-        lin->lora = &lo[j];
+        set[tg[j]] = &lo[j];
     }
     int pos[B * T], idx[T];
     for (int i = 0; i < BT; i++) pos[i] = i % T;
@@ -400,7 +401,7 @@ static void test_block_recompute(void) {
     float *ls = ft_aligned_alloc(lin_f * 4);
     float *as = ft_aligned_alloc(attention_fast_scratch_floats(T, c->HS, 2, true) * 4);
     ft_backend be = ft_backend_cpu(2);
-    ft_block_env e = { .cfg = c, .inv_freq = NULL, .be = &be, .lin_scratch = ls, .att_scratch = as };
+    ft_block_env e = { .cfg = c, .inv_freq = NULL, .be = &be, .lin_scratch = ls, .att_scratch = as, .adapters = set };
     float *inv = take(&al, (size_t)c->HS / 2, 0);
     ft_rope_setup(inv, c, m->rope_freq_factors);
     e.inv_freq = inv;
