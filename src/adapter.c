@@ -13,33 +13,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static const char *const mod_names[FT_N_MODS] = { "q_proj", "k_proj", "v_proj", "o_proj",
-                                                  "gate_proj", "up_proj", "down_proj" };
-static const char *const mod_paths[FT_N_MODS] = { "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                                  "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
-                                                  "mlp.down_proj" };
-static const char *const mod_gguf[FT_N_MODS] = { "attn_q", "attn_k", "attn_v", "attn_output",
-                                                 "ffn_gate", "ffn_up", "ffn_down" };
 #define PEFT_PREFIX "base_model.model."
 #define MOD_LIST "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
-
-const char *ft_module_name(ft_module mod) { return mod < FT_N_MODS ? mod_names[mod] : "?"; }
-const char *ft_module_path(ft_module mod) { return mod < FT_N_MODS ? mod_paths[mod] : "?"; }
-const char *ft_module_gguf_name(ft_module mod) { return mod < FT_N_MODS ? mod_gguf[mod] : "?"; }
-
-ft_linear *ft_model_linear(ftune_model *m, int l, ft_module mod) {
-    ft_layer *ly = &m->layers[l];
-    switch (mod) {
-    case FT_MOD_Q: return &ly->wq;
-    case FT_MOD_K: return &ly->wk;
-    case FT_MOD_V: return &ly->wv;
-    case FT_MOD_O: return &ly->wo;
-    case FT_MOD_GATE: return &ly->w_gate;
-    case FT_MOD_UP: return &ly->w_up;
-    case FT_MOD_DOWN: return &ly->w_down;
-    default: return NULL;
-    }
-}
 
 int ft_module_rope_heads(const ft_config *c, ft_module mod) {
     return mod == FT_MOD_Q ? c->NH : mod == FT_MOD_K ? c->NKV : 0;
@@ -98,7 +73,7 @@ static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_lora_
     for (int l = 0; l < c->L; l++)
         for (int k = 0; k < FT_N_MODS; k++) {
             if (!sel[l * FT_N_MODS + k]) continue;
-            ft_linear *lin = ft_model_linear(m, l, (ft_module)k);
+            ft_linear *lin = ft_model_linear(m, l, k);
             n++;
             floats += (size_t)cfg->r * ((size_t)lin->in + (size_t)lin->out) * (trainable ? 2 : 1);
         }
@@ -124,8 +99,8 @@ static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_lora_
             ft_adapter_entry *e = &a->e[a->n];
             ft_lora *lo = &a->loras[a->n];
             e->layer = l;
-            e->mod = (ft_module)k;
-            e->lin = ft_model_linear(m, l, (ft_module)k);
+            e->mod = k;
+            e->lin = ft_model_linear(m, l, k);
             e->lora = lo;
             a->set[l * FT_N_MODS + k] = lo;
             size_t na = (size_t)cfg->r * e->lin->in, nb = (size_t)e->lin->out * cfg->r;
@@ -179,9 +154,9 @@ ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *l
         if (!first) first = lo;
         if (lo->r != first->r || lo->alpha != first->alpha || lo->rslora != first->rslora)
             return ft_err(FTUNE_ERR_ARG, "layer %d %s: r/alpha/rslora differ from the other adapters", i / FT_N_MODS,
-                          mod_names[i % FT_N_MODS]);
+                          ft_modules[i % FT_N_MODS].peft);
         if (!lo->A || !lo->B) return ft_err(FTUNE_ERR_ARG, "layer %d %s: adapter without A or B", i / FT_N_MODS,
-                                            mod_names[i % FT_N_MODS]);
+                                            ft_modules[i % FT_N_MODS].peft);
         n++;
     }
     if (!n) return ft_err(FTUNE_ERR_ARG, "no adapters to wrap");
@@ -199,7 +174,7 @@ ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *l
         if (!loras[i]) continue;
         ft_adapter_entry *e = &a->e[a->n++];
         e->layer = i / FT_N_MODS;
-        e->mod = (ft_module)(i % FT_N_MODS);
+        e->mod = (i % FT_N_MODS);
         e->lin = ft_model_linear(m, e->layer, e->mod);
         e->lora = loras[i];
         a->set[i] = loras[i];
@@ -223,12 +198,12 @@ ftune_status ft_adapter_params(const ft_adapter *a, ft_param *out) {
         const ft_adapter_entry *e = &a->e[i];
         if (!e->lora->dA || !e->lora->dB)
             return ft_err(FTUNE_ERR_ARG, "layer %d %s: the adapter has no gradients (attach it as trainable)", e->layer,
-                          mod_names[e->mod]);
+                          ft_modules[e->mod].peft);
         for (int k = 0; k < 2; k++) {
             ft_param *p = &out[2 * i + k];
             memset(p, 0, sizeof *p);
             snprintf(p->name, sizeof p->name, PEFT_PREFIX "model.layers.%d.%s.lora_%c.weight", e->layer,
-                     mod_paths[e->mod], k ? 'B' : 'A');
+                     ft_modules[e->mod].path, k ? 'B' : 'A');
             p->data = k ? e->lora->B : e->lora->A;
             p->grad = k ? e->lora->dB : e->lora->dA;
             p->ndim = 2;
@@ -438,9 +413,9 @@ static bool parse_module(const char *s, int L, int *l, ft_module *mod) {
     long v = strtol(s, &end, 10);
     if (errno || end == s || *end != '.' || v < 0 || v >= L || (s[0] == '0' && end - s > 1)) return false;
     for (int k = 0; k < FT_N_MODS; k++)
-        if (strcmp(end + 1, mod_paths[k]) == 0) {
+        if (strcmp(end + 1, ft_modules[k].path) == 0) {
             *l = (int)v;
-            *mod = (ft_module)k;
+            *mod = k;
             return true;
         }
     return false;
@@ -469,7 +444,7 @@ static ftune_status select_targets(const ft_peft_config *c, const ftune_model *m
         bool any = false;
         for (int l = 0; l < L && md; l++)
             for (int k = 0; k < FT_N_MODS; k++) {
-                snprintf(key, sizeof key, "model.layers.%d.%s", l, mod_paths[k]);
+                snprintf(key, sizeof key, "model.layers.%d.%s", l, ft_modules[k].path);
                 if (pcre2_match(re, (PCRE2_SPTR)key, strlen(key), 0, 0, md, NULL) >= 0) any = sel[l * FT_N_MODS + k] = true;
             }
         pcre2_match_data_free(md);
@@ -484,7 +459,7 @@ static ftune_status select_targets(const ft_peft_config *c, const ftune_model *m
             bool any = false;
             for (int l = 0; l < L; l++)
                 for (int k = 0; k < FT_N_MODS; k++) {
-                    snprintf(key, sizeof key, "model.layers.%d.%s", l, mod_paths[k]);
+                    snprintf(key, sizeof key, "model.layers.%d.%s", l, ft_modules[k].path);
                     size_t kl = strlen(key);
                     if (strcmp(key, name) == 0 || (kl > nl && key[kl - nl - 1] == '.' && strcmp(key + kl - nl, name) == 0))
                         any = sel[l * FT_N_MODS + k] = true;
@@ -570,7 +545,7 @@ ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *
         for (int k = 0; k < FT_N_MODS; k++)
             if (sel[l * FT_N_MODS + k] && !have[l * FT_N_MODS + k]) {
                 st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"" PEFT_PREFIX "model.layers.%d.%s.lora_A.weight\" is missing "
-                            "(adapter_config.json targets %s)", st_path, l, mod_paths[k], mod_names[k]);
+                            "(adapter_config.json targets %s)", st_path, l, ft_modules[k].path, ft_modules[k].peft);
                 goto done;
             }
     /* shapes against the model, before anything is allocated or copied */
@@ -578,19 +553,19 @@ ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *
         for (int k = 0; k < FT_N_MODS; k++) {
             const ft_peft_pair *p = byidx[l * FT_N_MODS + k];
             if (!p) continue;
-            const ft_linear *lin = ft_model_linear(m, l, (ft_module)k);
+            const ft_linear *lin = ft_model_linear(m, l, k);
             char s[96];
             if (p->A->shape[0] != pc.r || p->A->shape[1] != lin->in) {
                 shape_str(s, sizeof s, p->A->ndim, p->A->shape);
                 st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": shape %s but the model's layer %d %s has %d inputs "
-                            "and r=%d (expected [%d, %d])", st_path, p->A->name, s, l, mod_names[k], lin->in, pc.r,
+                            "and r=%d (expected [%d, %d])", st_path, p->A->name, s, l, ft_modules[k].peft, lin->in, pc.r,
                             pc.r, lin->in);
                 goto done;
             }
             if (p->B->shape[0] != lin->out || p->B->shape[1] != pc.r) {
                 shape_str(s, sizeof s, p->B->ndim, p->B->shape);
                 st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": shape %s but the model's layer %d %s has %d outputs "
-                            "and r=%d (expected [%d, %d])", st_path, p->B->name, s, l, mod_names[k], lin->out, pc.r,
+                            "and r=%d (expected [%d, %d])", st_path, p->B->name, s, l, ft_modules[k].peft, lin->out, pc.r,
                             lin->out, pc.r);
                 goto done;
             }
@@ -675,14 +650,14 @@ static cJSON *targets_json(const ft_adapter *a, cJSON *cfg) {
         for (int k = 0; k < FT_N_MODS; k++) {
             if (!(mods & FT_MOD_BIT(k))) continue;
             n_mods++;
-            for (int i = 0; i < a->n; i++) cnt += a->e[i].layer == l && a->e[i].mod == (ft_module)k;
+            for (int i = 0; i < a->n; i++) cnt += a->e[i].layer == l && (int)a->e[i].mod == k;
         }
         if (cnt != 0 && cnt != n_mods) uniform = false;
     }
     if (uniform) {
         cJSON *list = cJSON_AddArrayToObject(cfg, "target_modules");
         for (int k = 0; k < FT_N_MODS; k++)
-            if (mods & FT_MOD_BIT(k)) cJSON_AddItemToArray(list, cJSON_CreateString(mod_names[k]));
+            if (mods & FT_MOD_BIT(k)) cJSON_AddItemToArray(list, cJSON_CreateString(ft_modules[k].peft));
         int n_layers = 0;
         bool *in = ft_calloc((size_t)L, sizeof *in);
         if (!in) return NULL;
@@ -702,7 +677,7 @@ static cJSON *targets_json(const ft_adapter *a, cJSON *cfg) {
     re[k++] = '(';
     for (int i = 0; i < a->n; i++) {
         k += (size_t)snprintf(re + k, cap - k, "%smodel\\.layers\\.%d\\.", i ? "|" : "", a->e[i].layer);
-        for (const char *c = mod_paths[a->e[i].mod]; *c; c++) {
+        for (const char *c = ft_modules[a->e[i].mod].path; *c; c++) {
             if (*c == '.') re[k++] = '\\';
             re[k++] = *c;
         }
@@ -730,7 +705,7 @@ ftune_status ft_adapter_save_peft(const ft_adapter *a, const char *dir) {
         int r = e->lora->r;
         for (int k = 0; k < 2; k++) {
             char *nm = names + (size_t)(2 * i + k) * 128;
-            snprintf(nm, 128, PEFT_PREFIX "model.layers.%d.%s.lora_%c.weight", e->layer, mod_paths[e->mod], k ? 'B' : 'A');
+            snprintf(nm, 128, PEFT_PREFIX "model.layers.%d.%s.lora_%c.weight", e->layer, ft_modules[e->mod].path, k ? 'B' : 'A');
             st_out_tensor *t = &ts[2 * i + k];
             t->name = nm;
             t->dtype = FT_F32;
@@ -792,9 +767,9 @@ ftune_status ft_adapter_save_gguf(const ft_adapter *a, const char *path) {
     for (int i = 0; i < a->n && !st; i++) {
         const ft_adapter_entry *e = &a->e[i];
         int64_t sa[2] = { e->lora->r, e->lin->in }, sb[2] = { e->lin->out, e->lora->r };
-        snprintf(name, sizeof name, "blk.%d.%s.weight.lora_a", e->layer, mod_gguf[e->mod]);
+        snprintf(name, sizeof name, "blk.%d.%s.weight.lora_a", e->layer, ft_modules[e->mod].gguf);
         if ((st = gguf_writer_add_tensor(w, name, FT_F32, 2, sa, e->lora->A))) break;
-        snprintf(name, sizeof name, "blk.%d.%s.weight.lora_b", e->layer, mod_gguf[e->mod]);
+        snprintf(name, sizeof name, "blk.%d.%s.weight.lora_b", e->layer, ft_modules[e->mod].gguf);
         st = gguf_writer_add_tensor(w, name, FT_F32, 2, sb, bs && bs[i] ? bs[i] : e->lora->B);
     }
     if (!st) st = gguf_writer_write(w, path);
@@ -859,7 +834,7 @@ ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *
                         path, name);
             goto done;
         }
-        for (k = 0; k < FT_N_MODS && strcmp(mod, mod_gguf[k]) != 0; k++) {}
+        for (k = 0; k < FT_N_MODS && strcmp(mod, ft_modules[k].gguf) != 0; k++) {}
         if (k == FT_N_MODS || l < 0 || l >= L) {
             st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": this %s model has no %s in block %d (%d blocks)", path,
                         name, c->arch, mod, l, L);
@@ -871,14 +846,14 @@ ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *
             goto done;
         }
         /* PyTorch shapes: A [r, in] is ggml ne (in, r); B [out, r] is ne (r, out) */
-        const ft_linear *lin = ft_model_linear(m, l, (ft_module)k);
+        const ft_linear *lin = ft_model_linear(m, l, k);
         int tr = (int)(ab == 'a' ? ti->ne[1] : ti->ne[0]);
         uint64_t other = ab == 'a' ? ti->ne[0] : ti->ne[1], want = ab == 'a' ? (uint64_t)lin->in : (uint64_t)lin->out;
         if (r == 0) r = tr;
         if (other != want || tr != r || tr <= 0) {
             st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": ggml shape [%llu, %llu] but the model's block %d %s has "
                         "%d %s and the adapter r=%d (expected [%llu, %llu])", path, name,
-                        (unsigned long long)ti->ne[0], (unsigned long long)ti->ne[1], l, mod_names[k],
+                        (unsigned long long)ti->ne[0], (unsigned long long)ti->ne[1], l, ft_modules[k].peft,
                         (int)want, ab == 'a' ? "inputs" : "outputs", r,
                         (unsigned long long)(ab == 'a' ? want : (uint64_t)r),
                         (unsigned long long)(ab == 'a' ? (uint64_t)r : want));
@@ -893,7 +868,7 @@ ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *
         if (!p->A && !p->B) continue;
         if (!p->A || !p->B) {
             st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"blk.%d.%s.weight.lora_%c\" is missing (its partner lora_%c is "
-                        "there)", path, i / FT_N_MODS, mod_gguf[i % FT_N_MODS], p->A ? 'b' : 'a', p->A ? 'a' : 'b');
+                        "there)", path, i / FT_N_MODS, ft_modules[i % FT_N_MODS].gguf, p->A ? 'b' : 'a', p->A ? 'a' : 'b');
             goto done;
         }
         sel[i] = true;

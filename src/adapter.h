@@ -16,20 +16,8 @@
 #include "model.h"
 #include "optim.h"
 
-/* The seven Linears of a block, in layer order. The bit order is the same
- * as the trainer's FT_TARGET_* mask. */
-typedef enum {
-    FT_MOD_Q = 0, FT_MOD_K, FT_MOD_V, FT_MOD_O, FT_MOD_GATE, FT_MOD_UP, FT_MOD_DOWN, FT_N_MODS
-} ft_module;
-#define FT_MOD_BIT(m) (1u << (m))
-#define FT_MOD_ALL ((1u << FT_N_MODS) - 1)
-
-/* "q_proj"; "self_attn.q_proj" (path under model.layers.{i}.); "attn_q" (GGUF). */
-const char *ft_module_name(ft_module mod);
-const char *ft_module_path(ft_module mod);
-const char *ft_module_gguf_name(ft_module mod);
-/* The Linear of module mod in block l. */
-ft_linear *ft_model_linear(ftune_model *m, int l, ft_module mod);
+/* The Linear of module mod (module.h) in block l. */
+static inline ft_linear *ft_model_linear(ftune_model *m, int l, ft_module mod) { return ft_layer_linear(&m->layers[l], mod); }
 /* Rows of Linear mod permuted between rotate-half and interleaved layout
  * for this model, or 0 if none (heads: NH for q, NKV for k). */
 int ft_module_rope_heads(const ft_config *c, ft_module mod);

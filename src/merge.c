@@ -38,11 +38,11 @@ ftune_status ft_merge_lora(ftune_model *m, const ft_adapter *ad) {
     if (ad->m != m) return ft_err(FTUNE_ERR_ARG, "merge: the adapter was made for another model");
     for (int l = 0; l < m->cfg.L; l++)
         for (int k = 0; k < FT_N_MODS; k++) {
-            ft_linear *lin = ft_model_linear(m, l, (ft_module)k);
+            ft_linear *lin = ft_model_linear(m, l, k);
             const ft_lora *a = ad->set[l * FT_N_MODS + k];
             if (!a) continue;
             float *w = ft_aligned_alloc((size_t)lin->out * lin->in * sizeof(float));
-            if (!w) return ft_err(FTUNE_ERR_NOMEM, "out of memory merging layer %d %s", l, ft_module_name((ft_module)k));
+            if (!w) return ft_err(FTUNE_ERR_NOMEM, "out of memory merging layer %d %s", l, ft_module_name(k));
             /* row by row as the writers do, so a merged model in memory and one written to a file are bit-identical */
             for (int o = 0; o < lin->out; o++) {
                 ft_tensor_row_f32(&lin->w, o, w + (size_t)o * lin->in);
@@ -271,12 +271,12 @@ static ftune_status write_hf(const ftune_model *mc, const char *dir, const ft_me
         snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
         ADD_VEC(name, m->layers[l].ffn_norm, c->C, 0);
         for (int k = 0; k < FT_N_MODS; k++) {
-            const ft_linear *lin = ft_model_linear(m, l, (ft_module)k);
-            int heads = c->rope_interleaved ? ft_module_rope_heads(c, (ft_module)k) : 0;
-            snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, ft_module_path((ft_module)k));
-            ADD_MAT(name, &lin->w, merged_lora(m, opts, l, (ft_module)k), heads);
+            const ft_linear *lin = ft_model_linear(m, l, k);
+            int heads = c->rope_interleaved ? ft_module_rope_heads(c, k) : 0;
+            snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, ft_module_path(k));
+            ADD_MAT(name, &lin->w, merged_lora(m, opts, l, k), heads);
             if (lin->bias) {
-                snprintf(name, sizeof name, "model.layers.%d.%s.bias", l, ft_module_path((ft_module)k));
+                snprintf(name, sizeof name, "model.layers.%d.%s.bias", l, ft_module_path(k));
                 ADD_VEC(name, lin->bias, lin->out, heads);
             }
         }
@@ -964,12 +964,12 @@ static ftune_status write_gguf(const ftune_model *mc, const char *path, const ft
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
         if ((st = plan_vec(&p, name, m->layers[l].attn_norm, c->C, 0))) break;
         for (int k = 0; k < FT_N_MODS && !st; k++) {
-            const ft_linear *lin = ft_model_linear(m, l, (ft_module)k);
-            int heads = permute ? ft_module_rope_heads(c, (ft_module)k) : 0;
-            snprintf(name, sizeof name, "blk.%d.%s.weight", l, ft_module_gguf_name((ft_module)k));
-            st = plan_mat(&p, name, &lin->w, merged_lora(m, opts, l, (ft_module)k), heads, false);
+            const ft_linear *lin = ft_model_linear(m, l, k);
+            int heads = permute ? ft_module_rope_heads(c, k) : 0;
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, ft_module_gguf_name(k));
+            st = plan_mat(&p, name, &lin->w, merged_lora(m, opts, l, k), heads, false);
             if (!st && lin->bias) {
-                snprintf(name, sizeof name, "blk.%d.%s.bias", l, ft_module_gguf_name((ft_module)k));
+                snprintf(name, sizeof name, "blk.%d.%s.bias", l, ft_module_gguf_name(k));
                 st = plan_vec(&p, name, lin->bias, lin->out, heads);
             }
             if (!st && k == FT_MOD_O) {

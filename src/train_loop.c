@@ -37,7 +37,7 @@ void ft_train_run_opts_default(ft_train_run_opts *o) {
     o->lora_r = 8;
     o->lora_alpha = 16;
     o->lora_dropout = 0.05f;
-    o->lora_targets = FT_TARGET_ALL;
+    o->lora_targets = FT_MOD_ALL;
     ft_adamw_defaults(&o->adamw);
     o->adamw.weight_decay = 0;
     o->lr = 2e-4;
@@ -181,10 +181,10 @@ static cJSON *make_config(run *r) {
         cJSON_AddNumberToObject(j, "lora_alpha", r->topts.alpha);
         cJSON_AddNumberToObject(j, "lora_dropout", r->topts.dropout);
         char t[128] = "";
-        for (int k = 0; k < FT_N_TARGETS; k++)
+        for (int k = 0; k < FT_N_MODS; k++)
             if (r->topts.targets & (1u << k)) {
                 if (*t) strcat(t, ",");
-                strcat(t, ft_target_names[k]);
+                strcat(t, ft_modules[k].peft);
             }
         cJSON_AddStringToObject(j, "lora_targets", t);
         cJSON_AddBoolToObject(j, "rslora", r->topts.rslora);
@@ -338,7 +338,7 @@ done:
 static void apply_init_adapter(run *r) {
     const ft_config *c = &r->m->cfg;
     for (int l = 0; l < c->L; l++)
-        for (int k = 0; k < FT_N_TARGETS; k++) {
+        for (int k = 0; k < FT_N_MODS; k++) {
             ft_lora *a = ft_trainer_lora(r->tr, l, k);
             int64_t off = r->init_off[l * FT_N_MODS + k];
             if (!a || !off) continue;
@@ -896,7 +896,7 @@ static ftune_status setup(run *r) {
         ft_lora **loras = ft_calloc((size_t)c->L * FT_N_MODS, sizeof *loras);
         if (!loras) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
         for (int l = 0; l < c->L; l++)
-            for (int k = 0; k < FT_N_TARGETS; k++) loras[l * FT_N_MODS + k] = ft_trainer_lora(r->tr, l, k);
+            for (int k = 0; k < FT_N_MODS; k++) loras[l * FT_N_MODS + k] = ft_trainer_lora(r->tr, l, k);
         ftune_status st = ft_adapter_wrap(&r->wrapped, r->m, loras, o->lora_dropout);
         free(loras);
         TRY(st);

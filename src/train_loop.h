@@ -54,7 +54,7 @@ typedef struct {
     ft_train_mode mode;
     int lora_r;
     float lora_alpha, lora_dropout;
-    unsigned lora_targets;     /* FT_TARGET_* mask */
+    unsigned lora_targets;     /* FT_MOD_BIT mask (module.h) */
     bool rslora;
     unsigned lora_set;         /* FT_RUN_SET_* */
     const char *init_adapter;  /* PEFT directory to start the LoRA weights from, or NULL */

@@ -38,7 +38,7 @@ static bytes snapshot(ftune_model *m) {
         put(&b, m->layers[l].attn_norm, (size_t)c->C * sizeof(float));
         put(&b, m->layers[l].ffn_norm, (size_t)c->C * sizeof(float));
         for (int k = 0; k < FT_N_MODS; k++) {
-            const ft_linear *lin = ft_model_linear(m, l, (ft_module)k);
+            const ft_linear *lin = ft_model_linear(m, l, k);
             put(&b, lin, sizeof *lin);
             put(&b, lin->w.data, lin->w.nbytes);
             put(&b, lin->bias, lin->bias ? (size_t)lin->out * sizeof(float) : 0);
