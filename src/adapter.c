@@ -41,10 +41,6 @@ ftune_status ft_permute_rope_rows(float *w, int rows, int cols, int n_heads, boo
     return FTUNE_OK;
 }
 
-static float scale_of(float alpha, int r, bool rslora) {
-    return rslora ? alpha / sqrtf((float)r) : alpha / (float)r;
-}
-
 /* ------------------------------------------------------------- objects */
 
 /* Where the base came from, for base_model_name_or_path. */
@@ -92,7 +88,7 @@ static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_lora_
     memset(a->mem, 0, floats * sizeof(float));
     set_base_model(a);
     float *p = a->mem;
-    float scale = scale_of(cfg->alpha, cfg->r, cfg->rslora);
+    float scale = lora_scale(cfg->alpha, cfg->r, cfg->rslora);
     for (int l = 0; l < c->L; l++)
         for (int k = 0; k < FT_N_MODS; k++) {
             if (!sel[l * FT_N_MODS + k]) continue;
@@ -130,15 +126,10 @@ ftune_status ft_adapter_attach(ft_adapter **out, ftune_model *m, const ft_lora_c
     ftune_status st = alloc_owned(&a, m, cfg, sel, trainable);
     free(sel);
     if (st) return st;
-    /* PEFT's init: kaiming_uniform_(a=sqrt(5)) on A, i.e. U(-1/sqrt(in), 1/sqrt(in)); B = 0 */
+    /* PEFT's init (B stays zero) */
     ft_rng rng;
     ft_rng_seed(&rng, seed);
-    for (int i = 0; i < a->n; i++) {
-        int in = a->e[i].lin->in;
-        float bound = 1.0f / sqrtf((float)in);
-        float *A = a->e[i].lora->A;
-        for (size_t j = 0; j < (size_t)cfg->r * in; j++) A[j] = (2.0f * ft_rng_uniform(&rng) - 1.0f) * bound;
-    }
+    for (int i = 0; i < a->n; i++) lora_init_A(a->e[i].lora->A, cfg->r, a->e[i].lin->in, &rng);
     *out = a;
     return FTUNE_OK;
 }

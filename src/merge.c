@@ -17,15 +17,6 @@
 #include <math.h>
 #include <sys/stat.h>
 
-/* row (in) += scale · B[o, :] · A: the adapter's contribution to row o */
-static void add_lora_row(float *row, const ft_lora *a, int o, int in) {
-    for (int r = 0; r < a->r; r++) {
-        float s = a->scale * a->B[(size_t)o * a->r + r];
-        const float *ar = a->A + (size_t)r * in;
-        for (int j = 0; j < in; j++) row[j] += s * ar[j];
-    }
-}
-
 /* The adapter of Linear mod in block l that a write folds in: opts->adapter,
  * else the model's default adapter, else none. */
 static const ft_lora *merged_lora(const ftune_model *m, const ft_merge_opts *opts, int l, ft_module mod) {
@@ -46,7 +37,7 @@ ftune_status ft_merge_lora(ftune_model *m, const ft_adapter *ad) {
             /* row by row as the writers do, so a merged model in memory and one written to a file are bit-identical */
             for (int o = 0; o < lin->out; o++) {
                 ft_tensor_row_f32(&lin->w, o, w + (size_t)o * lin->in);
-                add_lora_row(w + (size_t)o * lin->in, a, o, lin->in);
+                lora_merge_row(w + (size_t)o * lin->in, a, o, lin->in);
             }
             ftune_status st = ft_model_own(m, w);
             if (st) return st;
@@ -90,7 +81,7 @@ static void make_row(const row_src *s, int R, float *row) {
     }
     int o = src_row(s, R);
     ft_tensor_row_f32(s->t, o, row);
-    if (s->lora) add_lora_row(row, s->lora, o, s->cols);
+    if (s->lora) lora_merge_row(row, s->lora, o, s->cols);
 }
 
 typedef struct {
