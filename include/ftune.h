@@ -165,11 +165,26 @@ FTUNE_API const char *const *ftune_init_presets(void);
 
 /* -------------------------------------------------------------- adapters */
 
-/* Loads a LoRA adapter onto m: a PEFT directory (adapter_config.json +
- * adapter_model.safetensors) or a llama.cpp GGUF adapter file. Sessions, evaluation and
- * ftune_model_save_merged then include it. The model owns the adapter and
- * frees it in ftune_model_free; a model carries at most one. Its targets
- * and every shape must match the model. */
+typedef struct ftune_adapter ftune_adapter;
+
+/* Loads a LoRA adapter for m: a PEFT directory (adapter_config.json +
+ * adapter_model.safetensors) or a llama.cpp GGUF adapter file. Its targets
+ * and every shape must match the model. The model is not changed: the
+ * adapter is used where it is given (ftune_session_set_adapter), so
+ * sessions on one model may each run their own, concurrently. It must
+ * outlive the sessions using it and not outlive m. */
+FTUNE_API ftune_status ftune_adapter_load(ftune_adapter **out, const ftune_model *m, const char *path);
+FTUNE_API void ftune_adapter_free(ftune_adapter *a);
+/* Runs s with adapter a (NULL: the base model alone) from now on; the
+ * session is reset (its cache was computed with the previous adapter).
+ * FTUNE_ERR_ARG if a was loaded for another model. */
+FTUNE_API ftune_status ftune_session_set_adapter(ftune_session *s, const ftune_adapter *a);
+
+/* Loads a LoRA adapter (as ftune_adapter_load) as m's default adapter:
+ * sessions created afterwards start with it, and evaluation and
+ * ftune_model_save_merged include it. The weights are not written. The
+ * model owns the adapter and frees it in ftune_model_free; a model carries
+ * at most one. */
 FTUNE_API ftune_status ftune_model_load_adapter(ftune_model *m, const char *dir);
 
 /* Writes m with its adapter (if any) folded into the base weights: a path

@@ -13,33 +13,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static const char *const mod_names[FT_N_MODS] = { "q_proj", "k_proj", "v_proj", "o_proj",
-                                                  "gate_proj", "up_proj", "down_proj" };
-static const char *const mod_paths[FT_N_MODS] = { "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                                  "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
-                                                  "mlp.down_proj" };
-static const char *const mod_gguf[FT_N_MODS] = { "attn_q", "attn_k", "attn_v", "attn_output",
-                                                 "ffn_gate", "ffn_up", "ffn_down" };
 #define PEFT_PREFIX "base_model.model."
 #define MOD_LIST "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
-
-const char *ft_module_name(ft_module mod) { return mod < FT_N_MODS ? mod_names[mod] : "?"; }
-const char *ft_module_path(ft_module mod) { return mod < FT_N_MODS ? mod_paths[mod] : "?"; }
-const char *ft_module_gguf_name(ft_module mod) { return mod < FT_N_MODS ? mod_gguf[mod] : "?"; }
-
-ft_linear *ft_model_linear(ftune_model *m, int l, ft_module mod) {
-    ft_layer *ly = &m->layers[l];
-    switch (mod) {
-    case FT_MOD_Q: return &ly->wq;
-    case FT_MOD_K: return &ly->wk;
-    case FT_MOD_V: return &ly->wv;
-    case FT_MOD_O: return &ly->wo;
-    case FT_MOD_GATE: return &ly->w_gate;
-    case FT_MOD_UP: return &ly->w_up;
-    case FT_MOD_DOWN: return &ly->w_down;
-    default: return NULL;
-    }
-}
 
 int ft_module_rope_heads(const ft_config *c, ft_module mod) {
     return mod == FT_MOD_Q ? c->NH : mod == FT_MOD_K ? c->NKV : 0;
@@ -64,10 +39,6 @@ ftune_status ft_permute_rope_rows(float *w, int rows, int cols, int n_heads, boo
     }
     free(tmp);
     return FTUNE_OK;
-}
-
-static float scale_of(float alpha, int r, bool rslora) {
-    return rslora ? alpha / sqrtf((float)r) : alpha / (float)r;
 }
 
 /* ------------------------------------------------------------- objects */
@@ -98,9 +69,7 @@ static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_lora_
     for (int l = 0; l < c->L; l++)
         for (int k = 0; k < FT_N_MODS; k++) {
             if (!sel[l * FT_N_MODS + k]) continue;
-            ft_linear *lin = ft_model_linear(m, l, (ft_module)k);
-            if (lin->lora)
-                return ft_err(FTUNE_ERR_ARG, "layer %d %s already carries an adapter", l, mod_names[k]);
+            ft_linear *lin = ft_model_linear(m, l, k);
             n++;
             floats += (size_t)cfg->r * ((size_t)lin->in + (size_t)lin->out) * (trainable ? 2 : 1);
         }
@@ -111,23 +80,25 @@ static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_lora_
     a->e = ft_calloc((size_t)(n ? n : 1), sizeof *a->e);
     a->loras = ft_calloc((size_t)(n ? n : 1), sizeof *a->loras);
     a->mem = ft_aligned_alloc((floats ? floats : 1) * sizeof(float));
-    if (!a->e || !a->loras || !a->mem) {
+    a->set = ft_calloc((size_t)c->L * FT_N_MODS, sizeof *a->set);
+    if (!a->e || !a->loras || !a->mem || !a->set) {
         ft_adapter_free(a);
         return ft_err(FTUNE_ERR_NOMEM, "out of memory for %d adapters (%.1f MiB)", n, floats * 4.0 / 1048576.0);
     }
     memset(a->mem, 0, floats * sizeof(float));
     set_base_model(a);
     float *p = a->mem;
-    float scale = scale_of(cfg->alpha, cfg->r, cfg->rslora);
+    float scale = lora_scale(cfg->alpha, cfg->r, cfg->rslora);
     for (int l = 0; l < c->L; l++)
         for (int k = 0; k < FT_N_MODS; k++) {
             if (!sel[l * FT_N_MODS + k]) continue;
             ft_adapter_entry *e = &a->e[a->n];
             ft_lora *lo = &a->loras[a->n];
             e->layer = l;
-            e->mod = (ft_module)k;
-            e->lin = ft_model_linear(m, l, (ft_module)k);
+            e->mod = k;
+            e->lin = ft_model_linear(m, l, k);
             e->lora = lo;
+            a->set[l * FT_N_MODS + k] = lo;
             size_t na = (size_t)cfg->r * e->lin->in, nb = (size_t)e->lin->out * cfg->r;
             lo->r = cfg->r;
             lo->alpha = cfg->alpha;
@@ -143,10 +114,6 @@ static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_lora_
     return FTUNE_OK;
 }
 
-static void attach_all(ft_adapter *a) {
-    for (int i = 0; i < a->n; i++) a->e[i].lin->lora = a->e[i].lora;
-}
-
 ftune_status ft_adapter_attach(ft_adapter **out, ftune_model *m, const ft_lora_cfg *cfg, bool trainable, uint64_t seed) {
     *out = NULL;
     if (!cfg->targets || (cfg->targets & ~FT_MOD_ALL)) return ft_err(FTUNE_ERR_ARG, "LoRA target mask 0x%x is empty or invalid", cfg->targets);
@@ -159,16 +126,10 @@ ftune_status ft_adapter_attach(ft_adapter **out, ftune_model *m, const ft_lora_c
     ftune_status st = alloc_owned(&a, m, cfg, sel, trainable);
     free(sel);
     if (st) return st;
-    /* PEFT's init: kaiming_uniform_(a=sqrt(5)) on A, i.e. U(-1/sqrt(in), 1/sqrt(in)); B = 0 */
+    /* PEFT's init (B stays zero) */
     ft_rng rng;
     ft_rng_seed(&rng, seed);
-    for (int i = 0; i < a->n; i++) {
-        int in = a->e[i].lin->in;
-        float bound = 1.0f / sqrtf((float)in);
-        float *A = a->e[i].lora->A;
-        for (size_t j = 0; j < (size_t)cfg->r * in; j++) A[j] = (2.0f * ft_rng_uniform(&rng) - 1.0f) * bound;
-    }
-    attach_all(a);
+    for (int i = 0; i < a->n; i++) lora_init_A(a->e[i].lora->A, cfg->r, a->e[i].lin->in, &rng);
     *out = a;
     return FTUNE_OK;
 }
@@ -184,14 +145,16 @@ ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *l
         if (!first) first = lo;
         if (lo->r != first->r || lo->alpha != first->alpha || lo->rslora != first->rslora)
             return ft_err(FTUNE_ERR_ARG, "layer %d %s: r/alpha/rslora differ from the other adapters", i / FT_N_MODS,
-                          mod_names[i % FT_N_MODS]);
+                          ft_modules[i % FT_N_MODS].peft);
         if (!lo->A || !lo->B) return ft_err(FTUNE_ERR_ARG, "layer %d %s: adapter without A or B", i / FT_N_MODS,
-                                            mod_names[i % FT_N_MODS]);
+                                            ft_modules[i % FT_N_MODS].peft);
         n++;
     }
     if (!n) return ft_err(FTUNE_ERR_ARG, "no adapters to wrap");
     ft_adapter *a = ft_calloc(1, sizeof *a);
-    if (!a || !(a->e = ft_calloc((size_t)n, sizeof *a->e))) {
+    if (!a || !(a->e = ft_calloc((size_t)n, sizeof *a->e)) ||
+        !(a->set = ft_calloc((size_t)c->L * FT_N_MODS, sizeof *a->set))) {
+        if (a) free(a->e);
         free(a);
         return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     }
@@ -202,9 +165,10 @@ ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *l
         if (!loras[i]) continue;
         ft_adapter_entry *e = &a->e[a->n++];
         e->layer = i / FT_N_MODS;
-        e->mod = (ft_module)(i % FT_N_MODS);
+        e->mod = (i % FT_N_MODS);
         e->lin = ft_model_linear(m, e->layer, e->mod);
         e->lora = loras[i];
+        a->set[i] = loras[i];
         a->cfg.targets |= FT_MOD_BIT(e->mod);
     }
     *out = a;
@@ -213,9 +177,7 @@ ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *l
 
 void ft_adapter_free(ft_adapter *a) {
     if (!a) return;
-    if (a->loras)
-        for (int i = 0; i < a->n; i++)
-            if (a->e[i].lin->lora == a->e[i].lora) a->e[i].lin->lora = NULL;
+    free(a->set);
     free(a->e);
     free(a->loras);
     free(a->mem);
@@ -227,12 +189,12 @@ ftune_status ft_adapter_params(const ft_adapter *a, ft_param *out) {
         const ft_adapter_entry *e = &a->e[i];
         if (!e->lora->dA || !e->lora->dB)
             return ft_err(FTUNE_ERR_ARG, "layer %d %s: the adapter has no gradients (attach it as trainable)", e->layer,
-                          mod_names[e->mod]);
+                          ft_modules[e->mod].peft);
         for (int k = 0; k < 2; k++) {
             ft_param *p = &out[2 * i + k];
             memset(p, 0, sizeof *p);
             snprintf(p->name, sizeof p->name, PEFT_PREFIX "model.layers.%d.%s.lora_%c.weight", e->layer,
-                     mod_paths[e->mod], k ? 'B' : 'A');
+                     ft_modules[e->mod].path, k ? 'B' : 'A');
             p->data = k ? e->lora->B : e->lora->A;
             p->grad = k ? e->lora->dB : e->lora->dA;
             p->ndim = 2;
@@ -442,9 +404,9 @@ static bool parse_module(const char *s, int L, int *l, ft_module *mod) {
     long v = strtol(s, &end, 10);
     if (errno || end == s || *end != '.' || v < 0 || v >= L || (s[0] == '0' && end - s > 1)) return false;
     for (int k = 0; k < FT_N_MODS; k++)
-        if (strcmp(end + 1, mod_paths[k]) == 0) {
+        if (strcmp(end + 1, ft_modules[k].path) == 0) {
             *l = (int)v;
-            *mod = (ft_module)k;
+            *mod = k;
             return true;
         }
     return false;
@@ -473,7 +435,7 @@ static ftune_status select_targets(const ft_peft_config *c, const ftune_model *m
         bool any = false;
         for (int l = 0; l < L && md; l++)
             for (int k = 0; k < FT_N_MODS; k++) {
-                snprintf(key, sizeof key, "model.layers.%d.%s", l, mod_paths[k]);
+                snprintf(key, sizeof key, "model.layers.%d.%s", l, ft_modules[k].path);
                 if (pcre2_match(re, (PCRE2_SPTR)key, strlen(key), 0, 0, md, NULL) >= 0) any = sel[l * FT_N_MODS + k] = true;
             }
         pcre2_match_data_free(md);
@@ -488,7 +450,7 @@ static ftune_status select_targets(const ft_peft_config *c, const ftune_model *m
             bool any = false;
             for (int l = 0; l < L; l++)
                 for (int k = 0; k < FT_N_MODS; k++) {
-                    snprintf(key, sizeof key, "model.layers.%d.%s", l, mod_paths[k]);
+                    snprintf(key, sizeof key, "model.layers.%d.%s", l, ft_modules[k].path);
                     size_t kl = strlen(key);
                     if (strcmp(key, name) == 0 || (kl > nl && key[kl - nl - 1] == '.' && strcmp(key + kl - nl, name) == 0))
                         any = sel[l * FT_N_MODS + k] = true;
@@ -574,7 +536,7 @@ ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *
         for (int k = 0; k < FT_N_MODS; k++)
             if (sel[l * FT_N_MODS + k] && !have[l * FT_N_MODS + k]) {
                 st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"" PEFT_PREFIX "model.layers.%d.%s.lora_A.weight\" is missing "
-                            "(adapter_config.json targets %s)", st_path, l, mod_paths[k], mod_names[k]);
+                            "(adapter_config.json targets %s)", st_path, l, ft_modules[k].path, ft_modules[k].peft);
                 goto done;
             }
     /* shapes against the model, before anything is allocated or copied */
@@ -582,19 +544,19 @@ ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *
         for (int k = 0; k < FT_N_MODS; k++) {
             const ft_peft_pair *p = byidx[l * FT_N_MODS + k];
             if (!p) continue;
-            const ft_linear *lin = ft_model_linear(m, l, (ft_module)k);
+            const ft_linear *lin = ft_model_linear(m, l, k);
             char s[96];
             if (p->A->shape[0] != pc.r || p->A->shape[1] != lin->in) {
                 shape_str(s, sizeof s, p->A->ndim, p->A->shape);
                 st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": shape %s but the model's layer %d %s has %d inputs "
-                            "and r=%d (expected [%d, %d])", st_path, p->A->name, s, l, mod_names[k], lin->in, pc.r,
+                            "and r=%d (expected [%d, %d])", st_path, p->A->name, s, l, ft_modules[k].peft, lin->in, pc.r,
                             pc.r, lin->in);
                 goto done;
             }
             if (p->B->shape[0] != lin->out || p->B->shape[1] != pc.r) {
                 shape_str(s, sizeof s, p->B->ndim, p->B->shape);
                 st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": shape %s but the model's layer %d %s has %d outputs "
-                            "and r=%d (expected [%d, %d])", st_path, p->B->name, s, l, mod_names[k], lin->out, pc.r,
+                            "and r=%d (expected [%d, %d])", st_path, p->B->name, s, l, ft_modules[k].peft, lin->out, pc.r,
                             lin->out, pc.r);
                 goto done;
             }
@@ -613,7 +575,6 @@ ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *
         if (c->rope_interleaved && heads &&
             (st = ft_permute_rope_rows(e->lora->B, e->lin->out, pc.r, heads, true))) goto done;
     }
-    attach_all(a);
     *out = a;
     a = NULL;
 done:
@@ -680,14 +641,14 @@ static cJSON *targets_json(const ft_adapter *a, cJSON *cfg) {
         for (int k = 0; k < FT_N_MODS; k++) {
             if (!(mods & FT_MOD_BIT(k))) continue;
             n_mods++;
-            for (int i = 0; i < a->n; i++) cnt += a->e[i].layer == l && a->e[i].mod == (ft_module)k;
+            for (int i = 0; i < a->n; i++) cnt += a->e[i].layer == l && (int)a->e[i].mod == k;
         }
         if (cnt != 0 && cnt != n_mods) uniform = false;
     }
     if (uniform) {
         cJSON *list = cJSON_AddArrayToObject(cfg, "target_modules");
         for (int k = 0; k < FT_N_MODS; k++)
-            if (mods & FT_MOD_BIT(k)) cJSON_AddItemToArray(list, cJSON_CreateString(mod_names[k]));
+            if (mods & FT_MOD_BIT(k)) cJSON_AddItemToArray(list, cJSON_CreateString(ft_modules[k].peft));
         int n_layers = 0;
         bool *in = ft_calloc((size_t)L, sizeof *in);
         if (!in) return NULL;
@@ -707,7 +668,7 @@ static cJSON *targets_json(const ft_adapter *a, cJSON *cfg) {
     re[k++] = '(';
     for (int i = 0; i < a->n; i++) {
         k += (size_t)snprintf(re + k, cap - k, "%smodel\\.layers\\.%d\\.", i ? "|" : "", a->e[i].layer);
-        for (const char *c = mod_paths[a->e[i].mod]; *c; c++) {
+        for (const char *c = ft_modules[a->e[i].mod].path; *c; c++) {
             if (*c == '.') re[k++] = '\\';
             re[k++] = *c;
         }
@@ -735,7 +696,7 @@ ftune_status ft_adapter_save_peft(const ft_adapter *a, const char *dir) {
         int r = e->lora->r;
         for (int k = 0; k < 2; k++) {
             char *nm = names + (size_t)(2 * i + k) * 128;
-            snprintf(nm, 128, PEFT_PREFIX "model.layers.%d.%s.lora_%c.weight", e->layer, mod_paths[e->mod], k ? 'B' : 'A');
+            snprintf(nm, 128, PEFT_PREFIX "model.layers.%d.%s.lora_%c.weight", e->layer, ft_modules[e->mod].path, k ? 'B' : 'A');
             st_out_tensor *t = &ts[2 * i + k];
             t->name = nm;
             t->dtype = FT_F32;
@@ -797,9 +758,9 @@ ftune_status ft_adapter_save_gguf(const ft_adapter *a, const char *path) {
     for (int i = 0; i < a->n && !st; i++) {
         const ft_adapter_entry *e = &a->e[i];
         int64_t sa[2] = { e->lora->r, e->lin->in }, sb[2] = { e->lin->out, e->lora->r };
-        snprintf(name, sizeof name, "blk.%d.%s.weight.lora_a", e->layer, mod_gguf[e->mod]);
+        snprintf(name, sizeof name, "blk.%d.%s.weight.lora_a", e->layer, ft_modules[e->mod].gguf);
         if ((st = gguf_writer_add_tensor(w, name, FT_F32, 2, sa, e->lora->A))) break;
-        snprintf(name, sizeof name, "blk.%d.%s.weight.lora_b", e->layer, mod_gguf[e->mod]);
+        snprintf(name, sizeof name, "blk.%d.%s.weight.lora_b", e->layer, ft_modules[e->mod].gguf);
         st = gguf_writer_add_tensor(w, name, FT_F32, 2, sb, bs && bs[i] ? bs[i] : e->lora->B);
     }
     if (!st) st = gguf_writer_write(w, path);
@@ -864,7 +825,7 @@ ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *
                         path, name);
             goto done;
         }
-        for (k = 0; k < FT_N_MODS && strcmp(mod, mod_gguf[k]) != 0; k++) {}
+        for (k = 0; k < FT_N_MODS && strcmp(mod, ft_modules[k].gguf) != 0; k++) {}
         if (k == FT_N_MODS || l < 0 || l >= L) {
             st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": this %s model has no %s in block %d (%d blocks)", path,
                         name, c->arch, mod, l, L);
@@ -876,14 +837,14 @@ ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *
             goto done;
         }
         /* PyTorch shapes: A [r, in] is ggml ne (in, r); B [out, r] is ne (r, out) */
-        const ft_linear *lin = ft_model_linear(m, l, (ft_module)k);
+        const ft_linear *lin = ft_model_linear(m, l, k);
         int tr = (int)(ab == 'a' ? ti->ne[1] : ti->ne[0]);
         uint64_t other = ab == 'a' ? ti->ne[0] : ti->ne[1], want = ab == 'a' ? (uint64_t)lin->in : (uint64_t)lin->out;
         if (r == 0) r = tr;
         if (other != want || tr != r || tr <= 0) {
             st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": ggml shape [%llu, %llu] but the model's block %d %s has "
                         "%d %s and the adapter r=%d (expected [%llu, %llu])", path, name,
-                        (unsigned long long)ti->ne[0], (unsigned long long)ti->ne[1], l, mod_names[k],
+                        (unsigned long long)ti->ne[0], (unsigned long long)ti->ne[1], l, ft_modules[k].peft,
                         (int)want, ab == 'a' ? "inputs" : "outputs", r,
                         (unsigned long long)(ab == 'a' ? want : (uint64_t)r),
                         (unsigned long long)(ab == 'a' ? (uint64_t)r : want));
@@ -898,7 +859,7 @@ ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *
         if (!p->A && !p->B) continue;
         if (!p->A || !p->B) {
             st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"blk.%d.%s.weight.lora_%c\" is missing (its partner lora_%c is "
-                        "there)", path, i / FT_N_MODS, mod_gguf[i % FT_N_MODS], p->A ? 'b' : 'a', p->A ? 'a' : 'b');
+                        "there)", path, i / FT_N_MODS, ft_modules[i % FT_N_MODS].gguf, p->A ? 'b' : 'a', p->A ? 'a' : 'b');
             goto done;
         }
         sel[i] = true;
@@ -921,7 +882,6 @@ ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *
             (st = ft_permute_rope_rows(e->lora->B, e->lin->out, r, heads, c->rope_interleaved)))
             goto done;
     }
-    attach_all(a);
     *out = a;
     a = NULL;
 done: /* every message names the file */

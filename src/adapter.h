@@ -16,20 +16,8 @@
 #include "model.h"
 #include "optim.h"
 
-/* The seven Linears of a block, in layer order. The bit order is the same
- * as the trainer's FT_TARGET_* mask. */
-typedef enum {
-    FT_MOD_Q = 0, FT_MOD_K, FT_MOD_V, FT_MOD_O, FT_MOD_GATE, FT_MOD_UP, FT_MOD_DOWN, FT_N_MODS
-} ft_module;
-#define FT_MOD_BIT(m) (1u << (m))
-#define FT_MOD_ALL ((1u << FT_N_MODS) - 1)
-
-/* "q_proj"; "self_attn.q_proj" (path under model.layers.{i}.); "attn_q" (GGUF). */
-const char *ft_module_name(ft_module mod);
-const char *ft_module_path(ft_module mod);
-const char *ft_module_gguf_name(ft_module mod);
-/* The Linear of module mod in block l. */
-ft_linear *ft_model_linear(ftune_model *m, int l, ft_module mod);
+/* The Linear of module mod (module.h) in block l. */
+static inline ft_linear *ft_model_linear(ftune_model *m, int l, ft_module mod) { return ft_layer_linear(&m->layers[l], mod); }
 /* Rows of Linear mod permuted between rotate-half and interleaved layout
  * for this model, or 0 if none (heads: NH for q, NKV for k). */
 int ft_module_rope_heads(const ft_config *c, ft_module mod);
@@ -51,15 +39,19 @@ typedef struct {
 typedef struct {
     int layer;
     ft_module mod;
-    ft_linear *lin;     /* in the model */
-    ft_lora *lora;      /* == lin->lora while attached */
+    ft_linear *lin;     /* in the model: its shape; never written */
+    ft_lora *lora;
 } ft_adapter_entry;
 
-/* A set of LoRA adapters on one model. When the adapter owns its LoRA
- * structs (attach, load), they live in one allocation and are attached to
- * the model's Linears until ft_adapter_free; a wrapped adapter only points
- * at someone else's. */
-typedef struct {
+/* A set of LoRA adapters for one model (the public ftune_adapter). When the
+ * adapter owns its LoRA structs (attach, load), they live in one
+ * allocation; a wrapped adapter only points at someone else's. Nothing is
+ * ever written into the model: whoever runs the model with the adapter (a
+ * session: ftune_session_set_adapter; the model's default adapter:
+ * ftune_model_load_adapter; a merge: ft_merge_opts.adapter) passes `set` to
+ * the block (ft_block_env.adapters), which binds it per call. So any number
+ * of sessions on one model may run different adapters at once. */
+typedef struct ftune_adapter {
     ftune_model *m;
     ft_lora_cfg cfg;
     int n;
@@ -67,20 +59,19 @@ typedef struct {
     ft_lora *loras;          /* (n) owned structs, or NULL when wrapping */
     float *mem;              /* owned A, B (and dA, dB) of every entry */
     char base_model[256];    /* base_model_name_or_path for adapter_config.json */
+    const ft_lora **set;     /* (L · FT_N_MODS): set[l * FT_N_MODS + mod] = the entry's lora, or NULL */
 } ft_adapter;
 
-/* Attaches fresh adapters (A Kaiming-uniform from seed as PEFT, B zero) to
- * every Linear in cfg->targets of every layer. With trainable, dA and dB
- * are allocated (zeroed) too. A Linear that already carries an adapter is
- * an error. */
+/* Makes fresh adapters (A Kaiming-uniform from seed as PEFT, B zero) for
+ * every Linear in cfg->targets of every layer of m (m is not written). With
+ * trainable, dA and dB are allocated (zeroed) too. */
 ftune_status ft_adapter_attach(ft_adapter **out, ftune_model *m, const ft_lora_cfg *cfg, bool trainable, uint64_t seed);
 /* An adapter object over LoRA structs owned elsewhere (e.g. a trainer's):
  * loras[l * FT_N_MODS + mod] for block l and module mod, NULL where none.
  * Nothing is attached to the model. r/alpha/rslora come from the structs,
  * which must agree. */
 ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *loras, float dropout);
-/* Detaches the adapter's own LoRA structs from the model and frees them.
- * Accepts NULL. */
+/* Frees the adapter's own LoRA structs. Accepts NULL. */
 void ft_adapter_free(ft_adapter *a);
 
 /* The trainable tensors of an adapter attached with trainable: 2·n
@@ -131,7 +122,7 @@ typedef struct {
  * FTUNE_ERR_UNSUPPORTED. *pairs is malloc'd, in the order of f->tensors. */
 ftune_status ft_peft_scan(const st_file *f, ft_peft_pair **pairs, int *n);
 
-/* Loads a PEFT adapter directory onto m (attached until ft_adapter_free):
+/* Loads a PEFT adapter directory onto m (m is not written):
  * the config's targets must name modules the model has, every targeted
  * Linear must have both tensors, every tensor must belong to a targeted
  * Linear, and every shape must match the model. */
@@ -147,7 +138,7 @@ ftune_status ft_adapter_save_peft(const ft_adapter *a, const char *dir);
  * [r, in] and .lora_b [out, r], F32). For rsLoRA alpha·sqrt(r) is written,
  * as llama.cpp scales by alpha / r. */
 ftune_status ft_adapter_save_gguf(const ft_adapter *a, const char *path);
-/* Loads such an adapter onto m (attached until ft_adapter_free): general.type
+/* Loads such an adapter onto m (m is not written): general.type
  * "adapter", adapter.type "lora", general.architecture the model's (llama
  * for the Llama family, qwen2), adapter.lora.alpha present; every tensor a
  * lora_a/lora_b of a block Linear (f32, f16 or bf16) with its partner, one
@@ -158,10 +149,10 @@ ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *
 
 /* ------------------------------------------------------------- merge (merge.c) */
 
-/* Folds every attached adapter into its Linear: W' = W + scale·B·A in
- * f32, stored as a new f32 weight the model owns; the Linear no longer
- * carries the adapter. */
-ftune_status ft_merge_lora(ftune_model *m);
+/* Folds adapter a (made for m) into m's Linears: W' = W + scale·B·A in
+ * f32, stored as a new f32 weight the model owns. The one operation that
+ * writes a model's weights; no session may be running on m. */
+ftune_status ft_merge_lora(ftune_model *m, const ft_adapter *a);
 
 /* What a GGUF write did (ft_merge_write fills it for a .gguf output). */
 typedef struct {
@@ -190,9 +181,11 @@ typedef struct {
                               * quantized) are made, done/total counting their elements; tensors
                               * copied byte for byte are not counted. Last call done == total */
     void *progress_ctx;
+    const ft_adapter *adapter; /* folded in; NULL: the model's default adapter
+                              * (ftune_model_load_adapter's), if any */
 } ft_merge_opts;
 
-/* Writes m with every attached adapter folded in (W + scale·B·A computed
+/* Writes m with its adapter (opts->adapter or the default) folded in (W + scale·B·A computed
  * in f32, one row at a time, so nothing is copied whole): a path ending in
  * ".gguf" gets a GGUF file with general.file_type set for its weight type:
  * from a GGUF base its metadata and tokenizer are copied; from a Hugging

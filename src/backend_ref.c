@@ -73,19 +73,7 @@ static void ref_linear_forward_train(const ft_backend *be, float *out, float *u,
     bool fail = false;
     float *xd = dropped(a, inp, mask_seed, T, IC, &fail);
     if (fail) { fill_nan(out, (size_t)T * OC); fill_nan(u, (size_t)T * R); return; }
-    const float *x = xd ? xd : inp;
-    for (int t = 0; t < T; t++) {
-        for (int k = 0; k < R; k++) {
-            double s = 0;
-            for (int i = 0; i < IC; i++) s += (double)a->A[(size_t)k * IC + i] * x[(size_t)t * IC + i];
-            u[(size_t)t * R + k] = (float)s;
-        }
-        for (int o = 0; o < OC; o++) {
-            double s = 0;
-            for (int k = 0; k < R; k++) s += (double)u[(size_t)t * R + k] * a->B[(size_t)o * R + k];
-            out[(size_t)t * OC + o] += (float)(a->scale * s);
-        }
-    }
+    lora_forward_f64(out, u, xd ? xd : inp, a, T, IC, OC);
     ft_mem_free(FT_MEM_SCRATCH, xd, xd ? (size_t)T * IC * sizeof(float) : 0);
 }
 
@@ -116,36 +104,9 @@ static void ref_linear_backward(const ft_backend *be, float *dinp, float *dw, fl
         if (!g) {
             fill_nan(dinp, (size_t)T * IC);
         } else {
-            const float *x = xd ? xd : inp;
-            /* g (T, R) = scale · dout · B */
-            for (int t = 0; t < T; t++)
-                for (int k = 0; k < R; k++) {
-                    double s = 0;
-                    for (int o = 0; o < OC; o++) s += (double)dout[(size_t)t * OC + o] * a->B[(size_t)o * R + k];
-                    g[(size_t)t * R + k] = (float)(a->scale * s);
-                }
-            if (a->dB) /* dB (OC, R) += scale · dout^T · u */
-                for (int o = 0; o < OC; o++)
-                    for (int k = 0; k < R; k++) {
-                        double s = 0;
-                        for (int t = 0; t < T; t++) s += (double)dout[(size_t)t * OC + o] * u[(size_t)t * R + k];
-                        a->dB[(size_t)o * R + k] += (float)(a->scale * s);
-                    }
-            if (a->dA) /* dA (R, IC) += g^T · x */
-                for (int k = 0; k < R; k++)
-                    for (int i = 0; i < IC; i++) {
-                        double s = 0;
-                        for (int t = 0; t < T; t++) s += (double)g[(size_t)t * R + k] * x[(size_t)t * IC + i];
-                        a->dA[(size_t)k * IC + i] += (float)s;
-                    }
+            /* dx = scale · (dout·B) · A, then back through the same dropout mask */
+            lora_backward_f64(dinp ? dx : NULL, dout, xd ? xd : inp, u, a, T, IC, OC, g);
             if (dinp) {
-                /* dx = g · A, back through the same dropout mask */
-                for (int t = 0; t < T; t++)
-                    for (int i = 0; i < IC; i++) {
-                        double s = 0;
-                        for (int k = 0; k < R; k++) s += (double)g[(size_t)t * R + k] * a->A[(size_t)k * IC + i];
-                        dx[(size_t)t * IC + i] = (float)s;
-                    }
                 if (a->dropout > 0) lora_dropout(dx, dx, a->dropout, mask_seed, T, IC, 1);
                 for (size_t i = 0; i < (size_t)T * IC; i++) dinp[i] += dx[i];
             }

@@ -31,14 +31,6 @@
 #include "backend.h"
 #include "model.h"
 
-/* The block's Linears, in PEFT order (ft_target_names). */
-enum { FT_LIN_Q, FT_LIN_K, FT_LIN_V, FT_LIN_O, FT_LIN_GATE, FT_LIN_UP, FT_LIN_DOWN, FT_N_LINEAR };
-
-static inline ft_linear *ft_block_linear(ft_layer *ly, int k) {
-    ft_linear *l[FT_N_LINEAR] = { &ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down };
-    return l[k];
-}
-
 /* inv_freq (HS/2) for cfg: rope_freqs with the config's theta and scaling,
  * then divided by GGUF's rope_freqs.weight factors when freq_factors is
  * non-NULL. The one place both sessions and trainers get their RoPE from. */
@@ -55,7 +47,7 @@ typedef struct {
     float *ln2, *rstd2;           /* (BT, C), (BT); rstd2 may be NULL without backward */
     float *gate, *up;             /* (BT, F) */
     float *h;                     /* (BT, F) SwiGLU output (may be gate without backward) */
-    float *u[FT_N_LINEAR];        /* (BT, R) adapter activations for backward, or NULL */
+    float *u[FT_N_MODS];        /* (BT, R) adapter activations for backward, or NULL */
 } ft_block_acts;
 
 /* The token layout of one call. */
@@ -67,7 +59,7 @@ typedef struct {
     int Tk;
     const int *doc;               /* (B, Tk) document ids (packed rows), or NULL */
     bool train;                   /* linear_forward_train: adapter dropout, u saved */
-    const uint64_t *mask_seed;    /* (FT_N_LINEAR) dropout mask seed of each Linear (train) */
+    const uint64_t *mask_seed;    /* (FT_N_MODS) dropout mask seed of each Linear (train) */
     /* KV prefix (prefix tuning) in training: every batch row sees P keys
      * (already rotated) and values before its own. With P > 0 the block
      * assembles keys/values = kv_k/kv_v (B, P+T, NKV*HS) from the prefix
@@ -105,6 +97,12 @@ typedef struct {
     float *lin_scratch;           /* linear_scratch_floats (inference) or linear_train_scratch_floats */
     float *att_scratch;           /* attention_fast_scratch_floats(Tk, HS, n_threads, backward) */
     const ft_block_hooks *hooks;  /* or NULL */
+    /* The caller's adapter set: adapters[l * FT_N_MODS + k] for block l,
+     * Linear k, or NULL (no adapter there; the whole set may be NULL). The
+     * block binds it to a stack copy of the Linear for each op, so the
+     * model's Linears are never written: two sessions (or a session and a
+     * trainer) on one model each run their own adapters, concurrently. */
+    const ft_lora *const *adapters;
 } ft_block_env;
 
 /* out (BT, C) = block(x (BT, C)). out may be x (in place: x is last read
@@ -116,8 +114,8 @@ void ft_block_forward(const ft_block_env *e, const ft_layer *ly, int layer, cons
  * (LoRA mode: adapters carry their own dA/dB). All accumulate (+=). */
 typedef struct {
     float *attn_norm, *ffn_norm;  /* (C) */
-    float *w[FT_N_LINEAR];        /* (out, in) */
-    float *b[FT_N_LINEAR];        /* (out) */
+    float *w[FT_N_MODS];        /* (out, in) */
+    float *b[FT_N_MODS];        /* (out) */
 } ft_block_grads;
 
 /* Backward scratch, rows BT. */

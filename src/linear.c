@@ -77,18 +77,10 @@ void linear_forward_ref(float *out, const float *inp, const ft_linear *l, int T)
     free(w);
     const ft_lora *a = l->lora;
     if (!a) return;
-    for (int t = 0; t < T; t++) {
-        const float *x = inp + (size_t)t * IC;
-        for (int o = 0; o < OC; o++) {
-            double s = 0;
-            for (int k = 0; k < a->r; k++) {
-                double u = 0;
-                for (int i = 0; i < IC; i++) u += (double)a->A[(size_t)k * IC + i] * x[i];
-                s += u * a->B[(size_t)o * a->r + k];
-            }
-            out[(size_t)t * OC + o] += (float)(a->scale * s);
-        }
-    }
+    float *u = malloc((size_t)T * a->r * sizeof(float));
+    if (!u) return;
+    lora_forward_f64(out, u, inp, a, T, IC, OC);
+    free(u);
 }
 
 /* Training scratch layout: [linear_scratch_floats | xd (T, in) | g (T, R)] */

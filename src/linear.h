@@ -28,7 +28,9 @@ typedef struct {
     ft_tensor w;        /* (out, in) in any weight dtype */
     float *bias;        /* (out) or NULL */
     int in, out;
-    ft_lora *lora;      /* NULL when the layer carries no adapter */
+    ft_lora *lora;      /* the adapter for this call, or NULL. A model's Linears keep
+                         * NULL (the model is read-only after load): the block binds
+                         * its caller's adapter set into a stack copy per op */
 } ft_linear;
 
 /* ------------------------------------------------------------ inference */
@@ -65,6 +67,12 @@ void linear_backward(float *dinp, float *dw, float *dbias, const float *dout, co
 
 /* alpha / r, or alpha / sqrt(r) with rsLoRA. */
 float lora_scale(float alpha, int r, bool rslora);
+/* A (R, in) ~ U(-1/sqrt(in), 1/sqrt(in)) drawn row-major from rng: PEFT's
+ * kaiming_uniform_(a = sqrt(5)). */
+void lora_init_A(float *A, int r, int in, ft_rng *rng);
+/* row (in) += scale · B[o, :] · A: the adapter's part of weight row o, in
+ * f32 (merge: W' = W + scale·B·A one row at a time). */
+void lora_merge_row(float *row, const ft_lora *a, int o, int in);
 /* Points a at caller-owned A (R, in), B (out, R) and grads (either may be
  * NULL: frozen) and initialises as PEFT: A ~ U(-1/sqrt(in), 1/sqrt(in))
  * (Kaiming-uniform with a = sqrt(5)) drawn row-major from rng, B = 0, grads 0. */
@@ -92,5 +100,13 @@ void lora_backward_fast(float *dx, const float *dout, const float *x, const floa
 /* The same in plain loops on one thread, without scratch: the reference. */
 void lora_backward(float *dx, const float *dout, const float *x, const float *u, const ft_lora *a, int T, int IC,
                    int OC, float *g);
+
+/* lora_forward and lora_backward with every sum in double (u rounded to
+ * float as it is stored): the oracle of the reference backend and
+ * linear_forward_ref. lora_backward_f64 writes g (T, R) and, when dx is
+ * non-NULL, dx (T, in); dA, dB accumulate when non-NULL. */
+void lora_forward_f64(float *out, float *u, const float *x, const ft_lora *a, int T, int IC, int OC);
+void lora_backward_f64(float *dx, const float *dout, const float *x, const float *u, const ft_lora *a, int T,
+                       int IC, int OC, float *g);
 
 #endif

@@ -1,8 +1,9 @@
-/* lora.c — the LoRA adapter of a Linear: PEFT initialisation, input
- * dropout with masks regenerated from a seed, and the low-rank forward and
- * backward: on the kernels of kernels.h (the _fast functions) and in plain
- * loops (the references). linear.c combines these with the frozen base
- * weight. */
+/* lora.c — the LoRA adapter of a Linear, and the only place its maths
+ * lives: PEFT initialisation, input dropout with masks regenerated from a
+ * seed, the low-rank forward and backward on the kernels of kernels.h (the
+ * _fast functions), in plain float loops and in double (the references
+ * the tests and the reference backend use), and the fold into a weight row
+ * (merge). linear.c combines these with the frozen base weight. */
 #include "linear.h"
 #include "kernels.h"
 #include "parallel.h"
@@ -16,6 +17,20 @@ float lora_scale(float alpha, int r, bool rslora) {
     return rslora ? alpha / sqrtf((float)r) : alpha / (float)r;
 }
 
+void lora_init_A(float *A, int r, int in, ft_rng *rng) {
+    /* kaiming_uniform_(a=sqrt(5)): gain sqrt(2/(1+5)), bound gain*sqrt(3/in) = 1/sqrt(in) */
+    float bound = 1.0f / sqrtf((float)in);
+    for (size_t i = 0; i < (size_t)r * in; i++) A[i] = (2.0f * ft_rng_uniform(rng) - 1.0f) * bound;
+}
+
+void lora_merge_row(float *row, const ft_lora *a, int o, int in) {
+    for (int r = 0; r < a->r; r++) {
+        float s = a->scale * a->B[(size_t)o * a->r + r];
+        const float *ar = a->A + (size_t)r * in;
+        for (int j = 0; j < in; j++) row[j] += s * ar[j];
+    }
+}
+
 void lora_init(ft_lora *a, int r, float alpha, bool rslora, float dropout, float *A, float *B, float *dA, float *dB,
                int in, int out, ft_rng *rng) {
     a->r = r;
@@ -24,9 +39,7 @@ void lora_init(ft_lora *a, int r, float alpha, bool rslora, float dropout, float
     a->scale = lora_scale(alpha, r, rslora);
     a->dropout = dropout;
     a->A = A; a->B = B; a->dA = dA; a->dB = dB;
-    /* kaiming_uniform_(a=sqrt(5)): gain sqrt(2/(1+5)), bound gain*sqrt(3/in) = 1/sqrt(in) */
-    float bound = 1.0f / sqrtf((float)in);
-    for (size_t i = 0; i < (size_t)r * in; i++) A[i] = (2.0f * ft_rng_uniform(rng) - 1.0f) * bound;
+    lora_init_A(A, r, in, rng);
     memset(B, 0, (size_t)out * r * sizeof(float));
     if (dA) memset(dA, 0, (size_t)r * in * sizeof(float));
     if (dB) memset(dB, 0, (size_t)out * r * sizeof(float));
@@ -137,5 +150,56 @@ void lora_backward(float *dx, const float *dout, const float *x, const float *u,
                 float s = 0;
                 for (int k = 0; k < R; k++) s += g[(size_t)t * R + k] * a->A[(size_t)k * in + i];
                 dx[(size_t)t * in + i] = s;
+            }
+}
+
+/* ----------------------------------------------- references in double */
+
+void lora_forward_f64(float *out, float *u, const float *x, const ft_lora *a, int T, int IC, int OC) {
+    int R = a->r;
+    for (int t = 0; t < T; t++) {
+        for (int k = 0; k < R; k++) {
+            double s = 0;
+            for (int i = 0; i < IC; i++) s += (double)a->A[(size_t)k * IC + i] * x[(size_t)t * IC + i];
+            u[(size_t)t * R + k] = (float)s;
+        }
+        for (int o = 0; o < OC; o++) {
+            double s = 0;
+            for (int k = 0; k < R; k++) s += (double)u[(size_t)t * R + k] * a->B[(size_t)o * R + k];
+            out[(size_t)t * OC + o] += (float)(a->scale * s);
+        }
+    }
+}
+
+void lora_backward_f64(float *dx, const float *dout, const float *x, const float *u, const ft_lora *a, int T,
+                       int IC, int OC, float *g) {
+    int R = a->r;
+    /* g (T, R) = scale · dout · B */
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < R; k++) {
+            double s = 0;
+            for (int o = 0; o < OC; o++) s += (double)dout[(size_t)t * OC + o] * a->B[(size_t)o * R + k];
+            g[(size_t)t * R + k] = (float)(a->scale * s);
+        }
+    if (a->dB) /* dB (OC, R) += scale · dout^T · u */
+        for (int o = 0; o < OC; o++)
+            for (int k = 0; k < R; k++) {
+                double s = 0;
+                for (int t = 0; t < T; t++) s += (double)dout[(size_t)t * OC + o] * u[(size_t)t * R + k];
+                a->dB[(size_t)o * R + k] += (float)(a->scale * s);
+            }
+    if (a->dA) /* dA (R, IC) += g^T · x */
+        for (int k = 0; k < R; k++)
+            for (int i = 0; i < IC; i++) {
+                double s = 0;
+                for (int t = 0; t < T; t++) s += (double)g[(size_t)t * R + k] * x[(size_t)t * IC + i];
+                a->dA[(size_t)k * IC + i] += (float)s;
+            }
+    if (dx) /* dx = g · A */
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < IC; i++) {
+                double s = 0;
+                for (int k = 0; k < R; k++) s += (double)g[(size_t)t * R + k] * a->A[(size_t)k * IC + i];
+                dx[(size_t)t * IC + i] = (float)s;
             }
 }

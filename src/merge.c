@@ -17,34 +17,33 @@
 #include <math.h>
 #include <sys/stat.h>
 
-/* row (in) += scale · B[o, :] · A: the adapter's contribution to row o */
-static void add_lora_row(float *row, const ft_lora *a, int o, int in) {
-    for (int r = 0; r < a->r; r++) {
-        float s = a->scale * a->B[(size_t)o * a->r + r];
-        const float *ar = a->A + (size_t)r * in;
-        for (int j = 0; j < in; j++) row[j] += s * ar[j];
-    }
+/* The adapter of Linear mod in block l that a write folds in: opts->adapter,
+ * else the model's default adapter, else none. */
+static const ft_lora *merged_lora(const ftune_model *m, const ft_merge_opts *opts, int l, ft_module mod) {
+    const ft_adapter *a = opts && opts->adapter ? opts->adapter : m->adapter;
+    return a ? a->set[l * FT_N_MODS + mod] : NULL;
 }
 
-ftune_status ft_merge_lora(ftune_model *m) {
+ftune_status ft_merge_lora(ftune_model *m, const ft_adapter *ad) {
+    if (!ad) return FTUNE_OK;
+    if (ad->m != m) return ft_err(FTUNE_ERR_ARG, "merge: the adapter was made for another model");
     for (int l = 0; l < m->cfg.L; l++)
         for (int k = 0; k < FT_N_MODS; k++) {
-            ft_linear *lin = ft_model_linear(m, l, (ft_module)k);
-            const ft_lora *a = lin->lora;
+            ft_linear *lin = ft_model_linear(m, l, k);
+            const ft_lora *a = ad->set[l * FT_N_MODS + k];
             if (!a) continue;
             float *w = ft_aligned_alloc((size_t)lin->out * lin->in * sizeof(float));
-            if (!w) return ft_err(FTUNE_ERR_NOMEM, "out of memory merging layer %d %s", l, ft_module_name((ft_module)k));
+            if (!w) return ft_err(FTUNE_ERR_NOMEM, "out of memory merging layer %d %s", l, ft_module_name(k));
             /* row by row as the writers do, so a merged model in memory and one written to a file are bit-identical */
             for (int o = 0; o < lin->out; o++) {
                 ft_tensor_row_f32(&lin->w, o, w + (size_t)o * lin->in);
-                add_lora_row(w + (size_t)o * lin->in, a, o, lin->in);
+                lora_merge_row(w + (size_t)o * lin->in, a, o, lin->in);
             }
             ftune_status st = ft_model_own(m, w);
             if (st) return st;
             lin->w.dtype = FT_F32;
             lin->w.data = w;
             lin->w.nbytes = (size_t)lin->out * lin->in * sizeof(float);
-            lin->lora = NULL;
         }
     return FTUNE_OK;
 }
@@ -82,7 +81,7 @@ static void make_row(const row_src *s, int R, float *row) {
     }
     int o = src_row(s, R);
     ft_tensor_row_f32(s->t, o, row);
-    if (s->lora) add_lora_row(row, s->lora, o, s->cols);
+    if (s->lora) lora_merge_row(row, s->lora, o, s->cols);
 }
 
 typedef struct {
@@ -273,12 +272,12 @@ static ftune_status write_hf(const ftune_model *mc, const char *dir, const ft_me
         snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
         ADD_VEC(name, m->layers[l].ffn_norm, c->C, 0);
         for (int k = 0; k < FT_N_MODS; k++) {
-            const ft_linear *lin = ft_model_linear(m, l, (ft_module)k);
-            int heads = c->rope_interleaved ? ft_module_rope_heads(c, (ft_module)k) : 0;
-            snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, ft_module_path((ft_module)k));
-            ADD_MAT(name, &lin->w, lin->lora, heads);
+            const ft_linear *lin = ft_model_linear(m, l, k);
+            int heads = c->rope_interleaved ? ft_module_rope_heads(c, k) : 0;
+            snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, ft_module_path(k));
+            ADD_MAT(name, &lin->w, merged_lora(m, opts, l, k), heads);
             if (lin->bias) {
-                snprintf(name, sizeof name, "model.layers.%d.%s.bias", l, ft_module_path((ft_module)k));
+                snprintf(name, sizeof name, "model.layers.%d.%s.bias", l, ft_module_path(k));
                 ADD_VEC(name, lin->bias, lin->out, heads);
             }
         }
@@ -959,7 +958,7 @@ static ftune_status write_gguf(const ftune_model *mc, const char *path, const ft
     char name[FT_NAME_MAX];
     if ((st = plan_mat(&p, "token_embd.weight", &m->tok_embd, NULL, 0, c->tied))) goto done;
     if ((st = plan_vec(&p, "output_norm.weight", m->out_norm, c->C, 0))) goto done;
-    if (!c->tied && (st = plan_mat(&p, "output.weight", &m->lm_head.w, m->lm_head.lora, 0, true))) goto done;
+    if (!c->tied && (st = plan_mat(&p, "output.weight", &m->lm_head.w, NULL, 0, true))) goto done;
     const float *rf = m->rope_freq_factors;
     if (!rf && c->rope_scaling.type == 2) {
         if (!(rope_factors = ft_malloc((size_t)(c->HS / 2) * sizeof(float)))) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
@@ -971,12 +970,12 @@ static ftune_status write_gguf(const ftune_model *mc, const char *path, const ft
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
         if ((st = plan_vec(&p, name, m->layers[l].attn_norm, c->C, 0))) break;
         for (int k = 0; k < FT_N_MODS && !st; k++) {
-            const ft_linear *lin = ft_model_linear(m, l, (ft_module)k);
-            int heads = permute ? ft_module_rope_heads(c, (ft_module)k) : 0;
-            snprintf(name, sizeof name, "blk.%d.%s.weight", l, ft_module_gguf_name((ft_module)k));
-            st = plan_mat(&p, name, &lin->w, lin->lora, heads, false);
+            const ft_linear *lin = ft_model_linear(m, l, k);
+            int heads = permute ? ft_module_rope_heads(c, k) : 0;
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, ft_module_gguf_name(k));
+            st = plan_mat(&p, name, &lin->w, merged_lora(m, opts, l, k), heads, false);
             if (!st && lin->bias) {
-                snprintf(name, sizeof name, "blk.%d.%s.bias", l, ft_module_gguf_name((ft_module)k));
+                snprintf(name, sizeof name, "blk.%d.%s.bias", l, ft_module_gguf_name(k));
                 st = plan_vec(&p, name, lin->bias, lin->out, heads);
             }
             if (!st && k == FT_MOD_O) {
@@ -1034,6 +1033,8 @@ static bool is_source(const ftune_model *m, const char *path) {
 ftune_status ft_merge_write(const ftune_model *m, const char *out_path, const ft_merge_opts *opts) {
     if (is_source(m, out_path))
         return ft_err(FTUNE_ERR_ARG, "%s: is where the base model is read from; write the merged model elsewhere", out_path);
+    if (opts && opts->adapter && opts->adapter->m != m)
+        return ft_err(FTUNE_ERR_ARG, "%s: the adapter to merge was made for another model", out_path);
     size_t n = strlen(out_path);
     if (n >= 5 && strcmp(out_path + n - 5, ".gguf") == 0) return write_gguf(m, out_path, opts);
     return write_hf(m, out_path, opts);

@@ -6,6 +6,7 @@
 #include "core.h"
 #include "mem.h"
 #include "linear.h"
+#include "module.h"
 #include "ops.h"
 #include "gguf.h"
 #include "safetensors.h"
@@ -31,6 +32,12 @@ typedef struct {
     ft_linear w_gate, w_up;   /* (F, C) */
     ft_linear w_down;         /* (C, F) */
 } ft_layer;
+
+/* The Linear of module mod in a layer. */
+static inline ft_linear *ft_layer_linear(ft_layer *ly, ft_module mod) {
+    ft_linear *l[FT_N_MODS] = { &ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down };
+    return l[mod];
+}
 
 /* A buffer the model frees: counted (from ft_model_alloc, FT_MEM_WEIGHTS,
  * n bytes) or a plain malloc'd one handed over by ft_model_own. */
@@ -61,8 +68,8 @@ struct ftune_model {
     int64_t weight_bytes;
     int64_t n_params;
     unsigned dtype_mask;      /* bit per ft_dtype present */
-    void *adapter;            /* ftune_model_load_adapter's adapter, or NULL */
-    void (*free_adapter)(void *); /* frees it, detaching it from the Linears */
+    void *adapter;            /* ftune_model_load_adapter's default adapter (an ft_adapter), or NULL; never bound into the Linears */
+    void (*free_adapter)(void *); /* frees it */
 };
 
 /* Checks a config for sizes that are positive and consistent. */

@@ -3,6 +3,7 @@
  * evaluation of next-token loss in context-length windows through the
  * fused LM head + loss (the same op the trainer's validation uses).
  * All buffers are allocated once, when the session is created. */
+#include "adapter.h"
 #include "block.h"
 #include "lm_loss.h"
 
@@ -18,6 +19,8 @@ struct ftune_session {
     ft_backend be;            /* every op of the forward runs through it (the CPU's) */
     int n_prefix;             /* KV prefix rows pinned at the cache's start (ft_session_set_kv_prefix) */
     const ft_block_hooks *hooks;
+    const ft_adapter *adapter; /* the session's adapter (borrowed): the model's default at creation, or
+                              * ftune_session_set_adapter's; NULL: the base model alone */
     float *k_cache, *v_cache; /* (L, n_ctx, NKV*HS) */
     float *inv_freq;          /* (HS/2) */
     float *x;                 /* (CHUNK, C) residual stream */
@@ -88,6 +91,7 @@ ftune_status ftune_session_new(ftune_session **out, const ftune_model *m, int n_
     ftune_session *s = ft_mem_calloc(FT_MEM_OTHER, sizeof *s);
     if (!s) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     s->m = m;
+    s->adapter = m->adapter;
     s->n_ctx = n_ctx;
     s->n_threads = ft_num_threads(n_threads);
     s->be = ft_backend_cpu(s->n_threads);
@@ -123,6 +127,15 @@ void ftune_session_free(ftune_session *s) {
 int ftune_session_pos(const ftune_session *s) { return s->pos; }
 void ftune_session_reset(ftune_session *s) { s->pos = s->n_prefix; }
 void ft_session_set_hooks(ftune_session *s, const ft_block_hooks *h) { s->hooks = h; }
+
+ftune_status ftune_session_set_adapter(ftune_session *s, const ftune_adapter *a) {
+    if (!s) return ft_err(FTUNE_ERR_ARG, "ftune_session_set_adapter: no session");
+    if (a && a->m != s->m) return ft_err(FTUNE_ERR_ARG, "ftune_session_set_adapter: the adapter was loaded for another model");
+    s->adapter = a;
+    /* the cached keys/values were computed with the previous adapter */
+    ftune_session_reset(s);
+    return FTUNE_OK;
+}
 
 ftune_status ft_session_set_kv_prefix(ftune_session *s, const float *k, const float *v, int P) {
     const ft_config *c = &s->m->cfg;
@@ -162,7 +175,8 @@ static const float *forward_chunk(ftune_session *s, const int32_t *tokens, int n
     be->embedding_forward(be, s->x, tokens, &m->tok_embd, n);
     for (int t = 0; t < n; t++) s->qpos[t] = p0 + t;
     ft_block_env e = { .cfg = c, .inv_freq = s->inv_freq, .be = be, .lin_scratch = s->scratch,
-                       .att_scratch = s->att_scratch, .hooks = s->hooks };
+                       .att_scratch = s->att_scratch, .hooks = s->hooks,
+                       .adapters = s->adapter ? s->adapter->set : NULL };
     for (int l = 0; l < c->L; l++) {
         float *kc = s->k_cache + (size_t)l * s->n_ctx * kvd, *vc = s->v_cache + (size_t)l * s->n_ctx * kvd;
         ft_block_acts a = { .ln1 = s->xb, .q = s->q, .k = kc + (size_t)p0 * kvd, .v = vc + (size_t)p0 * kvd,

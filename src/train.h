@@ -21,15 +21,7 @@
 
 typedef enum { FT_TRAIN_LORA = 0, FT_TRAIN_FULL = 1 } ft_train_mode;
 
-/* LoRA target modules, as a bit mask. */
-enum {
-    FT_TARGET_Q = 1 << 0, FT_TARGET_K = 1 << 1, FT_TARGET_V = 1 << 2, FT_TARGET_O = 1 << 3,
-    FT_TARGET_GATE = 1 << 4, FT_TARGET_UP = 1 << 5, FT_TARGET_DOWN = 1 << 6,
-    FT_TARGET_ALL = 0x7f,
-};
-#define FT_N_TARGETS 7
-/* PEFT module names, index i for bit 1 << i: "q_proj", ..., "down_proj". */
-extern const char *const ft_target_names[FT_N_TARGETS];
+/* LoRA targets are FT_MOD_BIT masks of module.h (FT_MOD_ALL: every Linear). */
 /* Parses a comma-separated list of "q,k,v,o,gate,up,down" or the PEFT
  * names ("q_proj", ...), or "all" / "all-linear". */
 ftune_status ft_lora_targets_parse(const char *s, unsigned *mask);
@@ -40,7 +32,7 @@ typedef struct {
     float alpha;          /* LoRA scale is alpha / r (alpha / sqrt(r) with rslora) */
     bool rslora;
     float dropout;        /* LoRA input dropout probability, 0 = off */
-    unsigned targets;     /* FT_TARGET_* mask (LoRA) */
+    unsigned targets;     /* FT_MOD_BIT mask (LoRA) */
     uint64_t seed;        /* adapter initialisation and dropout masks */
     int max_B, max_T;     /* largest micro-batch the arenas are sized for */
     int n_threads;        /* 0: all cores */
@@ -67,7 +59,7 @@ typedef struct {
     int ndim;
     int64_t shape[2];
     int layer;            /* block index, or -1 (embedding, final norm, head) */
-    int target;           /* LoRA/Linear module index into ft_target_names, or -1 */
+    int target;           /* the Linear's ft_module, or -1 */
 } ft_train_param;
 
 /* Memory a trainer needs, in bytes, by lifetime class: exactly what
@@ -122,7 +114,7 @@ int ft_trainer_find_param(const ft_trainer *tr, const char *name);
  * floats in parameter order (for the optimizer, all-reduce, checkpoints). */
 float *ft_trainer_values(ft_trainer *tr, int64_t *n);
 float *ft_trainer_grads(ft_trainer *tr, int64_t *n);
-/* The adapter on Linear `target` (FT_TARGET_* bit index, ft_target_names
+/* The adapter on Linear `target` (an ft_module, ft_modules
  * order) of block `layer`, or NULL (not targeted, full mode, out of range).
  * Its A/B/dA/dB point into ft_trainer_values()/ft_trainer_grads(); the
  * model's own Linears never see it (wrap these to export or sample). */

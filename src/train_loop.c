@@ -31,10 +31,10 @@ _Static_assert(FTUNE_DATA_AUTO == (int)FT_FMT_AUTO && FTUNE_DATA_TEXT == (int)FT
                FTUNE_DATA_COMPLETION == (int)FT_FMT_COMPLETION && FTUNE_DATA_ALPACA == (int)FT_FMT_ALPACA &&
                FTUNE_DATA_CHAT == (int)FT_FMT_CHAT && FTUNE_DATA_PLAIN == (int)FT_FMT_PLAIN, "data formats");
 _Static_assert(FTUNE_TRAIN_LORA == (int)FT_TRAIN_LORA && FTUNE_TRAIN_FULL == (int)FT_TRAIN_FULL, "train modes");
-_Static_assert((int)FTUNE_LORA_Q_PROJ == (int)FT_TARGET_Q && (int)FTUNE_LORA_K_PROJ == (int)FT_TARGET_K && (int)FTUNE_LORA_V_PROJ == (int)FT_TARGET_V &&
-               (int)FTUNE_LORA_O_PROJ == (int)FT_TARGET_O && (int)FTUNE_LORA_GATE_PROJ == (int)FT_TARGET_GATE &&
-               (int)FTUNE_LORA_UP_PROJ == (int)FT_TARGET_UP && (int)FTUNE_LORA_DOWN_PROJ == (int)FT_TARGET_DOWN &&
-               (int)FTUNE_LORA_ALL == (int)FT_TARGET_ALL, "LoRA targets");
+_Static_assert((int)FTUNE_LORA_Q_PROJ == (int)FT_MOD_BIT(FT_MOD_Q) && (int)FTUNE_LORA_K_PROJ == (int)FT_MOD_BIT(FT_MOD_K) && (int)FTUNE_LORA_V_PROJ == (int)FT_MOD_BIT(FT_MOD_V) &&
+               (int)FTUNE_LORA_O_PROJ == (int)FT_MOD_BIT(FT_MOD_O) && (int)FTUNE_LORA_GATE_PROJ == (int)FT_MOD_BIT(FT_MOD_GATE) &&
+               (int)FTUNE_LORA_UP_PROJ == (int)FT_MOD_BIT(FT_MOD_UP) && (int)FTUNE_LORA_DOWN_PROJ == (int)FT_MOD_BIT(FT_MOD_DOWN) &&
+               (int)FTUNE_LORA_ALL == (int)FT_MOD_ALL, "LoRA targets");
 _Static_assert(FTUNE_SCHED_CONSTANT == (int)FT_SCHED_CONSTANT && FTUNE_SCHED_LINEAR == (int)FT_SCHED_LINEAR &&
                FTUNE_SCHED_COSINE == (int)FT_SCHED_COSINE, "schedules");
 _Static_assert(FTUNE_TRUNCATE_END == (int)FT_TRUNC_END && FTUNE_TRUNCATE_PROMPT == (int)FT_TRUNC_PROMPT, "truncation");
@@ -198,10 +198,10 @@ static cJSON *make_config(run *r) {
         cJSON_AddNumberToObject(j, "lora_alpha", r->topts.alpha);
         cJSON_AddNumberToObject(j, "lora_dropout", r->topts.dropout);
         char t[128] = "";
-        for (int k = 0; k < FT_N_TARGETS; k++)
+        for (int k = 0; k < FT_N_MODS; k++)
             if (r->topts.targets & (1u << k)) {
                 if (*t) strcat(t, ",");
-                strcat(t, ft_target_names[k]);
+                strcat(t, ft_modules[k].peft);
             }
         cJSON_AddStringToObject(j, "lora_targets", t);
         cJSON_AddBoolToObject(j, "rslora", r->topts.rslora);
@@ -355,7 +355,7 @@ done:
 static void apply_init_adapter(run *r) {
     const ft_config *c = &r->m->cfg;
     for (int l = 0; l < c->L; l++)
-        for (int k = 0; k < FT_N_TARGETS; k++) {
+        for (int k = 0; k < FT_N_MODS; k++) {
             ft_lora *a = ft_trainer_lora(r->tr, l, k);
             int64_t off = r->init_off[l * FT_N_MODS + k];
             if (!a || !off) continue;
@@ -913,7 +913,7 @@ static ftune_status setup(run *r) {
         ft_lora **loras = ft_calloc((size_t)c->L * FT_N_MODS, sizeof *loras);
         if (!loras) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
         for (int l = 0; l < c->L; l++)
-            for (int k = 0; k < FT_N_TARGETS; k++) loras[l * FT_N_MODS + k] = ft_trainer_lora(r->tr, l, k);
+            for (int k = 0; k < FT_N_MODS; k++) loras[l * FT_N_MODS + k] = ft_trainer_lora(r->tr, l, k);
         ftune_status st = ft_adapter_wrap(&r->wrapped, r->m, loras, o->lora_dropout);
         free(loras);
         TRY(st);

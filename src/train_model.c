@@ -21,15 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *const ft_target_names[FT_N_TARGETS] = { "q_proj", "k_proj", "v_proj", "o_proj",
-                                                    "gate_proj", "up_proj", "down_proj" };
-static const char *const target_short[FT_N_TARGETS] = { "q", "k", "v", "o", "gate", "up", "down" };
-static const char *const target_block[FT_N_TARGETS] = { "self_attn", "self_attn", "self_attn", "self_attn",
-                                                        "mlp", "mlp", "mlp" };
-enum { TQ = FT_LIN_Q, TK = FT_LIN_K, TV = FT_LIN_V, TO = FT_LIN_O, TGATE = FT_LIN_GATE, TUP = FT_LIN_UP,
-       TDOWN = FT_LIN_DOWN };
-_Static_assert(FT_N_TARGETS == FT_N_LINEAR, "LoRA targets are the block's Linears");
-
 /* A block's saved activations (ft_block_acts, rows BT): the block input is
  * the residual stream, res; u[k] is NULL where Linear k has no adapter; h
  * is the shared scratch hbuf (SwiGLU is recomputed in backward). */
@@ -49,6 +40,7 @@ struct ft_trainer {
     ft_linear lm_head;        /* (V, C) */
     ft_layer *layers;         /* (L) */
     ft_lora *loras;           /* (L, 7) */
+    const ft_lora **set;      /* (L, 7): the adapter set the block binds (&loras[i] where trained, else NULL) */
     float *inv_freq;          /* (HS/2) */
     const ft_block_hooks *hooks; /* or NULL */
     /* trainables */
@@ -92,7 +84,7 @@ void ft_train_opts_default(ft_train_opts *o) {
     o->mode = FT_TRAIN_LORA;
     o->r = 8;
     o->alpha = 16;
-    o->targets = FT_TARGET_ALL;
+    o->targets = FT_MOD_ALL;
     o->max_B = 1;
     o->max_T = 512;
 }
@@ -100,17 +92,17 @@ void ft_train_opts_default(ft_train_opts *o) {
 ftune_status ft_lora_targets_parse(const char *s, unsigned *mask) {
     *mask = 0;
     if (!s || !*s) return ft_err(FTUNE_ERR_ARG, "empty LoRA target list");
-    if (strcmp(s, "all") == 0 || strcmp(s, "all-linear") == 0) { *mask = FT_TARGET_ALL; return FTUNE_OK; }
+    if (strcmp(s, "all") == 0 || strcmp(s, "all-linear") == 0) { *mask = FT_MOD_ALL; return FTUNE_OK; }
     const char *p = s;
     while (*p) {
         const char *e = strchr(p, ',');
         size_t n = e ? (size_t)(e - p) : strlen(p);
         int k = 0;
-        for (; k < FT_N_TARGETS; k++)
-            if ((strlen(target_short[k]) == n && strncmp(p, target_short[k], n) == 0) ||
-                (strlen(ft_target_names[k]) == n && strncmp(p, ft_target_names[k], n) == 0))
+        for (; k < FT_N_MODS; k++)
+            if ((strlen(ft_modules[k].name) == n && strncmp(p, ft_modules[k].name, n) == 0) ||
+                (strlen(ft_modules[k].peft) == n && strncmp(p, ft_modules[k].peft, n) == 0))
                 break;
-        if (k == FT_N_TARGETS)
+        if (k == FT_N_MODS)
             return ft_err(FTUNE_ERR_ARG, "LoRA target \"%.*s\" is not one of q,k,v,o,gate,up,down", (int)n, p);
         *mask |= 1u << k;
         p += n;
@@ -125,15 +117,15 @@ ftune_status ft_lora_targets_parse(const char *s, unsigned *mask) {
 static void lin_dims(const ft_config *c, int k, int *out, int *in) {
     int qd = c->NH * c->HS, kvd = c->NKV * c->HS;
     switch (k) {
-    case TQ: *out = qd; *in = c->C; break;
-    case TK: case TV: *out = kvd; *in = c->C; break;
-    case TO: *out = c->C; *in = qd; break;
-    case TGATE: case TUP: *out = c->F; *in = c->C; break;
+    case FT_MOD_Q: *out = qd; *in = c->C; break;
+    case FT_MOD_K: case FT_MOD_V: *out = kvd; *in = c->C; break;
+    case FT_MOD_O: *out = c->C; *in = qd; break;
+    case FT_MOD_GATE: case FT_MOD_UP: *out = c->F; *in = c->C; break;
     default: *out = c->C; *in = c->F; break;
     }
 }
 
-static ft_linear *lin_of(ft_layer *ly, int k) { return ft_block_linear(ly, k); }
+static ft_linear *lin_of(ft_layer *ly, int k) { return ft_layer_linear(ly, k); }
 
 /* Appends a parameter spec (when ps is non-NULL) and returns its numel. */
 static int64_t add_param(ft_train_param *ps, int *n, int64_t *off, const char *name, int ndim, int64_t d0,
@@ -165,15 +157,15 @@ static int param_specs(const ft_config *c, const ft_train_opts *o, ft_train_para
     char name[160];
     if (o->mode == FT_TRAIN_LORA) {
         for (int l = 0; l < c->L; l++)
-            for (int k = 0; k < FT_N_TARGETS; k++) {
+            for (int k = 0; k < FT_N_MODS; k++) {
                 if (!(o->targets & (1u << k))) continue;
                 int out, in;
                 lin_dims(c, k, &out, &in);
-                snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_A.weight", l,
-                         target_block[k], ft_target_names[k]);
+                snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.lora_A.weight", l,
+                         ft_modules[k].path);
                 add_param(ps, &n, &off, name, 2, o->r, in, l, k);
-                snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_B.weight", l,
-                         target_block[k], ft_target_names[k]);
+                snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.lora_B.weight", l,
+                         ft_modules[k].path);
                 add_param(ps, &n, &off, name, 2, out, o->r, l, k);
             }
     } else {
@@ -181,17 +173,16 @@ static int param_specs(const ft_config *c, const ft_train_opts *o, ft_train_para
         for (int l = 0; l < c->L; l++) {
             snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
             add_param(ps, &n, &off, name, 1, c->C, 0, l, -1);
-            for (int k = 0; k < FT_N_TARGETS; k++) {
+            for (int k = 0; k < FT_N_MODS; k++) {
                 int out, in;
                 lin_dims(c, k, &out, &in);
-                snprintf(name, sizeof name, "model.layers.%d.%s.%s.weight", l, target_block[k], ft_target_names[k]);
+                snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, ft_modules[k].path);
                 add_param(ps, &n, &off, name, 2, out, in, l, k);
-                if (c->qkv_bias && k <= TV) {
-                    snprintf(name, sizeof name, "model.layers.%d.%s.%s.bias", l, target_block[k],
-                             ft_target_names[k]);
+                if (c->qkv_bias && k <= FT_MOD_V) {
+                    snprintf(name, sizeof name, "model.layers.%d.%s.bias", l, ft_modules[k].path);
                     add_param(ps, &n, &off, name, 1, out, 0, l, k);
                 }
-                if (k == TO) {
+                if (k == FT_MOD_O) {
                     snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
                     add_param(ps, &n, &off, name, 1, c->C, 0, l, -1);
                 }
@@ -233,7 +224,7 @@ static void carve_acts(ft_trainer *tr, carver *cv, const ft_config *c, const ft_
         a.ln2 = carve(cv, BT * C); a.rstd2 = carve(cv, BT);
         a.gate = carve(cv, BT * F); a.up = carve(cv, BT * F);
         if (o->mode == FT_TRAIN_LORA)
-            for (int k = 0; k < FT_N_TARGETS; k++)
+            for (int k = 0; k < FT_N_MODS; k++)
                 if (o->targets & (1u << k)) a.u[k] = carve(cv, BT * (size_t)o->r);
         if (tr) tr->la[l] = a;
     }
@@ -268,7 +259,7 @@ static ftune_status check_opts(const ft_config *c, const ft_train_opts *o) {
         return ft_err(FTUNE_ERR_ARG, "micro-batch of %d x %d tokens is not a valid size", o->max_B, o->max_T);
     if (o->mode == FT_TRAIN_LORA) {
         if (o->r < 1 || o->r > 65536) return ft_err(FTUNE_ERR_ARG, "LoRA rank %d is not in 1..65536", o->r);
-        if (!(o->targets & FT_TARGET_ALL) || (o->targets & ~(unsigned)FT_TARGET_ALL))
+        if (!(o->targets & FT_MOD_ALL) || (o->targets & ~(unsigned)FT_MOD_ALL))
             return ft_err(FTUNE_ERR_ARG, "LoRA target mask 0x%x selects none of q,k,v,o,gate,up,down", o->targets);
         if (!(o->dropout >= 0 && o->dropout < 1))
             return ft_err(FTUNE_ERR_ARG, "LoRA dropout %g is not in [0, 1)", o->dropout);
@@ -284,10 +275,11 @@ static ftune_status check_opts(const ft_config *c, const ft_train_opts *o) {
 
 /* The trainer's small bookkeeping arrays (FT_MEM_OTHER), each sized here
  * once for both the plan and the allocation. */
-enum { O_LAYERS, O_LORAS, O_LG, O_LA, O_INV_FREQ, O_IDX, O_POS0, O_PARAMS, N_OTHER };
+enum { O_LAYERS, O_LORAS, O_SET, O_LG, O_LA, O_INV_FREQ, O_IDX, O_POS0, O_PARAMS, N_OTHER };
 static void other_sizes(const ft_config *c, const ft_train_opts *o, int n_params, size_t sz[N_OTHER]) {
     sz[O_LAYERS] = (size_t)c->L * sizeof(ft_layer);
-    sz[O_LORAS] = (size_t)c->L * FT_N_TARGETS * sizeof(ft_lora);
+    sz[O_LORAS] = (size_t)c->L * FT_N_MODS * sizeof(ft_lora);
+    sz[O_SET] = (size_t)c->L * FT_N_MODS * sizeof(ft_lora *);
     sz[O_LG] = (size_t)c->L * sizeof(layer_grads);
     sz[O_LA] = (size_t)c->L * sizeof(layer_acts);
     sz[O_INV_FREQ] = (size_t)c->HS / 2 * sizeof(float);
@@ -370,18 +362,18 @@ static void bind_full(ft_trainer *tr) {
         layer_grads *g = &tr->lg[l];
         memcpy(p[i].data, src->attn_norm, (size_t)c->C * sizeof(float));
         ly->attn_norm = p[i].data; g->attn_norm = p[i].grad; i++;
-        for (int k = 0; k < FT_N_TARGETS; k++) {
+        for (int k = 0; k < FT_N_MODS; k++) {
             const ft_linear *sl = lin_of((ft_layer *)src, k);
             ft_linear *dl = lin_of(ly, k);
             copy_rows(p[i].data, &sl->w, sl->out, sl->in);
             dl->w = f32_view(sl->w.name, p[i].data, sl->out, sl->in);
             g->w[k] = p[i].grad;
             i++;
-            if (c->qkv_bias && k <= TV) {
+            if (c->qkv_bias && k <= FT_MOD_V) {
                 if (sl->bias) memcpy(p[i].data, sl->bias, (size_t)sl->out * sizeof(float));
                 dl->bias = p[i].data; g->b[k] = p[i].grad; i++;
             }
-            if (k == TO) {
+            if (k == FT_MOD_O) {
                 memcpy(p[i].data, src->ffn_norm, (size_t)c->C * sizeof(float));
                 ly->ffn_norm = p[i].data; g->ffn_norm = p[i].grad; i++;
             }
@@ -409,10 +401,10 @@ static void bind_lora(ft_trainer *tr) {
         ft_train_param *pa = &tr->params[i], *pb = &tr->params[i + 1];
         int l = pa->layer, k = pa->target;
         ft_linear *lin = lin_of(&tr->layers[l], k);
-        ft_lora *a = &tr->loras[l * FT_N_TARGETS + k];
+        ft_lora *a = &tr->loras[l * FT_N_MODS + k];
         lora_init(a, tr->o.r, tr->o.alpha, tr->o.rslora, tr->o.dropout, pa->data, pb->data, pa->grad, pb->grad,
                   lin->in, lin->out, &rng);
-        lin->lora = a;
+        tr->set[l * FT_N_MODS + k] = a;
     }
     (void)c;
 }
@@ -422,13 +414,10 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
     const ft_config *c = &m->cfg;
     ftune_status st = check_opts(c, o);
     if (st) return st;
-    if (m->lm_head.lora) return ft_err(FTUNE_ERR_UNSUPPORTED, "the model's lm_head carries an adapter");
-    for (int l = 0; l < c->L; l++)
-        for (int k = 0; k < FT_N_TARGETS; k++)
-            if (lin_of(&m->layers[l], k)->lora)
-                return ft_err(FTUNE_ERR_UNSUPPORTED,
-                              "layer %d %s already carries an adapter: merge it into the model before training", l,
-                              ft_target_names[k]);
+    /* the trainer's forward binds only its own adapters (ft_block_env), so a
+     * default adapter of the model would silently not be trained on top of */
+    if (m->adapter)
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "the model carries an adapter: merge it into the model before training");
     ft_trainer *tr = ft_mem_calloc(FT_MEM_OTHER, sizeof *tr);
     if (!tr) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     tr->m = m;
@@ -448,6 +437,7 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
     other_sizes(c, o, tr->n_params, sz);
     tr->layers = ft_mem_alloc(FT_MEM_OTHER, sz[O_LAYERS]);
     tr->loras = ft_mem_calloc(FT_MEM_OTHER, sz[O_LORAS]);
+    tr->set = ft_mem_calloc(FT_MEM_OTHER, sz[O_SET]);
     tr->lg = ft_mem_calloc(FT_MEM_OTHER, sz[O_LG]);
     tr->la = ft_mem_calloc(FT_MEM_OTHER, sz[O_LA]);
     tr->inv_freq = ft_mem_alloc(FT_MEM_OTHER, sz[O_INV_FREQ]);
@@ -459,7 +449,7 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
     tr->grads = tr->be.alloc(&tr->be, FT_MEM_GRADS, pl->grad_bytes);
     tr->act_arena = tr->be.alloc(&tr->be, FT_MEM_ACTS, pl->activation_bytes);
     tr->scr_arena = tr->be.alloc(&tr->be, FT_MEM_SCRATCH, pl->scratch_bytes);
-    if (!tr->layers || !tr->loras || !tr->lg || !tr->la || !tr->inv_freq || !tr->idx || !tr->pos0 || !tr->params ||
+    if (!tr->layers || !tr->loras || !tr->set || !tr->lg || !tr->la || !tr->inv_freq || !tr->idx || !tr->pos0 || !tr->params ||
         !tr->values || !tr->grads || !tr->act_arena || !tr->scr_arena) {
         /* the message before the free: pl points into tr */
         ftune_status err = ft_err(FTUNE_ERR_NOMEM,
@@ -501,6 +491,7 @@ void ft_trainer_free(ft_trainer *tr) {
     other_sizes(&tr->cfg, &tr->o, tr->n_params, sz);
     const ft_train_plan *pl = &tr->plan;
     ft_mem_free(FT_MEM_OTHER, tr->layers, sz[O_LAYERS]); ft_mem_free(FT_MEM_OTHER, tr->loras, sz[O_LORAS]);
+    ft_mem_free(FT_MEM_OTHER, tr->set, sz[O_SET]);
     ft_mem_free(FT_MEM_OTHER, tr->lg, sz[O_LG]); ft_mem_free(FT_MEM_OTHER, tr->la, sz[O_LA]);
     ft_mem_free(FT_MEM_OTHER, tr->inv_freq, sz[O_INV_FREQ]); ft_mem_free(FT_MEM_OTHER, tr->idx, sz[O_IDX]);
     ft_mem_free(FT_MEM_OTHER, tr->pos0, sz[O_POS0]); ft_mem_free(FT_MEM_OTHER, tr->params, sz[O_PARAMS]);
@@ -538,10 +529,10 @@ int ft_trainer_find_param(const ft_trainer *tr, const char *name) {
 float *ft_trainer_values(ft_trainer *tr, int64_t *n) { if (n) *n = tr->n_values; return tr->values; }
 float *ft_trainer_grads(ft_trainer *tr, int64_t *n) { if (n) *n = tr->n_values; return tr->grads; }
 ft_lora *ft_trainer_lora(ft_trainer *tr, int layer, int target) {
-    if (tr->o.mode != FT_TRAIN_LORA || layer < 0 || layer >= tr->cfg.L || target < 0 || target >= FT_N_TARGETS ||
+    if (tr->o.mode != FT_TRAIN_LORA || layer < 0 || layer >= tr->cfg.L || target < 0 || target >= FT_N_MODS ||
         !(tr->o.targets & (1u << target)))
         return NULL;
-    return &tr->loras[layer * FT_N_TARGETS + target];
+    return &tr->loras[layer * FT_N_MODS + target];
 }
 uint64_t ft_trainer_get_micro_step(const ft_trainer *tr) { return tr->micro_step; }
 void ft_trainer_set_micro_step(ft_trainer *tr, uint64_t step) { tr->micro_step = step; }
@@ -574,7 +565,7 @@ static ftune_status check_batch(const ft_trainer *tr, const ft_batch *b) {
 
 static uint64_t mask_seed(const ft_trainer *tr, int l, int k) {
     return tr->o.seed ^ (tr->micro_step + 1) * 0x9E3779B97F4A7C15ull ^
-           (uint64_t)(l * FT_N_TARGETS + k + 1) * 0xC2B2AE3D27D4EB4Full;
+           (uint64_t)(l * FT_N_MODS + k + 1) * 0xC2B2AE3D27D4EB4Full;
 }
 
 void ft_trainer_set_hooks(ft_trainer *tr, const ft_block_hooks *h) { tr->hooks = h; }
@@ -608,13 +599,13 @@ ftune_status ft_trainer_set_kv_prefix(ft_trainer *tr, const float *k, const floa
 static ft_block_env block_env(const ft_trainer *tr) {
     return (ft_block_env){ .cfg = &tr->cfg, .inv_freq = tr->inv_freq, .be = &tr->be,
                            .lin_scratch = tr->lin_scratch, .att_scratch = tr->P ? tr->p_att_scratch : tr->att_scratch,
-                           .hooks = tr->hooks };
+                           .hooks = tr->hooks, .adapters = tr->set };
 }
 
 /* Block l's call: its own keys/values (no cache), causal over the row. */
 static ft_block_io block_io(const ft_trainer *tr, const ft_batch *b, const int *pos, int l, bool train,
                             uint64_t *seeds) {
-    for (int k = 0; k < FT_N_LINEAR; k++) seeds[k] = mask_seed(tr, l, k);
+    for (int k = 0; k < FT_N_MODS; k++) seeds[k] = mask_seed(tr, l, k);
     ft_block_io io = { .B = b->B, .T = b->T, .pos = pos, .q_pos = tr->idx, .keys = tr->la[l].k,
                        .values = tr->la[l].v, .Tk = b->T, .doc = b->doc, .train = train, .mask_seed = seeds };
     if (tr->P > 0) {
@@ -646,7 +637,7 @@ static double forward(ft_trainer *tr, const ft_batch *b, const int *pos, bool tr
     const ft_backend *be = &tr->be;
     be->embedding_forward(be, tr->res, b->tokens, &tr->tok_embd, BT);
     for (int l = 0; l < c->L; l++) {
-        uint64_t seeds[FT_N_LINEAR];
+        uint64_t seeds[FT_N_MODS];
         ft_block_io io = block_io(tr, b, pos, l, train, seeds);
         ft_block_acts a = tr->la[l];
         if (!train) a.lse = NULL; /* nothing is saved for backward */
@@ -670,7 +661,7 @@ static void backward(ft_trainer *tr, const ft_batch *b, const int *pos) {
     be->rmsnorm_backward(be, tr->dres, tr->d_out_norm, tr->dln, tr->res + (size_t)c->L * BT * C, tr->out_norm,
                          tr->rstdf, BT, C);
     for (int l = c->L - 1; l >= 0; l--) {
-        uint64_t seeds[FT_N_LINEAR];
+        uint64_t seeds[FT_N_MODS];
         ft_block_io io = block_io(tr, b, pos, l, true, seeds);
         ft_block_backward(&e, &tr->layers[l], l, &tr->lg[l], tr->dres, tr->res + (size_t)l * BT * C, &tr->la[l], &io,
                           &s);

@@ -224,15 +224,15 @@ static void test_hooks_session(void) {
     ft_session_set_hooks(s, NULL);
     /* the hooks change nothing */
     CHECK(memcmp(lg, ref, (size_t)T * V * sizeof(float)) == 0);
-    CHECKF(r.n_ev == 2 * c->L && r.n_obs == FT_N_LINEAR * c->L, "%d layer events, %d observations", r.n_ev, r.n_obs);
-    if (r.n_ev != 2 * c->L || r.n_obs != FT_N_LINEAR * c->L) goto out;
+    CHECKF(r.n_ev == 2 * c->L && r.n_obs == FT_N_MODS * c->L, "%d layer events, %d observations", r.n_ev, r.n_obs);
+    if (r.n_ev != 2 * c->L || r.n_obs != FT_N_MODS * c->L) goto out;
     for (int l = 0; l < c->L; l++) {
         CHECK(r.ev[2 * l] == FT_BLOCK_PRE_FORWARD && r.layer[2 * l] == l);
         CHECK(r.ev[2 * l + 1] == FT_BLOCK_POST_FORWARD && r.layer[2 * l + 1] == l);
-        for (int k = 0; k < FT_N_LINEAR; k++) {
-            int i = l * FT_N_LINEAR + k;
+        for (int k = 0; k < FT_N_MODS; k++) {
+            int i = l * FT_N_MODS + k;
             CHECK(r.obs_layer[i] == l && r.obs_which[i] == k && r.obs_n[i] == T);
-            CHECK(r.obs_in[i] == ft_block_linear(&m->layers[l], k)->in);
+            CHECK(r.obs_in[i] == ft_layer_linear(&m->layers[l], k)->in);
         }
     }
     size_t nC = (size_t)T * C;
@@ -244,16 +244,16 @@ static void test_hooks_session(void) {
         const float *x = r.rows[2 * l], *out = r.rows[2 * l + 1];
         if (l + 1 < c->L) bad += memcmp(out, r.rows[2 * l + 2], nC * 4) != 0;
         rmsnorm_forward(a, NULL, x, ly->attn_norm, T, C, c->norm_eps);
-        for (int k = FT_LIN_Q; k <= FT_LIN_V; k++) bad += memcmp(observed(&r, l, k), a, nC * 4) != 0;
-        linear_forward(mid, observed(&r, l, FT_LIN_O), &ly->wo, T, 2, scr);
+        for (int k = FT_MOD_Q; k <= FT_MOD_V; k++) bad += memcmp(observed(&r, l, k), a, nC * 4) != 0;
+        linear_forward(mid, observed(&r, l, FT_MOD_O), &ly->wo, T, 2, scr);
         for (size_t i = 0; i < nC; i++) mid[i] += x[i];
         rmsnorm_forward(a, NULL, mid, ly->ffn_norm, T, C, c->norm_eps);
-        bad += memcmp(observed(&r, l, FT_LIN_GATE), a, nC * 4) != 0;
-        bad += memcmp(observed(&r, l, FT_LIN_UP), a, nC * 4) != 0;
+        bad += memcmp(observed(&r, l, FT_MOD_GATE), a, nC * 4) != 0;
+        bad += memcmp(observed(&r, l, FT_MOD_UP), a, nC * 4) != 0;
         linear_forward(g, a, &ly->w_gate, T, 2, scr);
         linear_forward(u, a, &ly->w_up, T, 2, scr);
         swiglu_forward(g, g, u, T, F);
-        bad += memcmp(observed(&r, l, FT_LIN_DOWN), g, (size_t)T * F * 4) != 0;
+        bad += memcmp(observed(&r, l, FT_MOD_DOWN), g, (size_t)T * F * 4) != 0;
         linear_forward(a, g, &ly->w_down, T, 2, scr);
         for (size_t i = 0; i < nC; i++) a[i] += mid[i];
         bad += memcmp(out, a, nC * 4) != 0;
@@ -315,7 +315,7 @@ static void test_hooks_trainer(void) {
             if (l > 0) bad += memcmp(r.rows[j + 1], r.rows[j + 2], (size_t)BT * C * 4) != 0;
             float *a = malloc((size_t)BT * C * 4);
             rmsnorm_forward(a, NULL, r.rows[2 * l], m->layers[l].attn_norm, BT, C, c->norm_eps);
-            const float *q = observed(&r, l, FT_LIN_Q);
+            const float *q = observed(&r, l, FT_MOD_Q);
             bad += !q || memcmp(q, a, (size_t)BT * C * 4) != 0;
             free(a);
         }
@@ -361,8 +361,8 @@ static ft_block_acts make_acts(allocs *al, const ft_config *c, int BT, int B, in
                         .lse = take(al, (size_t)BT * c->NH, fill), .mid = take(al, BT * C, fill),
                         .ln2 = take(al, BT * C, fill), .rstd2 = take(al, BT, fill), .gate = take(al, BT * F, fill),
                         .up = take(al, BT * F, fill), .h = take(al, BT * F, fill) };
-    a.u[FT_LIN_Q] = take(al, (size_t)BT * R, fill);
-    a.u[FT_LIN_DOWN] = take(al, (size_t)BT * R, fill);
+    a.u[FT_MOD_Q] = take(al, (size_t)BT * R, fill);
+    a.u[FT_MOD_DOWN] = take(al, (size_t)BT * R, fill);
     (void)B;
     return a;
 }
@@ -377,20 +377,21 @@ static void test_block_recompute(void) {
     ft_rng_seed(&rng, 5);
     ft_layer ly = m->layers[0];
     ft_lora lo[2];
+    const ft_lora *set[FT_N_MODS] = { 0 }; /* layer 0's adapter set, bound by the block through its env */
     float *ad[2][4];
-    int tg[2] = { FT_LIN_Q, FT_LIN_DOWN };
+    int tg[2] = { FT_MOD_Q, FT_MOD_DOWN };
     for (int j = 0; j < 2; j++) {
-        ft_linear *lin = ft_block_linear(&ly, tg[j]);
+        ft_linear *lin = ft_layer_linear(&ly, tg[j]);
         ad[j][0] = malloc((size_t)R * lin->in * 4); ad[j][1] = malloc((size_t)lin->out * R * 4);
         ad[j][2] = malloc((size_t)R * lin->in * 4); ad[j][3] = malloc((size_t)lin->out * R * 4);
         lora_init(&lo[j], R, 6, false, 0.1f, ad[j][0], ad[j][1], ad[j][2], ad[j][3], lin->in, lin->out, &rng);
         for (int i = 0; i < lin->out * R; i++) ad[j][1][i] = ft_rng_normal(&rng) * 0.1f;
-        lin->lora = &lo[j];
+        set[tg[j]] = &lo[j];
     }
     int pos[B * T], idx[T];
     for (int i = 0; i < BT; i++) pos[i] = i % T;
     for (int t = 0; t < T; t++) idx[t] = t;
-    uint64_t seeds[FT_N_LINEAR] = { 11, 12, 13, 14, 15, 16, 17 };
+    uint64_t seeds[FT_N_MODS] = { 11, 12, 13, 14, 15, 16, 17 };
     allocs al = { 0 };
     float *x = take(&al, (size_t)BT * C, 0);
     for (int i = 0; i < BT * C; i++) x[i] = ft_rng_normal(&rng);
@@ -400,7 +401,7 @@ static void test_block_recompute(void) {
     float *ls = ft_aligned_alloc(lin_f * 4);
     float *as = ft_aligned_alloc(attention_fast_scratch_floats(T, c->HS, 2, true) * 4);
     ft_backend be = ft_backend_cpu(2);
-    ft_block_env e = { .cfg = c, .inv_freq = NULL, .be = &be, .lin_scratch = ls, .att_scratch = as };
+    ft_block_env e = { .cfg = c, .inv_freq = NULL, .be = &be, .lin_scratch = ls, .att_scratch = as, .adapters = set };
     float *inv = take(&al, (size_t)c->HS / 2, 0);
     ft_rope_setup(inv, c, m->rope_freq_factors);
     e.inv_freq = inv;
@@ -428,9 +429,9 @@ static void test_block_recompute(void) {
     CHECK(memcmp(o3, o1, (size_t)BT * C * 4) != 0); /* it did run other arithmetic */
     int bad = memcmp(o1, o2, (size_t)BT * C * 4) != 0;
     const float *s1[] = { a1.ln1, a1.rstd1, a1.q, a1.k, a1.v, a1.atty, a1.lse, a1.mid, a1.ln2, a1.rstd2, a1.gate,
-                          a1.up, a1.u[FT_LIN_Q], a1.u[FT_LIN_DOWN] };
+                          a1.up, a1.u[FT_MOD_Q], a1.u[FT_MOD_DOWN] };
     const float *s2[] = { a2.ln1, a2.rstd1, a2.q, a2.k, a2.v, a2.atty, a2.lse, a2.mid, a2.ln2, a2.rstd2, a2.gate,
-                          a2.up, a2.u[FT_LIN_Q], a2.u[FT_LIN_DOWN] };
+                          a2.up, a2.u[FT_MOD_Q], a2.u[FT_MOD_DOWN] };
     size_t sz[] = { (size_t)BT * C, BT, (size_t)BT * qd, (size_t)BT * kvd, (size_t)BT * kvd, (size_t)BT * qd,
                     (size_t)BT * c->NH, (size_t)BT * C, (size_t)BT * C, BT, (size_t)BT * F, (size_t)BT * F,
                     (size_t)BT * R, (size_t)BT * R };
@@ -449,7 +450,7 @@ static void test_block_recompute(void) {
         ft_rng_seed(&r2, 77);
         for (int i = 0; i < BT * C; i++) dres[i] = ft_rng_normal(&r2);
         for (int j = 0; j < 2; j++) {
-            ft_linear *lin = ft_block_linear(&ly, tg[j]);
+            ft_linear *lin = ft_layer_linear(&ly, tg[j]);
             memset(ad[j][2], 0, (size_t)R * lin->in * 4);
             memset(ad[j][3], 0, (size_t)lin->out * R * 4);
         }

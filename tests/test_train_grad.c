@@ -217,7 +217,7 @@ static void test_lora_all_targets_vs_torch(void) {
     CHECKF(worst <= GRAD_TOL, "gradient rel err %.3g (%s)", worst, wn);
     ft_trainer_free(tr);
     /* rsLoRA and a subset of targets */
-    o.rslora = true; o.targets = FT_TARGET_Q | FT_TARGET_V | FT_TARGET_DOWN; o.r = 3; o.alpha = 5;
+    o.rslora = true; o.targets = FT_MOD_BIT(FT_MOD_Q) | FT_MOD_BIT(FT_MOD_V) | FT_MOD_BIT(FT_MOD_DOWN); o.r = 3; o.alpha = 5;
     CHECK_OK(ft_trainer_new(&tr, m, &o));
     if (tr) {
         CHECK(ft_trainer_n_params(tr) == 5 * 3 * 2);
@@ -448,7 +448,7 @@ static void test_accumulation_equals_big_batch(void) {
     ft_train_opts o;
     ft_train_opts_default(&o);
     o.r = 2; o.alpha = 3; o.max_B = 2; o.max_T = 16; o.n_threads = 2;
-    o.targets = FT_TARGET_K | FT_TARGET_O | FT_TARGET_UP;
+    o.targets = FT_MOD_BIT(FT_MOD_K) | FT_MOD_BIT(FT_MOD_O) | FT_MOD_BIT(FT_MOD_UP);
     ft_trainer *tb_ = NULL, *ta = NULL;
     CHECK_OK(ft_trainer_new(&tb_, m, &o));
     o.max_B = 1;
@@ -655,11 +655,11 @@ static void test_bad_input(void) {
     CHECK(ft_trainer_new(&tr, m, &o) == FTUNE_ERR_ARG && !tr);
     o.dropout = 0; o.targets = 0;
     CHECK(ft_trainer_new(&tr, m, &o) == FTUNE_ERR_ARG && !tr);
-    o.targets = FT_TARGET_ALL;
+    o.targets = FT_MOD_ALL;
     CHECK_OK(ft_trainer_new(&tr, m, &o));
     unsigned mask;
     CHECK_OK(ft_lora_targets_parse("q_proj,v,down", &mask));
-    CHECK(mask == (FT_TARGET_Q | FT_TARGET_V | FT_TARGET_DOWN));
+    CHECK(mask == (FT_MOD_BIT(FT_MOD_Q) | FT_MOD_BIT(FT_MOD_V) | FT_MOD_BIT(FT_MOD_DOWN)));
     CHECK(ft_lora_targets_parse("q,x", &mask) == FTUNE_ERR_ARG);
     if (tr) {
         test_batch tb;
