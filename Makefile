@@ -19,13 +19,13 @@ CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -pthread -Iinclude -Isrc $(EXTR
 LIB_CFLAGS := -fvisibility=hidden
 DEPFLAGS := -MMD -MP
 # No BLAS and no OpenMP: every matrix product runs on ftune's own kernels
-# (src/kernels*.c) and every parallel loop on its own thread pool
-# (src/parallel.c), so -t bounds every thread and nothing depends on a BLAS
+# (src/cpu/kernels*.c) and every parallel loop on its own thread pool
+# (src/core/parallel.c), so -t bounds every thread and nothing depends on a BLAS
 # library recognising the CPU.
 LDLIBS  := -lpcre2-8 -lcjson -lm -lpthread
 LDFLAGS += -pthread $(EXTRA_LDFLAGS)
 
-LIB_SRC   := $(sort $(wildcard src/*.c))
+LIB_SRC   := $(sort $(wildcard src/*/*.c))
 LIB_OBJ   := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
 CLI_SRC   := $(sort $(wildcard tools/*.c))
 CLI_OBJ   := $(CLI_SRC:tools/%.c=$(BUILD)/obj/tools/%.o)
@@ -84,15 +84,15 @@ debug:
 
 # one command compiles several sources, so their headers are listed by -MM
 FUZZ_DEPS = clang -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -MM -MP -MT $@ $(filter %.c,$^) > $@.d
-FUZZ_SRC := src/safetensors.c src/gguf.c src/core.c src/mem.c src/dtype.c src/data.c src/chat_template.c src/train_state.c
+FUZZ_SRC := src/formats/safetensors.c src/formats/gguf.c src/core/core.c src/core/mem.c src/core/dtype.c src/data/data.c src/data/chat_template.c src/train/train_state.c
 fuzz: build-fuzz/fuzz_safetensors build-fuzz/fuzz_gguf build-fuzz/fuzz_data build-fuzz/fuzz_trainer_state
 build-fuzz/fuzz_%: fuzz/fuzz_%.c $(FUZZ_SRC) Makefile
 	@mkdir -p build-fuzz
 	$(FUZZ_DEPS)
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -o $@ $< $(FUZZ_SRC) -lcjson -lm
 # the tokenizer.json and config.json parsers (model and tokenizer loading)
-FUZZ_TOK_SRC := src/tokenizer.c src/tokenizer_load.c src/gguf.c src/safetensors.c src/core.c src/mem.c src/dtype.c
-FUZZ_CFG_SRC := src/model_config.c src/core.c src/mem.c
+FUZZ_TOK_SRC := src/tokenizer/tokenizer.c src/tokenizer/tokenizer_load.c src/formats/gguf.c src/formats/safetensors.c src/core/core.c src/core/mem.c src/core/dtype.c
+FUZZ_CFG_SRC := src/model/model_config.c src/core/core.c src/core/mem.c
 fuzz: build-fuzz/fuzz_tokenizer_json build-fuzz/fuzz_config
 build-fuzz/fuzz_tokenizer_json: fuzz/fuzz_tokenizer_json.c $(FUZZ_TOK_SRC) Makefile
 	@mkdir -p build-fuzz

@@ -1,7 +1,7 @@
 /* fuzz_config.c — libFuzzer target: the Hugging Face config.json parser on
  * arbitrary bytes. What it accepts must pass ft_config_validate (every size
  * positive and consistent, epsilon and theta finite and positive). */
-#include "model.h"
+#include "model/model.h"
 
 #include <math.h>
 

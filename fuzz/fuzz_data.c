@@ -3,7 +3,7 @@
  * chat template) with a byte tokenizer, then one epoch of batches. The first
  * input byte picks the options; the checks are the pipeline's invariants:
  * every example fits the context and has a target, batches stay in bounds. */
-#include "data.h"
+#include "data/data.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -2,7 +2,7 @@
  * arbitrary bytes, then, for what it accepted, encoding and decoding a few
  * texts (the input's own tail among them), so that a tokenizer built from a
  * hostile file is exercised, not just constructed. */
-#include "tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,7 +1,7 @@
 /* fuzz_trainer_state.c — libFuzzer target: the checkpoint state parser
  * (trainer_state.json) on arbitrary bytes; what it accepts must satisfy the
  * ranges resume relies on. */
-#include "train_loop.h"
+#include "train/train_loop.h"
 
 #include <string.h>
 

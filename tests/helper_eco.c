@@ -21,7 +21,7 @@
 #include <cjson/cJSON.h>
 
 #include "ftune.h"
-#include "tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 static int fail(const char *what, ftune_status st) {
     fprintf(stderr, "helper_eco: %s: %s: %s\n", what, ftune_status_name(st), ftune_last_error());

@@ -7,7 +7,7 @@
  * merged weights in memory, written as HF or GGUF and reloaded, and the
  * unmerged base + LoRA forward all give the same logits. */
 #include "check.h"
-#include "adapter.h"
+#include "adapter/adapter.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -186,14 +186,14 @@ static void test_peft_round_trip(void) {
     free(text);
     st_file f;
     snprintf(p, sizeof p, "%s/adapter_model.safetensors", dir);
-    CHECK_OK(st_open(&f, p));
+    CHECK_OK(ft_st_open(&f, p));
     CHECK(f.n == 2 * n);
-    const st_tensor *t = st_find(&f, "base_model.model.model.layers.3.mlp.down_proj.lora_B.weight");
+    const st_tensor *t = ft_st_find(&f, "base_model.model.model.layers.3.mlp.down_proj.lora_B.weight");
     CHECK(t && t->dtype == FT_F32 && t->ndim == 2 && t->shape[0] == 64 && t->shape[1] == 4);
-    t = st_find(&f, "base_model.model.model.layers.0.mlp.down_proj.lora_A.weight");
+    t = ft_st_find(&f, "base_model.model.model.layers.0.mlp.down_proj.lora_A.weight");
     CHECK(t && t->shape[0] == 4 && t->shape[1] == 172);
-    CHECK(st_meta(&f, "format") && strcmp(st_meta(&f, "format"), "pt") == 0);
-    st_close(&f);
+    CHECK(ft_st_meta(&f, "format") && strcmp(ft_st_meta(&f, "format"), "pt") == 0);
+    ft_st_close(&f);
 
     CHECK_OK(ft_adapter_load_peft(&a, m, dir, false));
     if (a) {
@@ -235,13 +235,13 @@ static void test_qk_layout_across_models(void) {
     /* the file holds q's B in rotate-half order: it differs from the interleaved one, v's does not */
     st_file f;
     snprintf(p, sizeof p, "%s/adapter_model.safetensors", dir);
-    CHECK_OK(st_open(&f, p));
-    const st_tensor *bq = st_find(&f, "base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight");
-    const st_tensor *bv = st_find(&f, "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight");
+    CHECK_OK(ft_st_open(&f, p));
+    const st_tensor *bq = ft_st_find(&f, "base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight");
+    const st_tensor *bv = ft_st_find(&f, "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight");
     CHECK(bq && memcmp(bq->data, ag->e[7 + FT_MOD_Q].lora->B, 64 * 4 * 4) != 0);
     CHECK(bv && memcmp(bv->data, ag->e[7 + FT_MOD_V].lora->B, 32 * 4 * 4) == 0);
     CHECK(bq && memcmp(bq->data, ah->e[7 + FT_MOD_Q].lora->B, 64 * 4 * 4) == 0);
-    st_close(&f);
+    ft_st_close(&f);
     bool same = ag2->n == ag->n;
     for (int i = 0; same && i < ag->n; i++) {
         const ft_adapter_entry *x = &ag->e[i], *y = &ag2->e[i];
@@ -430,25 +430,25 @@ static void test_gguf_adapter(void) {
     CHECK_OK(ft_adapter_save_peft(ah, dir));
     CHECK_OK(ft_adapter_load_peft(&ag, g, dir, false));
     gguf_file gf;
-    CHECK_OK(gguf_open(&gf, p));
+    CHECK_OK(ft_gguf_open(&gf, p));
     gguf_str s;
     double alpha = 0;
-    CHECK(gguf_get_str(&gf, "general.architecture", &s) && gguf_str_eq(s, "llama"));
-    CHECK(gguf_get_str(&gf, "general.type", &s) && gguf_str_eq(s, "adapter"));
-    CHECK(gguf_get_str(&gf, "adapter.type", &s) && gguf_str_eq(s, "lora"));
-    const gguf_kv *kv = gguf_find(&gf, "adapter.lora.alpha");
+    CHECK(ft_gguf_get_str(&gf, "general.architecture", &s) && ft_gguf_str_eq(s, "llama"));
+    CHECK(ft_gguf_get_str(&gf, "general.type", &s) && ft_gguf_str_eq(s, "adapter"));
+    CHECK(ft_gguf_get_str(&gf, "adapter.type", &s) && ft_gguf_str_eq(s, "lora"));
+    const gguf_kv *kv = ft_gguf_find(&gf, "adapter.lora.alpha");
     CHECK(kv && kv->type == GGUF_T_F32);
-    CHECK(gguf_get_f64(&gf, "adapter.lora.alpha", &alpha) && alpha == 16.0); /* rsLoRA: 8·sqrt(4), so 16/4 = 8/sqrt(4) */
+    CHECK(ft_gguf_get_f64(&gf, "adapter.lora.alpha", &alpha) && alpha == 16.0); /* rsLoRA: 8·sqrt(4), so 16/4 = 8/sqrt(4) */
     CHECK(gf.n_tensors == (uint64_t)2 * 4 * 5);
-    const gguf_tensor_info *ta = gguf_find_tensor(&gf, "blk.2.attn_q.weight.lora_a");
-    const gguf_tensor_info *tb = gguf_find_tensor(&gf, "blk.2.attn_q.weight.lora_b");
-    const gguf_tensor_info *tk = gguf_find_tensor(&gf, "blk.2.attn_k.weight.lora_b");
-    const gguf_tensor_info *tv = gguf_find_tensor(&gf, "blk.2.attn_v.weight.lora_b");
-    const gguf_tensor_info *td = gguf_find_tensor(&gf, "blk.4.ffn_down.weight.lora_a");
+    const gguf_tensor_info *ta = ft_gguf_find_tensor(&gf, "blk.2.attn_q.weight.lora_a");
+    const gguf_tensor_info *tb = ft_gguf_find_tensor(&gf, "blk.2.attn_q.weight.lora_b");
+    const gguf_tensor_info *tk = ft_gguf_find_tensor(&gf, "blk.2.attn_k.weight.lora_b");
+    const gguf_tensor_info *tv = ft_gguf_find_tensor(&gf, "blk.2.attn_v.weight.lora_b");
+    const gguf_tensor_info *td = ft_gguf_find_tensor(&gf, "blk.4.ffn_down.weight.lora_a");
     CHECK(ta && ta->n_dims == 2 && ta->ne[0] == 64 && ta->ne[1] == 4 && ta->ggml_type == GGML_TYPE_F32);
     CHECK(tb && tb->n_dims == 2 && tb->ne[0] == 4 && tb->ne[1] == 64);
     CHECK(td && td->ne[0] == 172 && td->ne[1] == 4);
-    CHECK(gguf_find_tensor(&gf, "blk.0.attn_output.weight.lora_a") == NULL);
+    CHECK(ft_gguf_find_tensor(&gf, "blk.0.attn_output.weight.lora_a") == NULL);
     if (ta && tb && tk && tv && ag) {
         const ft_adapter_entry *hq = &ah->e[2 * 4 + 0], *gq = &ag->e[2 * 4 + 0];
         const ft_adapter_entry *gk = &ag->e[2 * 4 + 1], *hv = &ah->e[2 * 4 + 2];
@@ -464,15 +464,15 @@ static void test_gguf_adapter(void) {
         CHECK_OK(ft_permute_rope_rows(bq, 64, 4, 8, true));
         CHECK(memcmp(tb->data, bq, sizeof bq) == 0);
     }
-    gguf_close(&gf);
+    ft_gguf_close(&gf);
     /* written from the GGUF model, B is stored as the model holds it */
     if (ag) {
         tmp(p, sizeof p, "from_gguf.gguf");
         CHECK_OK(ft_adapter_save_gguf(ag, p));
-        CHECK_OK(gguf_open(&gf, p));
-        tb = gguf_find_tensor(&gf, "blk.3.attn_q.weight.lora_b");
+        CHECK_OK(ft_gguf_open(&gf, p));
+        tb = ft_gguf_find_tensor(&gf, "blk.3.attn_q.weight.lora_b");
         CHECK(tb && memcmp(tb->data, ag->e[3 * 4].lora->B, 64 * 4 * 4) == 0);
-        gguf_close(&gf);
+        ft_gguf_close(&gf);
     }
     /* a GGUF adapter is not a model */
     ftune_model *bad = NULL;
@@ -552,18 +552,18 @@ static void test_gguf_adapter_load(void) {
         char p[600], nm[64];
         snprintf(nm, sizeof nm, "bad_%s.gguf", bad[i].name);
         tmp(p, sizeof p, nm);
-        CHECK_OK(gguf_writer_new(&w));
+        CHECK_OK(ft_gguf_writer_new(&w));
         if (!w) continue;
-        CHECK_OK(gguf_writer_set_str(w, "general.architecture", bad[i].arch));
-        CHECK_OK(gguf_writer_set_str(w, "general.type", bad[i].type));
-        CHECK_OK(gguf_writer_set_str(w, "adapter.type", bad[i].atype));
-        if (bad[i].alpha) CHECK_OK(gguf_writer_set_f32(w, "adapter.lora.alpha", 8));
+        CHECK_OK(ft_gguf_writer_set_str(w, "general.architecture", bad[i].arch));
+        CHECK_OK(ft_gguf_writer_set_str(w, "general.type", bad[i].type));
+        CHECK_OK(ft_gguf_writer_set_str(w, "adapter.type", bad[i].atype));
+        if (bad[i].alpha) CHECK_OK(ft_gguf_writer_set_f32(w, "adapter.lora.alpha", 8));
         int64_t sa[2] = { 4, bad[i].a_in }, sb[2] = { 64, bad[i].r_b }, sx[2] = { 4, 64 };
-        CHECK_OK(gguf_writer_add_tensor(w, "blk.0.attn_q.weight.lora_a", FT_F32, 2, sa, zeros));
-        CHECK_OK(gguf_writer_add_tensor(w, "blk.0.attn_q.weight.lora_b", FT_F32, 2, sb, zeros));
-        if (bad[i].extra) CHECK_OK(gguf_writer_add_tensor(w, bad[i].extra, FT_F32, 2, sx, zeros));
-        CHECK_OK(gguf_writer_write(w, p));
-        gguf_writer_free(w);
+        CHECK_OK(ft_gguf_writer_add_tensor(w, "blk.0.attn_q.weight.lora_a", FT_F32, 2, sa, zeros));
+        CHECK_OK(ft_gguf_writer_add_tensor(w, "blk.0.attn_q.weight.lora_b", FT_F32, 2, sb, zeros));
+        if (bad[i].extra) CHECK_OK(ft_gguf_writer_add_tensor(w, bad[i].extra, FT_F32, 2, sx, zeros));
+        CHECK_OK(ft_gguf_writer_write(w, p));
+        ft_gguf_writer_free(w);
         ftune_status st = ftune_model_load_adapter(g, p);
         const char *msg = ftune_last_error();
         CHECKF(st != FTUNE_OK && contains(msg, nm) && contains(msg, bad[i].expect), "%s: %s", bad[i].name, msg);
@@ -575,17 +575,17 @@ static void test_gguf_adapter_load(void) {
         gguf_writer *w = NULL;
         char p[600];
         tmp(p, sizeof p, "bad_q8.gguf");
-        CHECK_OK(gguf_writer_new(&w));
+        CHECK_OK(ft_gguf_writer_new(&w));
         int64_t sa[2] = { 4, 64 }, sb[2] = { 64, 4 };
         if (w) {
-            CHECK_OK(gguf_writer_set_str(w, "general.architecture", "llama"));
-            CHECK_OK(gguf_writer_set_str(w, "general.type", "adapter"));
-            CHECK_OK(gguf_writer_set_str(w, "adapter.type", "lora"));
-            CHECK_OK(gguf_writer_set_f32(w, "adapter.lora.alpha", 8));
-            CHECK_OK(gguf_writer_add_tensor(w, "blk.0.attn_q.weight.lora_a", FT_Q8_0, 2, sa, zeros));
-            CHECK_OK(gguf_writer_add_tensor(w, "blk.0.attn_q.weight.lora_b", FT_F32, 2, sb, zeros));
-            CHECK_OK(gguf_writer_write(w, p));
-            gguf_writer_free(w);
+            CHECK_OK(ft_gguf_writer_set_str(w, "general.architecture", "llama"));
+            CHECK_OK(ft_gguf_writer_set_str(w, "general.type", "adapter"));
+            CHECK_OK(ft_gguf_writer_set_str(w, "adapter.type", "lora"));
+            CHECK_OK(ft_gguf_writer_set_f32(w, "adapter.lora.alpha", 8));
+            CHECK_OK(ft_gguf_writer_add_tensor(w, "blk.0.attn_q.weight.lora_a", FT_Q8_0, 2, sa, zeros));
+            CHECK_OK(ft_gguf_writer_add_tensor(w, "blk.0.attn_q.weight.lora_b", FT_F32, 2, sb, zeros));
+            CHECK_OK(ft_gguf_writer_write(w, p));
+            ft_gguf_writer_free(w);
         }
         CHECK(ftune_model_load_adapter(g, p) != FTUNE_OK && contains(ftune_last_error(), "q8_0"));
         printf("  expected error: %s\n", ftune_last_error());
@@ -628,7 +628,7 @@ static void make_peft(const char *dir, const char *config, const pair_spec *ps, 
                                              .shape = { k ? ps[i].b0 : ps[i].a0, k ? ps[i].b1 : ps[i].a1 }, .data = vals };
         }
     snprintf(p, sizeof p, "%s/adapter_model.safetensors", dir);
-    if (st_write(p, ts, 2 * n, NULL) != FTUNE_OK) fprintf(stderr, "  st_write: %s\n", ftune_last_error());
+    if (ft_st_write(p, ts, 2 * n, NULL) != FTUNE_OK) fprintf(stderr, "  st_write: %s\n", ftune_last_error());
 }
 
 static ftune_status try_load(ftune_model *m, const char *dir) {
@@ -694,12 +694,12 @@ static void test_bad_adapters(void) {
             { .name = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight", .dtype = FT_F32, .ndim = 2, .shape = { 64, 4 }, .data = v },
             { .name = "base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector", .dtype = FT_F32, .ndim = 1, .shape = { 64 }, .data = v },
         };
-        CHECK_OK(st_write(p, ts, 3, NULL));
+        CHECK_OK(ft_st_write(p, ts, 3, NULL));
         CHECK(try_load(m, dir) == FTUNE_ERR_UNSUPPORTED);
         CHECKF(contains(ftune_last_error(), "lora_magnitude_vector\" is a DoRA magnitude"), "%s", ftune_last_error());
         /* a full tensor (modules_to_save / resized embedding) */
         ts[2] = (st_out_tensor){ .name = "base_model.model.lm_head.weight", .dtype = FT_F32, .ndim = 2, .shape = { 8, 64 }, .data = v };
-        CHECK_OK(st_write(p, ts, 3, NULL));
+        CHECK_OK(ft_st_write(p, ts, 3, NULL));
         CHECK(try_load(m, dir) == FTUNE_ERR_UNSUPPORTED);
         CHECKF(contains(ftune_last_error(), "lm_head.weight\" is not a lora_A/lora_B weight"), "%s", ftune_last_error());
     }
@@ -715,7 +715,7 @@ static void test_bad_adapters(void) {
             { .name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", .dtype = FT_BF16, .ndim = 2, .shape = { 4, 64 }, .data = one },
             { .name = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight", .dtype = FT_BF16, .ndim = 2, .shape = { 64, 4 }, .data = one },
         };
-        CHECK_OK(st_write(p, ts, 2, NULL));
+        CHECK_OK(ft_st_write(p, ts, 2, NULL));
         ft_adapter *a16 = NULL;
         CHECK_OK(ft_adapter_load_peft(&a16, m, dir, false));
         CHECK(a16 && a16->e[0].lora->A[0] == 1.0f && a16->e[0].lora->A[5] == -1.5f && a16->e[0].lora->B[5] == -1.5f);
@@ -756,7 +756,7 @@ static void test_gpt2_adapter(void) {
     ft_peft_config_free(&pc);
     st_file f;
     snprintf(p, sizeof p, "%s/adapter_model.safetensors", dir);
-    CHECK_OK(st_open(&f, p));
+    CHECK_OK(ft_st_open(&f, p));
     ft_peft_pair *pairs = NULL;
     int n = 0;
     CHECK_OK(ft_peft_scan(&f, &pairs, &n));
@@ -771,7 +771,7 @@ static void test_gpt2_adapter(void) {
     }
     CHECK(c_attn == 1);
     free(pairs);
-    st_close(&f);
+    ft_st_close(&f);
     ftune_model *m = load(hf_path);
     if (!m) { CHECK(0); return; }
     ft_adapter *a = NULL;
@@ -876,9 +876,9 @@ static void test_merge(void) {
 static uint32_t file_type_of(const char *path) {
     gguf_file g;
     int64_t v = -1;
-    if (gguf_open(&g, path) == FTUNE_OK) {
-        if (!gguf_get_i64(&g, "general.file_type", &v)) v = -1;
-        gguf_close(&g);
+    if (ft_gguf_open(&g, path) == FTUNE_OK) {
+        if (!ft_gguf_get_i64(&g, "general.file_type", &v)) v = -1;
+        ft_gguf_close(&g);
     }
     return (uint32_t)v;
 }
@@ -886,10 +886,10 @@ static uint32_t file_type_of(const char *path) {
 static uint32_t ggml_type_of(const char *path, const char *tensor) {
     gguf_file g;
     uint32_t t = 999;
-    if (gguf_open(&g, path) == FTUNE_OK) {
-        const gguf_tensor_info *ti = gguf_find_tensor(&g, tensor);
+    if (ft_gguf_open(&g, path) == FTUNE_OK) {
+        const gguf_tensor_info *ti = ft_gguf_find_tensor(&g, tensor);
         if (ti) t = ti->ggml_type;
-        gguf_close(&g);
+        ft_gguf_close(&g);
     }
     return t;
 }
@@ -927,18 +927,18 @@ static void test_gguf_write(void) {
         free(b);
     }
     gguf_file gw, gr;
-    CHECK_OK(gguf_open(&gw, p));
-    CHECK_OK(gguf_open(&gr, gguf_path));
+    CHECK_OK(ft_gguf_open(&gw, p));
+    CHECK_OK(ft_gguf_open(&gr, gguf_path));
     /* every reference tensor, bit for bit (its output.weight is a copy of the tied embedding) */
     for (uint64_t i = 0; i < gr.n_tensors; i++) {
         const gguf_tensor_info *r = &gr.tensors[i];
         char nm[FT_NAME_MAX];
         snprintf(nm, sizeof nm, "%.*s", (int)r->name.len, r->name.ptr);
-        const gguf_tensor_info *t = gguf_find_tensor(&gw, strcmp(nm, "output.weight") ? nm : "token_embd.weight");
+        const gguf_tensor_info *t = ft_gguf_find_tensor(&gw, strcmp(nm, "output.weight") ? nm : "token_embd.weight");
         CHECKF(t && t->nbytes == r->nbytes && t->ne[0] == r->ne[0] && t->ne[1] == r->ne[1] &&
                memcmp(t->data, r->data, r->nbytes) == 0, "%s", nm);
     }
-    CHECK(gguf_find_tensor(&gw, "output.weight") == NULL && gw.n_tensors == gr.n_tensors - 1);
+    CHECK(ft_gguf_find_tensor(&gw, "output.weight") == NULL && gw.n_tensors == gr.n_tensors - 1);
     /* the vocabulary metadata, value for value */
     static const char *const same[] = { "tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
                                         "tokenizer.ggml.model", "general.architecture", "llama.embedding_length",
@@ -947,7 +947,7 @@ static void test_gguf_write(void) {
                                         "llama.attention.layer_norm_rms_epsilon", "tokenizer.ggml.bos_token_id",
                                         "tokenizer.ggml.eos_token_id", "tokenizer.ggml.unknown_token_id" };
     for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
-        const gguf_kv *a = gguf_find(&gw, same[i]), *b = gguf_find(&gr, same[i]);
+        const gguf_kv *a = ft_gguf_find(&gw, same[i]), *b = ft_gguf_find(&gr, same[i]);
         bool eq = a && b && a->type == b->type;
         if (eq && a->type == GGUF_T_STRING) eq = a->str.len == b->str.len && !memcmp(a->str.ptr, b->str.ptr, a->str.len);
         else if (eq && a->type == GGUF_T_ARRAY) {
@@ -955,7 +955,7 @@ static void test_gguf_write(void) {
             if (eq && a->arr_type != GGUF_T_STRING) eq = !memcmp(a->arr_data, b->arr_data, a->arr_n * 4);
             if (eq && a->arr_type == GGUF_T_STRING) {
                 gguf_str_array x = { 0 }, y = { 0 };
-                eq = !gguf_get_str_array(&gw, same[i], &x) && !gguf_get_str_array(&gr, same[i], &y) && x.n == y.n;
+                eq = !ft_gguf_get_str_array(&gw, same[i], &x) && !ft_gguf_get_str_array(&gr, same[i], &y) && x.n == y.n;
                 for (uint64_t j = 0; eq && j < x.n; j++)
                     eq = x.items[j].len == y.items[j].len && !memcmp(x.items[j].ptr, y.items[j].ptr, x.items[j].len);
                 free(x.items);
@@ -965,10 +965,10 @@ static void test_gguf_write(void) {
         CHECKF(eq, "%s", same[i]);
     }
     int64_t v;
-    CHECK(gguf_get_i64(&gw, "general.file_type", &v) && v == 0);
-    CHECK(gguf_get_i64(&gw, "llama.context_length", &v) && v == 512); /* the HF config's (the reference says 2048) */
-    gguf_close(&gw);
-    gguf_close(&gr);
+    CHECK(ft_gguf_get_i64(&gw, "general.file_type", &v) && v == 0);
+    CHECK(ft_gguf_get_i64(&gw, "llama.context_length", &v) && v == 512); /* the HF config's (the reference says 2048) */
+    ft_gguf_close(&gw);
+    ft_gguf_close(&gr);
 
     /* general.file_type as llama.cpp numbers them, and the types of the embedding/output */
     struct { const char *dtype; uint32_t ftype; uint32_t embd_untied, out, embd_tied, q; } cases[] = {
@@ -995,7 +995,7 @@ static void test_gguf_write(void) {
         CHECK_OK(ft_merge_write(h, pq, &o)); /* HF base: tied */
         CHECKF(file_type_of(pq) == cases[i].ftype, "%s", cases[i].dtype);
         CHECKF(ggml_type_of(pq, "token_embd.weight") == cases[i].embd_tied, "%s", cases[i].dtype);
-        CHECK(rep.tied && gguf_ggml_type(rep.output_dtype) == (int)cases[i].embd_tied);
+        CHECK(rep.tied && ft_gguf_ggml_type(rep.output_dtype) == (int)cases[i].embd_tied);
         if (strcmp(cases[i].dtype, "q4_0") == 0) {
             /* the quantized model still runs and stays near the original */
             ftune_model *wq = load(pq);
@@ -1066,11 +1066,11 @@ static void test_gguf_write(void) {
     tmp(p, sizeof p, "llama3.gguf");
     if (h3) CHECK_OK(ft_merge_write(h3, p, NULL));
     gguf_file g3;
-    if (h3 && gguf_open(&g3, p) == FTUNE_OK) {
+    if (h3 && ft_gguf_open(&g3, p) == FTUNE_OK) {
         gguf_str ct;
-        CHECK(gguf_get_str(&g3, "tokenizer.chat_template", &ct) && ct.len == strlen(tmpl) && !memcmp(ct.ptr, tmpl, ct.len));
-        CHECK(gguf_find_tensor(&g3, "rope_freqs.weight") != NULL);
-        gguf_close(&g3);
+        CHECK(ft_gguf_get_str(&g3, "tokenizer.chat_template", &ct) && ct.len == strlen(tmpl) && !memcmp(ct.ptr, tmpl, ct.len));
+        CHECK(ft_gguf_find_tensor(&g3, "rope_freqs.weight") != NULL);
+        ft_gguf_close(&g3);
     } else CHECK(0);
     ftune_model *w3 = h3 ? load(p) : NULL;
     float *l3 = h3 ? logits(h3) : NULL, *lw3 = w3 ? logits(w3) : NULL;

@@ -5,7 +5,7 @@
  * Linear structs are byte-identical before and after. Also the public
  * ftune_adapter_load / ftune_session_set_adapter and the model's default
  * adapter. */
-#include "adapter.h"
+#include "adapter/adapter.h"
 #include "check.h"
 
 #include <pthread.h>

@@ -8,7 +8,7 @@
  *
  * Error measure: max |got - want| / max |want| over the tensor (normwise),
  * printed for every op and backend. */
-#include "backend.h"
+#include "nn/backend.h"
 #include "check.h"
 
 static ft_backend cpu1(void) { return ft_backend_cpu(1); }
@@ -301,7 +301,7 @@ static void test_rope(void) {
     int T = 11, NH = 3, HS = 14;
     ft_backend ref = ft_backend_ref();
     float inv[7];
-    rope_freqs(inv, HS, 10000.0f, NULL);
+    ft_rope_freqs(inv, HS, 10000.0f, NULL);
     int pos[11];
     for (int t = 0; t < T; t++) pos[t] = 3 * t + (t % 4) * 100; /* not monotone, some far positions */
     for (int il = 0; il < 2; il++) {

@@ -6,11 +6,11 @@
  * cache; `ftune eval` (ftune_eval_tokens) against the trainer's validation
  * loss on the same tokens. */
 #include "ftune.h"
-#include "block.h"
-#include "lm_loss.h"
-#include "model.h"
-#include "ops.h"
-#include "train.h"
+#include "nn/block.h"
+#include "nn/lm_loss.h"
+#include "model/model.h"
+#include "ops/ops.h"
+#include "train/train.h"
 #include "check.h"
 
 #include <stdint.h>
@@ -53,7 +53,7 @@ static lm_result run_fused(const test_head *hd, const float *h, const int *tg, i
     int V = hd->lin.out, C = hd->lin.in;
     lm_result r = { 0 };
     float *scr = ft_aligned_alloc(ft_lm_loss_scratch_floats(CH, V, true) * sizeof(float));
-    float *ls = ft_aligned_alloc(linear_train_scratch_floats(C, 0, CH, nt) * sizeof(float));
+    float *ls = ft_aligned_alloc(ft_linear_train_scratch_floats(C, 0, CH, nt) * sizeof(float));
     ft_backend be = ft_backend_cpu(nt);
     ft_lm_loss_env e = { .head = &hd->lin, .loss = &ft_loss_crossentropy, .chunk_rows = CH, .be = &be,
                          .scratch = scr, .lin_scratch = ls };
@@ -94,9 +94,9 @@ static void test_lm_loss_vs_reference(void) {
         /* reference: all logits, then the plain cross-entropy */
         float *lg = malloc((size_t)n * V * sizeof(float)), *dlg = malloc((size_t)n * V * sizeof(float));
         float *rdh = malloc((size_t)n * C * sizeof(float)), *rdw = calloc((size_t)V * C, sizeof(float));
-        matmul_forward_ref(lg, h, hd.w, NULL, n, C, V);
-        double rl = crossentropy_forward_backward(dlg, lg, tg, n, V, scale);
-        matmul_backward_ref(rdh, rdw, NULL, dlg, h, hd.w, n, C, V);
+        ft_matmul_forward_ref(lg, h, hd.w, NULL, n, C, V);
+        double rl = ft_crossentropy_forward_backward(dlg, lg, tg, n, V, scale);
+        ft_matmul_backward_ref(rdh, rdw, NULL, dlg, h, hd.w, n, C, V);
         lm_result r = run_fused(&hd, h, tg, n, CH, 2, scale, gw);
         CHECKF(r.count == want, "count %lld, want %lld", (long long)r.count, (long long)want);
         /* float32 logits (a C-term sum in another order, a few ulps) and
@@ -237,29 +237,29 @@ static void test_hooks_session(void) {
     }
     size_t nC = (size_t)T * C;
     float *a = malloc(nC * 4), *mid = malloc(nC * 4), *g = malloc((size_t)T * F * 4), *u = malloc((size_t)T * F * 4);
-    float *scr = malloc(linear_scratch_floats(F > qd ? (F > C ? F : C) : (qd > C ? qd : C), 2) * 4);
+    float *scr = malloc(ft_linear_scratch_floats(F > qd ? (F > C ? F : C) : (qd > C ? qd : C), 2) * 4);
     int bad = 0;
     for (int l = 0; l < c->L; l++) {
         ft_layer *ly = &m->layers[l];
         const float *x = r.rows[2 * l], *out = r.rows[2 * l + 1];
         if (l + 1 < c->L) bad += memcmp(out, r.rows[2 * l + 2], nC * 4) != 0;
-        rmsnorm_forward(a, NULL, x, ly->attn_norm, T, C, c->norm_eps);
+        ft_rmsnorm_forward(a, NULL, x, ly->attn_norm, T, C, c->norm_eps);
         for (int k = FT_MOD_Q; k <= FT_MOD_V; k++) bad += memcmp(observed(&r, l, k), a, nC * 4) != 0;
-        linear_forward(mid, observed(&r, l, FT_MOD_O), &ly->wo, T, 2, scr);
+        ft_linear_forward(mid, observed(&r, l, FT_MOD_O), &ly->wo, T, 2, scr);
         for (size_t i = 0; i < nC; i++) mid[i] += x[i];
-        rmsnorm_forward(a, NULL, mid, ly->ffn_norm, T, C, c->norm_eps);
+        ft_rmsnorm_forward(a, NULL, mid, ly->ffn_norm, T, C, c->norm_eps);
         bad += memcmp(observed(&r, l, FT_MOD_GATE), a, nC * 4) != 0;
         bad += memcmp(observed(&r, l, FT_MOD_UP), a, nC * 4) != 0;
-        linear_forward(g, a, &ly->w_gate, T, 2, scr);
-        linear_forward(u, a, &ly->w_up, T, 2, scr);
-        swiglu_forward(g, g, u, T, F);
+        ft_linear_forward(g, a, &ly->w_gate, T, 2, scr);
+        ft_linear_forward(u, a, &ly->w_up, T, 2, scr);
+        ft_swiglu_forward(g, g, u, T, F);
         bad += memcmp(observed(&r, l, FT_MOD_DOWN), g, (size_t)T * F * 4) != 0;
-        linear_forward(a, g, &ly->w_down, T, 2, scr);
+        ft_linear_forward(a, g, &ly->w_down, T, 2, scr);
         for (size_t i = 0; i < nC; i++) a[i] += mid[i];
         bad += memcmp(out, a, nC * 4) != 0;
     }
-    rmsnorm_forward(a, NULL, r.rows[2 * c->L - 1], m->out_norm, T, C, c->norm_eps);
-    linear_forward(lg, a, &m->lm_head, T, 2, scr);
+    ft_rmsnorm_forward(a, NULL, r.rows[2 * c->L - 1], m->out_norm, T, C, c->norm_eps);
+    ft_linear_forward(lg, a, &m->lm_head, T, 2, scr);
     bad += memcmp(lg, ref, (size_t)T * V * 4) != 0;
     CHECKF(bad == 0, "%d of the rows the hooks saw differ from what the block computed", bad);
     free(a); free(mid); free(g); free(u); free(scr);
@@ -314,7 +314,7 @@ static void test_hooks_trainer(void) {
             if (l + 1 < L) bad += memcmp(r.rows[2 * l + 1], r.rows[2 * l + 2], (size_t)BT * C * 4) != 0;
             if (l > 0) bad += memcmp(r.rows[j + 1], r.rows[j + 2], (size_t)BT * C * 4) != 0;
             float *a = malloc((size_t)BT * C * 4);
-            rmsnorm_forward(a, NULL, r.rows[2 * l], m->layers[l].attn_norm, BT, C, c->norm_eps);
+            ft_rmsnorm_forward(a, NULL, r.rows[2 * l], m->layers[l].attn_norm, BT, C, c->norm_eps);
             const float *q = observed(&r, l, FT_MOD_Q);
             bad += !q || memcmp(q, a, (size_t)BT * C * 4) != 0;
             free(a);
@@ -384,7 +384,7 @@ static void test_block_recompute(void) {
         ft_linear *lin = ft_layer_linear(&ly, tg[j]);
         ad[j][0] = malloc((size_t)R * lin->in * 4); ad[j][1] = malloc((size_t)lin->out * R * 4);
         ad[j][2] = malloc((size_t)R * lin->in * 4); ad[j][3] = malloc((size_t)lin->out * R * 4);
-        lora_init(&lo[j], R, 6, false, 0.1f, ad[j][0], ad[j][1], ad[j][2], ad[j][3], lin->in, lin->out, &rng);
+        ft_lora_init(&lo[j], R, 6, false, 0.1f, ad[j][0], ad[j][1], ad[j][2], ad[j][3], lin->in, lin->out, &rng);
         for (int i = 0; i < lin->out * R; i++) ad[j][1][i] = ft_rng_normal(&rng) * 0.1f;
         set[tg[j]] = &lo[j];
     }
@@ -397,9 +397,9 @@ static void test_block_recompute(void) {
     for (int i = 0; i < BT * C; i++) x[i] = ft_rng_normal(&rng);
     ft_block_acts a1 = make_acts(&al, c, BT, B, R, 0), a2 = make_acts(&al, c, BT, B, R, NAN);
     ft_block_acts a3 = make_acts(&al, c, BT, B, R, NAN);
-    size_t lin_f = linear_train_scratch_floats(F > qd ? (F > C ? F : C) : (qd > C ? qd : C), R, BT, 2);
+    size_t lin_f = ft_linear_train_scratch_floats(F > qd ? (F > C ? F : C) : (qd > C ? qd : C), R, BT, 2);
     float *ls = ft_aligned_alloc(lin_f * 4);
-    float *as = ft_aligned_alloc(attention_fast_scratch_floats(T, c->HS, 2, true) * 4);
+    float *as = ft_aligned_alloc(ft_attention_fast_scratch_floats(T, c->HS, 2, true) * 4);
     ft_backend be = ft_backend_cpu(2);
     ft_block_env e = { .cfg = c, .inv_freq = NULL, .be = &be, .lin_scratch = ls, .att_scratch = as, .adapters = set };
     float *inv = take(&al, (size_t)c->HS / 2, 0);
@@ -528,7 +528,7 @@ static void test_kv_prefix(void) {
             for (int t = 0; t + 1 < T; t++) {
                 const float *row = la + (size_t)t * V;
                 int y = ids[P + t + 1];
-                want += crossentropy_forward_backward(NULL, row, &y, 1, V, 0);
+                want += ft_crossentropy_forward_backward(NULL, row, &y, 1, V, 0);
             }
             /* the same logits; crossentropy_fast against the double
              * reference: exp in float, ~2 ulp per term */
@@ -585,7 +585,7 @@ static void test_kv_prefix_trainer(void) {
         for (int r = 0; r < B; r++) {
             CHECK_OK(ft_session_set_kv_prefix(s, k, v, P));
             CHECK_OK(ftune_session_forward(s, tok + r * T, T, lg, 1));
-            want += crossentropy_forward_backward(NULL, lg, tg + r * T, T, V, 0);
+            want += ft_crossentropy_forward_backward(NULL, lg, tg + r * T, T, V, 0);
         }
     }
     ft_train_opts o;

@@ -4,8 +4,8 @@
  * word tokenizer defined here (lossless, so masks can be checked by
  * decoding); the real tokenizers are checked where they are available. */
 #include "check.h"
-#include "data.h"
-#include "tokenizer.h"
+#include "data/data.h"
+#include "tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
 

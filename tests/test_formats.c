@@ -6,8 +6,8 @@
  * or key, never a crash. Corrupt inputs are parsed from malloc'd buffers of
  * exactly their length so that a sanitizer build catches any over-read. */
 #include "check.h"
-#include "gguf.h"
-#include "safetensors.h"
+#include "formats/gguf.h"
+#include "formats/safetensors.h"
 
 #include <cjson/cJSON.h>
 #include <stdint.h>
@@ -59,8 +59,8 @@ static ftune_status parse_gguf_copy(const char *path, const uint8_t *src, size_t
     uint8_t *c = malloc(n ? n : 1);
     memcpy(c, src, n);
     gguf_file g;
-    ftune_status st = gguf_parse(&g, path, c, n);
-    gguf_close(&g);
+    ftune_status st = ft_gguf_parse(&g, path, c, n);
+    ft_gguf_close(&g);
     free(c);
     return st;
 }
@@ -68,8 +68,8 @@ static ftune_status parse_st_copy(const char *path, const uint8_t *src, size_t n
     uint8_t *c = malloc(n ? n : 1);
     memcpy(c, src, n);
     st_file f;
-    ftune_status st = st_parse(&f, path, c, n);
-    st_close(&f);
+    ftune_status st = ft_st_parse(&f, path, c, n);
+    ft_st_close(&f);
     free(c);
     return st;
 }
@@ -102,32 +102,32 @@ static void expect_st(const char *what, const tb *b, ftune_status want, const ch
 static void test_gguf_stories260k(void) {
     char path[1024];
     gguf_file g;
-    CHECK_OK(gguf_open(&g, check_data_path(path, sizeof path, "models/stories260K/stories260K.gguf")));
+    CHECK_OK(ft_gguf_open(&g, check_data_path(path, sizeof path, "models/stories260K/stories260K.gguf")));
     if (check_failed_) return;
     CHECK(g.version == 3);
     CHECK(g.n_tensors == 48);
     CHECK(g.n_kv == 19);
     CHECK(g.alignment == 32);
     int64_t v = 0;
-    CHECK(gguf_get_i64(&g, "llama.embedding_length", &v) && v == 64);
-    CHECK(gguf_get_i64(&g, "llama.block_count", &v) && v == 5);
-    CHECK(gguf_get_i64(&g, "llama.attention.head_count", &v) && v == 8);
-    CHECK(gguf_get_i64(&g, "llama.attention.head_count_kv", &v) && v == 4);
-    CHECK(gguf_get_i64(&g, "llama.feed_forward_length", &v) && v == 172);
-    CHECK(gguf_get_i64(&g, "llama.context_length", &v) && v == 2048);
-    CHECK(gguf_get_i64(&g, "tokenizer.ggml.bos_token_id", &v) && v == 1);
-    CHECK(gguf_get_i64(&g, "tokenizer.ggml.eos_token_id", &v) && v == 2);
-    CHECK(!gguf_get_i64(&g, "general.architecture", &v)); /* a string, not an integer */
+    CHECK(ft_gguf_get_i64(&g, "llama.embedding_length", &v) && v == 64);
+    CHECK(ft_gguf_get_i64(&g, "llama.block_count", &v) && v == 5);
+    CHECK(ft_gguf_get_i64(&g, "llama.attention.head_count", &v) && v == 8);
+    CHECK(ft_gguf_get_i64(&g, "llama.attention.head_count_kv", &v) && v == 4);
+    CHECK(ft_gguf_get_i64(&g, "llama.feed_forward_length", &v) && v == 172);
+    CHECK(ft_gguf_get_i64(&g, "llama.context_length", &v) && v == 2048);
+    CHECK(ft_gguf_get_i64(&g, "tokenizer.ggml.bos_token_id", &v) && v == 1);
+    CHECK(ft_gguf_get_i64(&g, "tokenizer.ggml.eos_token_id", &v) && v == 2);
+    CHECK(!ft_gguf_get_i64(&g, "general.architecture", &v)); /* a string, not an integer */
     double eps = 0;
     /* stored as f32: 1e-5 rounded to float is within 2^-24 relative */
-    CHECK(gguf_get_f64(&g, "llama.attention.layer_norm_rms_epsilon", &eps) && fabs(eps - 1e-5) / 1e-5 < 1e-7);
+    CHECK(ft_gguf_get_f64(&g, "llama.attention.layer_norm_rms_epsilon", &eps) && fabs(eps - 1e-5) / 1e-5 < 1e-7);
     gguf_str s;
-    CHECK(gguf_get_str(&g, "general.architecture", &s) && gguf_str_eq(s, "llama"));
-    CHECK(gguf_get_str(&g, "tokenizer.ggml.model", &s) && gguf_str_eq(s, "llama"));
+    CHECK(ft_gguf_get_str(&g, "general.architecture", &s) && ft_gguf_str_eq(s, "llama"));
+    CHECK(ft_gguf_get_str(&g, "tokenizer.ggml.model", &s) && ft_gguf_str_eq(s, "llama"));
     gguf_str_array toks;
-    CHECK_OK(gguf_get_str_array(&g, "tokenizer.ggml.tokens", &toks));
+    CHECK_OK(ft_gguf_get_str_array(&g, "tokenizer.ggml.tokens", &toks));
     CHECK(toks.n == 512);
-    if (toks.n == 512) CHECK(gguf_str_eq(toks.items[1], "<s>") && gguf_str_eq(toks.items[2], "</s>"));
+    if (toks.n == 512) CHECK(ft_gguf_str_eq(toks.items[1], "<s>") && ft_gguf_str_eq(toks.items[2], "</s>"));
     free(toks.items);
 
     uint64_t end = 0;
@@ -142,32 +142,32 @@ static void test_gguf_stories260k(void) {
 
     /* token_embd.weight holds the same floats as the llama2.c checkpoint's
      * embedding, which follows its 7 x int32 header */
-    const gguf_tensor_info *emb = gguf_find_tensor(&g, "token_embd.weight");
+    const gguf_tensor_info *emb = ft_gguf_find_tensor(&g, "token_embd.weight");
     CHECK(emb && emb->n_dims == 2 && emb->ne[0] == 64 && emb->ne[1] == 512);
     size_t bn = 0;
     uint8_t *bin = load_data("models/stories260K/stories260K.bin", &bn);
     CHECK(bin && bn >= 28 + 512 * 64 * 4);
     if (emb && bin && bn >= 28 + 512 * 64 * 4) CHECK(memcmp(emb->data, bin + 28, 512 * 64 * 4) == 0);
     free(bin);
-    CHECK(gguf_find_tensor(&g, "no.such.tensor") == NULL);
-    gguf_close(&g);
-    gguf_close(&g); /* closing twice is harmless */
+    CHECK(ft_gguf_find_tensor(&g, "no.such.tensor") == NULL);
+    ft_gguf_close(&g);
+    ft_gguf_close(&g); /* closing twice is harmless */
 }
 
 static void test_gguf_vocab_gpt2(void) {
     char path[1024];
     gguf_file g;
-    CHECK_OK(gguf_open(&g, check_data_path(path, sizeof path, "vocab-tests/ggml-vocab-gpt-2.gguf")));
+    CHECK_OK(ft_gguf_open(&g, check_data_path(path, sizeof path, "vocab-tests/ggml-vocab-gpt-2.gguf")));
     if (check_failed_) return;
     CHECK(g.n_tensors == 0);
     CHECK(g.data_offset <= g.map.size);
     gguf_str s;
-    CHECK(gguf_get_str(&g, "tokenizer.ggml.model", &s) && gguf_str_eq(s, "gpt2"));
+    CHECK(ft_gguf_get_str(&g, "tokenizer.ggml.model", &s) && ft_gguf_str_eq(s, "gpt2"));
     gguf_str_array toks, merges;
-    CHECK_OK(gguf_get_str_array(&g, "tokenizer.ggml.tokens", &toks));
+    CHECK_OK(ft_gguf_get_str_array(&g, "tokenizer.ggml.tokens", &toks));
     CHECK(toks.n == 50257);
-    if (toks.n == 50257) CHECK(gguf_str_eq(toks.items[50256], "<|endoftext|>"));
-    CHECK_OK(gguf_get_str_array(&g, "tokenizer.ggml.merges", &merges));
+    if (toks.n == 50257) CHECK(ft_gguf_str_eq(toks.items[50256], "<|endoftext|>"));
+    CHECK_OK(ft_gguf_get_str_array(&g, "tokenizer.ggml.merges", &merges));
     CHECK(merges.n > 0);
     /* every merge is "left right" */
     for (uint64_t i = 0; i < merges.n; i++) {
@@ -175,49 +175,49 @@ static void test_gguf_vocab_gpt2(void) {
     }
     free(toks.items);
     free(merges.items);
-    const gguf_kv *kv = gguf_find(&g, "tokenizer.ggml.token_type");
+    const gguf_kv *kv = ft_gguf_find(&g, "tokenizer.ggml.token_type");
     CHECK(kv && kv->type == GGUF_T_ARRAY && kv->arr_type == GGUF_T_I32 && kv->arr_n == 50257);
     gguf_str_array bad;
-    CHECK(gguf_get_str_array(&g, "tokenizer.ggml.token_type", &bad) == FTUNE_ERR_FORMAT);
-    CHECK(gguf_get_str_array(&g, "no.such.key", &bad) == FTUNE_ERR_ARG);
-    gguf_close(&g);
+    CHECK(ft_gguf_get_str_array(&g, "tokenizer.ggml.token_type", &bad) == FTUNE_ERR_FORMAT);
+    CHECK(ft_gguf_get_str_array(&g, "no.such.key", &bad) == FTUNE_ERR_ARG);
+    ft_gguf_close(&g);
 }
 
 static void test_st_stories260k_hf(void) {
     char path[1024];
     st_file f;
-    CHECK_OK(st_open(&f, check_data_path(path, sizeof path, "models/stories260K-hf/model.safetensors")));
+    CHECK_OK(ft_st_open(&f, check_data_path(path, sizeof path, "models/stories260K-hf/model.safetensors")));
     if (check_failed_) return;
     CHECK(f.n == 9 * 5 + 2); /* 9 weights per layer x 5 layers + embedding + final norm (tied head) */
-    const st_tensor *e = st_find(&f, "model.embed_tokens.weight");
+    const st_tensor *e = ft_st_find(&f, "model.embed_tokens.weight");
     CHECK(e && e->dtype == FT_F32 && e->ndim == 2 && e->shape[0] == 512 && e->shape[1] == 64);
     size_t bn = 0;
     uint8_t *bin = load_data("models/stories260K/stories260K.bin", &bn);
     if (e && bin && bn >= 28 + 512 * 64 * 4) CHECK(memcmp(e->data, bin + 28, 512 * 64 * 4) == 0);
     free(bin);
-    const st_tensor *q = st_find(&f, "model.layers.4.self_attn.k_proj.weight");
+    const st_tensor *q = ft_st_find(&f, "model.layers.4.self_attn.k_proj.weight");
     CHECK(q && q->shape[0] == 32 && q->shape[1] == 64); /* 4 kv heads x head size 8, width 64 */
     CHECK(f.data_start % 8 == 0);
-    st_close(&f);
+    ft_st_close(&f);
 }
 
 static void test_st_adapter(void) {
     char path[1024];
     st_file f;
-    CHECK_OK(st_open(&f, check_data_path(path, sizeof path, "adapters/gpt2-lora-tigrinya/adapter_model.safetensors")));
+    CHECK_OK(ft_st_open(&f, check_data_path(path, sizeof path, "adapters/gpt2-lora-tigrinya/adapter_model.safetensors")));
     if (check_failed_) return;
     CHECK(f.n == 72);
     for (int i = 0; i < f.n; i++) CHECK(f.tensors[i].dtype == FT_F32 && strcmp(f.tensors[i].dtype_name, "F32") == 0);
-    const char *fmt = st_meta(&f, "format");
+    const char *fmt = ft_st_meta(&f, "format");
     CHECK(fmt && strcmp(fmt, "pt") == 0);
-    const st_tensor *a = st_find(&f, "base_model.model.transformer.h.0.attn.c_attn.lora_A.weight");
-    const st_tensor *b = st_find(&f, "base_model.model.transformer.h.0.attn.c_attn.lora_B.weight");
+    const st_tensor *a = ft_st_find(&f, "base_model.model.transformer.h.0.attn.c_attn.lora_A.weight");
+    const st_tensor *b = ft_st_find(&f, "base_model.model.transformer.h.0.attn.c_attn.lora_B.weight");
     CHECK(a && a->ndim == 2 && a->shape[0] == 8 && a->shape[1] == 768);
     CHECK(b && b->ndim == 2 && b->shape[0] == 2304 && b->shape[1] == 8);
     uint64_t end = 0;
     for (int i = 0; i < f.n; i++) if (f.tensors[i].end > end) end = f.tensors[i].end;
     CHECK(f.data_start + end == f.map.size);
-    st_close(&f);
+    ft_st_close(&f);
 }
 
 /* ------------------------------------------------------------- round trips */
@@ -253,19 +253,19 @@ static void test_st_roundtrip(void) {
     };
     const int n = (int)(sizeof ts / sizeof ts[0]);
     const char *meta[] = { "note", "line\nbreak", NULL };
-    CHECK_OK(st_write(path, ts, n, meta));
+    CHECK_OK(ft_st_write(path, ts, n, meta));
     char tmp[1100];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     CHECK(access(tmp, F_OK) != 0); /* renamed away */
     st_file f;
-    CHECK_OK(st_open(&f, path));
+    CHECK_OK(ft_st_open(&f, path));
     if (check_failed_) return;
     CHECK(f.n == n);
     CHECK(f.data_start % 8 == 0);
-    CHECK(st_meta(&f, "format") && strcmp(st_meta(&f, "format"), "pt") == 0);
-    CHECK(st_meta(&f, "note") && strcmp(st_meta(&f, "note"), "line\nbreak") == 0);
+    CHECK(ft_st_meta(&f, "format") && strcmp(ft_st_meta(&f, "format"), "pt") == 0);
+    CHECK(ft_st_meta(&f, "note") && strcmp(ft_st_meta(&f, "note"), "line\nbreak") == 0);
     for (int i = 0; i < n; i++) {
-        const st_tensor *t = st_find(&f, ts[i].name);
+        const st_tensor *t = ft_st_find(&f, ts[i].name);
         CHECKF(t != NULL, "tensor %s missing", ts[i].name);
         if (!t) continue;
         CHECK(t->dtype == ts[i].dtype && t->ndim == ts[i].ndim);
@@ -282,40 +282,40 @@ static void test_st_roundtrip(void) {
                 CHECKF(x == (int32_t)k * 3 + 5, "gen[%lld] = %d", (long long)k, x);
             }
     }
-    st_close(&f);
+    ft_st_close(&f);
 
     /* writer argument errors leave no file behind */
     char bad[1100];
     tmp_path(bad, sizeof bad, "bad.safetensors");
     st_out_tensor dup[] = { ts[0], ts[0] };
-    CHECK(st_write(bad, dup, 2, NULL) == FTUNE_ERR_ARG && contains(ftune_last_error(), ts[0].name));
+    CHECK(ft_st_write(bad, dup, 2, NULL) == FTUNE_ERR_ARG && contains(ftune_last_error(), ts[0].name));
     uint8_t q[34] = { 0 };
     st_out_tensor qt = { .name = "q", .dtype = FT_Q8_0, .ndim = 1, .shape = { 32 }, .data = q };
-    CHECK(st_write(bad, &qt, 1, NULL) == FTUNE_ERR_UNSUPPORTED && contains(ftune_last_error(), "\"q\""));
+    CHECK(ft_st_write(bad, &qt, 1, NULL) == FTUNE_ERR_UNSUPPORTED && contains(ftune_last_error(), "\"q\""));
     CHECK(access(bad, F_OK) != 0);
     snprintf(tmp, sizeof tmp, "%s.tmp", bad);
     CHECK(access(tmp, F_OK) != 0);
-    CHECK(st_write("/nonexistent-dir/x.safetensors", ts, 1, NULL) == FTUNE_ERR_IO);
+    CHECK(ft_st_write("/nonexistent-dir/x.safetensors", ts, 1, NULL) == FTUNE_ERR_IO);
 }
 
 static void test_gguf_writer_roundtrip(void) {
     char path[1024];
     tmp_path(path, sizeof path, "rt.gguf");
     gguf_writer *w;
-    CHECK_OK(gguf_writer_new(&w));
+    CHECK_OK(ft_gguf_writer_new(&w));
     if (check_failed_) return;
     const char *strs[] = { "a", "", "\xe1\x88\x80 unicode", "<s>" };
     float fa[] = { 1.5f, -2.0f, 1e-30f };
     int32_t ia[] = { -7, 0, INT32_MAX };
-    CHECK_OK(gguf_writer_set_str(w, "general.architecture", "llama"));
-    CHECK_OK(gguf_writer_set_u32(w, "llama.block_count", 3));
-    CHECK_OK(gguf_writer_set_i32(w, "some.neg", -12));
-    CHECK_OK(gguf_writer_set_f32(w, "llama.rope.freq_base", 10000.0f));
-    CHECK_OK(gguf_writer_set_bool(w, "some.flag", true));
-    CHECK_OK(gguf_writer_set_str_array(w, "tokenizer.ggml.tokens", strs, 4));
-    CHECK_OK(gguf_writer_set_f32_array(w, "tokenizer.ggml.scores", fa, 3));
-    CHECK_OK(gguf_writer_set_i32_array(w, "tokenizer.ggml.token_type", ia, 3));
-    CHECK(gguf_writer_set_u32(w, "llama.block_count", 4) == FTUNE_ERR_ARG);
+    CHECK_OK(ft_gguf_writer_set_str(w, "general.architecture", "llama"));
+    CHECK_OK(ft_gguf_writer_set_u32(w, "llama.block_count", 3));
+    CHECK_OK(ft_gguf_writer_set_i32(w, "some.neg", -12));
+    CHECK_OK(ft_gguf_writer_set_f32(w, "llama.rope.freq_base", 10000.0f));
+    CHECK_OK(ft_gguf_writer_set_bool(w, "some.flag", true));
+    CHECK_OK(ft_gguf_writer_set_str_array(w, "tokenizer.ggml.tokens", strs, 4));
+    CHECK_OK(ft_gguf_writer_set_f32_array(w, "tokenizer.ggml.scores", fa, 3));
+    CHECK_OK(ft_gguf_writer_set_i32_array(w, "tokenizer.ggml.token_type", ia, 3));
+    CHECK(ft_gguf_writer_set_u32(w, "llama.block_count", 4) == FTUNE_ERR_ARG);
     CHECK(contains(ftune_last_error(), "llama.block_count"));
 
     float m[3 * 5], v[7];
@@ -327,53 +327,53 @@ static void test_gguf_writer_roundtrip(void) {
     ft_types[FT_Q8_0].from_f32(qsrc, q8, 128);
     uint16_t bf[4] = { 0x3f80, 0xbf80, 0x4000, 0 };
     int64_t s2[] = { 3, 5 }, s1[] = { 7 }, sq[] = { 2, 64 }, sb[] = { 1, 1, 2, 2 };
-    CHECK_OK(gguf_writer_add_tensor(w, "m.weight", FT_F32, 2, s2, m));
-    CHECK_OK(gguf_writer_add_tensor(w, "v", FT_F32, 1, s1, v));
-    CHECK_OK(gguf_writer_add_tensor(w, "q.weight", FT_Q8_0, 2, sq, q8));
-    CHECK_OK(gguf_writer_add_tensor(w, "b4", FT_BF16, 4, sb, bf));
+    CHECK_OK(ft_gguf_writer_add_tensor(w, "m.weight", FT_F32, 2, s2, m));
+    CHECK_OK(ft_gguf_writer_add_tensor(w, "v", FT_F32, 1, s1, v));
+    CHECK_OK(ft_gguf_writer_add_tensor(w, "q.weight", FT_Q8_0, 2, sq, q8));
+    CHECK_OK(ft_gguf_writer_add_tensor(w, "b4", FT_BF16, 4, sb, bf));
     int64_t sg[] = { 2, 6 };
-    CHECK_OK(gguf_writer_add_tensor_fill(w, "gen", FT_I32, 2, sg, gen_i32, NULL, 2));
-    CHECK(gguf_writer_add_tensor(w, "v", FT_F32, 1, s1, v) == FTUNE_ERR_ARG);
+    CHECK_OK(ft_gguf_writer_add_tensor_fill(w, "gen", FT_I32, 2, sg, gen_i32, NULL, 2));
+    CHECK(ft_gguf_writer_add_tensor(w, "v", FT_F32, 1, s1, v) == FTUNE_ERR_ARG);
     int64_t sbad[] = { 2, 33 };
-    CHECK(gguf_writer_add_tensor(w, "qbad", FT_Q8_0, 2, sbad, q8) == FTUNE_ERR_ARG && contains(ftune_last_error(), "qbad"));
-    CHECK(gguf_writer_add_tensor(w, "u", FT_U8, 1, s1, v) == FTUNE_ERR_UNSUPPORTED);
-    CHECK_OK(gguf_writer_write(w, path));
-    gguf_writer_free(w);
-    gguf_writer_free(NULL);
+    CHECK(ft_gguf_writer_add_tensor(w, "qbad", FT_Q8_0, 2, sbad, q8) == FTUNE_ERR_ARG && contains(ftune_last_error(), "qbad"));
+    CHECK(ft_gguf_writer_add_tensor(w, "u", FT_U8, 1, s1, v) == FTUNE_ERR_UNSUPPORTED);
+    CHECK_OK(ft_gguf_writer_write(w, path));
+    ft_gguf_writer_free(w);
+    ft_gguf_writer_free(NULL);
 
     gguf_file g;
-    CHECK_OK(gguf_open(&g, path));
+    CHECK_OK(ft_gguf_open(&g, path));
     if (check_failed_) return;
     CHECK(g.version == 3 && g.n_kv == 8 && g.n_tensors == 5 && g.alignment == 32);
     int64_t iv;
     double dv;
     bool bv;
     gguf_str s;
-    CHECK(gguf_get_str(&g, "general.architecture", &s) && gguf_str_eq(s, "llama"));
-    CHECK(gguf_get_i64(&g, "llama.block_count", &iv) && iv == 3 && gguf_find(&g, "llama.block_count")->type == GGUF_T_U32);
-    CHECK(gguf_get_i64(&g, "some.neg", &iv) && iv == -12);
-    CHECK(gguf_get_f64(&g, "llama.rope.freq_base", &dv) && dv == 10000.0);
-    CHECK(gguf_get_bool(&g, "some.flag", &bv) && bv);
+    CHECK(ft_gguf_get_str(&g, "general.architecture", &s) && ft_gguf_str_eq(s, "llama"));
+    CHECK(ft_gguf_get_i64(&g, "llama.block_count", &iv) && iv == 3 && ft_gguf_find(&g, "llama.block_count")->type == GGUF_T_U32);
+    CHECK(ft_gguf_get_i64(&g, "some.neg", &iv) && iv == -12);
+    CHECK(ft_gguf_get_f64(&g, "llama.rope.freq_base", &dv) && dv == 10000.0);
+    CHECK(ft_gguf_get_bool(&g, "some.flag", &bv) && bv);
     gguf_str_array sa;
-    CHECK_OK(gguf_get_str_array(&g, "tokenizer.ggml.tokens", &sa));
+    CHECK_OK(ft_gguf_get_str_array(&g, "tokenizer.ggml.tokens", &sa));
     CHECK(sa.n == 4);
-    for (uint64_t i = 0; i < sa.n && i < 4; i++) CHECK(gguf_str_eq(sa.items[i], strs[i]));
+    for (uint64_t i = 0; i < sa.n && i < 4; i++) CHECK(ft_gguf_str_eq(sa.items[i], strs[i]));
     free(sa.items);
-    const gguf_kv *kf = gguf_find(&g, "tokenizer.ggml.scores"), *ki = gguf_find(&g, "tokenizer.ggml.token_type");
+    const gguf_kv *kf = ft_gguf_find(&g, "tokenizer.ggml.scores"), *ki = ft_gguf_find(&g, "tokenizer.ggml.token_type");
     CHECK(kf && kf->arr_type == GGUF_T_F32 && kf->arr_n == 3 && memcmp(kf->arr_data, fa, sizeof fa) == 0);
     CHECK(ki && ki->arr_type == GGUF_T_I32 && ki->arr_n == 3 && memcmp(ki->arr_data, ia, sizeof ia) == 0);
 
-    const gguf_tensor_info *t = gguf_find_tensor(&g, "m.weight");
+    const gguf_tensor_info *t = ft_gguf_find_tensor(&g, "m.weight");
     CHECK(t && t->n_dims == 2 && t->ne[0] == 5 && t->ne[1] == 3 && t->dtype == FT_F32 && memcmp(t->data, m, sizeof m) == 0);
-    t = gguf_find_tensor(&g, "v");
+    t = ft_gguf_find_tensor(&g, "v");
     CHECK(t && t->n_dims == 1 && t->ne[0] == 7 && memcmp(t->data, v, sizeof v) == 0);
-    t = gguf_find_tensor(&g, "q.weight");
+    t = ft_gguf_find_tensor(&g, "q.weight");
     CHECK(t && t->ggml_type == GGML_TYPE_Q8_0 && t->ne[0] == 64 && t->ne[1] == 2 && t->nbytes == sizeof q8 &&
           memcmp(t->data, q8, sizeof q8) == 0);
-    t = gguf_find_tensor(&g, "b4");
+    t = ft_gguf_find_tensor(&g, "b4");
     CHECK(t && t->n_dims == 4 && t->ne[0] == 2 && t->ne[1] == 2 && t->ne[2] == 1 && t->ne[3] == 1 && t->dtype == FT_BF16 &&
           memcmp(t->data, bf, sizeof bf) == 0);
-    t = gguf_find_tensor(&g, "gen");
+    t = ft_gguf_find_tensor(&g, "gen");
     CHECK(t && t->dtype == FT_I32 && t->ne[0] == 6 && t->ne[1] == 2);
     for (int k = 0; t && k < 12; k++) {
         int32_t x;
@@ -381,7 +381,7 @@ static void test_gguf_writer_roundtrip(void) {
         CHECKF(x == k * 3 + 2, "gen[%d] = %d", k, x);
     }
     for (uint64_t i = 0; i < g.n_tensors; i++) CHECK((g.data_offset + g.tensors[i].offset) % 32 == 0);
-    gguf_close(&g);
+    ft_gguf_close(&g);
 }
 
 /* ------------------------------------------------------------- truncation */
@@ -418,7 +418,7 @@ static void test_st_truncated(void) {
     uint16_t h[3] = { 1, 2, 3 };
     st_out_tensor ts[] = { { .name = "a", .dtype = FT_F32, .ndim = 2, .shape = { 2, 3 }, .data = a },
                            { .name = "h", .dtype = FT_F16, .ndim = 1, .shape = { 3 }, .data = h } };
-    CHECK_OK(st_write(path, ts, 2, NULL));
+    CHECK_OK(ft_st_write(path, ts, 2, NULL));
     char *small = NULL;
     size_t sn = 0;
     CHECK_OK(ft_read_file(path, &small, &sn));
@@ -550,9 +550,9 @@ static void test_gguf_bad(void) {
     const tinfo k_quant[] = { { "k.quant", 1, { 256 }, 12, 0 } }; /* q4_K: not computed with, still bounds-checked */
     b = build_gguf(3, k_quant, 1, 144);
     gguf_file g;
-    CHECK_OK(gguf_parse(&g, "kq.gguf", b.p, b.n));
+    CHECK_OK(ft_gguf_parse(&g, "kq.gguf", b.p, b.n));
     CHECK(g.n_tensors == 1 && g.tensors[0].dtype == FT_NTYPES && g.tensors[0].nbytes == 144);
-    gguf_close(&g);
+    ft_gguf_close(&g);
     b.n -= 1;
     expect_gguf("k-quant-short", &b, FTUNE_ERR_FORMAT, "\"k.quant\"");
     free(b.p);
@@ -621,9 +621,9 @@ static void test_gguf_bad(void) {
     tb_u64(&b, 2);
     tb_u32(&b, GGUF_T_U32); tb_u64(&b, 2); tb_u32(&b, 1); tb_u32(&b, 2);
     tb_u32(&b, GGUF_T_U32); tb_u64(&b, 1); tb_u32(&b, 3);
-    CHECK_OK(gguf_parse(&g, "nested.gguf", b.p, b.n));
+    CHECK_OK(ft_gguf_parse(&g, "nested.gguf", b.p, b.n));
     CHECK(g.n_kv == 1 && g.kv[0].arr_type == GGUF_T_ARRAY && g.kv[0].arr_n == 2);
-    gguf_close(&g);
+    ft_gguf_close(&g);
     b.n -= 1;
     expect_gguf("nested-short", &b, FTUNE_ERR_FORMAT, "\"nested\"");
     free(b.p);
@@ -854,9 +854,9 @@ static const char *gguf_variant(char *out, size_t cap, const char *key, gguf_set
     char src[1024];
     snprintf(out, cap, "%s/v%d.gguf", tmp_dir, k++);
     gguf_file g;
-    if (gguf_open(&g, check_data_path(src, sizeof src, "models/stories260K/stories260K.gguf"))) return NULL;
+    if (ft_gguf_open(&g, check_data_path(src, sizeof src, "models/stories260K/stories260K.gguf"))) return NULL;
     gguf_writer *w;
-    ftune_status st = gguf_writer_new(&w);
+    ftune_status st = ft_gguf_writer_new(&w);
     char **strs = NULL;
     bool replaced = false;
     for (uint64_t i = 0; !st && i < g.n_kv; i++) {
@@ -865,24 +865,24 @@ static const char *gguf_variant(char *out, size_t cap, const char *key, gguf_set
         snprintf(name, sizeof name, "%.*s", (int)kv->key.len, kv->key.ptr);
         if (key && strcmp(name, key) == 0) { st = set ? set(w, name) : FTUNE_OK; replaced = true; continue; }
         if (kv->type == GGUF_T_STRING) {
-            char *v = gguf_str_dup(kv->str);
-            st = gguf_writer_set_str(w, name, v);
+            char *v = ft_gguf_str_dup(kv->str);
+            st = ft_gguf_writer_set_str(w, name, v);
             free(v);
-        } else if (kv->type == GGUF_T_U32) st = gguf_writer_set_u32(w, name, (uint32_t)kv->v.u);
-        else if (kv->type == GGUF_T_I32) st = gguf_writer_set_i32(w, name, (int32_t)kv->v.i);
-        else if (kv->type == GGUF_T_F32) st = gguf_writer_set_f32(w, name, (float)kv->v.f);
-        else if (kv->type == GGUF_T_BOOL) st = gguf_writer_set_bool(w, name, kv->v.u != 0);
+        } else if (kv->type == GGUF_T_U32) st = ft_gguf_writer_set_u32(w, name, (uint32_t)kv->v.u);
+        else if (kv->type == GGUF_T_I32) st = ft_gguf_writer_set_i32(w, name, (int32_t)kv->v.i);
+        else if (kv->type == GGUF_T_F32) st = ft_gguf_writer_set_f32(w, name, (float)kv->v.f);
+        else if (kv->type == GGUF_T_BOOL) st = ft_gguf_writer_set_bool(w, name, kv->v.u != 0);
         else if (kv->type == GGUF_T_ARRAY && kv->arr_type == GGUF_T_STRING) {
             gguf_str_array a;
-            if ((st = gguf_get_str_array(&g, name, &a))) break;
+            if ((st = ft_gguf_get_str_array(&g, name, &a))) break;
             size_t n = a.n + (size_t)extra_tokens;
             strs = calloc(n, sizeof *strs);
             for (size_t t = 0; t < n; t++) {
                 char b[32];
                 snprintf(b, sizeof b, "<extra_%zu>", t);
-                strs[t] = t < a.n ? gguf_str_dup(a.items[t]) : strdup(b);
+                strs[t] = t < a.n ? ft_gguf_str_dup(a.items[t]) : strdup(b);
             }
-            st = gguf_writer_set_str_array(w, name, (const char *const *)strs, n);
+            st = ft_gguf_writer_set_str_array(w, name, (const char *const *)strs, n);
             for (size_t t = 0; t < n; t++) free(strs[t]);
             free(strs);
             free(a.items);
@@ -891,8 +891,8 @@ static const char *gguf_variant(char *out, size_t cap, const char *key, gguf_set
             int32_t *v = calloc(n, 4);
             memcpy(v, kv->arr_data, kv->arr_n * 4);
             for (size_t t = kv->arr_n; t < n; t++) v[t] = kv->arr_type == GGUF_T_I32 ? 1 : 0; /* normal, score 0.0f */
-            st = kv->arr_type == GGUF_T_F32 ? gguf_writer_set_f32_array(w, name, (const float *)v, n)
-                                            : gguf_writer_set_i32_array(w, name, v, n);
+            st = kv->arr_type == GGUF_T_F32 ? ft_gguf_writer_set_f32_array(w, name, (const float *)v, n)
+                                            : ft_gguf_writer_set_i32_array(w, name, v, n);
             free(v);
         } else {
             fprintf(stderr, "  gguf_variant: key %s has type %d\n", name, kv->type);
@@ -907,22 +907,22 @@ static const char *gguf_variant(char *out, size_t cap, const char *key, gguf_set
         if (key && key[0] == '!' && strncmp(name, key + 1, strlen(key + 1)) == 0) continue;
         int64_t shape[4];
         for (uint32_t d = 0; d < t->n_dims; d++) shape[d] = (int64_t)t->ne[t->n_dims - 1 - d];
-        st = gguf_writer_add_tensor(w, name, t->dtype, (int)t->n_dims, shape, t->data);
+        st = ft_gguf_writer_add_tensor(w, name, t->dtype, (int)t->n_dims, shape, t->data);
     }
-    if (!st) st = gguf_writer_write(w, out);
-    gguf_writer_free(w);
-    gguf_close(&g);
+    if (!st) st = ft_gguf_writer_write(w, out);
+    ft_gguf_writer_free(w);
+    ft_gguf_close(&g);
     CHECKF(st == FTUNE_OK, "gguf_variant %s: %s", key ? key : "", ftune_last_error());
     return st ? NULL : out;
 }
-static ftune_status set_ctx_str(gguf_writer *w, const char *key) { return gguf_writer_set_str(w, key, "2048"); }
-static ftune_status set_inf(gguf_writer *w, const char *key) { return gguf_writer_set_f32(w, key, INFINITY); }
-static ftune_status set_nan(gguf_writer *w, const char *key) { return gguf_writer_set_f32(w, key, NAN); }
-static ftune_status set_4(gguf_writer *w, const char *key) { return gguf_writer_set_u32(w, key, 4); }
-static ftune_status set_zero(gguf_writer *w, const char *key) { return gguf_writer_set_u32(w, key, 0); }
+static ftune_status set_ctx_str(gguf_writer *w, const char *key) { return ft_gguf_writer_set_str(w, key, "2048"); }
+static ftune_status set_inf(gguf_writer *w, const char *key) { return ft_gguf_writer_set_f32(w, key, INFINITY); }
+static ftune_status set_nan(gguf_writer *w, const char *key) { return ft_gguf_writer_set_f32(w, key, NAN); }
+static ftune_status set_4(gguf_writer *w, const char *key) { return ft_gguf_writer_set_u32(w, key, 4); }
+static ftune_status set_zero(gguf_writer *w, const char *key) { return ft_gguf_writer_set_u32(w, key, 0); }
 static ftune_status set_yarn(gguf_writer *w, const char *key) {
-    ftune_status st = gguf_writer_set_str(w, key, "yarn");
-    return st ? st : gguf_writer_set_f32(w, "llama.rope.scaling.factor", 4.0f);
+    ftune_status st = ft_gguf_writer_set_str(w, key, "yarn");
+    return st ? st : ft_gguf_writer_set_f32(w, "llama.rope.scaling.factor", 4.0f);
 }
 
 static void test_gguf_model_checks(void) {

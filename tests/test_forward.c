@@ -5,8 +5,8 @@
  * against one-token-at-a-time decode; the linear fast paths against the
  * reference on every dtype. */
 #include "ftune.h"
-#include "linear.h"
-#include "model.h"
+#include "nn/linear.h"
+#include "model/model.h"
 #include "check.h"
 
 #include <stdint.h>
@@ -193,9 +193,9 @@ static void test_linear_fast_paths(void) {
                     ft_linear l = { .w = { .dtype = types[ti], .ndim = 2, .shape = { OC, IC }, .data = q, .nbytes = (size_t)nb },
                                     .bias = k == 1 ? b : NULL, .in = IC, .out = OC };
                     float *y = malloc((size_t)T * OC * 4), *yr = malloc((size_t)T * OC * 4);
-                    float *scratch = malloc(linear_scratch_floats(IC, 2) * 4);
-                    linear_forward(y, x, &l, T, 2, scratch);
-                    linear_forward_ref(yr, x, &l, T);
+                    float *scratch = malloc(ft_linear_scratch_floats(IC, 2) * 4);
+                    ft_linear_forward(y, x, &l, T, 2, scratch);
+                    ft_linear_forward_ref(yr, x, &l, T);
                     /* same dequantized weights, only the summation order
                      * differs: a few ulps of a sum of IC ~ N(0, IC) terms;
                      * floor 1 since sums near zero have no relative scale */

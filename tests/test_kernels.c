@@ -8,9 +8,9 @@
  * product, linear_backward against plain loops for every base dtype, and
  * the same bits on 1 and 3 threads everywhere. */
 #include "check.h"
-#include "cpu.h"
-#include "kernels.h"
-#include "linear.h"
+#include "cpu/cpu.h"
+#include "cpu/kernels.h"
+#include "nn/linear.h"
 
 #include <math.h>
 
@@ -32,7 +32,7 @@ static bool case_new(lin_case *c, ft_dtype dt, int OC, int IC, int T, int n_thre
     c->bias = malloc((size_t)OC * sizeof(float));
     c->y = malloc((size_t)T * OC * sizeof(float));
     c->yr = malloc((size_t)T * OC * sizeof(float));
-    c->scratch = ft_aligned_alloc(linear_scratch_floats(IC, n_threads) * sizeof(float));
+    c->scratch = ft_aligned_alloc(ft_linear_scratch_floats(IC, n_threads) * sizeof(float));
     c->q = malloc((size_t)nb);
     if (!c->w || !c->x || !c->bias || !c->y || !c->yr || !c->scratch || !c->q) return false;
     for (size_t i = 0; i < (size_t)OC * IC; i++) c->w[i] = ft_rng_normal(rng);
@@ -82,7 +82,7 @@ static void test_cpu_levels(void) {
            ft_cpu_has_avx512f(), ft_cpu_has_avx512bf16(), ft_cpu_level_name(best));
 }
 
-/* linear_forward (and so the kernels) against the reference for every
+/* ft_linear_forward (and so the kernels) against the reference for every
  * dtype, level, size and thread count. */
 static void test_linear_kernels(void) {
     int outs[] = { 1, 7, 129 };
@@ -112,8 +112,8 @@ static void test_linear_kernels(void) {
                             case_free(&c);
                             return;
                         }
-                        linear_forward(c.y, c.x, &c.l, T, n_threads, c.scratch);
-                        linear_forward_ref(c.yr, c.x, &c.l, T);
+                        ft_linear_forward(c.y, c.x, &c.l, T, n_threads, c.scratch);
+                        ft_linear_forward_ref(c.yr, c.x, &c.l, T);
                         /* The same dequantized weights; only the order of the
                          * f32 sums differs (the reference sums in double).
                          * Each output sums IC products of unit normals, so it
@@ -155,14 +155,14 @@ static void test_thread_invariance(void) {
                 int OC = 203, IC = 96, T = Ts[k];
                 lin_case c;
                 float *y3 = malloc((size_t)T * OC * sizeof(float));
-                float *s3 = ft_aligned_alloc(linear_scratch_floats(IC, 3) * sizeof(float));
+                float *s3 = ft_aligned_alloc(ft_linear_scratch_floats(IC, 3) * sizeof(float));
                 if (!y3 || !s3 || !case_new(&c, types[ti], OC, IC, T, 1, false, &rng)) {
                     CHECKF(0, "out of memory");
                     free(y3); free(s3); case_free(&c);
                     return;
                 }
-                linear_forward(c.y, c.x, &c.l, T, 1, c.scratch);
-                linear_forward(y3, c.x, &c.l, T, 3, s3);
+                ft_linear_forward(c.y, c.x, &c.l, T, 1, c.scratch);
+                ft_linear_forward(y3, c.x, &c.l, T, 3, s3);
                 CHECKF(!memcmp(c.y, y3, (size_t)T * OC * sizeof(float)), "%s %s T=%d: 1 and 3 threads differ",
                        ft_cpu_level_name(levels[li]), ft_types[types[ti]].name, T);
                 free(y3); free(s3); case_free(&c);
@@ -188,7 +188,7 @@ static void test_nonfinite(void) {
             }
             c.x[5] = NAN;           /* row 0 */
             c.x[IC + 7] = INFINITY; /* row 1 */
-            linear_forward(c.y, c.x, &c.l, T, 2, c.scratch);
+            ft_linear_forward(c.y, c.x, &c.l, T, 2, c.scratch);
             for (int o = 0; o < OC; o++) {
                 CHECKF(isnan(c.y[o]), "%s %s: row 0 output %d = %g, want NaN", ft_cpu_level_name(levels[li]),
                        ft_types[types[ti]].name, o, c.y[o]);
@@ -198,7 +198,7 @@ static void test_nonfinite(void) {
                        ft_cpu_level_name(levels[li]), ft_types[types[ti]].name, o, c.y[2 * OC + o]);
             }
             /* and T = 1 (the decode kernels) */
-            linear_forward(c.y, c.x, &c.l, 1, 2, c.scratch);
+            ft_linear_forward(c.y, c.x, &c.l, 1, 2, c.scratch);
             for (int o = 0; o < OC; o++) CHECK(isnan(c.y[o]));
             case_free(&c);
         }
@@ -229,8 +229,8 @@ static void test_edge_weights(void) {
                     c.w[IC + i] = 0;
                 }
                 ft_types[dts[di]].from_f32(c.w, c.q, (int64_t)OC * IC);
-                linear_forward(c.y, c.x, &c.l, T, 2, c.scratch);
-                linear_forward_ref(c.yr, c.x, &c.l, T);
+                ft_linear_forward(c.y, c.x, &c.l, T, 2, c.scratch);
+                ft_linear_forward_ref(c.yr, c.x, &c.l, T);
                 for (int t = 0; t < T; t++) {
                     /* row 0: the products are tiny but exact in f32 where
                      * the reference's are, so compare relative to their own
@@ -434,7 +434,7 @@ static void test_linear_backward(void) {
             float *db = calloc(OC, 4), *dbr = calloc(OC, 4), *u = malloc((size_t)T * R * 4);
             float *xd = malloc((size_t)T * IC * 4), *dx = malloc((size_t)T * IC * 4), *g = malloc((size_t)T * R * 4);
             float *yr = malloc((size_t)T * OC * 4), *wf = malloc((size_t)OC * IC * 4);
-            float *scratch = ft_aligned_alloc(linear_train_scratch_floats(IC, R, T, 3) * sizeof(float));
+            float *scratch = ft_aligned_alloc(ft_linear_train_scratch_floats(IC, R, T, 3) * sizeof(float));
             if (!Am || !Bm || !dA || !dB || !dAr || !dBr || !dout || !dinp || !dinpr || !dw || !dwr || !db || !dbr ||
                 !u || !xd || !dx || !g || !yr || !wf || !scratch) {
                 CHECKF(0, "out of memory");
@@ -445,8 +445,8 @@ static void test_linear_backward(void) {
                 ft_lora a = { .r = R, .alpha = 8, .scale = 2, .dropout = 0.25f, .A = Am, .B = Bm, .dA = dA, .dB = dB };
                 c.l.lora = &a;
                 uint64_t seed = 77;
-                linear_forward_train(c.y, u, c.x, &c.l, T, seed, 3, scratch);
-                linear_backward(dinp, dw, db, dout, c.x, u, &c.l, T, seed, false, 3, scratch);
+                ft_linear_forward_train(c.y, u, c.x, &c.l, T, seed, 3, scratch);
+                ft_linear_backward(dinp, dw, db, dout, c.x, u, &c.l, T, seed, false, 3, scratch);
                 /* the reference: plain loops in double on the dequantized W,
                  * the adapter through lora.c's plain-loop references */
                 for (int o = 0; o < OC; o++) ft_tensor_row_f32(&c.l.w, o, wf + (size_t)o * IC);
@@ -469,18 +469,18 @@ static void test_linear_backward(void) {
                 ft_lora ar = a;
                 ar.dA = dAr;
                 ar.dB = dBr;
-                lora_dropout(xd, c.x, a.dropout, seed, T, IC, 1);
+                ft_lora_dropout(xd, c.x, a.dropout, seed, T, IC, 1);
                 memset(yr, 0, (size_t)T * OC * 4);
                 float *ur = malloc((size_t)T * R * 4);
                 if (ur) {
-                    lora_forward(yr, ur, xd, &ar, T, IC, OC);
+                    ft_lora_forward(yr, ur, xd, &ar, T, IC, OC);
                     double eu = check_max_rel_err(u, ur, (long)T * R, sqrt((double)IC));
                     CHECKF(eu < 1e-5, "%s %s: saved u max rel err %.3g", ft_cpu_level_name(levels[li]),
                            ft_types[types[ti]].name, eu);
-                    lora_backward(dx, dout, xd, ur, &ar, T, IC, OC, g);
+                    ft_lora_backward(dx, dout, xd, ur, &ar, T, IC, OC, g);
                     free(ur);
                 }
-                lora_dropout(dx, dx, a.dropout, seed, T, IC, 1);
+                ft_lora_dropout(dx, dx, a.dropout, seed, T, IC, 1);
                 for (size_t i = 0; i < (size_t)T * IC; i++) dinpr[i] += dx[i];
                 /* every gradient is a sum of at most max(T, OC) = 45 unit-normal
                  * products (the adapter's through R = 4 more, scaled by 2 and by
@@ -505,7 +505,7 @@ static void test_linear_backward(void) {
                 if (dinp1 && dw1 && dA1 && dB1) {
                     a.dA = dA1;
                     a.dB = dB1;
-                    linear_backward(dinp1, dw1, NULL, dout, c.x, u, &c.l, T, seed, false, 1, scratch);
+                    ft_linear_backward(dinp1, dw1, NULL, dout, c.x, u, &c.l, T, seed, false, 1, scratch);
                     CHECKF(!memcmp(dinp, dinp1, (size_t)T * IC * 4) && !memcmp(dw, dw1, (size_t)OC * IC * 4) &&
                                !memcmp(dA, dA1, nA * 4) && !memcmp(dB, dB1, nB * 4),
                            "%s W %s: linear_backward differs on 1 and 3 threads", ft_cpu_level_name(levels[li]),

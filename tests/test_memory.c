@@ -16,13 +16,13 @@
  * Also fault injection: the allocator hook fails the Nth allocation for
  * every N until a trainer, a session and an optimizer are built; each
  * failure must be FTUNE_ERR_NOMEM with every counter back at zero. */
-#include "block.h"
-#include "data.h"
+#include "nn/block.h"
+#include "data/data.h"
 #include "ftune.h"
-#include "mem.h"
-#include "model.h"
-#include "optim.h"
-#include "train.h"
+#include "core/mem.h"
+#include "model/model.h"
+#include "train/optim.h"
+#include "train/train.h"
 #include "check.h"
 
 #include <stdint.h>

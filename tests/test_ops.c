@@ -1,4 +1,4 @@
-/* test_ops.c — the reference ops in src/ops.c: every backward against
+/* test_ops.c — the reference ops in src/ops/ops.c: every backward against
  * central finite differences in float64, every float32 op against its
  * float64 twin, and forward numerics against direct formulas (RoPE layouts,
  * Llama 3 frequencies, packed-document attention, ignored targets).
@@ -9,7 +9,7 @@
  * prefix so that Tk > T).
  */
 #include "check.h"
-#include "ops.h"
+#include "ops/ops.h"
 
 #include <stdint.h>
 
@@ -121,7 +121,7 @@ static const double rms_eps = 1e-5;
 static double rms_loss(void *p)
 {
     rms_ctx *c = p;
-    rmsnorm_forward_f64(c->out, c->rstd, c->inp, c->w, c->T, c->C, rms_eps);
+    ft_rmsnorm_forward_f64(c->out, c->rstd, c->inp, c->w, c->T, c->C, rms_eps);
     return dotw(c->wt, c->out, (size_t)c->T * c->C);
 }
 
@@ -134,7 +134,7 @@ static void test_rmsnorm(void)
     round_f(c.inp, n); round_f(c.w, C); round_f(c.wt, n);
     double *dinp = zeros_d(n), *dw = zeros_d(C);
     rms_loss(&c);
-    rmsnorm_backward_f64(dinp, dw, c.wt, c.inp, c.w, c.rstd, T, C);
+    ft_rmsnorm_backward_f64(dinp, dw, c.wt, c.inp, c.w, c.rstd, T, C);
     CHECK_FD("rmsnorm dinp", fd_err(rms_loss, &c, c.inp, dinp, n));
     CHECK_FD("rmsnorm dw", fd_err(rms_loss, &c, c.w, dw, C));
 
@@ -153,8 +153,8 @@ static void test_rmsnorm(void)
 
     /* accumulation rule: dinp (residual stream) and dw both add up */
     double *dinp2 = zeros_d(n), *dw2 = zeros_d(C);
-    rmsnorm_backward_f64(dinp2, dw2, c.wt, c.inp, c.w, c.rstd, T, C);
-    rmsnorm_backward_f64(dinp2, dw2, c.wt, c.inp, c.w, c.rstd, T, C);
+    ft_rmsnorm_backward_f64(dinp2, dw2, c.wt, c.inp, c.w, c.rstd, T, C);
+    ft_rmsnorm_backward_f64(dinp2, dw2, c.wt, c.inp, c.w, c.rstd, T, C);
     for (size_t i = 0; i < n; i++) dinp2[i] *= 0.5;
     for (int i = 0; i < C; i++) dw2[i] *= 0.5;
     /* dinp: one addition per entry, 0 + x + x halved is exact; dw: a sum
@@ -167,8 +167,8 @@ static void test_rmsnorm(void)
     float *fo = malloc(n * sizeof(float)), *fr = malloc(T * sizeof(float));
     float *fi = to_f(c.inp, n), *fw = to_f(c.w, C), *fwt = to_f(c.wt, n);
     float *fdi = calloc(n, sizeof(float)), *fdw = calloc(C, sizeof(float));
-    rmsnorm_forward(fo, fr, fi, fw, T, C, (float)rms_eps);
-    rmsnorm_backward(fdi, fdw, fwt, fi, fw, fr, T, C);
+    ft_rmsnorm_forward(fo, fr, fi, fw, T, C, (float)rms_eps);
+    ft_rmsnorm_backward(fdi, fdw, fwt, fi, fw, fr, T, C);
     rms_loss(&c);
     CHECK_F32("rmsnorm out", rel_err_fd(fo, c.out, n));
     CHECK_F32("rmsnorm dinp", rel_err_fd(fdi, dinp, n));
@@ -185,7 +185,7 @@ static double rope_loss(void *p)
     rope_ctx *c = p;
     size_t n = (size_t)c->T * c->nh * c->HS;
     memcpy(c->y, c->x, n * sizeof(double));
-    rope_forward_f64(c->y, c->pos, c->inv, c->T, c->nh, c->HS, c->il);
+    ft_rope_forward_f64(c->y, c->pos, c->inv, c->T, c->nh, c->HS, c->il);
     return dotw(c->wt, c->y, n);
 }
 
@@ -195,13 +195,13 @@ static void test_rope_backward(void)
     int pos[7] = { 0, 1, 5, 6, 17, 100, 4095 };
     size_t n = (size_t)T * nh * HS;
     double inv[3];
-    rope_freqs_f64(inv, HS, 10000, NULL);
+    ft_rope_freqs_f64(inv, HS, 10000, NULL);
     for (int il = 0; il < 2; il++) {
         rope_ctx c = { rand_d(n, 1), zeros_d(n), rand_d(n, 1), inv, pos, T, nh, HS, il };
         round_f(c.x, n); round_f(c.wt, n);
         double *dx = malloc(n * sizeof(double));
         memcpy(dx, c.wt, n * sizeof(double));
-        rope_backward_f64(dx, pos, inv, T, nh, HS, il);
+        ft_rope_backward_f64(dx, pos, inv, T, nh, HS, il);
         CHECK_FD(il ? "rope interleaved dx" : "rope rotate-half dx", fd_err(rope_loss, &c, c.x, dx, n));
 
         /* float32 against float64 at positions <= 17: the angle is formed
@@ -213,9 +213,9 @@ static void test_rope_backward(void)
         int T32 = 5;
         size_t n32 = (size_t)T32 * nh * HS;
         float finv[3], *fx = to_f(c.x, n32), *fdx = to_f(c.wt, n32);
-        rope_freqs(finv, HS, 10000, NULL);
-        rope_forward(fx, pos, finv, T32, nh, HS, il);
-        rope_backward(fdx, pos, finv, T32, nh, HS, il);
+        ft_rope_freqs(finv, HS, 10000, NULL);
+        ft_rope_forward(fx, pos, finv, T32, nh, HS, il);
+        ft_rope_backward(fdx, pos, finv, T32, nh, HS, il);
         rope_loss(&c);
         CHECK_F32("rope out", rel_err_fd(fx, c.y, n32));
         CHECK_F32("rope dx", rel_err_fd(fdx, dx, n32));
@@ -233,14 +233,14 @@ static void test_rope_layouts(void)
     size_t n = (size_t)T * nh * HS;
     float inv[4];
     ft_rope_scaling sc = { 2, 8, 1, 4, 64 };
-    rope_freqs(inv, HS, 500000, &sc);
+    ft_rope_freqs(inv, HS, 500000, &sc);
     double *xd = rand_d(n, 1);
     float *hf = to_f(xd, n), *meta = malloc(n * sizeof(float)), *back = malloc(n * sizeof(float));
     for (int r = 0; r < T * nh; r++)
         for (int i = 0; i < half; i++)
             for (int p = 0; p < 2; p++) meta[r * HS + 2 * i + p] = hf[r * HS + p * half + i];
-    rope_forward(hf, pos, inv, T, nh, HS, false);
-    rope_forward(meta, pos, inv, T, nh, HS, true);
+    ft_rope_forward(hf, pos, inv, T, nh, HS, false);
+    ft_rope_forward(meta, pos, inv, T, nh, HS, true);
     for (int r = 0; r < T * nh; r++)
         for (int i = 0; i < half; i++)
             for (int p = 0; p < 2; p++) back[r * HS + p * half + i] = meta[r * HS + 2 * i + p];
@@ -255,22 +255,22 @@ static void test_rope_relative(void)
 {
     int HS = 6;
     double inv[3], q[6], k[6];
-    rope_freqs_f64(inv, HS, 10000, NULL);
+    ft_rope_freqs_f64(inv, HS, 10000, NULL);
     double *q0 = rand_d(HS, 1), *k0 = rand_d(HS, 1);
     for (int il = 0; il < 2; il++) {
         double d[2];
         for (int s = 0; s < 2; s++) {
             int pq = 7 + 50 * s, pk = 3 + 50 * s;
             memcpy(q, q0, sizeof q); memcpy(k, k0, sizeof k);
-            rope_forward_f64(q, &pq, inv, 1, 1, HS, il);
-            rope_forward_f64(k, &pk, inv, 1, 1, HS, il);
+            ft_rope_forward_f64(q, &pq, inv, 1, 1, HS, il);
+            ft_rope_forward_f64(k, &pk, inv, 1, 1, HS, il);
             d[s] = dotw(q, k, HS);
         }
         /* a few double roundings of O(1) numbers: ~1e-15 */
         CHECKF(fabs(d[0] - d[1]) < 1e-12 * fmax(1, fabs(d[0])), "q.k at shifted positions: %.17g vs %.17g", d[0], d[1]);
         int p0 = 0;
         memcpy(q, q0, sizeof q);
-        rope_forward_f64(q, &p0, inv, 1, 1, HS, il);
+        ft_rope_forward_f64(q, &p0, inv, 1, 1, HS, il);
         CHECK(memcmp(q, q0, sizeof q) == 0);   /* cos 0 = 1, sin 0 = 0 exactly */
     }
     free(q0); free(k0);
@@ -287,8 +287,8 @@ static void test_rope_llama3(void)
     ft_rope_scaling sc = { 2, 8, 1, 4, 8192 };
     double fd[64];
     float ff[64];
-    rope_freqs_f64(fd, HS, 500000, &sc);
-    rope_freqs(ff, HS, 500000, &sc);
+    ft_rope_freqs_f64(fd, HS, 500000, &sc);
+    ft_rope_freqs(ff, HS, 500000, &sc);
     double e_d = 0, e_f = 0;
     for (int i = 0; i < 64; i++) {
         double base = pow(500000.0, -2.0 * i / HS), want;
@@ -313,8 +313,8 @@ static void test_rope_llama3(void)
     /* linear scaling divides every frequency by the factor */
     ft_rope_scaling lin = { 1, 4, 0, 0, 0 };
     double l[3], u[3];
-    rope_freqs_f64(l, 6, 10000, &lin);
-    rope_freqs_f64(u, 6, 10000, NULL);
+    ft_rope_freqs_f64(l, 6, 10000, &lin);
+    ft_rope_freqs_f64(u, 6, 10000, NULL);
     for (int i = 0; i < 3; i++) CHECK(fabs(l[i] - u[i] / 4) <= 1e-16 * u[i]);
     CHECK(fabs(u[1] - pow(10000.0, -2.0 / 6)) < 1e-15);
 }
@@ -325,7 +325,7 @@ typedef struct { double *out, *g, *u, *wt; int T, F; } swi_ctx;
 static double swi_loss(void *p)
 {
     swi_ctx *c = p;
-    swiglu_forward_f64(c->out, c->g, c->u, c->T, c->F);
+    ft_swiglu_forward_f64(c->out, c->g, c->u, c->T, c->F);
     return dotw(c->wt, c->out, (size_t)c->T * c->F);
 }
 
@@ -337,14 +337,14 @@ static void test_swiglu(void)
     c.g[0] = -40; c.g[1] = 40;   /* saturated: exp(40) must not overflow the float path */
     round_f(c.g, n); round_f(c.u, n); round_f(c.wt, n);
     double *dg = zeros_d(n), *du = zeros_d(n);
-    swiglu_backward_f64(dg, du, c.wt, c.g, c.u, T, F);
+    ft_swiglu_backward_f64(dg, du, c.wt, c.g, c.u, T, F);
     CHECK_FD("swiglu dgate", fd_err(swi_loss, &c, c.g, dg, n));
     CHECK_FD("swiglu dup", fd_err(swi_loss, &c, c.u, du, n));
 
     float *fg = to_f(c.g, n), *fu = to_f(c.u, n), *fwt = to_f(c.wt, n);
     float *fo = malloc(n * sizeof(float)), *fdg = malloc(n * sizeof(float)), *fdu = malloc(n * sizeof(float));
-    swiglu_forward(fo, fg, fu, T, F);
-    swiglu_backward(fdg, fdu, fwt, fg, fu, T, F);
+    ft_swiglu_forward(fo, fg, fu, T, F);
+    ft_swiglu_backward(fdg, fdu, fwt, fg, fu, T, F);
     swi_loss(&c);
     CHECK_F32("swiglu out", rel_err_fd(fo, c.out, n));
     CHECK_F32("swiglu dgate", rel_err_fd(fdg, dg, n));
@@ -363,7 +363,7 @@ typedef struct {
 static double att_loss(void *p)
 {
     att_ctx *c = p;
-    attention_forward_f64(c->out, c->att, c->q, c->k, c->v, c->qpos, c->doc, c->T, c->Tk, c->NH, c->NKV,
+    ft_attention_forward_f64(c->out, c->att, c->q, c->k, c->v, c->qpos, c->doc, c->T, c->Tk, c->NH, c->NKV,
                           c->HS, c->NKV * c->HS, 1);
     return dotw(c->wt, c->out, (size_t)c->T * c->NH * c->HS);
 }
@@ -386,7 +386,7 @@ static void test_attention_backward(void)
             round_f(c.q, nq); round_f(c.k, nk); round_f(c.v, nk); round_f(c.wt, nq);
             double *dq = zeros_d(nq), *dk = zeros_d(nk), *dv = zeros_d(nk);
             att_loss(&c);
-            attention_backward_f64(dq, dk, dv, c.wt, c.att, c.q, c.k, c.v, T, Tk, NH, NKV, HS);
+            ft_attention_backward_f64(dq, dk, dv, c.wt, c.att, c.q, c.k, c.v, T, Tk, NH, NKV, HS);
             char name[64];
             snprintf(name, sizeof name, "attention NKV=%d doc=%d dq", NKV, use_doc);
             CHECK_FD(name, fd_err(att_loss, &c, c.q, dq, nq));
@@ -398,15 +398,15 @@ static void test_attention_backward(void)
             /* the online-softmax path (att == NULL), serial and threaded */
             att_loss(&c);
             double *o2 = zeros_d(nq);
-            attention_forward_f64(o2, NULL, c.q, c.k, c.v, qpos, c.doc, T, Tk, NH, NKV, HS, NKV * HS, 1);
+            ft_attention_forward_f64(o2, NULL, c.q, c.k, c.v, qpos, c.doc, T, Tk, NH, NKV, HS, NKV * HS, 1);
             /* same sums in another order: double rounding, ~1e-15 */
             CHECKF(rel_err_d(o2, c.out, nq) < 1e-12, "online softmax vs saved att %.3g", rel_err_d(o2, c.out, nq));
             double *o3 = zeros_d(nq);
-            attention_forward_f64(o3, NULL, c.q, c.k, c.v, qpos, c.doc, T, Tk, NH, NKV, HS, NKV * HS, 3);
+            ft_attention_forward_f64(o3, NULL, c.q, c.k, c.v, qpos, c.doc, T, Tk, NH, NKV, HS, NKV * HS, 3);
             CHECK(memcmp(o2, o3, nq * sizeof(double)) == 0);   /* each row computed the same way */
             /* the saved-probabilities path on 3 threads: the same bits as on 1 */
             double *o4 = zeros_d(nq), *a4 = zeros_d(na);
-            attention_forward_f64(o4, a4, c.q, c.k, c.v, qpos, c.doc, T, Tk, NH, NKV, HS, NKV * HS, 3);
+            ft_attention_forward_f64(o4, a4, c.q, c.k, c.v, qpos, c.doc, T, Tk, NH, NKV, HS, NKV * HS, 3);
             CHECK(memcmp(o4, c.out, nq * sizeof(double)) == 0 && memcmp(a4, c.att, na * sizeof(double)) == 0);
             free(o4); free(a4);
 
@@ -415,9 +415,9 @@ static void test_attention_backward(void)
             float *fo = malloc(nq * sizeof(float)), *fo2 = malloc(nq * sizeof(float));
             float *fatt = malloc(na * sizeof(float));
             float *fdq = malloc(nq * sizeof(float)), *fdk = malloc(nk * sizeof(float)), *fdv = malloc(nk * sizeof(float));
-            attention_forward(fo, fatt, fq, fk, fv, qpos, c.doc, T, Tk, NH, NKV, HS, NKV * HS, 1);
-            attention_forward(fo2, NULL, fq, fk, fv, qpos, c.doc, T, Tk, NH, NKV, HS, NKV * HS, 2);
-            attention_backward(fdq, fdk, fdv, fwt, fatt, fq, fk, fv, T, Tk, NH, NKV, HS);
+            ft_attention_forward(fo, fatt, fq, fk, fv, qpos, c.doc, T, Tk, NH, NKV, HS, NKV * HS, 1);
+            ft_attention_forward(fo2, NULL, fq, fk, fv, qpos, c.doc, T, Tk, NH, NKV, HS, NKV * HS, 2);
+            ft_attention_backward(fdq, fdk, fdv, fwt, fatt, fq, fk, fv, T, Tk, NH, NKV, HS);
             CHECK_F32("attention out", rel_err_fd(fo, c.out, nq));
             CHECK_F32("attention out (online)", rel_err_fd(fo2, c.out, nq));
             CHECK_F32("attention att", rel_err_fd(fatt, c.att, na));
@@ -451,7 +451,7 @@ static void test_attention_formula(void)
     double q[2] = { 0.3, -1.2 }, k[4] = { 1.0, 0.5, -0.7, 2.0 }, v[4] = { 2.0, -1.0, 0.25, 3.0 };
     int qpos = 1;
     double out[2], att[2];
-    attention_forward_f64(out, att, q, k, v, &qpos, NULL, 1, 2, 1, 1, 2, 2, 1);
+    ft_attention_forward_f64(out, att, q, k, v, &qpos, NULL, 1, 2, 1, 1, 2, 2, 1);
     double s1 = (q[0] * k[0] + q[1] * k[1]) / sqrt(2.0), s2 = (q[0] * k[2] + q[1] * k[3]) / sqrt(2.0);
     double e1 = exp(s1), e2 = exp(s2);
     for (int d = 0; d < 2; d++) {
@@ -473,13 +473,13 @@ static void test_attention_docs(void)
     double *qd = rand_d(nq, 1), *kd = rand_d(nk, 1), *vd = rand_d(nk, 1);
     float *q = to_f(qd, nq), *k = to_f(kd, nk), *v = to_f(vd, nk);
     float *packed = malloc(nq * sizeof(float)), *sep = malloc(nq * sizeof(float));
-    attention_forward(packed, NULL, q, k, v, qpos, doc, T, T, NH, NKV, HS, NKV * HS, 1);
+    ft_attention_forward(packed, NULL, q, k, v, qpos, doc, T, T, NH, NKV, HS, NKV * HS, 1);
     int start = 0;
     while (start < T) {
         int end = start;
         while (end < T && doc[end] == doc[start]) end++;
         int len = end - start;
-        attention_forward(sep + (size_t)start * NH * HS, NULL, q + (size_t)start * NH * HS,
+        ft_attention_forward(sep + (size_t)start * NH * HS, NULL, q + (size_t)start * NH * HS,
                           k + (size_t)start * NKV * HS, v + (size_t)start * NKV * HS, qpos, NULL,
                           len, len, NH, NKV, HS, NKV * HS, 1);
         start = end;
@@ -496,7 +496,7 @@ static void test_attention_docs(void)
                 krep[(t * NH + h) * HS + d] = k[(t * NKV + h / (NH / NKV)) * HS + d];
                 vrep[(t * NH + h) * HS + d] = v[(t * NKV + h / (NH / NKV)) * HS + d];
             }
-    attention_forward(mha, NULL, q, krep, vrep, qpos, doc, T, T, NH, NH, HS, NH * HS, 1);
+    ft_attention_forward(mha, NULL, q, krep, vrep, qpos, doc, T, T, NH, NH, HS, NH * HS, 1);
     CHECK(memcmp(packed, mha, nq * sizeof(float)) == 0);
     free(qd); free(kd); free(vd); free(q); free(k); free(v); free(packed); free(sep);
     free(krep); free(vrep); free(mha);
@@ -510,11 +510,11 @@ static void test_attention_bad_pos(void)
     float q[8] = { 1, 2, 3, 4, -1, 0.5f, 0, 2 }, k[12], v[12], out[8], att[6], out2[4];
     for (int i = 0; i < 12; i++) { k[i] = (float)(i % 5) - 2; v[i] = (float)i; }
     int qpos[2] = { -1, Tk + 5 };
-    attention_forward(out, att, q, k, v, qpos, NULL, 2, Tk, 1, 1, HS, HS, 1);
+    ft_attention_forward(out, att, q, k, v, qpos, NULL, 2, Tk, 1, 1, HS, HS, 1);
     for (int d = 0; d < HS; d++) CHECK(out[d] == 0);
     for (int j = 0; j < Tk; j++) CHECK(att[j] == 0);
     int last = Tk - 1;
-    attention_forward(out2, NULL, q + HS, k, v, &last, NULL, 1, Tk, 1, 1, HS, HS, 1);
+    ft_attention_forward(out2, NULL, q + HS, k, v, &last, NULL, 1, Tk, 1, 1, HS, HS, 1);
     /* the two paths sum in different orders: float rounding, ~1e-7 */
     CHECK(check_max_rel_err(out + HS, out2, HS, 1e-3) < 1e-5);
 }
@@ -525,7 +525,7 @@ typedef struct { double *logits; const int *tg; int T, V; } ce_ctx;
 static double ce_loss(void *p)
 {
     ce_ctx *c = p;
-    return crossentropy_forward_backward_f64(NULL, c->logits, c->tg, c->T, c->V, 1);
+    return ft_crossentropy_forward_backward_f64(NULL, c->logits, c->tg, c->T, c->V, 1);
 }
 
 static void test_crossentropy(void)
@@ -536,7 +536,7 @@ static void test_crossentropy(void)
     ce_ctx c = { rand_d(n, 2), tg, T, V };
     round_f(c.logits, n);
     double *dl = zeros_d(n);
-    double loss = crossentropy_forward_backward_f64(dl, c.logits, tg, T, V, 1);
+    double loss = ft_crossentropy_forward_backward_f64(dl, c.logits, tg, T, V, 1);
     CHECK_FD("crossentropy dlogits", fd_err(ce_loss, &c, c.logits, dl, n));
 
     /* ignored rows: no loss, zero gradient; the rest: -log softmax */
@@ -555,17 +555,17 @@ static void test_crossentropy(void)
 
     /* dloss_scale scales the gradient only */
     double *dl2 = zeros_d(n);
-    double loss2 = crossentropy_forward_backward_f64(dl2, c.logits, tg, T, V, 0.25);
+    double loss2 = ft_crossentropy_forward_backward_f64(dl2, c.logits, tg, T, V, 0.25);
     CHECK(loss2 == loss);
     for (size_t i = 0; i < n; i++) dl2[i] *= 4;
     CHECK(rel_err_d(dl2, dl, n) == 0);   /* scaling by a power of 2 is exact */
 
     /* a target outside the vocabulary is not read; the loss says so */
     int bad[1] = { V };
-    CHECK(isnan(crossentropy_forward_backward_f64(dl2, c.logits, bad, 1, V, 1)));
+    CHECK(isnan(ft_crossentropy_forward_backward_f64(dl2, c.logits, bad, 1, V, 1)));
 
     float *fl = to_f(c.logits, n), *fdl = malloc(n * sizeof(float));
-    double floss = crossentropy_forward_backward(fdl, fl, tg, T, V, 1);
+    double floss = ft_crossentropy_forward_backward(fdl, fl, tg, T, V, 1);
     /* the float path sums in double on the same (float) logits: identical
      * up to exp in double of float inputs, ~1e-15 */
     CHECKF(fabs(floss - loss) < 1e-12 * loss, "float loss %.17g vs %.17g", floss, loss);
@@ -579,7 +579,7 @@ static void test_softmax(void)
     double *x = rand_d(n, 3), *y = malloc(n * sizeof(double));
     x[4] = 700;   /* exp(700) is near overflow: the max must be subtracted */
     memcpy(y, x, n * sizeof(double));
-    double lse = softmax_inplace_f64(y, n);
+    double lse = ft_softmax_inplace_f64(y, n);
     double s = 0, e = 0;
     for (int i = 0; i < n; i++) s += y[i];
     for (int i = 0; i < n; i++) e = fmax(e, fabs(y[i] - exp(x[i] - lse)));
@@ -595,7 +595,7 @@ typedef struct { double *out, *inp, *w, *b, *wt; int T, IC, OC; } mm_ctx;
 static double mm_loss(void *p)
 {
     mm_ctx *c = p;
-    matmul_forward_ref_f64(c->out, c->inp, c->w, c->b, c->T, c->IC, c->OC);
+    ft_matmul_forward_ref_f64(c->out, c->inp, c->w, c->b, c->T, c->IC, c->OC);
     return dotw(c->wt, c->out, (size_t)c->T * c->OC);
 }
 
@@ -606,15 +606,15 @@ static void test_matmul(void)
     mm_ctx c = { zeros_d(no), rand_d(ni, 1), rand_d(nw, 1), rand_d(OC, 1), rand_d(no, 1), T, IC, OC };
     round_f(c.inp, ni); round_f(c.w, nw); round_f(c.b, OC); round_f(c.wt, no);
     double *di = zeros_d(ni), *dw = zeros_d(nw), *db = zeros_d(OC);
-    matmul_backward_ref_f64(di, dw, db, c.wt, c.inp, c.w, T, IC, OC);
+    ft_matmul_backward_ref_f64(di, dw, db, c.wt, c.inp, c.w, T, IC, OC);
     CHECK_FD("matmul dinp", fd_err(mm_loss, &c, c.inp, di, ni));
     CHECK_FD("matmul dw", fd_err(mm_loss, &c, c.w, dw, nw));
     CHECK_FD("matmul dbias", fd_err(mm_loss, &c, c.b, db, OC));
 
     /* dinp overwrites, dw/dbias accumulate */
     double *di2 = rand_d(ni, 1), *dw2 = zeros_d(nw), *db2 = zeros_d(OC);
-    matmul_backward_ref_f64(di2, dw2, db2, c.wt, c.inp, c.w, T, IC, OC);
-    matmul_backward_ref_f64(di2, dw2, db2, c.wt, c.inp, c.w, T, IC, OC);
+    ft_matmul_backward_ref_f64(di2, dw2, db2, c.wt, c.inp, c.w, T, IC, OC);
+    ft_matmul_backward_ref_f64(di2, dw2, db2, c.wt, c.inp, c.w, T, IC, OC);
     for (size_t i = 0; i < nw; i++) dw2[i] *= 0.5;
     for (int i = 0; i < OC; i++) db2[i] *= 0.5;
     CHECK(rel_err_d(di2, di, ni) == 0 && rel_err_d(dw2, dw, nw) == 0 && rel_err_d(db2, db, OC) == 0);
@@ -622,8 +622,8 @@ static void test_matmul(void)
     float *fi = to_f(c.inp, ni), *fw = to_f(c.w, nw), *fb = to_f(c.b, OC), *fwt = to_f(c.wt, no);
     float *fo = malloc(no * sizeof(float)), *fdi = malloc(ni * sizeof(float));
     float *fdw = calloc(nw, sizeof(float)), *fdb = calloc(OC, sizeof(float));
-    matmul_forward_ref(fo, fi, fw, fb, T, IC, OC);
-    matmul_backward_ref(fdi, fdw, fdb, fwt, fi, fw, T, IC, OC);
+    ft_matmul_forward_ref(fo, fi, fw, fb, T, IC, OC);
+    ft_matmul_backward_ref(fdi, fdw, fdb, fwt, fi, fw, T, IC, OC);
     mm_loss(&c);
     CHECK_F32("matmul out", rel_err_fd(fo, c.out, no));
     CHECK_F32("matmul dinp", rel_err_fd(fdi, di, ni));
@@ -639,7 +639,7 @@ typedef struct { double *out, *wte, *wt; const int *tok; int T, C, V; } emb_ctx;
 static double emb_loss(void *p)
 {
     emb_ctx *c = p;
-    if (embedding_forward_f64(c->out, c->tok, c->wte, c->T, c->C, c->V) != FTUNE_OK) return NAN;
+    if (ft_embedding_forward_f64(c->out, c->tok, c->wte, c->T, c->C, c->V) != FTUNE_OK) return NAN;
     return dotw(c->wt, c->out, (size_t)c->T * c->C);
 }
 
@@ -650,17 +650,17 @@ static void test_embedding(void)
     size_t nw = (size_t)V * C, no = (size_t)T * C;
     emb_ctx c = { zeros_d(no), rand_d(nw, 1), rand_d(no, 1), tok, T, C, V };
     double *dwte = zeros_d(nw);
-    CHECK_OK(embedding_backward_f64(dwte, c.wt, tok, T, C, V));
+    CHECK_OK(ft_embedding_backward_f64(dwte, c.wt, tok, T, C, V));
     CHECK_FD("embedding dwte", fd_err(emb_loss, &c, c.wte, dwte, nw));
     emb_loss(&c);
     for (int t = 0; t < T; t++) CHECK(memcmp(c.out + t * C, c.wte + tok[t] * C, C * sizeof(double)) == 0);
 
     int bad[2] = { 1, V };
     float *fo = malloc(no * sizeof(float)), *fw = to_f(c.wte, nw), *fd = calloc(nw, sizeof(float));
-    CHECK(embedding_forward(fo, bad, fw, 2, C, V) == FTUNE_ERR_RANGE);
+    CHECK(ft_embedding_forward(fo, bad, fw, 2, C, V) == FTUNE_ERR_RANGE);
     CHECK(strstr(ftune_last_error(), "outside the vocabulary") != NULL);
     bad[1] = -1;
-    CHECK(embedding_backward(fd, fo, bad, 2, C, V) == FTUNE_ERR_RANGE);
+    CHECK(ft_embedding_backward(fd, fo, bad, 2, C, V) == FTUNE_ERR_RANGE);
     for (size_t i = 0; i < nw; i++) CHECK(fd[i] == 0);   /* nothing half-done */
     free(c.out); free(c.wte); free(c.wt); free(dwte); free(fo); free(fw); free(fd);
 }

@@ -1,13 +1,13 @@
-/* test_ops_fast.c — the fast paths in src/ops_fast.c against the plain
- * references in src/ops.c: vector exp against double exp, attention forward
+/* test_ops_fast.c — the fast paths in src/ops/ops_fast.c against the plain
+ * references in src/ops/ops.c: vector exp against double exp, attention forward
  * (training rows, and inference over a cache prefix with a row stride),
  * attention backward, cross-entropy; at every kernel level this CPU has, on
  * awkward sizes (T = 1, 7, 65, 130; HS = 6, 8, 64; NH/NKV = 6/2, 4/4),
  * with packed-document masks; and the same bits on 1 and 3 threads.
  */
 #include "check.h"
-#include "cpu.h"
-#include "ops.h"
+#include "cpu/cpu.h"
+#include "ops/ops.h"
 
 #include <stdint.h>
 
@@ -121,9 +121,9 @@ static void run_attention(const att_case *c) {
     double *dvD = calloc(nk, sizeof(double));
     for (int b = 0; b < B; b++) {
         const int *db = dp ? dp + (size_t)b * Tk : NULL;
-        attention_forward_f64(oD + (size_t)b * T * qd, attD, qD + (size_t)b * T * qd, kD + (size_t)b * Tk * ks,
+        ft_attention_forward_f64(oD + (size_t)b * T * qd, attD, qD + (size_t)b * T * qd, kD + (size_t)b * Tk * ks,
                               vD + (size_t)b * Tk * ks, pos, db, T, Tk, NH, NKV, HS, ks, 1);
-        attention_backward_f64(dqD + (size_t)b * T * qd, dkD + (size_t)b * Tk * kvd, dvD + (size_t)b * Tk * kvd,
+        ft_attention_backward_f64(dqD + (size_t)b * T * qd, dkD + (size_t)b * Tk * kvd, dvD + (size_t)b * Tk * kvd,
                                doutD + (size_t)b * T * qd, attD, qD + (size_t)b * T * qd, kpD + (size_t)b * Tk * kvd,
                                vpD + (size_t)b * Tk * kvd, T, Tk, NH, NKV, HS);
     }
@@ -131,8 +131,8 @@ static void run_attention(const att_case *c) {
     for (int b = 0; b < B; b++) {
         const float *qb = q + (size_t)b * T * qd, *kb = k + (size_t)b * Tk * ks, *vb = v + (size_t)b * Tk * ks;
         const int *db = dp ? dp + (size_t)b * Tk : NULL;
-        attention_forward(out_ref + (size_t)b * T * qd, att, qb, kb, vb, pos, db, T, Tk, NH, NKV, HS, ks, 1);
-        attention_backward(dq_ref + (size_t)b * T * qd, dk_ref + (size_t)b * Tk * kvd, dv_ref + (size_t)b * Tk * kvd,
+        ft_attention_forward(out_ref + (size_t)b * T * qd, att, qb, kb, vb, pos, db, T, Tk, NH, NKV, HS, ks, 1);
+        ft_attention_backward(dq_ref + (size_t)b * T * qd, dk_ref + (size_t)b * Tk * kvd, dv_ref + (size_t)b * Tk * kvd,
                            dout + (size_t)b * T * qd, att, qb, kp + (size_t)b * Tk * kvd, vp + (size_t)b * Tk * kvd,
                            T, Tk, NH, NKV, HS);
         /* log-sum-exp of the scaled scores over the visible keys, in double */
@@ -161,15 +161,15 @@ static void run_attention(const att_case *c) {
     float *out = malloc(nq * sizeof(float)), *lse = malloc((size_t)B * NH * T * sizeof(float));
     float *dq = malloc(nq * sizeof(float)), *dk = malloc(nk * sizeof(float)), *dv = malloc(nk * sizeof(float));
     float *out3 = malloc(nq * sizeof(float)), *dq3 = malloc(nq * sizeof(float)), *dk3 = malloc(nk * sizeof(float));
-    size_t sf = attention_fast_scratch_floats(Tk, HS, 3, true);
+    size_t sf = ft_attention_fast_scratch_floats(Tk, HS, 3, true);
     float *scr = ft_aligned_alloc(sf * sizeof(float));
     for (int li = 0; li < n_levels; li++) {
         ft_cpu_force_level(levels[li]);
-        attention_forward_fast(out, lse, q, k, v, pos, dp, B, T, Tk, NH, NKV, HS, ks, 1, scr);
+        ft_attention_forward_fast(out, lse, q, k, v, pos, dp, B, T, Tk, NH, NKV, HS, ks, 1, scr);
         double e_out = rel_err(out, oT, nq), e_lse = 0;
         for (size_t i = 0; i < (size_t)B * NH * T; i++)
             e_lse = fmax(e_lse, fabs(lse[i] - lse_ref[i]) / fmax(fabs(lse_ref[i]), 1.0));
-        attention_backward_fast(dq, dk, dv, dout, lse, q, kp, vp, pos, dp, B, T, Tk, NH, NKV, HS, 1, scr);
+        ft_attention_backward_fast(dq, dk, dv, dout, lse, q, kp, vp, pos, dp, B, T, Tk, NH, NKV, HS, 1, scr);
         double e_dq = rel_err(dq, dqT, nq), e_dk = rel_err(dk, dkT, nk), e_dv = rel_err(dv, dvT, nk);
         printf("  %s B=%d T=%d Tk=%d NH=%d NKV=%d HS=%d%s: out %.2g lse %.2g dq %.2g dk %.2g dv %.2g\n",
                ft_cpu_level_name(levels[li]), B, T, Tk, NH, NKV, HS, dp ? " doc" : "", e_out, e_lse, e_dq, e_dk, e_dv);
@@ -178,10 +178,10 @@ static void run_attention(const att_case *c) {
         CHECKF(e_out <= ATT_TOL && e_lse <= 1e-6 && e_dq <= ATT_TOL && e_dk <= ATT_TOL && e_dv <= ATT_TOL,
                "out %g lse %g dq %g dk %g dv %g", e_out, e_lse, e_dq, e_dk, e_dv);
         /* the lse-free forward (inference) gives the same output */
-        attention_forward_fast(out3, NULL, q, k, v, pos, dp, B, T, Tk, NH, NKV, HS, ks, 3, scr);
+        ft_attention_forward_fast(out3, NULL, q, k, v, pos, dp, B, T, Tk, NH, NKV, HS, ks, 3, scr);
         CHECK(memcmp(out3, out, nq * sizeof(float)) == 0);
         /* 3 threads: the same bits */
-        attention_backward_fast(dq3, dk3, dv, dout, lse, q, kp, vp, pos, dp, B, T, Tk, NH, NKV, HS, 3, scr);
+        ft_attention_backward_fast(dq3, dk3, dv, dout, lse, q, kp, vp, pos, dp, B, T, Tk, NH, NKV, HS, 3, scr);
         CHECK(memcmp(dq3, dq, nq * sizeof(float)) == 0 && memcmp(dk3, dk, nk * sizeof(float)) == 0);
     }
     ft_cpu_force_level(-1);
@@ -218,24 +218,24 @@ static void run_ce(int T, int V, bool with_grad) {
     float *d_ref = with_grad ? malloc((size_t)T * V * sizeof(float)) : NULL;
     float *d = with_grad ? malloc((size_t)T * V * sizeof(float)) : NULL;
     float *d3 = with_grad ? malloc((size_t)T * V * sizeof(float)) : NULL;
-    double l_ref = crossentropy_forward_backward(d_ref, x, y, T, V, scale);
+    double l_ref = ft_crossentropy_forward_backward(d_ref, x, y, T, V, scale);
     for (int li = 0; li < n_levels; li++) {
         ft_cpu_force_level(levels[li]);
-        double l = crossentropy_fast(d, x, y, T, V, scale, 1);
+        double l = ft_crossentropy_fast(d, x, y, T, V, scale, 1);
         double el = fabs(l - l_ref) / fmax(fabs(l_ref), 1e-30), ed = with_grad ? rel_err(d, d_ref, (size_t)T * V) : 0;
         printf("  ce %s T=%d V=%d%s: loss %.2g dlogits %.2g\n", ft_cpu_level_name(levels[li]), T, V,
                with_grad ? "" : " (loss only)", el, ed);
         /* the loss sums rows of lse - x[y] in double; each lse differs
          * by float exp rounding (~1e-7 relative to the row sum): 1e-6 */
         CHECKF(el <= 1e-6 && ed <= F32_TOL, "loss %g dlogits %g", el, ed);
-        double l3 = crossentropy_fast(d3, x, y, T, V, scale, 3);
+        double l3 = ft_crossentropy_fast(d3, x, y, T, V, scale, 3);
         CHECK(l3 == l);
         if (with_grad) CHECK(memcmp(d3, d, (size_t)T * V * sizeof(float)) == 0);
     }
     ft_cpu_force_level(-1);
     /* a target >= V makes the loss NaN, as in the reference */
     y[0] = V;
-    CHECK(isnan(crossentropy_fast(d, x, y, T, V, scale, 2)));
+    CHECK(isnan(ft_crossentropy_fast(d, x, y, T, V, scale, 2)));
     free(x); free(y); free(d_ref); free(d); free(d3);
 }
 

@@ -4,8 +4,8 @@
  * at their edges; the optimizer state's checkpoint (save, load, resume
  * bit-exactly) and its validation of names, shapes and metadata. */
 #include "check.h"
-#include "optim.h"
-#include "safetensors.h"
+#include "train/optim.h"
+#include "formats/safetensors.h"
 
 #include <stdint.h>
 #include <unistd.h>
@@ -231,13 +231,13 @@ static void test_checkpoint_resume(void) {
         CHECK(memcmp(oa.v[p], ob.v[p], (size_t)c->numel[p] * 4) == 0);
     }
     st_file f;
-    CHECK_OK(st_open(&f, path));
-    const st_tensor *t = st_find(&f, "opt.m.base_model.model.layers.0.weight");
+    CHECK_OK(ft_st_open(&f, path));
+    const st_tensor *t = ft_st_find(&f, "opt.m.base_model.model.layers.0.weight");
     CHECK(t && t->ndim == 2 && t->shape[0] == 4 && t->dtype == FT_F32);
-    CHECK(st_find(&f, "opt.v.base_model.model.layers.2.weight") != NULL);
-    CHECK(st_meta(&f, "opt.step") && strcmp(st_meta(&f, "opt.step"), "4") == 0);
-    CHECK(st_meta(&f, "train.seed") && strcmp(st_meta(&f, "train.seed"), "7") == 0);
-    st_close(&f);
+    CHECK(ft_st_find(&f, "opt.v.base_model.model.layers.2.weight") != NULL);
+    CHECK(ft_st_meta(&f, "opt.step") && strcmp(ft_st_meta(&f, "opt.step"), "4") == 0);
+    CHECK(ft_st_meta(&f, "train.seed") && strcmp(ft_st_meta(&f, "train.seed"), "7") == 0);
+    ft_st_close(&f);
 
     /* a different parameter set: the file's names do not match */
     ft_param d[8];
@@ -275,14 +275,14 @@ static void test_checkpoint_resume(void) {
     };
     const char *meta_ok[] = { "opt.kind", "adamw", "opt.step", "3", NULL };
     const char *meta_bad[] = { "opt.kind", "adamw", "opt.step", "-3", NULL };
-    CHECK_OK(st_write(bad, ts, 1, meta_ok));
+    CHECK_OK(ft_st_write(bad, ts, 1, meta_ok));
     CHECK_OK(ft_adamw_init(&od, b, 1, &cfg));
     CHECK(ft_adamw_load(&od, bad) == FTUNE_ERR_FORMAT);
     CHECKF(strstr(ftune_last_error(), "opt.v.base_model.model.layers.0.weight\" is missing"), "%s", ftune_last_error());
-    CHECK_OK(st_write(bad, ts, 2, meta_bad));
+    CHECK_OK(ft_st_write(bad, ts, 2, meta_bad));
     CHECK(ft_adamw_load(&od, bad) == FTUNE_ERR_FORMAT);
     CHECKF(strstr(ftune_last_error(), "opt.step"), "%s", ftune_last_error());
-    CHECK_OK(st_write(bad, ts, 2, meta_ok));
+    CHECK_OK(ft_st_write(bad, ts, 2, meta_ok));
     CHECK_OK(ft_adamw_load(&od, bad));
     CHECK(od.step == 3);
     ft_adamw_free(&od);

@@ -1,9 +1,9 @@
-/* test_parallel.c — ft_parallel_for (src/parallel.c): every task runs exactly
+/* test_parallel.c — ft_parallel_for (src/core/parallel.c): every task runs exactly
  * once, thread indices are in range and never shared by two running tasks,
  * nested calls and concurrent callers behave as parallel.h documents, pools
  * grow and shut down, and BLAS may be called from inside tasks. */
 #include "check.h"
-#include "parallel.h"
+#include "core/parallel.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

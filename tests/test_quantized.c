@@ -4,8 +4,8 @@
  * (written as a Hugging Face directory in f32). This checks the quantized
  * load and matmul paths, not the quality of quantization. */
 #include "ftune.h"
-#include "adapter.h"
-#include "model.h"
+#include "adapter/adapter.h"
+#include "model/model.h"
 #include "check.h"
 
 #include <unistd.h>

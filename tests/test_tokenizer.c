@@ -4,9 +4,9 @@
  * three stories260K tokenizer files against each other, decode round trips,
  * and bad input. Token ids are exact, so no tolerance appears here. */
 #include "check.h"
-#include "core.h"
-#include "gguf.h"
-#include "tokenizer.h"
+#include "core/core.h"
+#include "formats/gguf.h"
+#include "tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
 #include <unistd.h>
@@ -607,8 +607,8 @@ static void test_named_pretokenizers(void) {
     CHECK(cJSON_GetArraySize(texts) > 40 && cJSON_GetArraySize(all) >= 5);
     char path[1024];
     gguf_file g;
-    CHECK_OK(gguf_open(&g, check_data_path(path, sizeof path, "vocab-tests/ggml-vocab-gpt-2.gguf")));
-    gguf_kv *pre = (gguf_kv *)gguf_find(&g, "tokenizer.ggml.pre");
+    CHECK_OK(ft_gguf_open(&g, check_data_path(path, sizeof path, "vocab-tests/ggml-vocab-gpt-2.gguf")));
+    gguf_kv *pre = (gguf_kv *)ft_gguf_find(&g, "tokenizer.ggml.pre");
     CHECK(pre && pre->type == GGUF_T_STRING);
     cJSON_ArrayForEach(per, all) {
         if (!pre || check_failed_) break;
@@ -638,7 +638,7 @@ static void test_named_pretokenizers(void) {
         CHECK(pass == total);
         ft_tokenizer_free(t);
     }
-    gguf_close(&g);
+    ft_gguf_close(&g);
     cJSON_Delete(fx);
 }
 

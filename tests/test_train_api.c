@@ -4,9 +4,9 @@
  * are clear errors. */
 #include "ftune.h"
 #include "check.h"
-#include "model.h"
-#include "optim.h"
-#include "train.h"
+#include "model/model.h"
+#include "train/optim.h"
+#include "train/train.h"
 
 static char stories_hf[4096];
 

@@ -6,11 +6,11 @@
  * separate rows; gradient accumulation against one big batch; and the
  * LoRA-Linear backward against finite differences on awkward sizes. */
 #include "ftune.h"
-#include "linear.h"
-#include "model.h"
-#include "ops.h"
-#include "safetensors.h"
-#include "train.h"
+#include "nn/linear.h"
+#include "model/model.h"
+#include "ops/ops.h"
+#include "formats/safetensors.h"
+#include "train/train.h"
 #include "check.h"
 
 #include <stdint.h>
@@ -107,20 +107,20 @@ static bool run_ref(st_file *out, const char *model_dir, const char *tag, ft_tra
     snprintf(alpha_s, sizeof alpha_s, "%.9g", o->alpha);
     const char *meta[] = { "mode", o->mode == FT_TRAIN_LORA ? "lora" : "full", "n_norm", n_norm_s, "r", r_s,
                            "alpha", alpha_s, "rslora", o->rslora ? "1" : "0", NULL };
-    ftune_status st = st_write(in_path, ts, n, meta);
+    ftune_status st = ft_st_write(in_path, ts, n, meta);
     free(ts);
     CHECK_OK(st);
     if (st) return false;
     snprintf(cmd, sizeof cmd, "/usr/bin/python3 scripts/ref_grad.py --model %s --in %s --out %s", model_dir, in_path,
              out_path);
     if (run(cmd) != 0) return false;
-    st = st_open(out, out_path);
+    st = ft_st_open(out, out_path);
     CHECK_OK(st);
     return st == FTUNE_OK;
 }
 
 static const double *ref_tensor(const st_file *f, const char *name, int64_t numel) {
-    const st_tensor *t = st_find(f, name);
+    const st_tensor *t = ft_st_find(f, name);
     if (!t || t->dtype != FT_F64 || (int64_t)(t->end - t->begin) != numel * 8) {
         fprintf(stderr, "  reference has no F64 tensor %s of %lld elements\n", name, (long long)numel);
         return NULL;
@@ -168,7 +168,7 @@ static double compare_step(const char *model_dir, const char *tag, ft_trainer *t
         }
     }
     printf("  %s: loss %.6f (rel err %.2e), worst gradient rel err %.2e\n", tag, loss, *loss_err, worst);
-    st_close(&ref);
+    ft_st_close(&ref);
     return worst;
 }
 
@@ -494,10 +494,10 @@ static void test_accumulation_equals_big_batch(void) {
 
 /* ------------------------------------------------ LoRA-Linear vs finite differences */
 
-/* L = sum(y ⊙ G) in double, y = linear_forward_train(x). */
+/* L = sum(y ⊙ G) in double, y = ft_linear_forward_train(x). */
 static double lin_loss(const ft_linear *l, const float *x, const float *G, int T, uint64_t seed, float *y, float *u,
                        float *scratch) {
-    linear_forward_train(y, u, x, l, T, seed, 2, scratch);
+    ft_linear_forward_train(y, u, x, l, T, seed, 2, scratch);
     double s = 0;
     for (int i = 0; i < T * l->out; i++) s += (double)y[i] * G[i];
     return s;
@@ -545,14 +545,14 @@ static void test_lora_linear_finite_differences(void) {
             float *dw = calloc((size_t)OC * IC, sizeof(float)), *db = calloc(OC, sizeof(float));
             float *dx = malloc(sizeof(float) * T * IC), *y = malloc(sizeof(float) * T * OC);
             float *y2 = malloc(sizeof(float) * T * OC), *u = malloc(sizeof(float) * T * R);
-            float *scratch = malloc(linear_train_scratch_floats(IC, R, T, 2) * sizeof(float));
+            float *scratch = malloc(ft_linear_train_scratch_floats(IC, R, T, 2) * sizeof(float));
             for (int i = 0; i < OC * IC; i++) w32[i] = 0.3f * ft_rng_normal(&rng);
             for (int i = 0; i < OC; i++) bias[i] = ft_rng_normal(&rng);
             for (int i = 0; i < T * IC; i++) x[i] = ft_rng_normal(&rng);
             for (int i = 0; i < T * OC; i++) G[i] = ft_rng_normal(&rng);
             ft_types[types[ti]].from_f32(w32, wq, (int64_t)OC * IC);
             ft_lora a;
-            lora_init(&a, R, 2.5f, false, drop ? 0.3f : 0.0f, A, B, dA, dB, IC, OC, &rng);
+            ft_lora_init(&a, R, 2.5f, false, drop ? 0.3f : 0.0f, A, B, dA, dB, IC, OC, &rng);
             for (int i = 0; i < OC * R; i++) B[i] = ft_rng_normal(&rng);
             ft_linear l = { .w = { .dtype = types[ti], .ndim = 2, .shape = { OC, IC }, .data = wq,
                                    .nbytes = (size_t)ft_dtype_nbytes(types[ti], (int64_t)OC * IC) },
@@ -561,7 +561,7 @@ static void test_lora_linear_finite_differences(void) {
             lin_loss(&l, x, G, T, seed, y, u, scratch);
             /* dy = G; twice, to see that parameter grads accumulate */
             for (int rep = 0; rep < 2; rep++)
-                linear_backward(dx, types[ti] == FT_F32 ? dw : NULL, db, G, x, u, &l, T, seed, false, 2, scratch);
+                ft_linear_backward(dx, types[ti] == FT_F32 ? dw : NULL, db, G, x, u, &l, T, seed, false, 2, scratch);
             for (int i = 0; i < R * IC; i++) dA[i] *= 0.5f;
             for (int i = 0; i < OC * R; i++) dB[i] *= 0.5f;
             for (int i = 0; i < OC * IC; i++) dw[i] *= 0.5f;
@@ -583,7 +583,7 @@ static void test_lora_linear_finite_differences(void) {
             /* dx must accumulate on request */
             float *dx2 = malloc(sizeof(float) * T * IC);
             for (int i = 0; i < T * IC; i++) dx2[i] = 1.0f;
-            linear_backward(dx2, NULL, NULL, G, x, u, &l, T, seed, true, 2, scratch);
+            ft_linear_backward(dx2, NULL, NULL, G, x, u, &l, T, seed, true, 2, scratch);
             double e = 0;
             for (int i = 0; i < T * IC; i++) e = fmax(e, fabs(dx2[i] - 1.0f - dx[i]) / (1 + fabs(dx[i])));
             /* one float add onto 1: off by at most 2^-24 · (1 + |dx|) */
@@ -591,10 +591,10 @@ static void test_lora_linear_finite_differences(void) {
             free(dx2);
             /* without dropout, the training forward is the inference forward and its reference */
             if (!drop) {
-                linear_forward(y2, x, &l, T, 2, scratch);
+                ft_linear_forward(y2, x, &l, T, 2, scratch);
                 double e1 = check_max_rel_err(y2, y, T * OC, 1.0);
                 float *yr = malloc(sizeof(float) * T * OC);
-                linear_forward_ref(yr, x, &l, T);
+                ft_linear_forward_ref(yr, x, &l, T);
                 double e2 = check_max_rel_err(y, yr, T * OC, 1.0);
                 free(yr);
                 /* y is O(1) (unit inputs, weights ~0.3, 37 + 3 products): the
@@ -613,8 +613,8 @@ static void test_dropout_and_init(void) {
     const int T = 50, IC = 200;
     float *x = malloc(sizeof(float) * T * IC), *a = malloc(sizeof(float) * T * IC), *b = malloc(sizeof(float) * T * IC);
     for (int i = 0; i < T * IC; i++) x[i] = 1.0f + (float)(i % 7);
-    lora_dropout(a, x, 0.25f, 5, T, IC, 2);
-    lora_dropout(b, x, 0.25f, 5, T, IC, 1);
+    ft_lora_dropout(a, x, 0.25f, 5, T, IC, 2);
+    ft_lora_dropout(b, x, 0.25f, 5, T, IC, 1);
     int kept = 0, scaled = 1;
     for (int i = 0; i < T * IC; i++) {
         if (a[i] != 0) { kept++; scaled &= fabsf(a[i] - x[i] / 0.75f) <= 1e-6f * a[i]; }
@@ -623,13 +623,13 @@ static void test_dropout_and_init(void) {
     CHECK(scaled);
     /* 10000 Bernoulli(0.75) draws: std 0.0043; 0.02 is more than 4 sigma */
     CHECKF(fabs(kept / 10000.0 - 0.75) < 0.02, "kept %d of 10000", kept);
-    lora_dropout(b, x, 0.25f, 6, T, IC, 2);
+    ft_lora_dropout(b, x, 0.25f, 6, T, IC, 2);
     CHECK(memcmp(a, b, sizeof(float) * T * IC) != 0);
     ft_lora l;
     ft_rng rng;
     ft_rng_seed(&rng, 1);
     float A[4 * 200], B[3 * 4];
-    lora_init(&l, 4, 8, false, 0, A, B, NULL, NULL, 200, 3, &rng);
+    ft_lora_init(&l, 4, 8, false, 0, A, B, NULL, NULL, 200, 3, &rng);
     float mx = 0, sum = 0, bz = 0;
     for (int i = 0; i < 800; i++) { mx = fmaxf(mx, fabsf(A[i])); sum += A[i]; }
     for (int i = 0; i < 12; i++) bz = fmaxf(bz, fabsf(B[i]));
@@ -637,7 +637,7 @@ static void test_dropout_and_init(void) {
      * within 1%, and their mean is 0 within 3 sigma (0.0707/sqrt(3*800)*3) */
     CHECKF(mx <= 1 / sqrtf(200.0f) && mx > 0.99f / sqrtf(200.0f), "max |A| %g", mx);
     CHECKF(fabsf(sum / 800) < 0.0044f, "mean A %g", sum / 800);
-    CHECK(bz == 0 && l.scale == 2.0f && lora_scale(8, 4, true) == 4.0f);
+    CHECK(bz == 0 && l.scale == 2.0f && ft_lora_scale(8, 4, true) == 4.0f);
     free(x); free(a); free(b);
 }
 

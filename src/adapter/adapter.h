@@ -1,0 +1,201 @@
+/* adapter.h — LoRA adapters as objects and as files: attaching fresh
+ * adapters to a model's Linears, reading and writing Hugging Face PEFT
+ * directories (adapter_config.json + adapter_model.safetensors), writing
+ * llama.cpp GGUF LoRA adapters, and folding adapters into the base weights
+ * (merge.c: in memory, or streamed into a new model file).
+ *
+ * Layout of q/k rows: a model with cfg.rope_interleaved (GGUF, llama2.c)
+ * keeps q_proj/k_proj rows, and so lora_B rows, in Meta's interleaved RoPE
+ * order; PEFT files use Hugging Face's rotate-half order and llama.cpp's
+ * llama-arch files the interleaved one. Readers and writers permute lora_B
+ * (never lora_A) where the two differ, per head: n_head for q, n_head_kv
+ * for k. */
+#ifndef FT_ADAPTER_H
+#define FT_ADAPTER_H
+
+#include "model/model.h"
+#include "train/optim.h"
+
+/* The Linear of module mod (module.h) in block l. */
+static inline ft_linear *ft_model_linear(ftune_model *m, int l, ft_module mod) { return ft_layer_linear(&m->layers[l], mod); }
+/* Rows of Linear mod permuted between rotate-half and interleaved layout
+ * for this model, or 0 if none (heads: NH for q, NKV for k). */
+int ft_module_rope_heads(const ft_config *c, ft_module mod);
+/* Permutes the rows of a (rows, cols) f32 matrix in place, head by head
+ * (n_heads heads of rows/n_heads rows): to_interleaved moves row
+ * h·HS + s·HS/2 + i (rotate-half) to h·HS + 2i + s (interleaved); the other
+ * direction is its inverse. */
+ftune_status ft_permute_rope_rows(float *w, int rows, int cols, int n_heads, bool to_interleaved);
+
+typedef struct {
+    int r;              /* R */
+    float alpha;
+    bool rslora;        /* scale alpha / sqrt(r) instead of alpha / r */
+    float dropout;
+    unsigned targets;   /* FT_MOD_BIT mask */
+} ft_lora_cfg;
+
+/* One adapted Linear. */
+typedef struct {
+    int layer;
+    ft_module mod;
+    ft_linear *lin;     /* in the model: its shape; never written */
+    ft_lora *lora;
+} ft_adapter_entry;
+
+/* A set of LoRA adapters for one model (the public ftune_adapter). When the
+ * adapter owns its LoRA structs (attach, load), they live in one
+ * allocation; a wrapped adapter only points at someone else's. Nothing is
+ * ever written into the model: whoever runs the model with the adapter (a
+ * session: ftune_session_set_adapter; the model's default adapter:
+ * ftune_model_load_adapter; a merge: ft_merge_opts.adapter) passes `set` to
+ * the block (ft_block_env.adapters), which binds it per call. So any number
+ * of sessions on one model may run different adapters at once. */
+typedef struct ftune_adapter {
+    ftune_model *m;
+    ft_lora_cfg cfg;
+    int n;
+    ft_adapter_entry *e;     /* (n), in (layer, module) order */
+    ft_lora *loras;          /* (n) owned structs, or NULL when wrapping */
+    float *mem;              /* owned A, B (and dA, dB) of every entry */
+    char base_model[256];    /* base_model_name_or_path for adapter_config.json */
+    const ft_lora **set;     /* (L · FT_N_MODS): set[l * FT_N_MODS + mod] = the entry's lora, or NULL */
+} ft_adapter;
+
+/* Makes fresh adapters (A Kaiming-uniform from seed as PEFT, B zero) for
+ * every Linear in cfg->targets of every layer of m (m is not written). With
+ * trainable, dA and dB are allocated (zeroed) too. */
+ftune_status ft_adapter_attach(ft_adapter **out, ftune_model *m, const ft_lora_cfg *cfg, bool trainable, uint64_t seed);
+/* An adapter object over LoRA structs owned elsewhere (e.g. a trainer's):
+ * loras[l * FT_N_MODS + mod] for block l and module mod, NULL where none.
+ * Nothing is attached to the model. r/alpha/rslora come from the structs,
+ * which must agree. */
+ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *loras, float dropout);
+/* Frees the adapter's own LoRA structs. Accepts NULL. */
+void ft_adapter_free(ft_adapter *a);
+
+/* The trainable tensors of an adapter attached with trainable: 2·n
+ * parameters (A then B of each entry) named as in the PEFT file
+ * ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"), with
+ * weight decay. out holds 2·a->n entries. FTUNE_ERR_ARG if the adapter has
+ * no gradients. */
+ftune_status ft_adapter_params(const ft_adapter *a, ft_param *out);
+
+/* ------------------------------------------------------------- PEFT */
+
+/* adapter_config.json as far as ftune reads it. */
+typedef struct {
+    char peft_type[16];
+    int r;
+    float alpha;
+    float dropout;
+    bool rslora, fan_in_fan_out;
+    int n_targets;
+    char **targets;          /* target_modules as a list, or NULL */
+    char *target_regex;      /* target_modules as a string (a regex or "all-linear"), or NULL */
+    int n_layers_to_transform;
+    int *layers_to_transform;/* NULL: every layer */
+    char base_model[256];
+} ft_peft_config;
+
+/* Reads adapter_config.json. Fields whose non-default values ftune cannot
+ * honour are FTUNE_ERR_UNSUPPORTED with the field named: peft_type other
+ * than LORA, use_dora, bias other than "none", lora_bias, non-empty
+ * rank_pattern / alpha_pattern, modules_to_save, exclude_modules,
+ * layer_replication, use_qalora, trainable_token_indices,
+ * target_parameters. fan_in_fan_out is read (GPT-2 adapters) and rejected
+ * when attaching to a model. */
+ftune_status ft_peft_config_read(ft_peft_config *c, const char *path);
+void ft_peft_config_free(ft_peft_config *c);
+
+/* A lora_A/lora_B pair found in adapter_model.safetensors. */
+typedef struct {
+    char module[FT_NAME_MAX * 2];   /* key without "base_model.model." and ".lora_X.weight" */
+    const st_tensor *A, *B;
+} ft_peft_pair;
+
+/* Lists the pairs of an opened adapter_model.safetensors, checking that
+ * every key is a lora_A/lora_B weight under "base_model.model.", that each
+ * has its partner, that both are 2-D with A [r, in] and B [out, r] of the
+ * same r, and that the dtype is F32, F16 or BF16. DoRA magnitudes,
+ * embedding adapters and full tensors (modules_to_save) are
+ * FTUNE_ERR_UNSUPPORTED. *pairs is malloc'd, in the order of f->tensors. */
+ftune_status ft_peft_scan(const st_file *f, ft_peft_pair **pairs, int *n);
+
+/* Loads a PEFT adapter directory onto m (m is not written):
+ * the config's targets must name modules the model has, every targeted
+ * Linear must have both tensors, every tensor must belong to a targeted
+ * Linear, and every shape must match the model. */
+ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *dir, bool trainable);
+/* Writes a PEFT directory (created if missing): adapter_config.json and
+ * adapter_model.safetensors (F32), each atomically. */
+ftune_status ft_adapter_save_peft(const ft_adapter *a, const char *dir);
+
+/* ------------------------------------------------------------- GGUF */
+
+/* Writes a llama.cpp LoRA adapter (general.type "adapter", adapter.type
+ * "lora", adapter.lora.alpha; tensors blk.{i}.<attn_q|...>.weight.lora_a
+ * [r, in] and .lora_b [out, r], F32). For rsLoRA alpha·sqrt(r) is written,
+ * as llama.cpp scales by alpha / r. */
+ftune_status ft_adapter_save_gguf(const ft_adapter *a, const char *path);
+/* Loads such an adapter onto m (m is not written): general.type
+ * "adapter", adapter.type "lora", general.architecture the model's (llama
+ * for the Llama family, qwen2), adapter.lora.alpha present; every tensor a
+ * lora_a/lora_b of a block Linear (f32, f16 or bf16) with its partner, one
+ * rank r for all, shapes matching the model. Scale alpha / r; lora_b of
+ * q/k is permuted from the file's layout (interleaved for llama) to the
+ * model's. */
+ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *path, bool trainable);
+
+/* ------------------------------------------------------------- merge (merge.c) */
+
+/* Folds adapter a (made for m) into m's Linears: W' = W + scale·B·A in
+ * f32, stored as a new f32 weight the model owns. The one operation that
+ * writes a model's weights; no session may be running on m. */
+ftune_status ft_merge_lora(ftune_model *m, const ft_adapter *a);
+
+/* What a GGUF write did (ft_merge_write fills it for a .gguf output). */
+typedef struct {
+    int n_mat[FT_NTYPES];    /* 2-D tensors written, by type */
+    int n_kept;              /* of those, rows not a whole number of the chosen type's blocks: own type kept */
+    int n_vec;               /* 1-D tensors (norms, biases, RoPE factors), always f32 */
+    ft_dtype output_dtype;   /* the output matrix: output.weight, or token_embd when tied */
+    bool tied;
+    uint32_t file_type;      /* general.file_type (llama.cpp's LLAMA_FTYPE) */
+} ft_merge_report;
+
+typedef struct {
+    ft_merge_report *report; /* filled for a GGUF output, or NULL */
+    const ftune_tokenizer *tokenizer; /* written to a GGUF output for a model without one
+                              * (ftune init's), or NULL */
+    const char *tokenizer_dir; /* where its tokenizer.json / merges.txt / tokenizer_config.json
+                              * are (a BPE vocabulary's merges), or NULL */
+    const char *dtype;       /* "f32", "bf16", "f16" for every matrix (embedding and output
+                              * included); NULL keeps each weight's dtype (f32 where
+                              * safetensors has none, e.g. q8_0). A GGUF output also takes
+                              * "q8_0" and "q4_0" (q4_0 writes the output matrix, or the tied
+                              * embedding, as q8_0); a matrix whose rows are not whole
+                              * blocks of the type keeps its own */
+    void (*progress)(void *ctx, uint64_t done, uint64_t total); /* or NULL: called as the rows of
+                              * tensors that are computed (folded, converted, permuted or
+                              * quantized) are made, done/total counting their elements; tensors
+                              * copied byte for byte are not counted. Last call done == total */
+    void *progress_ctx;
+    const ft_adapter *adapter; /* folded in; NULL: the model's default adapter
+                              * (ftune_model_load_adapter's), if any */
+} ft_merge_opts;
+
+/* Writes m with its adapter (opts->adapter or the default) folded in (W + scale·B·A computed
+ * in f32, one row at a time, so nothing is copied whole): a path ending in
+ * ".gguf" gets a GGUF file with general.file_type set for its weight type:
+ * from a GGUF base its metadata and tokenizer are copied; from a Hugging
+ * Face or llama2.c base they are written as llama.cpp's converter does
+ * (llama/qwen2 keys, SentencePiece-style vocabulary only, q/k rows permuted
+ * to the interleaved layout for llama, rope_freqs for Llama 3 scaling);
+ * any other path a Hugging Face directory
+ * (config.json, model.safetensors with Hugging Face names in rotate-half
+ * layout, and the base directory's tokenizer files when it has them). opts
+ * may be NULL. */
+ftune_status ft_merge_write(const ftune_model *m, const char *out_path, const ft_merge_opts *opts);
+
+#endif

@@ -1,0 +1,152 @@
+/* dtype.c — the type-traits table: for every dtype, its block size, bytes
+ * per block and reference conversions to and from f32 (ggml's Q8_0 and
+ * Q4_0 block layouts are in core.h). */
+#include "core/core.h"
+
+#include <math.h>
+#include <string.h>
+
+float ft_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+    if (exp == 0) {
+        if (man == 0) bits = sign;
+        else { /* subnormal */
+            float f = ldexpf((float)man, -24);
+            union { float f; uint32_t u; } v = { .f = f };
+            bits = sign | v.u;
+        }
+    } else if (exp == 31) bits = sign | 0x7F800000u | (man << 13);
+    else bits = sign | ((exp + 112) << 23) | (man << 13);
+    union { uint32_t u; float f; } v = { .u = bits };
+    return v.f;
+}
+
+uint16_t ft_f32_to_f16(float f) {
+    union { float f; uint32_t u; } v = { .f = f };
+    uint32_t x = v.u, sign = (x >> 16) & 0x8000;
+    uint32_t ax = x & 0x7FFFFFFF;
+    if (ax > 0x7F800000) return (uint16_t)(sign | 0x7E00);          /* NaN */
+    if (ax >= 0x477FF000) return (uint16_t)(sign | 0x7C00);         /* overflow -> inf */
+    if (ax < 0x38800000) {                                          /* subnormal or zero */
+        float a = fabsf(f) * 16777216.0f;                          /* / 2^-24 */
+        uint32_t m = (uint32_t)lrintf(a);                           /* round to nearest even */
+        return (uint16_t)(sign | m);
+    }
+    uint32_t e = (ax >> 23) - 112, m = ax & 0x7FFFFF;
+    uint32_t h = (e << 10) | (m >> 13);
+    uint32_t rem = m & 0x1FFF;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+}
+
+uint16_t ft_f32_to_bf16(float f) {
+    union { float f; uint32_t u; } v = { .f = f };
+    if ((v.u & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((v.u >> 16) | 0x40);
+    uint32_t rounding = 0x7FFF + ((v.u >> 16) & 1);
+    return (uint16_t)((v.u + rounding) >> 16);
+}
+
+static void f32_to_f32(const void *s, float *d, int64_t n) { memcpy(d, s, (size_t)n * 4); }
+static void f32_from_f32(const float *s, void *d, int64_t n) { memcpy(d, s, (size_t)n * 4); }
+static void f16_to_f32(const void *s, float *d, int64_t n) {
+    const uint16_t *h = s;
+    for (int64_t i = 0; i < n; i++) d[i] = ft_f16_to_f32(h[i]);
+}
+static void f16_from_f32(const float *s, void *d, int64_t n) {
+    uint16_t *h = d;
+    for (int64_t i = 0; i < n; i++) h[i] = ft_f32_to_f16(s[i]);
+}
+static void bf16_to_f32(const void *s, float *d, int64_t n) {
+    const uint16_t *h = s;
+    for (int64_t i = 0; i < n; i++) d[i] = ft_bf16_to_f32(h[i]);
+}
+static void bf16_from_f32(const float *s, void *d, int64_t n) {
+    uint16_t *h = d;
+    for (int64_t i = 0; i < n; i++) h[i] = ft_f32_to_bf16(s[i]);
+}
+static void q8_0_to_f32(const void *s, float *d, int64_t n) {
+    const ft_block_q8_0 *b = s;
+    for (int64_t i = 0; i < n / 32; i++) {
+        float sc = ft_f16_to_f32(b[i].d);
+        for (int j = 0; j < 32; j++) d[i * 32 + j] = sc * (float)b[i].qs[j];
+    }
+}
+/* As ggml's reference quantizer: d = amax/127, q = round(x/d). */
+static void q8_0_from_f32(const float *s, void *dst, int64_t n) {
+    ft_block_q8_0 *b = dst;
+    for (int64_t i = 0; i < n / 32; i++) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(s[i * 32 + j]));
+        float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+        b[i].d = ft_f32_to_f16(d);
+        for (int j = 0; j < 32; j++) b[i].qs[j] = (int8_t)roundf(s[i * 32 + j] * id);
+    }
+}
+/* ggml layout: element j (j < 16) in the low nibble of qs[j], element j+16
+ * in the high nibble; x = (q - 8) * d. */
+static void q4_0_to_f32(const void *s, float *d, int64_t n) {
+    const ft_block_q4_0 *b = s;
+    for (int64_t i = 0; i < n / 32; i++) {
+        float sc = ft_f16_to_f32(b[i].d);
+        for (int j = 0; j < 16; j++) {
+            d[i * 32 + j] = sc * (float)((b[i].qs[j] & 0x0F) - 8);
+            d[i * 32 + j + 16] = sc * (float)((b[i].qs[j] >> 4) - 8);
+        }
+    }
+}
+/* As ggml's reference quantizer: d = max/-8 where max is the signed value of
+ * largest magnitude. */
+static void q4_0_from_f32(const float *s, void *dst, int64_t n) {
+    ft_block_q4_0 *b = dst;
+    for (int64_t i = 0; i < n / 32; i++) {
+        const float *x = s + i * 32;
+        float amax = 0, max = 0;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(x[j]) > amax) { amax = fabsf(x[j]); max = x[j]; }
+        float d = max / -8.0f, id = d != 0 ? 1.0f / d : 0.0f;
+        b[i].d = ft_f32_to_f16(d);
+        for (int j = 0; j < 16; j++) {
+            int q0 = (int)(x[j] * id + 8.5f), q1 = (int)(x[j + 16] * id + 8.5f);
+            if (q0 > 15) q0 = 15;
+            if (q1 > 15) q1 = 15;
+            b[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+const ft_type_traits ft_types[FT_NTYPES] = {
+    [FT_F32]  = { .name = "f32",  .block = 1,  .block_bytes = 4,  .is_float = true, .to_f32 = f32_to_f32,  .from_f32 = f32_from_f32 },
+    [FT_F16]  = { .name = "f16",  .block = 1,  .block_bytes = 2,  .is_float = true, .to_f32 = f16_to_f32,  .from_f32 = f16_from_f32 },
+    [FT_BF16] = { .name = "bf16", .block = 1,  .block_bytes = 2,  .is_float = true, .to_f32 = bf16_to_f32, .from_f32 = bf16_from_f32 },
+    [FT_Q8_0] = { .name = "q8_0", .block = FT_QK, .block_bytes = sizeof(ft_block_q8_0), .is_float = true, .to_f32 = q8_0_to_f32, .from_f32 = q8_0_from_f32 },
+    [FT_Q4_0] = { .name = "q4_0", .block = FT_QK, .block_bytes = sizeof(ft_block_q4_0), .is_float = true, .to_f32 = q4_0_to_f32, .from_f32 = q4_0_from_f32 },
+    [FT_I32]  = { .name = "i32",  .block = 1,  .block_bytes = 4 },
+    [FT_I64]  = { .name = "i64",  .block = 1,  .block_bytes = 8 },
+    [FT_U8]   = { .name = "u8",   .block = 1,  .block_bytes = 1 },
+    [FT_F64]  = { .name = "f64",  .block = 1,  .block_bytes = 8 },
+};
+
+int64_t ft_dtype_nbytes(ft_dtype t, int64_t n) {
+    if (t >= FT_NTYPES || n < 0) return -1;
+    const ft_type_traits *tr = &ft_types[t];
+    if (n % tr->block) return -1;
+    return n / tr->block * (int64_t)tr->block_bytes;
+}
+
+int64_t ft_tensor_numel(const ft_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return n;
+}
+
+void ft_dtype_span_to_f32(ft_dtype t, const void *row, int64_t k0, float *dst, int64_t n) {
+    const ft_type_traits *tr = &ft_types[t];
+    tr->to_f32((const uint8_t *)row + k0 / tr->block * (int64_t)tr->block_bytes, dst, n);
+}
+
+void ft_tensor_row_f32(const ft_tensor *t, int64_t r, float *dst) {
+    int64_t cols = t->shape[t->ndim - 1];
+    int64_t row_bytes = ft_dtype_nbytes(t->dtype, cols);
+    ft_types[t->dtype].to_f32((const uint8_t *)t->data + r * row_bytes, dst, cols);
+}

@@ -1,0 +1,279 @@
+/* kernels.c — the matrix-product driver of kernels.h, written once for
+ * every instruction set: the level's primitives (kernels_<isa>.c) do the
+ * arithmetic, this file does the blocking, the packing and the threads.
+ *
+ * C (M, N) = alpha·A·B (+ C) goes FT_GEMM_NC columns × FT_GEMM_KCH of K at
+ * a time: B's chunk is packed once into scratch (f32, nr-column strips,
+ * zero-padded), shared by all threads; then tasks of a few mr-row panels of
+ * A are handed out (ft_parallel_for): each task packs its panel of A (f32
+ * or widened from the weight dtype) FT_GEMM_KC of K at a time and runs the
+ * register tile over every strip, accumulating in a local block, then adds alpha·(the chunk's sum) into C. Every output is written
+ * by one task per chunk and chunks follow each other in order, so the
+ * result does not depend on the thread count. N = 1 with a contiguous B
+ * column (Linear's forward on one row: decode) skips the packing: a dot
+ * product per row of A, four rows at a time sharing the loads of x. */
+#include "cpu/kernels.h"
+#include "cpu/cpu.h"
+#include "core/parallel.h"
+
+#include <string.h>
+
+extern const ft_kernel_isa ft_kernels_generic;
+#if defined(__x86_64__)
+extern const ft_kernel_isa ft_kernels_avx2, ft_kernels_avx512;
+#endif
+
+const ft_kernel_isa *ft_kernels_for_level(int level) {
+#if defined(__x86_64__)
+    if (level >= FT_CPU_AVX512) return &ft_kernels_avx512;
+    if (level >= FT_CPU_AVX2) return &ft_kernels_avx2;
+#endif
+    return &ft_kernels_generic;
+}
+
+/* bounds of every ISA's register tile */
+#define MR_MAX 16
+/* rows of B's chunk one packing task widens */
+#define PACK_ROWS 16
+/* GEMV: output rows per task */
+#define GEMV_ROWS 64
+
+typedef struct {
+    const ft_kernel_isa *isa;
+    int shape, mr, nr;
+    float *C;
+    int64_t c_rs, c_cs;
+    const ft_mat *A, *B;
+    int M, N, K;
+    float alpha;
+    bool overwrite; /* this chunk's sum replaces C instead of adding to it */
+    int n0, nw, k0, kc; /* the current chunk: columns [n0, n0+nw), K [k0, k0+kc) */
+    float *bp;          /* B's chunk: strip s at bp + s·kc·nr, (kc, nr) */
+    int n_panels, group;
+} gemm_ctx;
+
+static const uint8_t *row_at(const ft_mat *m, int64_t i) {
+    return m->dt == FT_F32 ? (const uint8_t *)((const float *)m->p + i * m->rs) : (const uint8_t *)m->p + i * m->rs;
+}
+
+/* Whether B is read along k: a transposed weight, or f32 with k contiguous. */
+static bool b_along_k(const ft_mat *B) { return B->dt != FT_F32 ? B->t : B->rs == 1 && B->cs != 1; }
+
+/* B's chunk, either one strip per task (B read along k: its rows n
+ * widened and dealt out to the strip's lanes) or PACK_ROWS rows of k per
+ * task (B read along n, then dealt out to the strips). */
+static void pack_b(void *vctx, int task, int thread) {
+    (void)thread;
+    const gemm_ctx *g = vctx;
+    const ft_mat *B = g->B;
+    int nr = g->nr, kc = g->kc, ns = (g->nw + nr - 1) / nr;
+    if (b_along_k(B) || (B->cs != 1 && B->rs != 1)) {
+        float tmp[FT_GEMM_KCH];
+        float *dst = g->bp + (size_t)task * kc * nr;
+        int nl = g->nw - task * nr < nr ? g->nw - task * nr : nr;
+        for (int l = 0; l < nr; l++) {
+            int n = g->n0 + task * nr + l;
+            if (l >= nl) {
+                for (int k = 0; k < kc; k++) dst[(size_t)k * nr + l] = 0;
+            } else if (b_along_k(B)) {
+                const uint8_t *row = B->dt == FT_F32 ? (const uint8_t *)((const float *)B->p + (int64_t)n * B->cs)
+                                                     : (const uint8_t *)B->p + (int64_t)n * B->rs;
+                g->isa->widen(tmp, row, B->dt, g->k0, kc);
+                for (int k = 0; k < kc; k++) dst[(size_t)k * nr + l] = tmp[k];
+            } else { /* f32 with no unit stride */
+                const float *src = (const float *)B->p + (int64_t)n * B->cs + (int64_t)g->k0 * B->rs;
+                for (int k = 0; k < kc; k++) dst[(size_t)k * nr + l] = src[(int64_t)k * B->rs];
+            }
+        }
+        return;
+    }
+    float tmp[FT_GEMM_NC];
+    int k1 = (task + 1) * PACK_ROWS < kc ? (task + 1) * PACK_ROWS : kc;
+    for (int k = task * PACK_ROWS; k < k1; k++) {
+        const float *src = tmp;
+        if (B->dt == FT_F32) /* dealt out straight from the row */
+            src = (const float *)row_at(B, g->k0 + k) + g->n0;
+        else
+            g->isa->widen(tmp, row_at(B, g->k0 + k), B->dt, g->n0, g->nw);
+        for (int s = 0; s < ns; s++) {
+            float *dst = g->bp + ((size_t)s * kc + k) * nr;
+            int n = g->nw - s * nr < nr ? g->nw - s * nr : nr;
+            memcpy(dst, src + s * nr, (size_t)n * sizeof(float));
+            memset(dst + n, 0, (size_t)(nr - n) * sizeof(float));
+        }
+    }
+}
+
+/* Rows [m0, m0+mr) of A, K [k0, k0+kc), row r at wp + r·FT_GEMM_KC;
+ * rows past M are zero. */
+static void pack_a(float *wp, const gemm_ctx *g, int m0, int k0, int kc) {
+    const ft_mat *A = g->A;
+    for (int r = 0; r < g->mr; r++) {
+        float *dst = wp + (size_t)r * FT_GEMM_KC;
+        if (m0 + r >= g->M) {
+            memset(dst, 0, (size_t)kc * sizeof(float));
+        } else if (A->dt != FT_F32 || A->cs == 1) {
+            g->isa->widen(dst, row_at(A, m0 + r), A->dt, k0, kc);
+        } else {
+            const float *src = (const float *)A->p + (int64_t)(m0 + r) * A->rs + (int64_t)k0 * A->cs;
+            for (int k = 0; k < kc; k++) dst[k] = src[(int64_t)k * A->cs];
+        }
+    }
+}
+
+/* C's block (rows, cols) at (m0, n0) gets alpha·cb (cb: rows nr apart),
+ * added or overwriting; along whichever of C's strides is 1. */
+static void write_back(const gemm_ctx *g, const float *cb, int m0, int rows, int n0, int cols) {
+    const float alpha = g->alpha;
+    const bool overwrite = g->overwrite;
+    const int64_t crs = g->c_rs, ccs = g->c_cs;
+    const int nr = g->nr;
+    float *restrict C = g->C;
+    if (ccs == 1) {
+        g->isa->store(C + (int64_t)m0 * crs + n0, crs, cb, nr, rows, cols, alpha, overwrite);
+        return;
+    }
+    if (crs != 1) {
+        for (int r = 0; r < rows; r++) {
+            float *restrict d = C + (int64_t)(m0 + r) * crs + (int64_t)n0 * ccs;
+            const float *c = cb + r * nr;
+            for (int l = 0; l < cols; l++) d[l * ccs] = overwrite ? alpha * c[l] : d[l * ccs] + alpha * c[l];
+        }
+        return;
+    }
+    for (int l = 0; l < cols; l++) { /* C transposed: rows are contiguous */
+        float *restrict d = C + (int64_t)(n0 + l) * ccs + m0;
+        if (overwrite)
+            for (int r = 0; r < rows; r++) d[r] = alpha * cb[r * nr + l];
+        else
+            for (int r = 0; r < rows; r++) d[r] += alpha * cb[r * nr + l];
+    }
+}
+
+static void panels(void *vctx, int task, int thread) {
+    (void)thread;
+    const gemm_ctx *g = vctx;
+    float wp[MR_MAX * FT_GEMM_KC] __attribute__((aligned(64)));
+    float cb[MR_MAX * FT_GEMM_NC] __attribute__((aligned(64))); /* strip s at cb + s·mr·nr, (mr, nr) */
+    int mr = g->mr, nr = g->nr, ns = (g->nw + nr - 1) / nr;
+    int p1 = (task + 1) * g->group < g->n_panels ? (task + 1) * g->group : g->n_panels;
+    for (int p = task * g->group; p < p1; p++) {
+        int m0 = p * mr, rows = g->M - m0 < mr ? g->M - m0 : mr;
+        for (int kb = 0; kb < g->kc; kb += FT_GEMM_KC) {
+            int kc = g->kc - kb < FT_GEMM_KC ? g->kc - kb : FT_GEMM_KC;
+            /* a whole panel of f32 rows is read in place */
+            const float *ap = wp;
+            int64_t lda = FT_GEMM_KC;
+            if (g->A->dt == FT_F32 && g->A->cs == 1 && rows == mr) {
+                ap = (const float *)g->A->p + (int64_t)m0 * g->A->rs + g->k0 + kb;
+                lda = g->A->rs;
+            } else {
+                pack_a(wp, g, m0, g->k0 + kb, kc);
+            }
+            for (int s = 0; s < ns; s++)
+                g->isa->tile[g->shape](cb + (size_t)s * mr * nr, g->bp + ((size_t)s * g->kc + kb) * nr, ap, lda, kc,
+                                       kb > 0);
+        }
+        for (int s = 0; s < ns; s++) {
+            int cols = g->nw - s * nr < nr ? g->nw - s * nr : nr;
+            write_back(g, cb + (size_t)s * mr * nr, m0, rows, g->n0 + s * nr, cols);
+        }
+    }
+}
+
+/* The GEMV path: out[i·os] (+)= alpha · (row i of R) · v for the n rows
+ * of R (rb bytes apart, dtype dt, K elements each). */
+typedef struct {
+    const ft_kernel_isa *isa;
+    const uint8_t *R;
+    size_t rb;
+    ft_dtype dt;
+    const float *v;
+    float *out;
+    int64_t os;
+    int n, K;
+    float alpha;
+    bool overwrite;
+} gemv_ctx;
+
+static void gemv(void *vctx, int task, int thread) {
+    (void)thread;
+    const gemv_ctx *g = vctx;
+    int i1 = (task + 1) * GEMV_ROWS < g->n ? (task + 1) * GEMV_ROWS : g->n;
+    for (int i = task * GEMV_ROWS; i < i1; i += 4) {
+        int n = i1 - i < 4 ? i1 - i : 4;
+        float out[4];
+        g->isa->dot_rows(out, g->v, g->R + (size_t)i * g->rb, g->rb, g->dt, g->K, n);
+        for (int r = 0; r < n; r++) {
+            float v = g->alpha * out[r], *d = g->out + (int64_t)(i + r) * g->os;
+            *d = g->overwrite ? v : *d + v;
+        }
+    }
+}
+
+/* Rows along k of an operand (A's rows, or B's columns when read along
+ * k), as (pointer, row bytes); false when it has none. */
+static bool rows_along_k(const ft_mat *m, bool is_b, const uint8_t **p, size_t *rb) {
+    *p = m->p;
+    if (m->dt != FT_F32) {
+        *rb = (size_t)m->rs;
+        return m->t == is_b;
+    }
+    int64_t unit = is_b ? m->rs : m->cs, other = is_b ? m->cs : m->rs;
+    *rb = (size_t)other * sizeof(float);
+    return unit == 1;
+}
+
+/* A weight-dtype operand is read along its rows in whole blocks. */
+static bool operand_ok(const ft_mat *m, int rows_len, bool may_t) {
+    if (m->dt >= FT_NTYPES || !ft_types[m->dt].is_float) return false;
+    if (m->dt == FT_F32) return true;
+    return (!m->t || may_t) && rows_len % ft_types[m->dt].block == 0;
+}
+
+bool ft_gemm(float *C, int64_t c_rs, int64_t c_cs, const ft_mat *A, const ft_mat *B, int M, int N, int K, float alpha,
+             bool accumulate, int n_threads, float *scratch, size_t scratch_floats) {
+    /* a weight A is read along its rows (K), a weight B along n or, seen
+     * transposed, along k */
+    if (M < 1 || N < 1 || K < 1 || !operand_ok(A, K, false) || !operand_ok(B, B->t ? K : N, true)) return false;
+    if (n_threads < 1) n_threads = 1;
+    gemm_ctx g = { .isa = ft_kernels_for_level(ft_cpu_level()), .C = C, .c_rs = c_rs, .c_cs = c_cs, .A = A, .B = B,
+                   .M = M, .N = N, .K = K, .alpha = alpha, .overwrite = !accumulate };
+    const uint8_t *rp;
+    size_t rb;
+    if (M == 1 && A->dt == FT_F32 && A->cs == 1 && rows_along_k(B, true, &rp, &rb)) {
+        gemv_ctx v = { .isa = g.isa, .R = rp, .rb = rb, .dt = B->dt, .v = A->p, .out = C, .os = c_cs, .n = N, .K = K,
+                       .alpha = alpha, .overwrite = !accumulate };
+        ft_parallel_for(n_threads, (N + GEMV_ROWS - 1) / GEMV_ROWS, gemv, &v);
+        return true;
+    }
+    if (N == 1 && B->dt == FT_F32 && B->rs == 1 && rows_along_k(A, false, &rp, &rb)) {
+        gemv_ctx v = { .isa = g.isa, .R = rp, .rb = rb, .dt = A->dt, .v = B->p, .out = C, .os = c_rs, .n = M, .K = K,
+                       .alpha = alpha, .overwrite = !accumulate };
+        ft_parallel_for(n_threads, (M + GEMV_ROWS - 1) / GEMV_ROWS, gemv, &v);
+        return true;
+    }
+    if (!scratch || scratch_floats < FT_GEMM_SCRATCH_FLOATS) return false;
+    g.shape = N <= g.isa->nr[1];
+    g.mr = g.isa->mr[g.shape];
+    g.nr = g.isa->nr[g.shape];
+    g.bp = scratch;
+    g.n_panels = (M + g.mr - 1) / g.mr;
+    /* a few tasks per thread, so a descheduled thread's share goes to the
+     * others (the grouping does not change any output's sums) */
+    int n_tasks = 4 * n_threads < g.n_panels ? 4 * n_threads : g.n_panels;
+    g.group = (g.n_panels + n_tasks - 1) / n_tasks;
+    n_tasks = (g.n_panels + g.group - 1) / g.group;
+    for (g.n0 = 0; g.n0 < N; g.n0 += FT_GEMM_NC) {
+        g.nw = N - g.n0 < FT_GEMM_NC ? N - g.n0 : FT_GEMM_NC;
+        for (g.k0 = 0; g.k0 < K; g.k0 += FT_GEMM_KCH) {
+            g.kc = K - g.k0 < FT_GEMM_KCH ? K - g.k0 : FT_GEMM_KCH;
+            g.overwrite = !accumulate && g.k0 == 0;
+            bool strips = b_along_k(B) || (B->cs != 1 && B->rs != 1);
+            int pack_tasks = strips ? (g.nw + g.nr - 1) / g.nr : (g.kc + PACK_ROWS - 1) / PACK_ROWS;
+            ft_parallel_for(n_threads, pack_tasks, pack_b, &g);
+            ft_parallel_for(n_threads, n_tasks, panels, &g);
+        }
+    }
+    return true;
+}

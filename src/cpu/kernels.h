@@ -1,0 +1,90 @@
+/* kernels.h — the one matrix-product driver for Linear's forward, its
+ * backward and the LoRA products: C (M, N) = alpha · A (M, K) · B (K, N)
+ * (+ C), with either operand in f32 (any strides) or rows of a weight dtype
+ * (f32, bf16, f16, q8_0, q4_0), widened exactly to f32 a block at a time.
+ *
+ * kernels.c holds the driver, written once: K and N chunks, packing, the
+ * hand-out of panels to threads (ft_parallel_for), the one-column GEMV path.
+ * Each instruction set (kernels_generic.c, kernels_avx2.c,
+ * kernels_avx512.c) provides only the primitives below: widen a span of a
+ * row to f32, dot rows with a vector, and the register-tile micro-kernel
+ * (the last two written once in kernels_isa.h and compiled per ISA). The
+ * level comes from ft_cpu_level() (cpu.h). Every output is computed by one
+ * thread in a fixed order, so results do not depend on the thread count;
+ * they differ from a plain reference only in the order of the f32 sums. */
+#ifndef FT_KERNELS_H
+#define FT_KERNELS_H
+
+#include "core/core.h"
+
+/* An operand. f32: element (i, j) at ((const float *)p)[i·rs + j·cs].
+ * Other weight dtypes: rows rs bytes apart from p, read in spans of whole
+ * blocks; element (i, j) is element j of row i, or with t element i of
+ * row j (cs unused). */
+typedef struct {
+    const void *p;
+    ft_dtype dt;
+    int64_t rs, cs;
+    bool t;
+} ft_mat;
+
+static inline ft_mat ft_mat_f32(const float *p, int64_t rs, int64_t cs) {
+    return (ft_mat){ .p = p, .dt = FT_F32, .rs = rs, .cs = cs };
+}
+/* Rows of `cols` elements of dtype dt, back to back: (rows, cols). */
+static inline ft_mat ft_mat_rows(const void *p, ft_dtype dt, int64_t cols) {
+    return dt == FT_F32 ? ft_mat_f32(p, cols, 1) : (ft_mat){ .p = p, .dt = dt, .rs = ft_dtype_nbytes(dt, cols), .cs = 1 };
+}
+/* The same rows seen transposed: (cols, rows). */
+static inline ft_mat ft_mat_rows_t(const void *p, ft_dtype dt, int64_t cols) {
+    return dt == FT_F32 ? ft_mat_f32(p, 1, cols)
+                        : (ft_mat){ .p = p, .dt = dt, .rs = ft_dtype_nbytes(dt, cols), .cs = 1, .t = true };
+}
+
+/* The driver's blocking: N is covered FT_GEMM_NC columns at a time and K
+ * FT_GEMM_KCH at a time (a chunk's sum goes into C before the next chunk
+ * starts), the register tile running over FT_GEMM_KC of it at a time.
+ * Fixed sizes, so the order of the sums, and with it the result, never
+ * depends on the thread count or the scratch given. */
+#define FT_GEMM_KC 256
+#define FT_GEMM_KCH 1024
+#define FT_GEMM_NC 256
+/* Floats of scratch ft_gemm needs (the packed chunk of B). */
+#define FT_GEMM_SCRATCH_FLOATS ((size_t)FT_GEMM_KCH * FT_GEMM_NC)
+
+/* C(m, n) at C[m·c_rs + n·c_cs] becomes alpha · Σ_k A(m, k)·B(k, n), plus
+ * its old value when accumulate. On n_threads threads (ft_parallel_for);
+ * scratch holds scratch_floats floats (FT_GEMM_SCRATCH_FLOATS; none is used
+ * on the GEMV path: M = 1 with A's row contiguous and B read along k, or
+ * N = 1 with A read along k and B's column contiguous). Returns false,
+ * having written nothing, for sizes < 1, a dtype that is not a weight type,
+ * a span that is not whole blocks, or too little scratch. */
+bool ft_gemm(float *C, int64_t c_rs, int64_t c_cs, const ft_mat *A, const ft_mat *B, int M, int N, int K, float alpha,
+             bool accumulate, int n_threads, float *scratch, size_t scratch_floats);
+
+/* ------------------------------------------------ per-ISA primitives */
+
+/* What one instruction set provides to the driver. */
+typedef struct {
+    const char *name;
+    /* register tiles, [0] wide and [1] narrow (for N <= nr[1]): mr rows of
+     * A by nr columns of B */
+    int mr[2], nr[2];
+    /* cb (mr, nr; row-major) = ap (mr, kc; rows lda apart) · bp (kc, nr;
+     * row-major), kc <= FT_GEMM_KC; plus cb's old value when add */
+    void (*tile[2])(float *cb, const float *bp, const float *ap, int64_t lda, int kc, bool add);
+    /* dst[0..n) = elements [k0, k0+n) of a row of dtype dt, as the dtype's
+     * to_f32 gives them */
+    void (*widen)(float *dst, const uint8_t *row, ft_dtype dt, int k0, int n);
+    /* C's rows (rows, cols; ldc apart, contiguous) = alpha · cb (rows nr
+     * apart), or += when !overwrite */
+    void (*store)(float *C, int64_t ldc, const float *cb, int nr, int rows, int cols, float alpha, bool overwrite);
+    /* out[r] = row r · x (K elements) for r < nrows <= 4, rows rb bytes apart */
+    void (*dot_rows)(float *out, const float *x, const uint8_t *w, size_t rb, ft_dtype dt, int K, int nrows);
+} ft_kernel_isa;
+
+/* The kernel set for a level (FT_CPU_*), falling back to the best one
+ * compiled in below it. */
+const ft_kernel_isa *ft_kernels_for_level(int level);
+
+#endif

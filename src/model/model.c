@@ -1,0 +1,203 @@
+/* model.c — loading dispatch, weight binding with shape/dtype checks, model
+ * info and teardown. The format-specific readers are model_hf.c,
+ * model_gguf.c and model_llama2c.c. */
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool owned_room(ftune_model *m) {
+    if (m->n_owned < m->cap_owned) return true;
+    int cap = m->cap_owned ? m->cap_owned * 2 : 64;
+    ft_owned *n = ft_mem_realloc(FT_MEM_OTHER, m->owned, (size_t)m->cap_owned * sizeof *n, (size_t)cap * sizeof *n);
+    if (!n) return false;
+    m->owned = n;
+    m->cap_owned = cap;
+    return true;
+}
+
+ftune_status ft_model_own(ftune_model *m, void *p) {
+    if (!owned_room(m)) { free(p); return ft_err(FTUNE_ERR_NOMEM, "out of memory"); }
+    m->owned[m->n_owned++] = (ft_owned){ p, 0, false };
+    return FTUNE_OK;
+}
+
+void *ft_model_alloc(ftune_model *m, size_t n) {
+    void *p = owned_room(m) ? ft_mem_alloc(FT_MEM_WEIGHTS, n) : NULL;
+    if (!p) { ft_err(FTUNE_ERR_NOMEM, "out of memory for %zu bytes of weights", n); return NULL; }
+    m->owned[m->n_owned++] = (ft_owned){ p, n, true };
+    m->owned_bytes += n;
+    return p;
+}
+
+void ft_model_mem_plan(const ftune_model *m, ft_mem_table *t) {
+    /* weight_bytes counts every bound tensor as stored, the vectors that
+     * were copied included: the mapping holds them too */
+    t->planned[FT_MEM_ROW_MAPPED] = m->weight_bytes > 0 ? (size_t)m->weight_bytes : 0;
+    t->planned[FT_MEM_WEIGHTS] += m->owned_bytes;
+    t->planned[FT_MEM_OTHER] += (size_t)m->cap_owned * sizeof *m->owned;
+    t->has_plan[FT_MEM_ROW_MAPPED] = t->has_plan[FT_MEM_WEIGHTS] = t->has_plan[FT_MEM_OTHER] = true;
+}
+
+static ftune_status check_shape(const ft_tensor *src, int ndim, int64_t d0, int64_t d1) {
+    bool ok = src->ndim == ndim && src->shape[0] == d0 && (ndim < 2 || src->shape[1] == d1);
+    if (ok) return FTUNE_OK;
+    char got[96] = "", want[64];
+    for (int i = 0; i < src->ndim; i++)
+        snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)src->shape[i]);
+    if (ndim == 1) snprintf(want, sizeof want, "%lld", (long long)d0);
+    else snprintf(want, sizeof want, "%lld, %lld", (long long)d0, (long long)d1);
+    return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\": shape [%s] does not match the config (expected [%s])", src->name,
+                  got, want);
+}
+
+static void count(ftune_model *m, const ft_tensor *t) {
+    m->n_params += ft_tensor_numel(t);
+    m->weight_bytes += (int64_t)t->nbytes;
+    m->dtype_mask |= 1u << t->dtype;
+}
+
+ftune_status ft_model_bind_vec(ftune_model *m, float **dst, const ft_tensor *src, int64_t n) {
+    ftune_status st = check_shape(src, 1, n, 0);
+    if (st) return st;
+    if (!ft_types[src->dtype].is_float || ft_types[src->dtype].block != 1)
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s not supported for a vector", src->name,
+                      ft_types[src->dtype].name);
+    float *v = ft_model_alloc(m, (size_t)n * sizeof(float));
+    if (!v) return ft_err(FTUNE_ERR_NOMEM, "out of memory for tensor \"%s\"", src->name);
+    ft_types[src->dtype].to_f32(src->data, v, n);
+    count(m, src);
+    *dst = v;
+    return FTUNE_OK;
+}
+
+ftune_status ft_model_bind_linear(ftune_model *m, ft_linear *dst, const ft_tensor *src, int out, int in) {
+    ftune_status st = check_shape(src, 2, out, in);
+    if (st) return st;
+    if (!ft_types[src->dtype].is_float)
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s cannot be a weight", src->name,
+                      ft_types[src->dtype].name);
+    if (in % ft_types[src->dtype].block)
+        return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\": row of %d is not a whole number of %s blocks", src->name, in,
+                      ft_types[src->dtype].name);
+    dst->w = *src;
+    dst->in = in;
+    dst->out = out;
+    count(m, src);
+    return FTUNE_OK;
+}
+
+static bool ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+/* Every id the tokenizer can produce must index a row of the embedding. An
+ * embedding with MORE rows than the tokenizer has ids is legal (vocabularies
+ * padded to a multiple of 64, e.g. 32000 tokens in 32064 rows). */
+static ftune_status check_vocab(const ftune_model *m, const char *path) {
+    int n = ftune_tokenizer_n_vocab(m->tok);
+    if (n <= 0) return ft_err(FTUNE_ERR_FORMAT, "%s: the tokenizer has no tokens", path);
+    if (n > m->cfg.V)
+        return ft_err(FTUNE_ERR_FORMAT, "%s: the tokenizer has %d tokens but the token embedding has %d rows "
+                      "(vocab_size): ids %d..%d would have no embedding", path, n, m->cfg.V, m->cfg.V, n - 1);
+    return FTUNE_OK;
+}
+
+ftune_status ftune_model_load(ftune_model **out, const char *path, const ftune_load_opts *opts) {
+    *out = NULL;
+    ftune_model *m = calloc(1, sizeof *m);
+    if (!m) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    ftune_status st;
+    if (ft_is_dir(path)) st = ft_load_hf(m, path);
+    else if (!ft_file_exists(path)) st = ft_err(FTUNE_ERR_IO, "%s: no such file or directory", path);
+    else if (ends_with(path, ".gguf")) st = ft_load_gguf(m, path);
+    else if (ends_with(path, ".safetensors") || ends_with(path, "config.json")) {
+        /* a file inside a HF directory: load the directory */
+        char *dir = ft_strdup(path);
+        char *slash = dir ? strrchr(dir, '/') : NULL;
+        if (slash) *slash = 0;
+        st = dir ? ft_load_hf(m, slash ? dir : ".") : ft_err(FTUNE_ERR_NOMEM, "out of memory");
+        free(dir);
+    } else st = ft_load_llama2c(m, path, opts ? opts->tokenizer_path : NULL);
+    if (st == FTUNE_OK && m->tok) st = check_vocab(m, path);
+    if (st == FTUNE_OK && opts && opts->context_length > 0) m->cfg.max_T = opts->context_length;
+    if (st != FTUNE_OK) {
+        ftune_model_free(m);
+        return st;
+    }
+    *out = m;
+    return FTUNE_OK;
+}
+
+int ftune_path_is_vocab_only(const char *path) {
+    if (!path) return 0;
+    if (ft_is_dir(path)) {
+        static const char *const weights[] = { "config.json", "model.safetensors", "model.safetensors.index.json" };
+        char p[4096];
+        for (int k = 0; k < 3; k++) {
+            snprintf(p, sizeof p, "%s/%s", path, weights[k]);
+            if (ft_file_exists(p)) return 0;
+        }
+        static const char *const toks[] = { "tokenizer.json", "vocab.json", "tokenizer.model", "tokenizer.bin" };
+        for (int k = 0; k < 4; k++) {
+            snprintf(p, sizeof p, "%s/%s", path, toks[k]);
+            if (ft_file_exists(p)) return 1;
+        }
+        return 0;
+    }
+    if (!ft_file_exists(path)) return 0;
+    if (ends_with(path, ".gguf")) {
+        gguf_file g;
+        if (ft_gguf_open(&g, path)) return 0;
+        int r = g.n_tensors == 0 && ft_gguf_find(&g, "tokenizer.ggml.tokens") != NULL;
+        ft_gguf_close(&g);
+        return r;
+    }
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    return ends_with(path, "tokenizer.json") || strcmp(base, "tokenizer.model") == 0;
+}
+
+void ftune_model_free(ftune_model *m) {
+    if (!m) return;
+    if (m->adapter && m->free_adapter) m->free_adapter(m->adapter);
+    ft_tokenizer_free(m->tok);
+    for (int i = 0; i < m->n_owned; i++) {
+        if (m->owned[i].counted) ft_mem_free(FT_MEM_WEIGHTS, m->owned[i].p, m->owned[i].n);
+        else free(m->owned[i].p);
+    }
+    ft_mem_free(FT_MEM_OTHER, m->owned, (size_t)m->cap_owned * sizeof *m->owned);
+    for (int i = 0; i < m->n_shards; i++) ft_st_close(&m->shards[i]);
+    free(m->shards);
+    if (m->gguf) { ft_gguf_close(m->gguf); free(m->gguf); }
+    ft_mmap_close(&m->bin);
+    free(m->layers);
+    free(m);
+}
+
+const ftune_tokenizer *ftune_model_tokenizer(const ftune_model *m) { return m->tok; }
+
+void ftune_model_get_info(const ftune_model *m, ftune_model_info *info) {
+    memset(info, 0, sizeof *info);
+    const ft_config *c = &m->cfg;
+    snprintf(info->arch, sizeof info->arch, "%s", c->arch);
+    snprintf(info->format, sizeof info->format, "%s", m->format);
+    info->dim = c->C; info->hidden_dim = c->F; info->n_layers = c->L; info->n_heads = c->NH;
+    info->n_kv_heads = c->NKV; info->head_dim = c->HS; info->vocab_size = c->V;
+    info->context_length = c->max_T;
+    info->rope_theta = c->rope_theta; info->norm_eps = c->norm_eps;
+    info->tied_embeddings = c->tied; info->qkv_bias = c->qkv_bias;
+    info->n_params = m->n_params;
+    info->weight_bytes = m->weight_bytes;
+    for (int t = 0; t < FT_NTYPES; t++)
+        if (m->dtype_mask & (1u << t))
+            snprintf(info->dtypes + strlen(info->dtypes), sizeof info->dtypes - strlen(info->dtypes), "%s%s",
+                     info->dtypes[0] ? "," : "", ft_types[t].name);
+    if (m->tok) {
+        snprintf(info->tokenizer, sizeof info->tokenizer, "%s", m->tok_kind);
+        info->n_vocab_tokens = ftune_tokenizer_n_vocab(m->tok);
+    }
+}

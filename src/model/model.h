@@ -1,0 +1,101 @@
+/* model.h — the Llama-family model: config, weights as tensor views, and the
+ * loaders for each file format. Architectures differ by config only. */
+#ifndef FT_MODEL_H
+#define FT_MODEL_H
+
+#include "core/core.h"
+#include "core/mem.h"
+#include "nn/linear.h"
+#include "nn/module.h"
+#include "ops/ops.h"
+#include "formats/gguf.h"
+#include "formats/safetensors.h"
+
+typedef struct {
+    char arch[32];            /* llama, mistral, qwen2, ... */
+    int C, F, L, NH, NKV, HS, V;
+    int max_T;                /* context length */
+    float norm_eps, rope_theta;
+    ft_rope_scaling rope_scaling;
+    bool rope_interleaved;    /* Meta/GGUF q/k layout: RoPE on pairs (2i, 2i+1) */
+    bool tied;                /* lm_head shares tok_embd */
+    bool qkv_bias;
+    int32_t bos_id, eos_id;   /* from the model's files; -1 if none */
+} ft_config;
+
+typedef struct {
+    float *attn_norm;         /* (C) */
+    ft_linear wq;             /* (NH*HS, C) */
+    ft_linear wk, wv;         /* (NKV*HS, C) */
+    ft_linear wo;             /* (C, NH*HS) */
+    float *ffn_norm;          /* (C) */
+    ft_linear w_gate, w_up;   /* (F, C) */
+    ft_linear w_down;         /* (C, F) */
+} ft_layer;
+
+/* The Linear of module mod in a layer. */
+static inline ft_linear *ft_layer_linear(ft_layer *ly, ft_module mod) {
+    ft_linear *l[FT_N_MODS] = { &ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down };
+    return l[mod];
+}
+
+/* A buffer the model frees: counted (from ft_model_alloc, FT_MEM_WEIGHTS,
+ * n bytes) or a plain malloc'd one handed over by ft_model_own. */
+typedef struct {
+    void *p;
+    size_t n;
+    bool counted;
+} ft_owned;
+
+struct ftune_model {
+    ft_config cfg;
+    char format[16];          /* hf, gguf, llama2c */
+    ft_tensor tok_embd;       /* (V, C), any dtype */
+    ft_layer *layers;         /* (L) */
+    float *out_norm;          /* (C) */
+    ft_linear lm_head;        /* (V, C); shares tok_embd's data when tied */
+    ftune_tokenizer *tok;
+    char tok_kind[32];        /* tokenizer kind as the file names it ("llama"/spm, "gpt2"/bpe) */
+    /* storage */
+    st_file *shards;          /* HF: open safetensors files (weights point into them) */
+    int n_shards;
+    gguf_file *gguf;          /* GGUF: kept open, weights point into it */
+    ft_mmap bin;              /* llama2.c: the mapped checkpoint */
+    float *rope_freq_factors; /* (HS/2) GGUF rope_freqs.weight divisors, or NULL */
+    ft_owned *owned;          /* (n_owned) buffers the model allocated (converted weights) */
+    int n_owned, cap_owned;
+    size_t owned_bytes;       /* of the counted ones (FT_MEM_WEIGHTS) */
+    int64_t weight_bytes;
+    int64_t n_params;
+    unsigned dtype_mask;      /* bit per ft_dtype present */
+    void *adapter;            /* ftune_model_load_adapter's default adapter (an ft_adapter), or NULL; never bound into the Linears */
+    void (*free_adapter)(void *); /* frees it */
+};
+
+/* Checks a config for sizes that are positive and consistent. */
+ftune_status ft_config_validate(const ft_config *c, const char *path);
+/* Fills cfg from a Hugging Face config.json (model_config.c); the _text
+ * form parses len bytes already in memory, path naming them in messages. */
+ftune_status ft_config_from_hf_json(ft_config *cfg, const char *path);
+ftune_status ft_config_from_hf_text(ft_config *cfg, const char *text, size_t len, const char *path);
+
+ftune_status ft_load_hf(ftune_model *m, const char *dir);
+ftune_status ft_load_gguf(ftune_model *m, const char *path);
+ftune_status ft_load_llama2c(ftune_model *m, const char *path, const char *tokenizer_path);
+
+/* Takes ownership of a malloc'd buffer, freed with the model (not counted
+ * in the memory table: prefer ft_model_alloc). On failure p is freed. */
+ftune_status ft_model_own(ftune_model *m, void *p);
+/* n bytes counted as FT_MEM_WEIGHTS, freed with the model; NULL (with the
+ * error set) when out of memory. */
+void *ft_model_alloc(ftune_model *m, size_t n);
+/* Bytes of weights the model reads from its file mappings (as stored), and
+ * bytes of the copies it owns (and of its list of them): sets the mapped
+ * row of t, adds to the owned-weights and other rows. */
+void ft_model_mem_plan(const ftune_model *m, ft_mem_table *t);
+/* Binds a tensor found in a file to a weight slot, checking shape and dtype:
+ * 1-D weights (norms, biases) are converted to owned f32 copies. */
+ftune_status ft_model_bind_vec(ftune_model *m, float **dst, const ft_tensor *src, int64_t n);
+ftune_status ft_model_bind_linear(ftune_model *m, ft_linear *dst, const ft_tensor *src, int out, int in);
+
+#endif

@@ -1,0 +1,211 @@
+/* model_config.c — model hyperparameters: a Hugging Face config.json read
+ * into an ft_config, with every present key checked for type and range, and
+ * the checks every format's config passes. Kept apart from the weight
+ * loaders so that the parser can be fuzzed on its own (fuzz/fuzz_config.c). */
+#include "model/model.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+ftune_status ft_config_validate(const ft_config *c, const char *path) {
+#define POS(f, name) if (c->f <= 0 || c->f > (1 << 24)) return ft_err(FTUNE_ERR_FORMAT, "%s: %s = %d is not a valid size", path, name, c->f)
+    POS(C, "hidden size");
+    POS(F, "intermediate size");
+    POS(L, "number of layers");
+    POS(NH, "number of attention heads");
+    POS(NKV, "number of key/value heads");
+    POS(HS, "head size");
+    POS(V, "vocabulary size");
+    POS(max_T, "context length");
+#undef POS
+    if (c->NH % c->NKV)
+        return ft_err(FTUNE_ERR_FORMAT, "%s: %d attention heads is not a multiple of %d key/value heads", path, c->NH,
+                      c->NKV);
+    if (c->HS % 2) return ft_err(FTUNE_ERR_FORMAT, "%s: head size %d must be even for RoPE", path, c->HS);
+    if (!(c->norm_eps > 0) || !isfinite(c->norm_eps))
+        return ft_err(FTUNE_ERR_FORMAT, "%s: norm epsilon %g must be finite and positive", path, c->norm_eps);
+    if (!(c->rope_theta > 0) || !isfinite(c->rope_theta))
+        return ft_err(FTUNE_ERR_FORMAT, "%s: rope theta %g must be finite and positive", path, c->rope_theta);
+    return FTUNE_OK;
+}
+
+static bool json_int(const cJSON *o, const char *k, int *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!cJSON_IsNumber(v)) return false;
+    double d = v->valuedouble;
+    if (d != floor(d) || d < -2147483648.0 || d > 2147483647.0) return false;
+    *out = (int)d;
+    return true;
+}
+/* Optional keys: absent keeps *out (the transformers default the caller
+ * set); present with the wrong type or out of range is an error naming the
+ * key, never a silent default. null counts as absent only where
+ * transformers reads None as "not set" (null_ok). */
+static ftune_status opt_int(const cJSON *o, const char *k, int lo, int hi, bool null_ok, int *out, const char *path) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!v || (null_ok && cJSON_IsNull(v))) return FTUNE_OK;
+    int x;
+    if (!json_int(o, k, &x) || x < lo || x > hi)
+        return ft_err(FTUNE_ERR_FORMAT, "%s: \"%s\" must be an integer in [%d, %d]", path, k, lo, hi);
+    *out = x;
+    return FTUNE_OK;
+}
+/* A number that is finite and > 0 as a float (1e-50 would round to 0, 1e300 to inf). */
+static ftune_status opt_pos(const cJSON *o, const char *k, float *out, const char *path) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!v) return FTUNE_OK;
+    float x = cJSON_IsNumber(v) ? (float)v->valuedouble : 0.0f;
+    if (!cJSON_IsNumber(v) || !isfinite(x) || !(x > 0))
+        return ft_err(FTUNE_ERR_FORMAT, "%s: \"%s\" must be a finite positive number", path, k);
+    *out = x;
+    return FTUNE_OK;
+}
+static ftune_status opt_bool(const cJSON *o, const char *k, bool *out, const char *path) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!v) return FTUNE_OK;
+    if (!cJSON_IsBool(v)) return ft_err(FTUNE_ERR_FORMAT, "%s: \"%s\" must be true or false", path, k);
+    *out = cJSON_IsTrue(v);
+    return FTUNE_OK;
+}
+static bool json_num(const cJSON *o, const char *k, float *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!cJSON_IsNumber(v)) return false;
+    *out = (float)v->valuedouble;
+    return isfinite(*out);
+}
+/* bos_token_id / eos_token_id: absent or null is none (-1); else an id in
+ * [0, V) or a non-empty list of them (the first is kept). */
+static ftune_status token_id(const cJSON *o, const char *k, int V, int32_t *out, const char *path) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k), *e;
+    *out = -1;
+    if (!v || cJSON_IsNull(v)) return FTUNE_OK;
+    bool ok = cJSON_IsNumber(v) || (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0);
+    const cJSON *first = cJSON_IsArray(v) ? cJSON_GetArrayItem(v, 0) : v;
+    if (cJSON_IsArray(v)) cJSON_ArrayForEach(e, v) ok = ok && cJSON_IsNumber(e) && e->valuedouble >= 0 && e->valuedouble < V &&
+                                                       e->valuedouble == floor(e->valuedouble);
+    else ok = ok && v->valuedouble >= 0 && v->valuedouble < V && v->valuedouble == floor(v->valuedouble);
+    if (!ok) return ft_err(FTUNE_ERR_FORMAT, "%s: \"%s\" must be a token id in [0, %d) or a list of them", path, k, V);
+    *out = (int32_t)first->valuedouble;
+    return FTUNE_OK;
+}
+
+static const char *known_arch(const char *model_type) {
+    static const char *const llama_like[] = { "llama", "mistral", "qwen2", "smollm", "tinyllama", NULL };
+    for (int i = 0; llama_like[i]; i++)
+        if (strcmp(model_type, llama_like[i]) == 0) return llama_like[i];
+    return NULL;
+}
+
+ftune_status ft_config_from_hf_json(ft_config *c, const char *path) {
+    memset(c, 0, sizeof *c);
+    char *text;
+    size_t n;
+    ftune_status st = ft_read_file(path, &text, &n);
+    if (st) return st;
+    st = ft_config_from_hf_text(c, text, n, path);
+    free(text);
+    return st;
+}
+
+ftune_status ft_config_from_hf_text(ft_config *c, const char *text, size_t len, const char *path) {
+    memset(c, 0, sizeof *c);
+    ftune_status st;
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    if (!j || !cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return ft_err(FTUNE_ERR_FORMAT, "%s: not a JSON object", path);
+    }
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+    const char *arch = cJSON_IsString(mt) ? known_arch(mt->valuestring) : NULL;
+    if (!arch) {
+        st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: model_type %s%s%s is not supported (supported: llama, mistral, qwen2)",
+                    path, cJSON_IsString(mt) ? "\"" : "", cJSON_IsString(mt) ? mt->valuestring : "(missing)",
+                    cJSON_IsString(mt) ? "\"" : "");
+        cJSON_Delete(j);
+        return st;
+    }
+    snprintf(c->arch, sizeof c->arch, "%s", arch);
+    const char *missing = NULL;
+    if (!json_int(j, "hidden_size", &c->C)) missing = "hidden_size";
+    else if (!json_int(j, "intermediate_size", &c->F)) missing = "intermediate_size";
+    else if (!json_int(j, "num_hidden_layers", &c->L)) missing = "num_hidden_layers";
+    else if (!json_int(j, "num_attention_heads", &c->NH)) missing = "num_attention_heads";
+    else if (!json_int(j, "vocab_size", &c->V)) missing = "vocab_size";
+    if (missing) {
+        cJSON_Delete(j);
+        return ft_err(FTUNE_ERR_FORMAT, "%s: missing or invalid \"%s\"", path, missing);
+    }
+    /* transformers' LlamaConfig defaults for what a config may leave out */
+    c->NKV = c->NH;
+    c->HS = c->NH > 0 ? c->C / c->NH : 0;
+    c->max_T = 2048;
+    c->norm_eps = 1e-6f;
+    c->rope_theta = 10000.0f;
+    bool tied = false, bias = false, sliding = true;
+    int window = 0;
+    const int big = 1 << 24;
+    if ((st = opt_int(j, "num_key_value_heads", 1, big, false, &c->NKV, path)) ||
+        (st = opt_int(j, "head_dim", 1, big, true, &c->HS, path)) ||
+        (st = opt_int(j, "max_position_embeddings", 1, big, false, &c->max_T, path)) ||
+        (st = opt_pos(j, "rms_norm_eps", &c->norm_eps, path)) ||
+        (st = opt_pos(j, "rope_theta", &c->rope_theta, path)) ||
+        (st = opt_bool(j, "tie_word_embeddings", &tied, path)) ||
+        (st = opt_bool(j, "attention_bias", &bias, path)) ||
+        (st = opt_bool(j, "use_sliding_window", &sliding, path)) ||
+        (st = opt_int(j, "sliding_window", 1, INT32_MAX, true, &window, path))) {
+        cJSON_Delete(j);
+        return st;
+    }
+    /* Mistral's sliding-window attention is not implemented: within the
+     * window it equals full attention, so the context is capped there */
+    if (sliding && window > 0 && window < c->max_T) c->max_T = window;
+    bool qwen2 = strcmp(arch, "qwen2") == 0;
+    c->tied = tied;
+    c->qkv_bias = qwen2 ? 1 : bias;
+    if ((st = token_id(j, "bos_token_id", c->V > 0 ? c->V : 0, &c->bos_id, path)) ||
+        (st = token_id(j, "eos_token_id", c->V > 0 ? c->V : 0, &c->eos_id, path))) {
+        cJSON_Delete(j);
+        return st;
+    }
+    c->rope_interleaved = false;
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    if (cJSON_IsObject(rs)) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+        if (!cJSON_IsString(ty)) ty = cJSON_GetObjectItemCaseSensitive(rs, "type");
+        const char *tname = cJSON_IsString(ty) ? ty->valuestring : "";
+        ft_rope_scaling *sc = &c->rope_scaling;
+        if (strcmp(tname, "llama3") == 0) {
+            sc->type = 2;
+            if (!json_num(rs, "factor", &sc->factor) || !json_num(rs, "low_freq_factor", &sc->low_freq_factor) ||
+                !json_num(rs, "high_freq_factor", &sc->high_freq_factor) ||
+                !json_int(rs, "original_max_position_embeddings", &sc->original_max_pos)) {
+                cJSON_Delete(j);
+                return ft_err(FTUNE_ERR_FORMAT, "%s: rope_scaling llama3 needs factor, low_freq_factor, "
+                              "high_freq_factor and original_max_position_embeddings", path);
+            }
+        } else if (strcmp(tname, "linear") == 0) {
+            sc->type = 1;
+            if (!json_num(rs, "factor", &sc->factor) || !(sc->factor > 0)) {
+                cJSON_Delete(j);
+                return ft_err(FTUNE_ERR_FORMAT, "%s: rope_scaling linear needs a positive factor", path);
+            }
+        } else if (strcmp(tname, "default") != 0) {
+            st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: rope_scaling type \"%s\" is not supported (llama3, linear)",
+                        path, tname);
+            cJSON_Delete(j);
+            return st;
+        }
+    }
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(j, "hidden_act");
+    if (cJSON_IsString(act) && strcmp(act->valuestring, "silu") != 0) {
+        st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: hidden_act \"%s\" is not supported (silu)", path, act->valuestring);
+        cJSON_Delete(j);
+        return st;
+    }
+    cJSON_Delete(j);
+    return ft_config_validate(c, path);
+}
+

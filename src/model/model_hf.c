@@ -1,0 +1,180 @@
+/* model_hf.c — Hugging Face directories: config.json, model.safetensors or
+ * sharded model-*.safetensors with model.safetensors.index.json, and the
+ * tokenizer files beside them. Weights stay in the mapped files. */
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Opens model.safetensors, or every shard named in the index. */
+static ftune_status open_shards(ftune_model *m, const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (ft_file_exists(path)) {
+        m->shards = calloc(1, sizeof(st_file));
+        if (!m->shards) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+        ftune_status st = ft_st_open(&m->shards[0], path);
+        if (st) return st;
+        m->n_shards = 1;
+        return FTUNE_OK;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if (!ft_file_exists(path))
+        return ft_err(FTUNE_ERR_IO, "%s: no model.safetensors or model.safetensors.index.json", dir);
+    char *text;
+    ftune_status st = ft_read_file(path, &text, NULL);
+    if (st) return st;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(j, "weight_map");
+    if (!cJSON_IsObject(wm)) {
+        cJSON_Delete(j);
+        return ft_err(FTUNE_ERR_FORMAT, "%s: no \"weight_map\" object", path);
+    }
+    /* distinct file names, in order of first appearance */
+    int n = cJSON_GetArraySize(wm);
+    const char **files = calloc((size_t)n + 1, sizeof *files);
+    int nf = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, wm) {
+        if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || strcmp(e->valuestring, "..") == 0) {
+            st = ft_err(FTUNE_ERR_FORMAT, "%s: weight_map entry \"%s\" is not a file name", path, e->string);
+            goto done;
+        }
+        int k = 0;
+        while (k < nf && strcmp(files[k], e->valuestring)) k++;
+        if (k == nf) files[nf++] = e->valuestring;
+    }
+    m->shards = calloc((size_t)nf + 1, sizeof(st_file));
+    if (!m->shards) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
+    for (int k = 0; k < nf; k++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[k]);
+        if ((st = ft_st_open(&m->shards[k], path))) goto done;
+        m->n_shards = k + 1;
+    }
+done:
+    free(files);
+    cJSON_Delete(j);
+    return st;
+}
+
+/* used[i][k]: shard i's tensor k was bound to a weight (or is a known copy). */
+static ftune_status find(ftune_model *m, uint8_t **used, const char *name, ft_tensor *t, bool required, bool *found) {
+    for (int i = 0; i < m->n_shards; i++) {
+        const st_tensor *s = ft_st_find(&m->shards[i], name);
+        if (!s) continue;
+        used[i][s - m->shards[i].tensors] = 1;
+        if (s->dtype >= FT_NTYPES)
+            return ft_err(FTUNE_ERR_UNSUPPORTED, "%s: tensor \"%s\": dtype %s is not supported", m->shards[i].map.path,
+                          name, s->dtype_name);
+        memset(t, 0, sizeof *t);
+        snprintf(t->name, sizeof t->name, "%s", name);
+        t->dtype = s->dtype;
+        t->ndim = s->ndim;
+        memcpy(t->shape, s->shape, sizeof t->shape);
+        t->data = (void *)s->data;
+        t->nbytes = (size_t)(s->end - s->begin);
+        if (found) *found = true;
+        return FTUNE_OK;
+    }
+    if (found) *found = false;
+    if (!required) return FTUNE_OK;
+    return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\" is missing from the safetensors files", name);
+}
+
+/* Tensors the config did not ask for mean the config and the weights
+ * disagree (e.g. fewer num_hidden_layers than the file holds, or biases the
+ * config switches off): transformers only warns ("Some weights of the
+ * checkpoint were not used"), which is how a wrong model runs unnoticed, so
+ * this is an error naming them. Rotary inv_freq buffers, which older
+ * transformers versions saved, are recomputed from the config and skipped. */
+static ftune_status check_unused(const ftune_model *m, uint8_t **used) {
+    int n_unused = 0;
+    char names[512] = "";
+    for (int i = 0; i < m->n_shards; i++)
+        for (int k = 0; k < m->shards[i].n; k++) {
+            const char *name = m->shards[i].tensors[k].name;
+            size_t len = strlen(name), suf = strlen(".rotary_emb.inv_freq");
+            if (used[i][k] || (len > suf && strcmp(name + len - suf, ".rotary_emb.inv_freq") == 0)) continue;
+            if (n_unused++ < 3)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s\"%s\" (%s)", n_unused > 1 ? ", " : "",
+                         name, m->shards[i].map.path);
+        }
+    if (!n_unused) return FTUNE_OK;
+    return ft_err(FTUNE_ERR_FORMAT, "%d tensor%s not used by the config (num_hidden_layers %d): %s%s", n_unused,
+                  n_unused > 1 ? "s are" : " is", m->cfg.L, names, n_unused > 3 ? ", ..." : "");
+}
+
+ftune_status ft_load_hf(ftune_model *m, const char *dir) {
+    char path[4096];
+    snprintf(m->format, sizeof m->format, "hf");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    ftune_status st = ft_config_from_hf_json(&m->cfg, path);
+    if (st) return st;
+    if ((st = open_shards(m, dir))) return st;
+    ft_config *c = &m->cfg;
+    m->layers = calloc((size_t)c->L, sizeof *m->layers);
+    uint8_t **used = calloc((size_t)m->n_shards, sizeof *used);
+    if (!m->layers || !used) { free(used); return ft_err(FTUNE_ERR_NOMEM, "out of memory"); }
+    for (int i = 0; i < m->n_shards; i++)
+        if (!(used[i] = calloc((size_t)m->shards[i].n + 1, 1))) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto fail; }
+    ft_tensor t;
+    char name[FT_NAME_MAX];
+#define NEED(n) do { if ((st = find(m, used, n, &t, true, NULL))) goto fail; } while (0)
+    NEED("model.embed_tokens.weight");
+    if ((st = ft_model_bind_linear(m, &m->lm_head, &t, c->V, c->C))) goto fail;
+    m->tok_embd = t;
+    bool has_head;
+    if ((st = find(m, used, "lm_head.weight", &t, false, &has_head))) goto fail;
+    if (has_head && !c->tied) {
+        if ((st = ft_model_bind_linear(m, &m->lm_head, &t, c->V, c->C))) goto fail;
+    } else c->tied = true;
+    NEED("model.norm.weight");
+    if ((st = ft_model_bind_vec(m, &m->out_norm, &t, c->C))) goto fail;
+    int q_out = c->NH * c->HS, kv_out = c->NKV * c->HS;
+    for (int l = 0; l < c->L; l++) {
+        ft_layer *ly = &m->layers[l];
+        struct { const char *suffix; ft_linear *lin; int out, in; } lins[] = {
+            { "self_attn.q_proj", &ly->wq, q_out, c->C },   { "self_attn.k_proj", &ly->wk, kv_out, c->C },
+            { "self_attn.v_proj", &ly->wv, kv_out, c->C },  { "self_attn.o_proj", &ly->wo, c->C, q_out },
+            { "mlp.gate_proj", &ly->w_gate, c->F, c->C },   { "mlp.up_proj", &ly->w_up, c->F, c->C },
+            { "mlp.down_proj", &ly->w_down, c->C, c->F },
+        };
+        for (size_t k = 0; k < sizeof lins / sizeof lins[0]; k++) {
+            snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, lins[k].suffix);
+            NEED(name);
+            if ((st = ft_model_bind_linear(m, lins[k].lin, &t, lins[k].out, lins[k].in))) goto fail;
+            if (c->qkv_bias && k < 3) {
+                snprintf(name, sizeof name, "model.layers.%d.%s.bias", l, lins[k].suffix);
+                NEED(name);
+                if ((st = ft_model_bind_vec(m, &lins[k].lin->bias, &t, lins[k].out))) goto fail;
+            }
+        }
+        snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
+        NEED(name);
+        if ((st = ft_model_bind_vec(m, &ly->attn_norm, &t, c->C))) goto fail;
+        snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
+        NEED(name);
+        if ((st = ft_model_bind_vec(m, &ly->ffn_norm, &t, c->C))) goto fail;
+    }
+#undef NEED
+    if ((st = check_unused(m, used))) goto fail;
+    for (int i = 0; i < m->n_shards; i++) free(used[i]);
+    free(used);
+    used = NULL;
+    /* a directory without tokenizer.json still loads (e.g. from `ftune init`);
+     * commands that need text report the missing tokenizer */
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (!ft_file_exists(path)) return FTUNE_OK;
+    if ((st = ft_tokenizer_from_hf_dir(&m->tok, dir))) return st;
+    if (m->tok) snprintf(m->tok_kind, sizeof m->tok_kind, "%s", ft_tokenizer_kind(m->tok) == FT_TOK_SPM ? "spm" : "bpe");
+    return FTUNE_OK;
+fail:
+    for (int i = 0; used && i < m->n_shards; i++) free(used[i]);
+    free(used);
+    return ft_err_prefix(st, "%s", dir);
+}

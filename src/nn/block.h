@@ -1,0 +1,168 @@
+/* block.h — the one transformer block (rmsnorm, attention, rmsnorm, SwiGLU
+ * MLP, two residual adds), forward and backward, and the one RoPE setup.
+ * Both users call it: inference sessions (new keys/values go into a KV
+ * cache, nothing is saved) and the trainer (every intermediate is saved for
+ * backward, keys/values are the batch's own).
+ *
+ * The caller says where each intermediate goes with an ft_block_acts: the
+ * trainer gives each layer its own saved arrays; a session gives scratch
+ * buffers that alias where lifetimes allow (ln1/mid, atty/ln2, gate/h) and
+ * points k/v at the cache rows of the new tokens. The arithmetic is the
+ * same op sequence either way.
+ *
+ * What comes next builds on this without changing it:
+ *  - gradient checkpointing keeps only the block inputs x; before a block's
+ *    backward (FT_BLOCK_PRE_BACKWARD) it calls ft_block_forward again on the
+ *    saved x with the same ft_block_io (the same mask seeds, so the same
+ *    dropout) into one shared ft_block_acts, then ft_block_backward runs on
+ *    it unchanged. Forward is a pure function of (x, weights, io).
+ *  - bf16 compute changes the element type of the ft_block_acts arrays and
+ *    the ops they are passed to, not the shape of the calls.
+ *  - every op goes through the env's backend table (backend.h), so another
+ *    backend runs this same sequence on its own buffers.
+ *  - ZeRO-3 gathers a layer's weights in the pre hooks and frees them in the
+ *    post hooks; the block reads the weights only between the two.
+ *  - calibration (GPTQ/AWQ/SparseGPT) sees each Linear's input rows through
+ *    the observer, exactly as the Linear gets them.
+ */
+#ifndef FT_BLOCK_H
+#define FT_BLOCK_H
+
+#include "nn/backend.h"
+#include "model/model.h"
+
+/* inv_freq (HS/2) for cfg: rope_freqs with the config's theta and scaling,
+ * then divided by GGUF's rope_freqs.weight factors when freq_factors is
+ * non-NULL. The one place both sessions and trainers get their RoPE from. */
+void ft_rope_setup(float *inv_freq, const ft_config *cfg, const float *freq_factors);
+
+/* Where the block's intermediates go, rows BT = B·T (inference: B = 1). */
+typedef struct {
+    float *ln1, *rstd1;           /* (BT, C), (BT); rstd1 may be NULL without backward */
+    float *q;                     /* (BT, NH*HS) after RoPE */
+    float *k, *v;                 /* (BT, NKV*HS) this call's keys (after RoPE) and values */
+    float *atty;                  /* (BT, NH*HS) attention output, wo's input */
+    float *lse;                   /* (B, NH, T) attention log-sum-exp, or NULL without backward */
+    float *mid;                   /* (BT, C) residual after attention */
+    float *ln2, *rstd2;           /* (BT, C), (BT); rstd2 may be NULL without backward */
+    float *gate, *up;             /* (BT, F) */
+    float *h;                     /* (BT, F) SwiGLU output (may be gate without backward) */
+    float *u[FT_N_MODS];        /* (BT, R) adapter activations for backward, or NULL */
+} ft_block_acts;
+
+/* The token layout of one call. */
+typedef struct {
+    int B, T;
+    const int *pos;               /* (BT) RoPE positions */
+    const int *q_pos;             /* (T) index among the keys of each query (causal limit) */
+    const float *keys, *values;   /* (B, Tk, NKV*HS): every key/value visible; acts.k/v lie inside */
+    int Tk;
+    const int *doc;               /* (B, Tk) document ids (packed rows), or NULL */
+    bool train;                   /* linear_forward_train: adapter dropout, u saved */
+    const uint64_t *mask_seed;    /* (FT_N_MODS) dropout mask seed of each Linear (train) */
+    /* KV prefix (prefix tuning) in training: every batch row sees P keys
+     * (already rotated) and values before its own. With P > 0 the block
+     * assembles keys/values = kv_k/kv_v (B, P+T, NKV*HS) from the prefix
+     * and acts.k/v (forward, and again in backward: kv_k/kv_v are scratch
+     * that later layers overwrite), Tk must be P+T and q_pos[t] = P + t.
+     * A session's prefix is instead the first P rows of its cache (P = 0 here). */
+    int P;
+    const float *prefix_k, *prefix_v; /* (P, NKV*HS) this layer's */
+    float *kv_k, *kv_v;           /* (B, P+T, NKV*HS) scratch */
+    float *dprefix_k, *dprefix_v; /* (P, NKV*HS) backward accumulates (+=) into them, or NULL */
+    float *dkv_k, *dkv_v;         /* (B, P+T, NKV*HS) backward scratch */
+} ft_block_io;
+
+typedef enum {
+    FT_BLOCK_PRE_FORWARD,         /* rows: the block input x */
+    FT_BLOCK_POST_FORWARD,        /* rows: the block output */
+    FT_BLOCK_PRE_BACKWARD,        /* rows: d(block output) */
+    FT_BLOCK_POST_BACKWARD,       /* rows: d(block input) */
+} ft_block_event;
+
+/* Hooks; any member may be NULL. Called on the calling thread. */
+typedef struct {
+    /* Around each block call: rows is (n, C) as listed for ev. */
+    void (*layer)(void *ctx, ft_block_event ev, int layer, const float *rows, int n, int C);
+    /* Before each Linear runs, with exactly the input it gets, (n, in). */
+    void (*linear_input)(void *ctx, int layer, int which, const float *inp, int n, int in);
+    void *ctx;
+} ft_block_hooks;
+
+/* What every block call shares. */
+typedef struct {
+    const ft_config *cfg;
+    const float *inv_freq;        /* (HS/2) from ft_rope_setup */
+    const ft_backend *be;         /* every op runs through it (threads: be->n_threads) */
+    float *lin_scratch;           /* ft_linear_scratch_floats (inference) or linear_train_scratch_floats */
+    float *att_scratch;           /* ft_attention_fast_scratch_floats(Tk, HS, n_threads, backward) */
+    const ft_block_hooks *hooks;  /* or NULL */
+    /* The caller's adapter set: adapters[l * FT_N_MODS + k] for block l,
+     * Linear k, or NULL (no adapter there; the whole set may be NULL). The
+     * block binds it to a stack copy of the Linear for each op, so the
+     * model's Linears are never written: two sessions (or a session and a
+     * trainer) on one model each run their own adapters, concurrently. */
+    const ft_lora *const *adapters;
+} ft_block_env;
+
+/* out (BT, C) = block(x (BT, C)). out may be x (in place: x is last read
+ * before out is written). Queries see io->keys/values rows 0..q_pos[t]. */
+void ft_block_forward(const ft_block_env *e, const ft_layer *ly, int layer, const ft_block_acts *a, float *out,
+                      const float *x, const ft_block_io *io);
+
+/* Gradients of one block's parameters; NULL members are not trained
+ * (LoRA mode: adapters carry their own dA/dB). All accumulate (+=). */
+typedef struct {
+    float *attn_norm, *ffn_norm;  /* (C) */
+    float *w[FT_N_MODS];        /* (out, in) */
+    float *b[FT_N_MODS];        /* (out) */
+} ft_block_grads;
+
+/* Backward scratch, rows BT. */
+typedef struct {
+    float *dln;                   /* (BT, C) */
+    float *dq, *datty;            /* (BT, NH*HS) */
+    float *dk, *dv;               /* (BT, NKV*HS) */
+    float *h, *dh, *dgate, *dup;  /* (BT, F) */
+} ft_block_scratch;
+
+/* Backward of ft_block_forward(io with keys/values = a->k/v, Tk = T, or a
+ * KV prefix as described at ft_block_io) from its saved acts: dres (BT, C) holds d(out) on entry and d(x) on return;
+ * parameter and adapter gradients accumulate. Attention probabilities come
+ * from the saved lse, the SwiGLU output is recomputed into s->h. */
+void ft_block_backward(const ft_block_env *e, const ft_layer *ly, int layer, const ft_block_grads *g, float *dres,
+                       const float *x, const ft_block_acts *a, const ft_block_io *io, const ft_block_scratch *s);
+
+/* Internal setters for the two users (NULL removes the hooks). */
+typedef struct ftune_session ftune_session;
+typedef struct ft_trainer ft_trainer;
+void ft_session_set_hooks(ftune_session *s, const ft_block_hooks *h);
+void ft_trainer_set_hooks(ft_trainer *tr, const ft_block_hooks *h);
+
+/* KV prefix (prefix tuning, inference): keys and values (L, P, NKV*HS),
+ * keys already rotated for positions 0..P-1, become the first P cache
+ * positions of every window: the session is reset and then starts at
+ * position P, and ftune_session_reset returns to P. P = 0 removes it.
+ * FTUNE_ERR_RANGE if P does not leave room for a token. */
+ftune_status ft_session_set_kv_prefix(ftune_session *s, const float *k, const float *v, int P);
+/* Adds what a session of n_ctx positions (0: the model's context) on
+ * n_threads allocates to the planned rows of t (KV cache, scratch, other);
+ * the same size table ftune_session_new allocates from. */
+void ft_session_plan(const ft_config *c, int n_ctx, int n_threads, ft_mem_table *t);
+/* The session's memory table: planned rows from its model and its buffers
+ * (the evaluation scratch once an eval has made it), measured rows from the
+ * process's counters (ft_mem_table_measure). */
+void ft_session_mem_table(const ftune_session *s, ft_mem_table *t);
+/* Copies the cache rows [0, n) of layer l out (k, v each (n, NKV*HS)). */
+ftune_status ft_session_get_kv(const ftune_session *s, int l, int n, float *k, float *v);
+
+/* KV prefix for a trainer: k, v (L, P, NKV*HS) as for a session (keys
+ * rotated for positions 0..P-1), seen by every batch row before its own
+ * tokens, whose positions shift by P. dk, dv (L, P, NKV*HS), when non-NULL,
+ * accumulate the gradient of the step's loss (prefix tuning trains them).
+ * The arrays must outlive the trainer's use of them; P = 0 removes the
+ * prefix. Batches with doc ids (packed rows) are refused while a prefix is
+ * set. Allocates its scratch here, not in the step. */
+ftune_status ft_trainer_set_kv_prefix(ft_trainer *tr, const float *k, const float *v, int P, float *dk, float *dv);
+
+#endif

@@ -1,0 +1,128 @@
+/* train.h — the training forward and backward of a whole Llama-family
+ * model: LoRA adapters on any of q,k,v,o,gate,up,down over frozen base
+ * weights of any dtype, or full fine-tuning of f32 copies of every weight.
+ * A trainer plans its memory once for (max_B, max_T) and allocates it in
+ * one arena per lifetime class (trainables, grads, activations, scratch);
+ * nothing is allocated inside a step.
+ *
+ * One optimizer step with gradient accumulation:
+ *     ft_trainer_zero_grad(tr);
+ *     for each micro-batch b: ft_trainer_step(tr, b, n_targets_of_all_micro_batches, &loss_sum);
+ *     update ft_trainer_values() from ft_trainer_grads() (one flat f32 array each)
+ * The gradients are those of (summed cross-entropy) / n_targets_total, so
+ * the accumulated gradient equals that of one big batch's mean loss.
+ */
+#ifndef FT_TRAIN_H
+#define FT_TRAIN_H
+
+#include "data/data.h"
+#include "model/model.h"
+#include "train/optim.h"
+
+typedef enum { FT_TRAIN_LORA = 0, FT_TRAIN_FULL = 1 } ft_train_mode;
+
+/* LoRA targets are FT_MOD_BIT masks of module.h (FT_MOD_ALL: every Linear). */
+/* Parses a comma-separated list of "q,k,v,o,gate,up,down" or the PEFT
+ * names ("q_proj", ...), or "all" / "all-linear". */
+ftune_status ft_lora_targets_parse(const char *s, unsigned *mask);
+
+typedef struct {
+    ft_train_mode mode;
+    int r;                /* LoRA rank R */
+    float alpha;          /* LoRA scale is alpha / r (alpha / sqrt(r) with rslora) */
+    bool rslora;
+    float dropout;        /* LoRA input dropout probability, 0 = off */
+    unsigned targets;     /* FT_MOD_BIT mask (LoRA) */
+    uint64_t seed;        /* adapter initialisation and dropout masks */
+    int max_B, max_T;     /* largest micro-batch the arenas are sized for */
+    int n_threads;        /* 0: all cores */
+} ft_train_opts;
+
+/* r 8, alpha 16, no dropout, all seven targets, seed 0, max_B 1,
+ * max_T 512, LoRA mode, all cores. */
+void ft_train_opts_default(ft_train_opts *o);
+
+/* A trainable tensor: a view into the trainer's flat value and gradient
+ * arrays. Names are what PEFT (LoRA) or Hugging Face (full) call them:
+ * "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight",
+ * "model.layers.3.mlp.up_proj.weight", "model.embed_tokens.weight". With a
+ * tied head there is no "lm_head.weight": the embedding gets both
+ * gradient contributions. For models loaded from GGUF or llama2.c
+ * (rope_interleaved), the rows of q_proj/k_proj weights (full) and of their
+ * lora_B (LoRA) are in that file's interleaved order: exporters to Hugging
+ * Face layout must permute them back. */
+typedef struct {
+    char name[128];
+    float *data, *grad;
+    int64_t numel;
+    int64_t offset;       /* of data in ft_trainer_values(), in floats */
+    int ndim;
+    int64_t shape[2];
+    int layer;            /* block index, or -1 (embedding, final norm, head) */
+    int target;           /* the Linear's ft_module, or -1 */
+} ft_train_param;
+
+/* Memory a trainer needs, in bytes, by lifetime class: exactly what
+ * ft_trainer_new allocates (optim_bytes: what ft_adamw_init allocates for
+ * these trainables, AdamW's m and v). Weights and a KV prefix are not in
+ * it: ft_trainer_mem_table adds them. */
+typedef struct {
+    int64_t n_trainable;  /* floats */
+    size_t trainable_bytes, grad_bytes, activation_bytes, scratch_bytes;
+    size_t optim_bytes;
+    size_t other_bytes;   /* the trainer's bookkeeping (layer views, parameter list) */
+} ft_train_plan;
+
+typedef struct ft_trainer ft_trainer;
+
+/* Sizes a trainer for cfg without building it (for `ftune plan`). */
+ftune_status ft_trainer_plan(const ft_config *cfg, const ft_train_opts *o, ft_train_plan *plan);
+
+/* Builds a trainer on m, which must outlive it and is not modified: base
+ * weights stay where the model has them (shared, never copied in LoRA
+ * mode); the trainer holds its own view of the layers with adapters
+ * attached. LoRA adapters are initialised as PEFT does (A Kaiming-uniform
+ * from opts->seed, B zero); full mode copies every weight to f32. */
+ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_train_opts *o);
+void ft_trainer_free(ft_trainer *tr);
+/* The plan tr was allocated with. */
+const ft_train_plan *ft_trainer_get_plan(const ft_trainer *tr);
+/* The trainer's memory table: planned rows from its plan and its model
+ * (weights mapped and owned, KV prefix), measured rows from the counters
+ * of the whole process (ft_mem_table_measure). */
+void ft_trainer_mem_table(const ft_trainer *tr, ft_mem_table *t);
+
+/* Forward and backward of one micro-batch (B <= max_B rows of T <= max_T;
+ * targets -1 ignored; pos NULL means 0..T-1 per row; doc NULL means one
+ * document per row). Adds the gradient of sum(loss) / n_targets_total to
+ * the grads and returns the summed (unnormalised) loss of this batch in
+ * *loss_sum. Draws fresh dropout masks each call. */
+ftune_status ft_trainer_step(ft_trainer *tr, const ft_batch *b, int64_t n_targets_total, double *loss_sum);
+/* Forward only, no dropout, grads untouched: summed loss and the number of
+ * targets (for validation loss). */
+ftune_status ft_trainer_eval(ft_trainer *tr, const ft_batch *b, double *loss_sum, int64_t *n_targets);
+void ft_trainer_zero_grad(ft_trainer *tr);
+/* One AdamW update (ft_adamw_step) of o, whose parameters are this
+ * trainer's values and grads, on the trainer's backend. */
+void ft_trainer_adamw_step(const ft_trainer *tr, ft_adamw *o, double lr);
+
+int ft_trainer_n_params(const ft_trainer *tr);
+const ft_train_param *ft_trainer_param(const ft_trainer *tr, int i);
+/* Index of the parameter named name, or -1. */
+int ft_trainer_find_param(const ft_trainer *tr, const char *name);
+/* All trainable values and their gradients, each one flat f32 array of *n
+ * floats in parameter order (for the optimizer, all-reduce, checkpoints). */
+float *ft_trainer_values(ft_trainer *tr, int64_t *n);
+float *ft_trainer_grads(ft_trainer *tr, int64_t *n);
+/* The adapter on Linear `target` (an ft_module, ft_modules
+ * order) of block `layer`, or NULL (not targeted, full mode, out of range).
+ * Its A/B/dA/dB point into ft_trainer_values()/ft_trainer_grads(); the
+ * model's own Linears never see it (wrap these to export or sample). */
+ft_lora *ft_trainer_lora(ft_trainer *tr, int layer, int target);
+/* The micro-step counter that seeds dropout masks (save it in checkpoints
+ * and restore it to replay the same masks). */
+uint64_t ft_trainer_get_micro_step(const ft_trainer *tr);
+void ft_trainer_set_micro_step(ft_trainer *tr, uint64_t step);
+const ft_train_opts *ft_trainer_opts(const ft_trainer *tr);
+
+#endif

@@ -1,0 +1,1083 @@
+/* train_loop.c — ft_train_run: one fine-tuning run from data files to a
+ * PEFT adapter or a full model, with validation, metrics, atomic checkpoints
+ * and bit-exact resume.
+ *
+ * What a resumed run needs to replay the uninterrupted one exactly: the
+ * trainable values, AdamW's moments and step, the trainer's micro-step
+ * (dropout masks are seeded from it), the data cursor (epoch orders are
+ * seeded from the run seed and the epoch) and the step count (the schedule).
+ * The checkpoint holds all of them and the run's configuration, which must
+ * match the resuming run's. */
+#include "train/train_loop.h"
+
+#include "adapter/adapter.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <dirent.h>
+#include <ftw.h>
+#include <sys/file.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* The public enums are the internal ones under public names: same values. */
+_Static_assert(FTUNE_DATA_AUTO == (int)FT_FMT_AUTO && FTUNE_DATA_TEXT == (int)FT_FMT_TEXT &&
+               FTUNE_DATA_COMPLETION == (int)FT_FMT_COMPLETION && FTUNE_DATA_ALPACA == (int)FT_FMT_ALPACA &&
+               FTUNE_DATA_CHAT == (int)FT_FMT_CHAT && FTUNE_DATA_PLAIN == (int)FT_FMT_PLAIN, "data formats");
+_Static_assert(FTUNE_TRAIN_LORA == (int)FT_TRAIN_LORA && FTUNE_TRAIN_FULL == (int)FT_TRAIN_FULL, "train modes");
+_Static_assert((int)FTUNE_LORA_Q_PROJ == (int)FT_MOD_BIT(FT_MOD_Q) && (int)FTUNE_LORA_K_PROJ == (int)FT_MOD_BIT(FT_MOD_K) && (int)FTUNE_LORA_V_PROJ == (int)FT_MOD_BIT(FT_MOD_V) &&
+               (int)FTUNE_LORA_O_PROJ == (int)FT_MOD_BIT(FT_MOD_O) && (int)FTUNE_LORA_GATE_PROJ == (int)FT_MOD_BIT(FT_MOD_GATE) &&
+               (int)FTUNE_LORA_UP_PROJ == (int)FT_MOD_BIT(FT_MOD_UP) && (int)FTUNE_LORA_DOWN_PROJ == (int)FT_MOD_BIT(FT_MOD_DOWN) &&
+               (int)FTUNE_LORA_ALL == (int)FT_MOD_ALL, "LoRA targets");
+_Static_assert(FTUNE_SCHED_CONSTANT == (int)FT_SCHED_CONSTANT && FTUNE_SCHED_LINEAR == (int)FT_SCHED_LINEAR &&
+               FTUNE_SCHED_COSINE == (int)FT_SCHED_COSINE, "schedules");
+_Static_assert(FTUNE_TRUNCATE_END == (int)FT_TRUNC_END && FTUNE_TRUNCATE_PROMPT == (int)FT_TRUNC_PROMPT, "truncation");
+
+#define TRY(x) do { ftune_status st_ = (x); if (st_) return st_; } while (0)
+
+void ftune_train_opts_default(ftune_train_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->val_split = 0.05;
+    o->format = FTUNE_DATA_AUTO;
+    o->shuffle = true;
+    o->mode = FTUNE_TRAIN_LORA;
+    o->lora_r = 8;
+    o->lora_alpha = 16;
+    o->lora_dropout = 0.05f;
+    o->lora_targets = FTUNE_LORA_ALL;
+    ft_adamw_cfg ac;
+    ft_adamw_defaults(&ac);
+    o->beta1 = ac.beta1;
+    o->beta2 = ac.beta2;
+    o->adam_eps = ac.eps;
+    o->weight_decay = 0;
+    o->lr = 2e-4;
+    o->max_grad_norm = 1.0;
+    o->schedule = FTUNE_SCHED_COSINE;
+    o->batch_size = 1;
+    o->grad_accum = 1;
+}
+
+double ft_peak_rss_mib(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (double)ru.ru_maxrss / 1024.0; /* Linux reports KiB */
+}
+
+/* ------------------------------------------------------------ files */
+
+static ftune_status mkdir_p(const char *path) {
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return ft_err(FTUNE_ERR_ARG, "%s: path too long", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return ft_err(FTUNE_ERR_IO, "%s: cannot create: %s", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return ft_err(FTUNE_ERR_IO, "%s: cannot create: %s", buf, strerror(errno));
+    if (!ft_is_dir(buf)) return ft_err(FTUNE_ERR_IO, "%s: exists and is not a directory", buf);
+    return FTUNE_OK;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *f) {
+    (void)sb; (void)f;
+    return flag == FTW_DP ? rmdir(path) : unlink(path);
+}
+
+/* Removes a directory we wrote (and everything in it); absent is fine. */
+static ftune_status rm_tree(const char *path) {
+    struct stat sb;
+    if (lstat(path, &sb) != 0) return FTUNE_OK;
+    if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+        return ft_err(FTUNE_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+    return FTUNE_OK;
+}
+
+static ftune_status fsync_dir(const char *path) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return ft_err(FTUNE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    int r = fsync(fd);
+    int e = errno;
+    close(fd);
+    if (r != 0 && e != EINVAL) return ft_err(FTUNE_ERR_IO, "%s: fsync: %s", path, strerror(e));
+    return FTUNE_OK;
+}
+
+
+
+
+/* ------------------------------------------------------------ the run */
+
+typedef struct {
+    const ftune_train_opts *o;
+    ftune_train_progress_fn cb;
+    void *cb_ctx;
+    ftune_model *m;
+    ft_data_tokenizer dt;
+    ft_dataset *train, *val;
+    int T, B, K;
+    ft_train_opts topts;
+    ft_trainer *tr;
+    ft_param *params;
+    int n_params;
+    ft_adamw opt;
+    bool opt_ready;
+    ft_sched sched;
+    ft_batch_iter *it, *val_it;
+    ft_batch *mb;              /* (K) the micro-batches of one step */
+    int n_mb;
+    ft_batch vb;               /* validation batch */
+    ft_adapter *wrapped;       /* the trainer's LoRA as an adapter object (LoRA) */
+    int64_t total_steps, total_micro; /* total_micro < 0: unbounded (steps given) */
+    int64_t step;              /* optimizer steps done */
+    cJSON *config;             /* the run configuration stored in checkpoints */
+    FILE *metrics, *dump;
+    float *init_vals;          /* --init-adapter A/B by (layer, module) */
+    int64_t init_off[256 * FT_N_MODS + 1];
+    int lock_fd;               /* OUT/.ftune.lock, held for the whole run; -1: none */
+    ftune_train_result res;
+} run;
+
+static void emit(run *r, ftune_train_progress *p) {
+    p->total_steps = r->total_steps;
+    if (r->cb) r->cb(r->cb_ctx, p);
+}
+
+/* The run configuration: everything a resumed run must share with the
+ * checkpoint's run to continue it exactly. */
+static cJSON *make_config(run *r) {
+    const ftune_train_opts *o = r->o;
+    const ft_config *c = &r->m->cfg;
+    cJSON *j = cJSON_CreateObject(), *mo = cJSON_AddObjectToObject(j, "model"), *d = cJSON_AddObjectToObject(j, "data");
+    if (!mo || !d) { cJSON_Delete(j); return NULL; }
+    /* the model: its shape and a fingerprint of sampled weights */
+    cJSON_AddStringToObject(mo, "arch", c->arch);
+    int dims[] = { c->C, c->F, c->L, c->NH, c->NKV, c->HS, c->V };
+    const char *dn[] = { "hidden_size", "intermediate_size", "layers", "heads", "kv_heads", "head_dim", "vocab" };
+    for (int i = 0; i < 7; i++) cJSON_AddNumberToObject(mo, dn[i], dims[i]);
+    uint64_t h = FT_FNV0;
+    float *row = malloc((size_t)(c->C > c->F ? c->C : c->F) * sizeof(float) + (size_t)c->NH * c->HS * sizeof(float));
+    if (row) {
+        for (int i = 0; i < 16; i++) {
+            ft_tensor_row_f32(&r->m->tok_embd, (int64_t)i * c->V / 16, row);
+            h = ft_fnv1a(h, row, (size_t)c->C * sizeof(float));
+        }
+        h = ft_fnv1a(h, r->m->out_norm, (size_t)c->C * sizeof(float));
+        for (int l = 0; l < c->L; l++)
+            for (int k = 0; k < FT_N_MODS; k++) {
+                const ft_linear *lin = ft_model_linear(r->m, l, (ft_module)k);
+                ft_tensor_row_f32(&lin->w, lin->out - 1, row);
+                h = ft_fnv1a(h, row, (size_t)lin->in * sizeof(float));
+            }
+        free(row);
+    }
+    char hex[32];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+    cJSON_AddStringToObject(mo, "fingerprint", hex);
+    /* the training data as tokenized */
+    const ft_dataset *ds = r->train;
+    h = ft_fnv1a(FT_FNV0, ds->tokens, (size_t)ds->off[ds->n] * sizeof *ds->tokens);
+    h = ft_fnv1a(h, ds->mask, (size_t)ds->off[ds->n]);
+    h = ft_fnv1a(h, ds->off, (size_t)(ds->n + 1) * sizeof *ds->off);
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+    cJSON_AddNumberToObject(d, "examples", ds->n);
+    cJSON_AddNumberToObject(d, "tokens", (double)ds->off[ds->n]);
+    cJSON_AddStringToObject(d, "fingerprint", hex);
+    cJSON_AddNumberToObject(d, "val_examples", r->val ? r->val->n : 0);
+    /* training settings */
+    cJSON_AddStringToObject(j, "mode", o->mode == FTUNE_TRAIN_FULL ? "full" : "lora");
+    if (o->mode == FTUNE_TRAIN_LORA) {
+        cJSON_AddNumberToObject(j, "lora_r", r->topts.r);
+        cJSON_AddNumberToObject(j, "lora_alpha", r->topts.alpha);
+        cJSON_AddNumberToObject(j, "lora_dropout", r->topts.dropout);
+        char t[128] = "";
+        for (int k = 0; k < FT_N_MODS; k++)
+            if (r->topts.targets & (1u << k)) {
+                if (*t) strcat(t, ",");
+                strcat(t, ft_modules[k].peft);
+            }
+        cJSON_AddStringToObject(j, "lora_targets", t);
+        cJSON_AddBoolToObject(j, "rslora", r->topts.rslora);
+    }
+    cJSON_AddNumberToObject(j, "ctx", r->T);
+    cJSON_AddNumberToObject(j, "batch_size", r->B);
+    cJSON_AddNumberToObject(j, "grad_accum", r->K);
+    cJSON_AddBoolToObject(j, "pack", o->pack);
+    cJSON_AddBoolToObject(j, "shuffle", o->shuffle);
+    char seed[32];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);
+    cJSON_AddStringToObject(j, "seed", seed);
+    cJSON_AddNumberToObject(j, "lr", o->lr);
+    cJSON_AddNumberToObject(j, "min_lr", o->min_lr);
+    const char *sn[] = { "constant", "linear", "cosine" };
+    cJSON_AddStringToObject(j, "schedule", sn[o->schedule]);
+    cJSON_AddNumberToObject(j, "warmup", (double)o->warmup);
+    cJSON_AddNumberToObject(j, "total_steps", (double)r->total_steps);
+    cJSON_AddNumberToObject(j, "weight_decay", o->weight_decay);
+    cJSON_AddNumberToObject(j, "beta1", o->beta1);
+    cJSON_AddNumberToObject(j, "beta2", o->beta2);
+    cJSON_AddNumberToObject(j, "adam_eps", o->adam_eps);
+    cJSON_AddNumberToObject(j, "max_grad_norm", o->max_grad_norm);
+    return j;
+}
+
+/* The first key where two configurations differ ("lora_r", "model.vocab"),
+ * with both values; false if they agree. */
+static bool config_diff(const cJSON *a, const cJSON *b, const char *prefix, char *key, size_t cap, char **va, char **vb) {
+    const cJSON *x;
+    cJSON_ArrayForEach(x, b) {
+        const cJSON *y = cJSON_GetObjectItemCaseSensitive(a, x->string);
+        char k[256];
+        snprintf(k, sizeof k, "%s%s", prefix, x->string);
+        if (y && cJSON_IsObject(x) && cJSON_IsObject(y)) {
+            char p2[256];
+            snprintf(p2, sizeof p2, "%s.", k);
+            if (config_diff(y, x, p2, key, cap, va, vb)) return true;
+            continue;
+        }
+        if (!y || !cJSON_Compare(x, y, true)) {
+            snprintf(key, cap, "%s", k);
+            *va = y ? cJSON_PrintUnformatted(y) : ft_strdup("(absent)");
+            *vb = cJSON_PrintUnformatted(x);
+            return true;
+        }
+    }
+    cJSON_ArrayForEach(x, a) {
+        if (cJSON_GetObjectItemCaseSensitive(b, x->string)) continue;
+        snprintf(key, cap, "%s%s", prefix, x->string);
+        *va = cJSON_PrintUnformatted(x);
+        *vb = ft_strdup("(absent)");
+        return true;
+    }
+    return false;
+}
+
+/* ------------------------------------------------------------ data */
+
+static ftune_status load_data(run *r) {
+    const ftune_train_opts *o = r->o;
+    ft_dataset_opts dop;
+    ft_dataset_opts_default(&dop);
+    dop.format = (ft_data_format)o->format;
+    dop.ctx_len = r->T;
+    dop.train_on_prompt = o->train_on_prompt;
+    dop.drop_long = o->drop_long;
+    dop.truncate = (ft_truncate_side)o->truncate;
+    dop.prompt_key = o->prompt_key;
+    dop.completion_key = o->completion_key;
+    dop.progress = o->data_progress;
+    dop.progress_ctx = o->data_progress_ctx;
+    if (o->chat_template) {
+        TRY(ft_chat_template_from_name(&dop.chat_template, o->chat_template));
+    } else if (o->model_path && ft_is_dir(o->model_path)) {
+        ft_chat_template t = FT_CHAT_NONE;
+        if (ft_chat_template_from_hf_dir(&t, o->model_path) == FTUNE_OK) dop.chat_template = t;
+    }
+    TRY(ft_dataset_load(&r->train, o->data_path, &r->dt, &dop));
+    if (o->val_path) {
+        TRY(ft_dataset_load(&r->val, o->val_path, &r->dt, &dop));
+    } else if (o->val_split > 0) {
+        if (!(o->val_split < 1)) return ft_err(FTUNE_ERR_ARG, "--val-split %g: expected a fraction in [0, 1)", o->val_split);
+        if (r->train->n >= 2) TRY(ft_dataset_split(r->train, o->val_split, o->seed, &r->val));
+    }
+    return FTUNE_OK;
+}
+
+/* ------------------------------------------------------------ LoRA from a PEFT directory */
+
+/* Reads --init-adapter's LoRA settings and A/B values; the adapter is
+ * attached only while it is read (the trainer wants a bare model). */
+static ftune_status read_init_adapter(run *r) {
+    const ftune_train_opts *o = r->o;
+    const ft_config *c = &r->m->cfg;
+    if (c->L > 256) return ft_err(FTUNE_ERR_UNSUPPORTED, "--init-adapter: models of more than 256 layers");
+    ft_adapter *a = NULL;
+    ftune_status st = ft_adapter_load_peft(&a, r->m, o->init_adapter, false);
+    if (st) return ft_err_prefix(st, "--init-adapter");
+    const ft_lora_cfg *lc = &a->cfg;
+    const char *bad = NULL;
+    char have[64] = "", want[64] = "";
+    if ((o->lora_set & FTUNE_SET_LORA_R) && lc->r != r->topts.r) {
+        bad = "--lora-r"; snprintf(have, sizeof have, "%d", lc->r); snprintf(want, sizeof want, "%d", r->topts.r);
+    } else if ((o->lora_set & FTUNE_SET_LORA_ALPHA) && lc->alpha != r->topts.alpha) {
+        bad = "--lora-alpha"; snprintf(have, sizeof have, "%g", lc->alpha); snprintf(want, sizeof want, "%g", r->topts.alpha);
+    } else if ((o->lora_set & FTUNE_SET_RSLORA) && lc->rslora != r->topts.rslora) {
+        bad = "--rslora"; snprintf(have, sizeof have, "%s", lc->rslora ? "on" : "off");
+        snprintf(want, sizeof want, "%s", r->topts.rslora ? "on" : "off");
+    } else if ((o->lora_set & FTUNE_SET_LORA_TARGETS) && lc->targets != r->topts.targets) {
+        bad = "--lora-targets"; snprintf(have, sizeof have, "mask 0x%x", lc->targets);
+        snprintf(want, sizeof want, "mask 0x%x", r->topts.targets);
+    }
+    if (bad) {
+        st = ft_err(FTUNE_ERR_ARG, "--init-adapter %s: the adapter has %s %s, but %s was given (leave it out to use the adapter's)",
+                    o->init_adapter, bad, have, want);
+        goto done;
+    }
+    r->topts.r = lc->r;
+    r->topts.alpha = lc->alpha;
+    r->topts.rslora = lc->rslora;
+    r->topts.targets = lc->targets;
+    int per_layer = __builtin_popcount(lc->targets);
+    if (a->n != c->L * per_layer) {
+        st = ft_err(FTUNE_ERR_UNSUPPORTED, "--init-adapter %s: the adapter covers %d of the %d Linears its target_modules "
+                    "name in every layer; training adapts all layers", o->init_adapter, a->n, c->L * per_layer);
+        goto done;
+    }
+    int64_t total = 0;
+    memset(r->init_off, 0, sizeof r->init_off);
+    for (int i = 0; i < a->n; i++) {
+        const ft_adapter_entry *e = &a->e[i];
+        total += (int64_t)lc->r * (e->lin->in + e->lin->out);
+    }
+    r->init_vals = ft_malloc((size_t)(total ? total : 1) * sizeof(float));
+    if (!r->init_vals) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
+    int64_t off = 0;
+    for (int i = 0; i < a->n; i++) {
+        const ft_adapter_entry *e = &a->e[i];
+        int64_t na = (int64_t)lc->r * e->lin->in, nb = (int64_t)lc->r * e->lin->out;
+        r->init_off[e->layer * FT_N_MODS + e->mod] = off + 1; /* 0 = none */
+        memcpy(r->init_vals + off, e->lora->A, (size_t)na * sizeof(float));
+        memcpy(r->init_vals + off + na, e->lora->B, (size_t)nb * sizeof(float));
+        off += na + nb;
+    }
+done:
+    ft_adapter_free(a);
+    return st;
+}
+
+static void apply_init_adapter(run *r) {
+    const ft_config *c = &r->m->cfg;
+    for (int l = 0; l < c->L; l++)
+        for (int k = 0; k < FT_N_MODS; k++) {
+            ft_lora *a = ft_trainer_lora(r->tr, l, k);
+            int64_t off = r->init_off[l * FT_N_MODS + k];
+            if (!a || !off) continue;
+            const ft_linear *lin = ft_model_linear(r->m, l, (ft_module)k);
+            int64_t na = (int64_t)a->r * lin->in, nb = (int64_t)a->r * lin->out;
+            memcpy(a->A, r->init_vals + off - 1, (size_t)na * sizeof(float));
+            memcpy(a->B, r->init_vals + off - 1 + na, (size_t)nb * sizeof(float));
+        }
+}
+
+/* ------------------------------------------------------------ outputs */
+
+static ftune_status save_adapter_dir(run *r, const char *dir) {
+    TRY(mkdir_p(dir));
+    return ft_adapter_save_peft(r->wrapped, dir);
+}
+
+static ft_tensor f32_view(const char *name, float *data, int64_t rows, int64_t cols) {
+    ft_tensor t;
+    memset(&t, 0, sizeof t);
+    snprintf(t.name, sizeof t.name, "%s", name);
+    t.dtype = FT_F32;
+    t.ndim = 2;
+    t.shape[0] = rows;
+    t.shape[1] = cols;
+    t.data = data;
+    t.nbytes = (size_t)(rows * cols) * sizeof(float);
+    return t;
+}
+
+static bool ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+/* Full fine-tuning: writes a Hugging Face model whose weights are the
+ * trainer's, through the merge writer on a shallow copy of the model. */
+static ftune_status save_full_model(run *r, const char *dir) {
+    ftune_model v = *r->m;
+    const ft_config *c = &v.cfg;
+    v.layers = ft_malloc((size_t)c->L * sizeof *v.layers);
+    if (!v.layers) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    memcpy(v.layers, r->m->layers, (size_t)c->L * sizeof *v.layers);
+    v.adapter = NULL;
+    v.lm_head.lora = NULL;
+    int n = ft_trainer_n_params(r->tr);
+    for (int i = 0; i < n; i++) {
+        const ft_train_param *p = ft_trainer_param(r->tr, i);
+        if (strcmp(p->name, "model.embed_tokens.weight") == 0) v.tok_embd = f32_view(p->name, p->data, p->shape[0], p->shape[1]);
+        else if (strcmp(p->name, "lm_head.weight") == 0) v.lm_head.w = f32_view(p->name, p->data, p->shape[0], p->shape[1]);
+        else if (strcmp(p->name, "model.norm.weight") == 0) v.out_norm = p->data;
+        else if (p->layer >= 0 && p->target >= 0) {
+            ft_linear *lin = ft_model_linear(&v, p->layer, (ft_module)p->target);
+            if (ends_with(p->name, ".bias")) lin->bias = p->data;
+            else lin->w = f32_view(p->name, p->data, p->shape[0], p->shape[1]);
+        } else if (p->layer >= 0 && strstr(p->name, "input_layernorm")) v.layers[p->layer].attn_norm = p->data;
+        else if (p->layer >= 0 && strstr(p->name, "post_attention_layernorm")) v.layers[p->layer].ffn_norm = p->data;
+    }
+    if (c->tied) v.lm_head.w = v.tok_embd;
+    for (int l = 0; l < c->L; l++)
+        for (int k = 0; k < FT_N_MODS; k++) ft_model_linear(&v, l, (ft_module)k)->lora = NULL;
+    ft_merge_opts mo = { .dtype = "f32" };
+    ftune_status st = ft_merge_write(&v, dir, &mo);
+    free(v.layers);
+    return st;
+}
+
+/* ------------------------------------------------------------ checkpoints */
+
+static ftune_status write_trainable(run *r, const char *path) {
+    int n = ft_trainer_n_params(r->tr);
+    st_out_tensor *ts = ft_calloc((size_t)n, sizeof *ts);
+    if (!ts) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        const ft_train_param *p = ft_trainer_param(r->tr, i);
+        ts[i] = (st_out_tensor){ .name = p->name, .dtype = FT_F32, .ndim = p->ndim, .data = p->data };
+        ts[i].shape[0] = p->shape[0];
+        ts[i].shape[1] = p->shape[1];
+    }
+    const char *meta[] = { "ftune.kind", "trainable", NULL };
+    ftune_status st = ft_st_write(path, ts, n, meta);
+    free(ts);
+    return st;
+}
+
+static ftune_status read_trainable(run *r, const char *path) {
+    st_file f;
+    TRY(ft_st_open(&f, path));
+    int n = ft_trainer_n_params(r->tr);
+    ftune_status st = FTUNE_OK;
+    if (f.n != n) st = ft_err(FTUNE_ERR_FORMAT, "%s: %d tensors, the trainer has %d", path, f.n, n);
+    for (int i = 0; i < n && !st; i++) {
+        const ft_train_param *p = ft_trainer_param(r->tr, i);
+        const st_tensor *t = ft_st_find(&f, p->name);
+        if (!t) { st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\" is missing", path, p->name); break; }
+        bool shape_ok = t->dtype == FT_F32 && t->ndim == p->ndim && t->shape[0] == p->shape[0] &&
+                        (p->ndim == 1 || t->shape[1] == p->shape[1]);
+        if (!shape_ok) { st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": dtype or shape differs from the trainer's", path, p->name); break; }
+        memcpy(p->data, t->data, (size_t)p->numel * sizeof(float));
+    }
+    ft_st_close(&f);
+    return st;
+}
+
+/* The files of a checkpoint whose checksums trainer_state.json records. */
+static const char *const ckpt_sums[] = { "trainable.safetensors", "optimizer.safetensors", "adapter_model.safetensors",
+                                         "adapter_config.json" };
+
+static ftune_status save_checkpoint(run *r) {
+    char dir[4096], tmp[4200], old[4200], path[4400];
+    snprintf(dir, sizeof dir, "%s/checkpoint-%lld", r->o->out_dir, (long long)r->step);
+    /* the pid keeps two processes apart even where the lock cannot (a
+     * directory on a file system without flock) */
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
+    snprintf(old, sizeof old, "%s.old.%ld", dir, (long)getpid());
+    ftune_status st = rm_tree(tmp);
+    if (!st) st = mkdir_p(tmp);
+    if (!st) { snprintf(path, sizeof path, "%s/trainable.safetensors", tmp); st = write_trainable(r, path); }
+    if (!st) { snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp); st = ft_adamw_save(&r->opt, path, NULL); }
+    if (!st && r->wrapped) st = ft_adapter_save_peft(r->wrapped, tmp);
+    if (!st) {
+        cJSON *j = cJSON_CreateObject();
+        ft_data_cursor cur = ft_batch_iter_cursor(r->it);
+        char ms[32];
+        snprintf(ms, sizeof ms, "%llu", (unsigned long long)ft_trainer_get_micro_step(r->tr));
+        cJSON_AddStringToObject(j, "format", FT_CKPT_FORMAT);
+        cJSON_AddNumberToObject(j, "version", FT_CKPT_VERSION);
+        cJSON_AddNumberToObject(j, "step", (double)r->step);
+        cJSON_AddStringToObject(j, "micro_step", ms);
+        cJSON_AddNumberToObject(j, "data_epoch", (double)cur.epoch);
+        cJSON_AddNumberToObject(j, "data_index", (double)cur.index);
+        if (r->o->model_path) cJSON_AddStringToObject(j, "model_path", r->o->model_path);
+        cJSON_AddItemReferenceToObject(j, "config", r->config);
+        /* checksums of the files as they are on disk, read back */
+        cJSON *sums = cJSON_AddObjectToObject(j, "checksums");
+        for (size_t i = 0; i < sizeof ckpt_sums / sizeof ckpt_sums[0] && !st; i++) {
+            snprintf(path, sizeof path, "%s/%s", tmp, ckpt_sums[i]);
+            if (!ft_file_exists(path)) continue;
+            uint64_t h;
+            if ((st = ft_file_fnv1a(path, &h))) break;
+            char hex[32];
+            snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+            cJSON_AddStringToObject(sums, ckpt_sums[i], hex);
+        }
+        snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
+        if (!st) st = ft_write_json_atomic(path, j);
+        cJSON_Delete(j);
+    }
+    if (!st) st = fsync_dir(tmp);
+    if (!st && ft_is_dir(dir)) {
+        if (!(st = rm_tree(old)) && rename(dir, old) != 0)
+            st = ft_err(FTUNE_ERR_IO, "%s: cannot rename: %s", dir, strerror(errno));
+    }
+    if (!st && rename(tmp, dir) != 0) st = ft_err(FTUNE_ERR_IO, "%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
+    if (!st) st = fsync_dir(r->o->out_dir);
+    if (st) {
+        ft_err_prefix(st, "saving checkpoint %s", dir);
+        char *keep = ft_strdup(ftune_last_error());
+        rm_tree(tmp);
+        if (keep) { ft_err(st, "%s", keep); free(keep); }
+        return st;
+    }
+    rm_tree(old);
+    snprintf(r->res.checkpoint, sizeof r->res.checkpoint, "%s", dir);
+    ftune_train_progress p = { .ev = FTUNE_TRAIN_SAVE, .step = r->step, .path = dir };
+    emit(r, &p);
+    return FTUNE_OK;
+}
+
+/* The other checkpoints beside dir (in its parent), for a message:
+ * "checkpoint-5, checkpoint-10" or "none". */
+static void sibling_checkpoints(const char *dir, char *out, size_t cap) {
+    char parent[4200];
+    snprintf(parent, sizeof parent, "%s", dir);
+    size_t n = strlen(parent);
+    while (n > 1 && parent[n - 1] == '/') parent[--n] = 0;
+    char *slash = strrchr(parent, '/');
+    const char *self = slash ? slash + 1 : parent;
+    char selfname[256];
+    snprintf(selfname, sizeof selfname, "%s", self);
+    if (slash) *slash = 0;
+    else snprintf(parent, sizeof parent, ".");
+    snprintf(out, cap, "none");
+    DIR *d = opendir(slash && !*parent ? "/" : parent);
+    if (!d) return;
+    size_t len = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        char *endp;
+        if (strncmp(e->d_name, "checkpoint-", 11) != 0 || strcmp(e->d_name, selfname) == 0) continue;
+        strtoll(e->d_name + 11, &endp, 10);
+        if (endp == e->d_name + 11 || *endp) continue;
+        int k = snprintf(out + len, cap - len, "%s%s", len ? ", " : "", e->d_name);
+        if (k < 0 || (size_t)k >= cap - len) break;
+        len += (size_t)k;
+    }
+    closedir(d);
+}
+
+static ftune_status load_checkpoint(run *r, const char *dir) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    if (!ft_is_dir(dir)) return ft_err(FTUNE_ERR_IO, "--resume %s: no such checkpoint directory", dir);
+    char *text;
+    size_t len;
+    TRY(ft_read_file(path, &text, &len));
+    ft_ckpt_state cs;
+    ftune_status st = ft_ckpt_state_parse(&cs, text, len, path);
+    free(text);
+    if (st) return st;
+    char key[256], *va = NULL, *vb = NULL;
+    if (config_diff(cs.config, r->config, "", key, sizeof key, &va, &vb)) {
+        bool model = strncmp(key, "model.", 6) == 0, data = strncmp(key, "data.", 5) == 0;
+        if (strcmp(key, "model.fingerprint") == 0 || strcmp(key, "data.fingerprint") == 0)
+            st = ft_err(FTUNE_ERR_ARG, "--resume %s: the checkpoint is from a different %s: same shape, different %s "
+                        "(fingerprint %s there, %s in this run)", dir, model ? "model" : "training set",
+                        model ? "weights" : "tokens", va ? va : "?", vb ? vb : "?");
+        else st = ft_err(FTUNE_ERR_ARG, "--resume %s: the checkpoint is from a different %s: %s is %s there, %s in this run",
+                    dir, model ? "model" : data ? "training set" : "configuration", key, va ? va : "?", vb ? vb : "?");
+        free(va);
+        free(vb);
+        goto done;
+    }
+    int64_t s = cs.step;
+    if (s >= r->total_steps) {
+        st = ft_err(FTUNE_ERR_ARG, "--resume %s: the checkpoint is at step %lld, and this run has %lld steps", dir,
+                    (long long)s, (long long)r->total_steps);
+        goto done;
+    }
+    /* every step trains 1 to K micro-batches */
+    if (cs.micro_step < (uint64_t)s || cs.micro_step > (uint64_t)s * (uint64_t)r->K) {
+        st = ft_err(FTUNE_ERR_FORMAT, "%s: micro_step %llu does not fit step %lld with %d micro-batch(es) per step", path,
+                    (unsigned long long)cs.micro_step, (long long)s, r->K);
+        goto done;
+    }
+    /* the files, checked before any is read */
+    for (int i = 0; i < cs.n_files; i++) {
+        char fp[4400];
+        snprintf(fp, sizeof fp, "%s/%s", dir, cs.files[i].name);
+        uint64_t h;
+        if ((st = ft_file_fnv1a(fp, &h))) goto done;
+        if (h != cs.files[i].fnv) {
+            char others[1024];
+            sibling_checkpoints(dir, others, sizeof others);
+            st = ft_err(FTUNE_ERR_FORMAT, "--resume %s: %s is damaged (checksum %016llx, trainer_state.json records "
+                        "%016llx); nothing was loaded. Other checkpoints there: %s", dir, cs.files[i].name,
+                        (unsigned long long)h, (unsigned long long)cs.files[i].fnv, others);
+            goto done;
+        }
+    }
+    snprintf(path, sizeof path, "%s/trainable.safetensors", dir);
+    if ((st = read_trainable(r, path))) goto done;
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    if ((st = ft_adamw_load(&r->opt, path))) goto done;
+    if (r->opt.step != s) {
+        st = ft_err(FTUNE_ERR_FORMAT, "%s: optimizer step %lld, but the checkpoint is at step %lld", path,
+                    (long long)r->opt.step, (long long)s);
+        goto done;
+    }
+    ft_data_cursor cur = { cs.data_epoch, cs.data_index };
+    if ((st = ft_batch_iter_seek(r->it, cur))) { st = ft_err_prefix(st, "%s", dir); goto done; }
+    ft_trainer_set_micro_step(r->tr, cs.micro_step);
+    r->step = s;
+done:
+    ft_ckpt_state_free(&cs);
+    return st;
+}
+
+/* metrics.jsonl of a resumed run: the lines up to the checkpoint's step
+ * from the checkpoint's run, then the new ones. */
+static ftune_status open_metrics(run *r) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", r->o->out_dir);
+    char *keep = NULL;
+    size_t nkeep = 0;
+    if (r->o->resume && r->step > 0) {
+        char src[4200];
+        snprintf(src, sizeof src, "%s/../metrics.jsonl", r->o->resume);
+        char *text;
+        size_t len;
+        if (ft_file_exists(src) && ft_read_file(src, &text, &len) == FTUNE_OK) {
+            keep = ft_malloc(len + 1);
+            for (char *line = text; keep && line < text + len;) {
+                char *nl = memchr(line, '\n', (size_t)(text + len - line));
+                size_t ll = nl ? (size_t)(nl - line) : (size_t)(text + len - line);
+                char save = line[ll];
+                line[ll] = 0;
+                cJSON *j = cJSON_Parse(line);
+                const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "step");
+                if (cJSON_IsNumber(s) && s->valuedouble <= (double)r->step) {
+                    memcpy(keep + nkeep, line, ll);
+                    nkeep += ll;
+                    keep[nkeep++] = '\n';
+                }
+                cJSON_Delete(j);
+                line[ll] = save;
+                line += ll + 1;
+            }
+            free(text);
+        }
+    }
+    ftune_status st = ft_write_file_atomic(path, keep ? keep : "", nkeep);
+    free(keep);
+    if (st) return st;
+    r->metrics = fopen(path, "a");
+    if (!r->metrics) return ft_err(FTUNE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    return FTUNE_OK;
+}
+
+static ftune_status dump_batch(run *r, const ft_batch *b, int micro, int64_t ntt) {
+    FILE *f = r->dump;
+    fprintf(f, "{\"step\":%lld,\"micro\":%d,\"B\":%d,\"T\":%d,\"n_targets_total\":%lld", (long long)r->step + 1, micro,
+            b->B, b->T, (long long)ntt);
+    const char *names[] = { "tokens", "targets", "pos", "doc" };
+    for (int a = 0; a < 4; a++) {
+        fprintf(f, ",\"%s\":[", names[a]);
+        for (int i = 0; i < b->B; i++) {
+            fputc(i ? ',' : '[', f);
+            if (i) fputc('[', f);
+            for (int t = 0; t < b->T; t++) {
+                size_t k = (size_t)i * b->T + t;
+                int v = a == 0 ? b->tokens[k] : a == 1 ? b->targets[k] : a == 2 ? b->pos[k] : b->doc[k];
+                fprintf(f, t ? ",%d" : "%d", v);
+            }
+            fputc(']', f);
+        }
+        fputc(']', f);
+    }
+    fputs("}\n", f);
+    if (ferror(f)) return ft_err(FTUNE_ERR_IO, "%s: write failed", r->o->dump_batches);
+    return FTUNE_OK;
+}
+
+/* Token-weighted mean loss over the whole validation set. */
+static ftune_status validate(run *r, double *loss) {
+    int64_t nb;
+    TRY(ft_batch_iter_seek(r->val_it, (ft_data_cursor){ 0, 0 }));
+    TRY(ft_batch_iter_epoch_batches(r->val_it, 0, &nb));
+    double sum = 0;
+    int64_t nt = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        double ls;
+        int64_t n;
+        TRY(ft_batch_iter_next(r->val_it, &r->vb));
+        TRY(ft_trainer_eval(r->tr, &r->vb, &ls, &n));
+        sum += ls;
+        nt += n;
+    }
+    if (nt == 0) return ft_err(FTUNE_ERR_ARG, "%s: the validation set has no target tokens", r->val->path);
+    *loss = sum / (double)nt;
+    return FTUNE_OK;
+}
+
+/* One optimizer step over up to K micro-batches. */
+static ftune_status train_step(run *r, double *loss, double *gnorm, double *lr, int64_t *n_tokens) {
+    int kk = 0;
+    int64_t ntt = 0;
+    *n_tokens = 0;
+    for (; kk < r->K; kk++) {
+        if (r->total_micro >= 0 && r->step * r->K + kk >= r->total_micro) break;
+        TRY(ft_batch_iter_next(r->it, &r->mb[kk]));
+        ntt += r->mb[kk].n_targets;
+        const ft_batch *b = &r->mb[kk];
+        for (size_t i = 0; i < (size_t)b->B * b->T; i++) *n_tokens += b->doc[i] >= 0;
+    }
+    if (kk == 0) return ft_err(FTUNE_ERR_ARG, "no micro-batches left for step %lld", (long long)r->step + 1);
+    if (ntt == 0)
+        return ft_err(FTUNE_ERR_ARG, "step %lld: its %d micro-batch(es) have no target tokens", (long long)r->step + 1, kk);
+    if (r->dump)
+        for (int k = 0; k < kk; k++) TRY(dump_batch(r, &r->mb[k], k, ntt));
+    ft_trainer_zero_grad(r->tr);
+    double sum = 0;
+    for (int k = 0; k < kk; k++) {
+        double ls;
+        TRY(ft_trainer_step(r->tr, &r->mb[k], ntt, &ls));
+        sum += ls;
+    }
+    *loss = sum / (double)ntt;
+    *gnorm = ft_clip_grad_norm(r->params, r->n_params, r->o->max_grad_norm);
+    if (!isfinite(*loss) || !isfinite(*gnorm))
+        return ft_err(FTUNE_ERR_RANGE, "step %lld: the loss (%g) or gradient norm (%g) is not finite; try a lower --lr",
+                      (long long)r->step + 1, *loss, *gnorm);
+    *lr = ft_sched_lr(&r->sched, r->step);
+    ft_trainer_adamw_step(r->tr, &r->opt, *lr); /* through the trainer's backend */
+    r->step++;
+    return FTUNE_OK;
+}
+
+static ftune_status check_opts(const ftune_train_opts *o) {
+    if (!o->model) return ft_err(FTUNE_ERR_ARG, "no model");
+    if (!o->data_path) return ft_err(FTUNE_ERR_ARG, "no training data (--data FILE)");
+    if (!o->out_dir) return ft_err(FTUNE_ERR_ARG, "no output directory (-o DIR)");
+    if (o->batch_size < 1) return ft_err(FTUNE_ERR_ARG, "--batch-size %d: must be at least 1", o->batch_size);
+    if (o->grad_accum < 1) return ft_err(FTUNE_ERR_ARG, "--grad-accum %d: must be at least 1", o->grad_accum);
+    if (o->steps < 0 || o->epochs < 0) return ft_err(FTUNE_ERR_ARG, "--steps and --epochs must not be negative");
+    if (o->steps > 0 && o->epochs > 0) return ft_err(FTUNE_ERR_ARG, "give --steps or --epochs, not both");
+    if (o->ctx < 0 || o->ctx == 1) return ft_err(FTUNE_ERR_ARG, "--ctx %d: must be at least 2", o->ctx);
+    if (o->eval_every < 0 || o->save_every < 0) return ft_err(FTUNE_ERR_ARG, "--eval-every and --save-every must not be negative");
+    if (o->warmup < 0) return ft_err(FTUNE_ERR_ARG, "--warmup must not be negative");
+    if (!(o->lr >= 0) || !(o->min_lr >= 0)) return ft_err(FTUNE_ERR_ARG, "--lr and --min-lr must not be negative");
+    if (!(o->max_grad_norm >= 0)) return ft_err(FTUNE_ERR_ARG, "--max-grad-norm must not be negative");
+    if (!(o->val_split >= 0 && o->val_split < 1)) return ft_err(FTUNE_ERR_ARG, "--val-split %g: expected a fraction in [0, 1)", o->val_split);
+    if (o->mode == FTUNE_TRAIN_FULL) {
+        if (o->init_adapter) return ft_err(FTUNE_ERR_ARG, "--init-adapter starts a LoRA run; it does not apply to --full");
+        if (o->export_gguf) return ft_err(FTUNE_ERR_ARG, "--export-gguf writes a LoRA adapter; it does not apply to --full");
+        if (o->save_initial_adapter) return ft_err(FTUNE_ERR_ARG, "--save-initial-adapter does not apply to --full");
+    }
+    return FTUNE_OK;
+}
+
+static bool same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+#define LOCK_NAME ".ftune.lock"
+
+/* Whether an entry of the output directory is what `--overwrite` removes:
+ * the previous run's metrics, initial adapter and checkpoints (also the
+ * temporary and old ones a killed save leaves). */
+static bool stale_output(const char *name) {
+    return strcmp(name, "metrics.jsonl") == 0 || strcmp(name, "initial") == 0 || strncmp(name, "checkpoint-", 11) == 0;
+}
+
+/* Everything about the output paths that can be checked before training:
+ * not the base model's directory, creatable, locked against a second run,
+ * and empty unless resuming or overwriting. */
+static ftune_status claim_out_dir(run *r) {
+    const ftune_train_opts *o = r->o;
+    if (o->resume && o->overwrite) return ft_err(FTUNE_ERR_ARG, "give --resume or --overwrite, not both");
+    if (o->model_path) {
+        char parent[4200];
+        snprintf(parent, sizeof parent, "%s", o->model_path);
+        char *slash = strrchr(parent, '/');
+        if (slash) *slash = 0;
+        else snprintf(parent, sizeof parent, ".");
+        bool is_model_dir = ft_is_dir(o->model_path) ? same_file(o->out_dir, o->model_path) : same_file(o->out_dir, parent);
+        if (is_model_dir)
+            return ft_err(FTUNE_ERR_ARG, "-o %s is the base model's directory (%s); the outputs would overwrite or mix "
+                          "with the model's files: choose another directory", o->out_dir, o->model_path);
+    }
+    if (o->dump_batches && ft_is_dir(o->dump_batches))
+        return ft_err(FTUNE_ERR_ARG, "--dump-batches %s is a directory", o->dump_batches);
+    TRY(mkdir_p(o->out_dir));
+    char path[4200];
+    snprintf(path, sizeof path, "%s/" LOCK_NAME, o->out_dir);
+    r->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (r->lock_fd < 0) return ft_err(FTUNE_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    if (flock(r->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        char pid[32] = "";
+        ssize_t k = pread(r->lock_fd, pid, sizeof pid - 1, 0);
+        if (k > 0) pid[k] = 0;
+        pid[strcspn(pid, "\n")] = 0;
+        close(r->lock_fd);
+        r->lock_fd = -1;
+        if (e == EWOULDBLOCK)
+            return ft_err(FTUNE_ERR_IO, "%s: another training run (process %s) is writing to this output directory; "
+                          "wait for it or choose another -o", o->out_dir, *pid ? pid : "?");
+        return ft_err(FTUNE_ERR_IO, "%s: cannot lock: %s", path, strerror(e));
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(r->lock_fd, 0) != 0 || pwrite(r->lock_fd, pid, (size_t)n, 0) != n)
+        return ft_err(FTUNE_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    if (o->resume) return FTUNE_OK;
+    DIR *d = opendir(o->out_dir);
+    if (!d) return ft_err(FTUNE_ERR_IO, "%s: cannot read: %s", o->out_dir, strerror(errno));
+    char names[512] = "";
+    int count = 0;
+    size_t len = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 || strcmp(e->d_name, LOCK_NAME) == 0) continue;
+        if (count++ < 4) {
+            int k = snprintf(names + len, sizeof names - len, "%s%s", len ? ", " : "", e->d_name);
+            if (k > 0 && (size_t)k < sizeof names - len) len += (size_t)k;
+        }
+    }
+    closedir(d);
+    if (count && !o->overwrite)
+        return ft_err(FTUNE_ERR_ARG, "-o %s is not empty (%s%s): it holds another run. Give --resume %s/checkpoint-STEP "
+                      "to continue it, --overwrite to replace it, or another -o", o->out_dir, names,
+                      count > 4 ? ", ..." : "", o->out_dir);
+    return FTUNE_OK;
+}
+
+/* --overwrite: removes the previous run's metrics, initial adapter and
+ * checkpoints, so that none of them is mistaken for this run's. */
+static ftune_status clear_old_run(run *r) {
+    DIR *d = opendir(r->o->out_dir);
+    if (!d) return ft_err(FTUNE_ERR_IO, "%s: cannot read: %s", r->o->out_dir, strerror(errno));
+    ftune_status st = FTUNE_OK;
+    for (struct dirent *e; (e = readdir(d)) && !st;) {
+        if (!stale_output(e->d_name)) continue;
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", r->o->out_dir, e->d_name);
+        st = rm_tree(path);
+    }
+    closedir(d);
+    return st;
+}
+
+static ftune_status setup(run *r) {
+    const ftune_train_opts *o = r->o;
+    const ft_config *c = &r->m->cfg;
+    TRY(check_opts(o));
+    const ftune_tokenizer *tok = ftune_model_tokenizer(r->m);
+    if (!tok) return ft_err(FTUNE_ERR_ARG, "%s: the model has no tokenizer", o->model_path ? o->model_path : "model");
+    ft_data_tokenizer_init(&r->dt, tok);
+    r->T = o->ctx > 0 ? o->ctx : (c->max_T < 512 ? c->max_T : 512);
+    if (r->T > c->max_T)
+        return ft_err(FTUNE_ERR_ARG, "--ctx %d is longer than the model's context length %d", r->T, c->max_T);
+    r->B = o->batch_size;
+    r->K = o->grad_accum;
+    TRY(claim_out_dir(r));
+    TRY(load_data(r));
+
+    ft_train_opts_default(&r->topts);
+    r->topts.mode = (ft_train_mode)o->mode;
+    r->topts.r = o->lora_r;
+    r->topts.alpha = o->lora_alpha;
+    r->topts.rslora = o->rslora;
+    r->topts.dropout = o->lora_dropout;
+    r->topts.targets = o->lora_targets;
+    r->topts.seed = o->seed;
+    r->topts.max_B = r->B;
+    r->topts.max_T = r->T;
+    r->topts.n_threads = o->n_threads;
+    if (o->init_adapter) TRY(read_init_adapter(r));
+    TRY(ft_trainer_new(&r->tr, r->m, &r->topts));
+    if (r->init_vals) apply_init_adapter(r);
+
+    r->n_params = ft_trainer_n_params(r->tr);
+    r->params = ft_calloc((size_t)r->n_params, sizeof *r->params);
+    if (!r->params) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    int64_t n_trainable = 0;
+    for (int i = 0; i < r->n_params; i++) {
+        const ft_train_param *p = ft_trainer_param(r->tr, i);
+        ft_param *q = &r->params[i];
+        snprintf(q->name, sizeof q->name, "%s", p->name);
+        q->data = p->data;
+        q->grad = p->grad;
+        q->numel = p->numel;
+        q->ndim = p->ndim;
+        q->shape[0] = p->shape[0];
+        q->shape[1] = p->shape[1];
+        q->decay = o->mode == FTUNE_TRAIN_LORA || p->ndim == 2; /* no decay on norms and biases, as HF's Trainer */
+        n_trainable += p->numel;
+    }
+    ft_adamw_cfg ac = { .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps, .weight_decay = o->weight_decay,
+                        .n_threads = o->n_threads };
+    TRY(ft_adamw_init(&r->opt, r->params, r->n_params, &ac));
+    r->opt_ready = true;
+
+    if (o->mode == FTUNE_TRAIN_LORA) {
+        ft_lora **loras = ft_calloc((size_t)c->L * FT_N_MODS, sizeof *loras);
+        if (!loras) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+        for (int l = 0; l < c->L; l++)
+            for (int k = 0; k < FT_N_MODS; k++) loras[l * FT_N_MODS + k] = ft_trainer_lora(r->tr, l, k);
+        ftune_status st = ft_adapter_wrap(&r->wrapped, r->m, loras, o->lora_dropout);
+        free(loras);
+        TRY(st);
+    }
+
+    ft_batch_opts bo = { .B = r->B, .T = r->T, .pack = o->pack, .shuffle = o->shuffle, .seed = o->seed,
+                         .pad_id = r->dt.eos_id >= 0 ? r->dt.eos_id : 0 };
+    TRY(ft_batch_iter_new(&r->it, r->train, &bo));
+    r->mb = ft_calloc((size_t)r->K, sizeof *r->mb);
+    if (!r->mb) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    for (int k = 0; k < r->K; k++, r->n_mb++) TRY(ft_batch_init(&r->mb[k], r->B, r->T));
+    if (r->val) {
+        ft_batch_opts vo = bo;
+        vo.pack = false;
+        vo.shuffle = false;
+        TRY(ft_batch_iter_new(&r->val_it, r->val, &vo));
+        TRY(ft_batch_init(&r->vb, r->B, r->T));
+    }
+
+    /* how many steps */
+    if (o->steps > 0) {
+        r->total_steps = o->steps;
+        r->total_micro = -1;
+    } else {
+        int epochs = o->epochs > 0 ? o->epochs : 1;
+        int64_t m = 0;
+        for (int e = 0; e < epochs; e++) {
+            int64_t nb;
+            TRY(ft_batch_iter_epoch_batches(r->it, e, &nb));
+            m += nb;
+        }
+        r->total_micro = m;
+        r->total_steps = (m + r->K - 1) / r->K;
+    }
+    r->sched = (ft_sched){ .kind = (ft_sched_kind)o->schedule, .lr = o->lr, .min_lr = o->min_lr, .warmup_steps = o->warmup,
+                           .total_steps = r->total_steps };
+    r->config = make_config(r);
+    if (!r->config) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    if (o->resume) TRY(load_checkpoint(r, o->resume));
+    if (o->overwrite) TRY(clear_old_run(r));
+    TRY(open_metrics(r));
+    if (o->dump_batches) {
+        r->dump = fopen(o->dump_batches, "w");
+        if (!r->dump) return ft_err(FTUNE_ERR_IO, "%s: cannot create: %s", o->dump_batches, strerror(errno));
+    }
+
+    ftune_train_progress p = { .ev = FTUNE_TRAIN_START, .n_train = r->train->n, .n_val = r->val ? r->val->n : 0,
+                            .train_tokens = r->train->stats.n_tokens, .train_targets = r->train->stats.n_targets,
+                            .val_tokens = r->val ? r->val->stats.n_tokens : 0, .n_trainable = n_trainable,
+                            .T = r->T, .B = r->B, .K = r->K, .data_format = ft_data_format_name(r->train->format),
+                            .step = r->step, .start_step = r->step };
+    const ft_dataset *sets[2] = { r->train, r->val };
+    for (int i = 0; i < 2; i++)
+        if (sets[i]) {
+            p.n_truncated += sets[i]->stats.n_truncated;
+            p.n_dropped_long += sets[i]->stats.n_dropped_long;
+            p.n_dropped_empty += sets[i]->stats.n_dropped_empty;
+            p.n_truncated_empty += sets[i]->stats.n_truncated_empty;
+        }
+    emit(r, &p);
+    return FTUNE_OK;
+}
+
+static ftune_status train(run *r) {
+    const ftune_train_opts *o = r->o;
+    TRY(setup(r));
+    int64_t start = r->step;
+    if (o->save_initial_adapter && r->wrapped && start == 0) {
+        char dir[4200];
+        snprintf(dir, sizeof dir, "%s/initial", o->out_dir);
+        TRY(save_adapter_dir(r, dir));
+    }
+    if (r->val) {
+        double vl;
+        TRY(validate(r, &vl));
+        r->res.has_val = true;
+        r->res.val_loss_first = r->res.val_loss_last = vl;
+        ftune_train_progress p = { .ev = FTUNE_TRAIN_EVAL, .step = r->step, .start_step = start, .has_val_loss = true, .val_loss = vl };
+        emit(r, &p);
+    }
+    double t0 = ft_time_s();
+    while (r->step < r->total_steps) {
+        double ts = ft_time_s(), loss = 0, gnorm = 0, lr = 0;
+        int64_t ntok;
+        TRY(train_step(r, &loss, &gnorm, &lr, &ntok));
+        double te = ft_time_s();
+        r->res.last_loss = loss;
+        ftune_train_progress p = { .ev = FTUNE_TRAIN_STEP, .step = r->step, .start_step = start, .loss = loss, .lr = lr,
+                                .grad_norm = gnorm, .tokens_per_s = te > ts ? (double)ntok / (te - ts) : 0,
+                                .elapsed_s = te - t0, .peak_mib = ft_peak_rss_mib() };
+        p.eta_s = p.elapsed_s / (double)(r->step - start) * (double)(r->total_steps - r->step);
+        bool last = r->step == r->total_steps;
+        if (r->val && (last || (o->eval_every > 0 && r->step % o->eval_every == 0))) {
+            TRY(validate(r, &p.val_loss));
+            p.has_val_loss = true;
+            r->res.val_loss_last = p.val_loss;
+        }
+        fprintf(r->metrics, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f",
+                (long long)r->step, loss, lr, gnorm, p.tokens_per_s);
+        if (p.has_val_loss) fprintf(r->metrics, ",\"val_loss\":%.9g", p.val_loss);
+        fputs("}\n", r->metrics);
+        if (fflush(r->metrics) != 0 || ferror(r->metrics))
+            return ft_err(FTUNE_ERR_IO, "%s/metrics.jsonl: write failed: %s", o->out_dir, strerror(errno));
+        emit(r, &p);
+        bool saved = false;
+        if (o->save_every > 0 && r->step % o->save_every == 0) {
+            TRY(save_checkpoint(r));
+            saved = true;
+        }
+        if (o->stop && *o->stop && !last) {
+            if (!saved) TRY(save_checkpoint(r));
+            return ft_err(FTUNE_ERR_INTERRUPTED, "interrupted after step %lld of %lld; checkpoint saved in %s "
+                          "(continue with --resume %s)", (long long)r->step, (long long)r->total_steps,
+                          r->res.checkpoint, r->res.checkpoint);
+        }
+    }
+    /* final outputs */
+    if (o->mode == FTUNE_TRAIN_LORA) {
+        TRY(save_adapter_dir(r, o->out_dir));
+        if (o->export_gguf) {
+            char path[4200];
+            snprintf(path, sizeof path, "%s/adapter.gguf", o->out_dir);
+            TRY(ft_adapter_save_gguf(r->wrapped, path));
+        }
+    } else TRY(save_full_model(r, o->out_dir));
+    ftune_train_progress p = { .ev = FTUNE_TRAIN_DONE, .step = r->step, .start_step = start, .path = o->out_dir };
+    emit(r, &p);
+    return FTUNE_OK;
+}
+
+ftune_status ftune_train_run(const ftune_train_opts *o, ftune_train_progress_fn progress, void *ctx, ftune_train_result *res) {
+    run *r = calloc(1, sizeof *r);
+    if (!r) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    r->o = o;
+    r->cb = progress;
+    r->cb_ctx = ctx;
+    r->m = o->model;
+    r->lock_fd = -1;
+    ftune_status st = train(r);
+    r->res.steps_done = r->step;
+    r->res.total_steps = r->total_steps;
+    if (r->tr) {
+        ft_mem_table mt;
+        ft_trainer_mem_table(r->tr, &mt);
+        ft_mem_table_format(&mt, r->res.memory_table, sizeof r->res.memory_table);
+    }
+    r->res.peak_rss_mib = ft_peak_rss_mib();
+    if (res) *res = r->res;
+    if (r->metrics) fclose(r->metrics);
+    if (r->dump && fclose(r->dump) != 0 && !st) st = ft_err(FTUNE_ERR_IO, "%s: write failed", o->dump_batches);
+    cJSON_Delete(r->config);
+    for (int k = 0; k < r->n_mb; k++) ft_batch_free(&r->mb[k]);
+    free(r->mb);
+    ft_batch_free(&r->vb);
+    ft_batch_iter_free(r->it);
+    ft_batch_iter_free(r->val_it);
+    ft_adapter_free(r->wrapped);
+    if (r->opt_ready) ft_adamw_free(&r->opt);
+    free(r->params);
+    ft_trainer_free(r->tr);
+    ft_dataset_free(r->train);
+    ft_dataset_free(r->val);
+    free(r->init_vals);
+    if (r->lock_fd >= 0) close(r->lock_fd); /* releases the lock */
+    free(r);
+    return st;
+}

@@ -1,0 +1,64 @@
+/* train_loop.h — the internals of ftune_train_run (its options, progress
+ * and result are public, in ftune.h): the checkpoint state reader and the
+ * helpers train_loop.c and train_state.c share.
+ *
+ * Files under out_dir:
+ *   metrics.jsonl              one object per optimizer step
+ *   adapter_config.json, adapter_model.safetensors   (LoRA) the final adapter
+ *   adapter.gguf               (LoRA, export_gguf) the same for llama.cpp
+ *   config.json, model.safetensors, tokenizer files  (full) the final model
+ *   initial/                   (save_initial_adapter) the adapter before step 1
+ *   checkpoint-STEP/           every save_every steps and on interruption:
+ *       trainer_state.json     step, dropout micro-step, data cursor, run config,
+ *                              and an FNV-1a checksum of each file beside it
+ *       trainable.safetensors  every trainable tensor (f32, trainer names)
+ *       optimizer.safetensors  AdamW moments and step
+ *       adapter_config.json, adapter_model.safetensors  (LoRA) usable as is
+ *   .ftune.lock                held (flock) while a run writes here
+ * A checkpoint is written to checkpoint-STEP.tmp.PID/ and renamed into place,
+ * so a failed save leaves every earlier checkpoint as it was. A run refuses
+ * an output directory that holds anything but the lock unless it resumes or
+ * overwrite is set (which removes the old run's metrics and checkpoints).
+ */
+#ifndef FT_TRAIN_LOOP_H
+#define FT_TRAIN_LOOP_H
+
+#include <signal.h>
+
+#include "data/data.h"
+#include "train/optim.h"
+#include "train/train.h"
+
+/* ------------------------------------------------------------ checkpoint state */
+
+#define FT_CKPT_FORMAT "ftune-checkpoint"
+#define FT_CKPT_VERSION FTUNE_CHECKPOINT_VERSION /* 2: per-file checksums */
+#define FT_CKPT_MAX_FILES 8
+#define FT_FNV0 0xcbf29ce484222325ull
+
+struct cJSON;
+/* trainer_state.json, parsed; every field checked for type and range. */
+typedef struct {
+    int64_t step;              /* optimizer steps done, >= 1 */
+    uint64_t micro_step;       /* micro-batches trained (seeds dropout) */
+    int64_t data_epoch, data_index; /* the batch iterator's cursor */
+    const struct cJSON *config;/* the run configuration (owned by root) */
+    int n_files;
+    struct { char name[64]; uint64_t fnv; } files[FT_CKPT_MAX_FILES]; /* FNV-1a of each file */
+    struct cJSON *root;
+} ft_ckpt_state;
+
+/* Parses len bytes of a trainer_state.json (path names it in errors);
+ * FTUNE_ERR_FORMAT names the bad field, FTUNE_ERR_UNSUPPORTED another
+ * version. On success free with ft_ckpt_state_free. */
+ftune_status ft_ckpt_state_parse(ft_ckpt_state *s, const char *text, size_t len, const char *path);
+void ft_ckpt_state_free(ft_ckpt_state *s);
+/* FNV-1a 64 of n bytes, continuing from h (FT_FNV0 to start). */
+uint64_t ft_fnv1a(uint64_t h, const void *p, size_t n);
+/* FNV-1a 64 of a whole file, read in chunks. */
+ftune_status ft_file_fnv1a(const char *path, uint64_t *out);
+
+/* Peak resident memory of this process, in MiB (getrusage). */
+double ft_peak_rss_mib(void);
+
+#endif

@@ -1,0 +1,167 @@
+/* train_state.c — the checkpoint state (trainer_state.json): parsing with
+ * every field checked for type and range, and the per-file checksums that
+ * resume verifies. Apart from train_loop.c so that a fuzzer can drive the
+ * parser without a model. */
+#include "train/train_loop.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* FNV-1a, 64 bits. Each byte step h -> (h ^ b) * P is a bijection of h (P
+ * is odd, so multiplying by it is invertible mod 2^64), so two inputs that
+ * differ in a single byte (any bit flips within it) always hash differently;
+ * other damage goes unnoticed with probability 2^-64. */
+uint64_t ft_fnv1a(uint64_t h, const void *p, size_t n) {
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) { h ^= b[i]; h *= 0x100000001b3ull; }
+    return h;
+}
+
+ftune_status ft_file_fnv1a(const char *path, uint64_t *out) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ft_err(FTUNE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    enum { CHUNK = 1 << 20 };
+    uint8_t *buf = ft_malloc(CHUNK);
+    if (!buf) { close(fd); return ft_err(FTUNE_ERR_NOMEM, "out of memory"); }
+    uint64_t h = FT_FNV0;
+    ftune_status st = FTUNE_OK;
+    for (;;) {
+        ssize_t k = read(fd, buf, CHUNK);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) { st = ft_err(FTUNE_ERR_IO, "%s: read: %s", path, strerror(errno)); break; }
+        if (k == 0) break;
+        h = ft_fnv1a(h, buf, (size_t)k);
+    }
+    free(buf);
+    close(fd);
+    *out = h;
+    return st;
+}
+
+void ft_ckpt_state_free(ft_ckpt_state *s) {
+    cJSON_Delete(s->root);
+    memset(s, 0, sizeof *s);
+}
+
+/* An integral JSON number in [lo, hi]. */
+static bool int_in(const cJSON *x, double lo, double hi, int64_t *out) {
+    if (!cJSON_IsNumber(x)) return false;
+    double v = x->valuedouble;
+    if (!(v >= lo && v <= hi) || v != floor(v)) return false;
+    *out = (int64_t)v;
+    return true;
+}
+
+/* The files a checkpoint may hold; a checksum for anything else (a path
+ * with '/', say) is refused. */
+static const char *const ckpt_files[] = { "trainable.safetensors", "optimizer.safetensors", "adapter_model.safetensors",
+                                          "adapter_config.json" };
+
+static bool known_file(const char *name) {
+    for (size_t i = 0; i < sizeof ckpt_files / sizeof ckpt_files[0]; i++)
+        if (strcmp(name, ckpt_files[i]) == 0) return true;
+    return false;
+}
+
+static bool parse_hex64(const char *s, uint64_t *out) {
+    uint64_t v = 0;
+    int n = 0;
+    for (; s[n]; n++) {
+        char c = s[n];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0 || n >= 16) return false;
+        v = v << 4 | (uint64_t)d;
+    }
+    if (n != 16) return false;
+    *out = v;
+    return true;
+}
+
+ftune_status ft_ckpt_state_parse(ft_ckpt_state *s, const char *text, size_t len, const char *path) {
+    memset(s, 0, sizeof *s);
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!j) return ft_err(FTUNE_ERR_FORMAT, "%s: not valid JSON (byte %ld)", path,
+                          end && end >= text && end <= text + len ? (long)(end - text) : 0L);
+    s->root = j;
+    ftune_status st = FTUNE_OK;
+#define BAD(...) do { st = ft_err(FTUNE_ERR_FORMAT, __VA_ARGS__); goto fail; } while (0)
+    if (!cJSON_IsObject(j)) BAD("%s: not an ftune checkpoint state (expected a JSON object)", path);
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(j, "format");
+    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, FT_CKPT_FORMAT) != 0)
+        BAD("%s: not an ftune checkpoint state (\"format\" is not \"%s\")", path, FT_CKPT_FORMAT);
+    const cJSON *ver = cJSON_GetObjectItemCaseSensitive(j, "version");
+    if (!cJSON_IsNumber(ver) || ver->valuedouble != FT_CKPT_VERSION) {
+        st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: checkpoint version %s (this ftune reads version %d)", path,
+                    cJSON_IsNumber(ver) ? (ver->valuedouble == 1 ? "1, which has no checksums" : "unknown") : "missing",
+                    FT_CKPT_VERSION);
+        goto fail;
+    }
+    /* every field known, so a misspelt or foreign one is not silently ignored */
+    const char *const keys[] = { "format", "version", "step", "micro_step", "data_epoch", "data_index",
+                                 "model_path", "config", "checksums" };
+    const cJSON *x;
+    cJSON_ArrayForEach(x, j) {
+        bool ok = false;
+        for (size_t i = 0; i < sizeof keys / sizeof keys[0] && !ok; i++) ok = x->string && strcmp(x->string, keys[i]) == 0;
+        if (!ok) BAD("%s: unknown field \"%.64s\"", path, x->string ? x->string : "");
+    }
+    /* 2^53: the largest range a JSON number holds exactly */
+    const double MAXI = 9007199254740992.0;
+    if (!int_in(cJSON_GetObjectItemCaseSensitive(j, "step"), 1, MAXI, &s->step))
+        BAD("%s: \"step\" must be an integer >= 1", path);
+    if (!int_in(cJSON_GetObjectItemCaseSensitive(j, "data_epoch"), 0, MAXI, &s->data_epoch))
+        BAD("%s: \"data_epoch\" must be an integer >= 0", path);
+    if (!int_in(cJSON_GetObjectItemCaseSensitive(j, "data_index"), 0, 2147483647.0, &s->data_index))
+        BAD("%s: \"data_index\" must be an integer in [0, 2^31)", path);
+    /* micro_step is a decimal string (a uint64 does not fit a JSON number):
+     * digits only, no sign, no overflow */
+    const cJSON *ms = cJSON_GetObjectItemCaseSensitive(j, "micro_step");
+    if (!cJSON_IsString(ms)) BAD("%s: \"micro_step\" must be a string of decimal digits", path);
+    {
+        const char *p = ms->valuestring;
+        uint64_t v = 0;
+        int n = 0;
+        for (; p[n]; n++) {
+            if (p[n] < '0' || p[n] > '9') BAD("%s: \"micro_step\" \"%.32s\" is not a non-negative integer", path, p);
+            uint64_t d = (uint64_t)(p[n] - '0');
+            if (v > (UINT64_MAX - d) / 10) BAD("%s: \"micro_step\" \"%.32s\" is out of range", path, p);
+            v = v * 10 + d;
+        }
+        if (n == 0) BAD("%s: \"micro_step\" is empty", path);
+        s->micro_step = v;
+    }
+    const cJSON *mp = cJSON_GetObjectItemCaseSensitive(j, "model_path");
+    if (mp && !cJSON_IsString(mp)) BAD("%s: \"model_path\" must be a string", path);
+    s->config = cJSON_GetObjectItemCaseSensitive(j, "config");
+    if (!cJSON_IsObject(s->config)) BAD("%s: \"config\" must be an object", path);
+    const cJSON *cs = cJSON_GetObjectItemCaseSensitive(j, "checksums");
+    if (!cJSON_IsObject(cs)) BAD("%s: \"checksums\" must be an object of file name -> FNV-1a hex", path);
+    cJSON_ArrayForEach(x, cs) {
+        if (!x->string || !known_file(x->string))
+            BAD("%s: \"checksums\": \"%.64s\" is not a checkpoint file", path, x->string ? x->string : "");
+        if (s->n_files == FT_CKPT_MAX_FILES) BAD("%s: \"checksums\": too many entries", path);
+        for (int i = 0; i < s->n_files; i++)
+            if (strcmp(s->files[i].name, x->string) == 0) BAD("%s: \"checksums\": \"%s\" twice", path, x->string);
+        if (!cJSON_IsString(x) || !parse_hex64(x->valuestring, &s->files[s->n_files].fnv))
+            BAD("%s: \"checksums\".\"%s\" must be 16 lowercase hex digits", path, x->string);
+        snprintf(s->files[s->n_files].name, sizeof s->files[0].name, "%s", x->string);
+        s->n_files++;
+    }
+    for (int k = 0; k < 2; k++) {
+        bool found = false;
+        for (int i = 0; i < s->n_files; i++) found |= strcmp(s->files[i].name, ckpt_files[k]) == 0;
+        if (!found) BAD("%s: \"checksums\" has no entry for %s", path, ckpt_files[k]);
+    }
+#undef BAD
+    return FTUNE_OK;
+fail:
+    ft_ckpt_state_free(s);
+    return st;
+}
