@@ -13,15 +13,8 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/resource.h>
 #include <time.h>
-
-/* OpenBLAS's name for the kernels it picked for this CPU ("Prescott" when it
- * does not recognise the CPU and falls back to SSE3); weak, so another BLAS
- * links too. */
-extern char *openblas_get_corename(void) __attribute__((weak));
-static const char *blas_core(void) { return openblas_get_corename ? openblas_get_corename() : "unknown"; }
 
 /* B rows of T+1 random tokens: inputs are the first T, targets the last T. */
 static void random_batch(int32_t *tok, int32_t *tgt, int B, int T, int V, uint64_t *rng) {
@@ -43,13 +36,8 @@ static int fail(const char *what) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_train MODEL [B=4] [T=128] [steps=5] [threads=0] [warmup=1]\n"
-                        "       bench_train --blas-core   (prints the OpenBLAS kernel set in use)\n");
+        fprintf(stderr, "usage: bench_train MODEL [B=4] [T=128] [steps=5] [threads=0] [warmup=1]\n");
         return 2;
-    }
-    if (strcmp(argv[1], "--blas-core") == 0) {
-        printf("%s\n", blas_core());
-        return 0;
     }
     int B = argc > 2 ? atoi(argv[2]) : 4, T = argc > 3 ? atoi(argv[3]) : 128;
     int steps = argc > 4 ? atoi(argv[4]) : 5, threads = argc > 5 ? atoi(argv[5]) : 0;
@@ -92,9 +80,9 @@ int main(int argc, char **argv) {
     getrusage(RUSAGE_SELF, &ru);
     printf("{\"engine\":\"ftune\",\"model\":\"%s\",\"B\":%d,\"T\":%d,\"steps\":%d,\"threads\":%d,"
            "\"n_trainable\":%lld,\"step_s\":%.4f,\"tok_s\":%.2f,\"peak_rss_mb\":%.1f,"
-           "\"first_loss\":%.4f,\"last_loss\":%.4f,\"blas_core\":\"%s\"}\n",
+           "\"first_loss\":%.4f,\"last_loss\":%.4f}\n",
            argv[1], B, T, steps, ftune_trainer_n_threads(tr), (long long)ftune_trainer_n_trainable(tr), step_s,
-           (double)B * T / step_s, ru.ru_maxrss / 1024.0, first_loss, last_loss, blas_core());
+           (double)B * T / step_s, ru.ru_maxrss / 1024.0, first_loss, last_loss);
     free(dt);
     free(tok);
     free(tgt);

@@ -13,17 +13,24 @@ DECODE=${DECODE:-64}
 # LoRA training: "preset B T timed-steps warmup-steps" per run
 TRAIN_RUNS=${TRAIN_RUNS:-"stories260K 8 128 10 2;llama-110m 4 128 3 1"}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+# ftune links no BLAS and no OpenMP (its own GEMM and thread pool; -t is its
+# thread count). PyTorch does: its OpenMP pool and OpenBLAS read these, and
+# bench_forward's bandwidth probe is an OpenMP loop.
 export OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=$THREADS OMP_NUM_THREADS=$THREADS
-# OpenBLAS falls back to its SSE3 "Prescott" kernels on CPUs it does not know
-# (0.3.21 on a family 6 model 207 Xeon). Both engines use OpenBLAS for f32
-# GEMM, so pick the AVX-512/AVX2 kernels for both, unless the caller chose.
-if [ -z "${OPENBLAS_CORETYPE+x}" ] && [ "$("$BUILD/bench_train" --blas-core)" = Prescott ]; then
+# PyTorch's OpenBLAS (0.3.21) falls back to its SSE3 "Prescott" kernels on CPUs
+# it does not know (a family 6 model 207 Xeon): pick the AVX-512/AVX2 kernels
+# for it, unless the caller chose.
+torch_blas_core() {
+    /usr/bin/python3 -c 'import ctypes; f = ctypes.CDLL("libopenblas.so.0").openblas_get_corename
+f.restype = ctypes.c_char_p; print(f().decode())' 2>/dev/null || echo unknown
+}
+if [ -z "${OPENBLAS_CORETYPE+x}" ] && [ "$(torch_blas_core)" = Prescott ]; then
     if grep -qw avx512_bf16 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Cooperlake
     elif grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
     elif grep -qw avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell
     fi
     if [ -n "${OPENBLAS_CORETYPE:-}" ]; then
-        echo "OpenBLAS does not recognise this CPU: using OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE" >&2
+        echo "OpenBLAS does not recognise this CPU: using OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE for PyTorch" >&2
     fi
 fi
 echo "writing random llama-110m models (f32, bf16) and a stories260K (f32) to $tmp" >&2

@@ -39,7 +39,7 @@ try:
 except OSError:
     pass
 torch_ver = next((r.get("torch") for r in rows if r["engine"] == "pytorch"), "?")
-cores = sorted({r["blas_core"] for r in rows if r.get("blas_core")})
+cores = sorted({r["blas_core"] for r in rows if r.get("blas_core") and r["engine"] == "pytorch"})
 loads = [r["loadavg_1m"] for r in rows if "loadavg_1m" in r]
 out = []
 out.append("# Benchmarks\n")
@@ -47,8 +47,10 @@ out.append(f"Measured {datetime.date.today().isoformat()} on {cpu}, {threads} th
            f"{platform.system()} {platform.release()}; PyTorch {torch_ver} (Debian, OpenBLAS).")
 out.append("Command: `make bench` (bench/run.sh). Engines run interleaved, "
            f"{max(r['round'] for r in rows)} rounds; each number is the median over rounds of per-round medians.")
+out.append("ftune links no BLAS and no OpenMP: every Linear product goes through its own GEMM driver on its own "
+           "thread pool.")
 if cores:
-    out.append(f"OpenBLAS kernels used by both engines: {', '.join(cores)} (bench/run.sh sets OPENBLAS_CORETYPE "
+    out.append(f"PyTorch's OpenBLAS kernels: {', '.join(cores)} (bench/run.sh sets OPENBLAS_CORETYPE "
                "when OpenBLAS does not recognise the CPU and would fall back to its SSE3 kernels).")
 if loads:
     out.append(f"Machine load (1-minute load average, sampled at each PyTorch run): {min(loads):.1f} to "
@@ -80,7 +82,7 @@ if presets:
                "global-norm clipping to 1, AdamW update. Tokens/s = B·T / median step time; the ratio is the median over rounds of "
                "each round's ftune/PyTorch ratio (the two runs of a round share the machine's load). Peak RSS = the "
                "process's ru_maxrss, model loading included (ftune maps the f32 weights from the file; PyTorch "
-               "builds the model in memory). ftune: bench/bench_train.c (ftune_trainer_step: ft_trainer + ft_adamw); PyTorch: "
+               "builds the model in memory). ftune: bench/bench_train.c (the public ftune_trainer_step); PyTorch: "
                "bench/torch_train_bench.py (nn.Linear + PEFT-style lora_A/lora_B, torch.optim.AdamW).\n")
     out.append("| model | B × T | trainable params | ftune tok/s | PyTorch tok/s | ratio | ftune step s | PyTorch step s | ftune peak RSS MiB | PyTorch peak RSS MiB |")
     out.append("|---|---|---|---|---|---|---|---|---|---|")
