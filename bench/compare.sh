@@ -4,7 +4,7 @@
 # on the same models, shapes and threads as bench/run.sh, and prints a Markdown
 # table of medians over rounds and the median of each round's new/old ratio.
 #   bash bench/compare.sh OLD_BUILD NEW_BUILD [ROUNDS=3]
-#   env: THREADS (2) PREFILL (128) DECODE (64) TRAIN_RUNS (as bench/run.sh)
+#   env: THREADS (2) PREFILL (128) DECODE (64) TRAIN_RUNS (as bench/run.sh; "" for none)
 # Both trees' bench programs take the same arguments (MODEL PREFILL DECODE
 # THREADS RUNS; MODEL B T STEPS THREADS WARMUP) and print one JSON line. The
 # models are written by the NEW build's `ftune init`, so both read the same files.
@@ -16,7 +16,7 @@ OLD=$1 NEW=$2 ROUNDS=${3:-3}
 THREADS=${THREADS:-2}
 PREFILL=${PREFILL:-128}
 DECODE=${DECODE:-64}
-TRAIN_RUNS=${TRAIN_RUNS:-"stories260K 8 128 10 2;llama-110m 4 128 3 1"}
+TRAIN_RUNS=${TRAIN_RUNS-"stories260K 8 128 10 2;llama-110m 4 128 3 1"}   # set but empty: inference only
 for b in "$OLD" "$NEW"; do
     for p in bench_forward bench_train; do
         [ -x "$b/$p" ] || { echo "compare.sh: $b/$p not found (make $b/$p in that tree)" >&2; exit 1; }
