@@ -173,7 +173,7 @@ static void make_linear(lin_case *c, ft_dtype dt, int in, int out, int R, float 
     c->l.bias = rnd((size_t)out, 0.5f);
     c->l.in = in; c->l.out = out;
     if (R > 0) {
-        c->lora = (ft_lora){ .r = R, .alpha = 2.0f * R, .scale = 2.0f, .dropout = p, .A = rnd((size_t)R * in, 0.3f),
+        c->lora = (ft_lora){ .base.kind = &ft_lora_kind, .r = R, .alpha = 2.0f * R, .scale = 2.0f, .dropout = p, .A = rnd((size_t)R * in, 0.3f),
                              .B = rnd((size_t)out * R, 0.3f), .dA = rnd((size_t)R * in, 0.1f),
                              .dB = rnd((size_t)out * R, 0.1f) };
         c->l.lora = &c->lora;

@@ -442,7 +442,7 @@ static void test_linear_backward(void) {
                 for (size_t i = 0; i < nA; i++) Am[i] = ft_rng_normal(&rng);
                 for (size_t i = 0; i < nB; i++) Bm[i] = ft_rng_normal(&rng);
                 for (size_t i = 0; i < (size_t)T * OC; i++) dout[i] = ft_rng_normal(&rng);
-                ft_lora a = { .r = R, .alpha = 8, .scale = 2, .dropout = 0.25f, .A = Am, .B = Bm, .dA = dA, .dB = dB };
+                ft_lora a = { .base.kind = &ft_lora_kind, .r = R, .alpha = 8, .scale = 2, .dropout = 0.25f, .A = Am, .B = Bm, .dA = dA, .dB = dB };
                 c.l.lora = &a;
                 uint64_t seed = 77;
                 ft_linear_forward_train(c.y, u, c.x, &c.l, T, seed, 3, scratch);

@@ -100,6 +100,7 @@ static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_lora_
             e->lora = lo;
             a->set[l * FT_N_MODS + k] = lo;
             size_t na = (size_t)cfg->r * e->lin->in, nb = (size_t)e->lin->out * cfg->r;
+            ft_lora_bind(lo);
             lo->r = cfg->r;
             lo->alpha = cfg->alpha;
             lo->scale = scale;

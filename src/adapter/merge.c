@@ -37,7 +37,7 @@ ftune_status ft_merge_lora(ftune_model *m, const ft_adapter *ad) {
             /* row by row as the writers do, so a merged model in memory and one written to a file are bit-identical */
             for (int o = 0; o < lin->out; o++) {
                 ft_tensor_row_f32(&lin->w, o, w + (size_t)o * lin->in);
-                ft_lora_merge_row(w + (size_t)o * lin->in, a, o, lin->in);
+                a->base.kind->merge_row(w + (size_t)o * lin->in, &a->base, o, lin->in);
             }
             ftune_status st = ft_model_own(m, w);
             if (st) return st;
@@ -81,7 +81,7 @@ static void make_row(const row_src *s, int R, float *row) {
     }
     int o = src_row(s, R);
     ft_tensor_row_f32(s->t, o, row);
-    if (s->lora) ft_lora_merge_row(row, s->lora, o, s->cols);
+    if (s->lora) s->lora->base.kind->merge_row(row, &s->lora->base, o, s->cols);
 }
 
 typedef struct {

@@ -9,11 +9,13 @@
 #define FT_LINEAR_H
 
 #include "core/core.h"
+#include "nn/adapter_kind.h"
 
 /* A LoRA adapter on a Linear (in -> out): y += scale · B·A·dropout(x).
  * PEFT's layout and initialisation: A Kaiming-uniform, B zero. A, B, dA,
  * dB point into memory the owner (a trainer, an adapter loader) manages. */
 typedef struct {
+    ft_adapter_inst base; /* kind = &ft_lora_kind (set by ft_lora_init / ft_lora_bind) */
     int r;              /* R */
     float alpha;
     float scale;        /* alpha / r, or alpha / sqrt(r) with rsLoRA */
@@ -70,6 +72,8 @@ float ft_lora_scale(float alpha, int r, bool rslora);
 /* A (R, in) ~ U(-1/sqrt(in), 1/sqrt(in)) drawn row-major from rng: PEFT's
  * kaiming_uniform_(a = sqrt(5)). */
 void ft_lora_init_A(float *A, int r, int in, ft_rng *rng);
+/* Sets a->base.kind to the LoRA kind, for a struct filled by hand. */
+void ft_lora_bind(ft_lora *a);
 /* row (in) += scale · B[o, :] · A: the adapter's part of weight row o, in
  * f32 (merge: W' = W + scale·B·A one row at a time). */
 void ft_lora_merge_row(float *row, const ft_lora *a, int o, int in);
