@@ -104,8 +104,7 @@ static void test_peft_round_trip(void) {
     CHECK_OK(ft_adapter_attach(&a, m, &cfg, true, 42));
     if (!a) { ftune_model_free(m); return; }
     CHECK(a->n == 5 * 7);
-    CHECK(a->set[2 * 7 + FT_MOD_UP] == a->e[2 * 7 + FT_MOD_UP].lora); /* in the adapter's set, */
-    CHECK(m->layers[2].w_up.lora == NULL);                               /* never in the model */
+    CHECK(a->set[2 * 7 + FT_MOD_UP] == &a->e[2 * 7 + FT_MOD_UP].lora->base); /* in the adapter's set (a Linear holds none) */
     CHECK(a->e[0].lora->dA && a->e[0].lora->dB && a->e[0].lora->scale == 2.0f);
     /* PEFT init: A in [-1/sqrt(in), 1/sqrt(in)], B zero */
     float amax = 0;
@@ -142,7 +141,7 @@ static void test_peft_round_trip(void) {
     /* a second adapter for the same model is its own: the model is not written */
     ft_adapter *a2 = NULL;
     CHECK_OK(ft_adapter_attach(&a2, m, &cfg, false, 1));
-    CHECK(a2 && a2->set[0] != a->set[0] && m->layers[0].wq.lora == NULL);
+    CHECK(a2 && a2->set[0] != a->set[0]);
     ft_adapter_free(a2);
     randomize_b(a, 7, 0.05f);
     snprintf(a->base_model, sizeof a->base_model, "stories260K-hf");
@@ -160,7 +159,6 @@ static void test_peft_round_trip(void) {
         memcpy(c, a->e[i].lora->B, nb * 4); c += nb;
     }
     ft_adapter_free(a);
-    CHECK(m->layers[0].wq.lora == NULL);
 
     ft_peft_config pc;
     snprintf(p, sizeof p, "%s/adapter_config.json", dir);
@@ -205,7 +203,7 @@ static void test_peft_round_trip(void) {
             size_t na = (size_t)4 * a->e[i].lin->in, nb = (size_t)4 * a->e[i].lin->out;
             same &= memcmp(c, a->e[i].lora->A, na * 4) == 0; c += na;
             same &= memcmp(c, a->e[i].lora->B, nb * 4) == 0; c += nb;
-            same &= a->set[a->e[i].layer * FT_N_MODS + a->e[i].mod] == a->e[i].lora && a->e[i].lin->lora == NULL;
+            same &= a->set[a->e[i].layer * FT_N_MODS + a->e[i].mod] == &a->e[i].lora->base;
         }
         CHECK(same);
     }
@@ -252,7 +250,7 @@ static void test_qk_layout_across_models(void) {
     CHECK(ah->e[0].lora->rslora && ah->e[0].lora->scale == 3.0f); /* 6 / sqrt(4) */
     CHECK_OK(ft_merge_lora(g, ag));
     CHECK_OK(ft_merge_lora(h, ah));
-    CHECK(g->layers[0].wq.lora == NULL && g->layers[0].wq.w.dtype == FT_F32);
+    CHECK(g->layers[0].wq.w.dtype == FT_F32);
     float *lg = logits(g), *lh = logits(h);
     if (lg && lh) {
         ft_adapter_free(ag2);
@@ -318,7 +316,7 @@ static void test_wrap_and_partial(void) {
         ft_adapter_free(w);
         w = NULL;
     }
-    CHECK(a->set[0] == a->e[0].lora && a->e[0].lora->B); /* freeing a wrapper leaves the owner's adapters */
+    CHECK(a->set[0] == &a->e[0].lora->base && a->e[0].lora->B); /* freeing a wrapper leaves the owner's adapters */
     /* structs that disagree on r are refused */
     ft_lora odd = *loras[FT_MOD_Q];
     odd.r = 3;
@@ -339,7 +337,7 @@ static void test_wrap_and_partial(void) {
           pc.layers_to_transform[1] == 3);
     ft_peft_config_free(&pc);
     CHECK_OK(ft_adapter_load_peft(&b, m2, d1, false));
-    CHECK(b && b->n == 4 && b->e[0].layer == 1 && b->e[3].layer == 3 && m2->layers[0].wq.lora == NULL);
+    CHECK(b && b->n == 4 && b->e[0].layer == 1 && b->e[3].layer == 3);
     if (b) CHECK(memcmp(b->e[2].lora->B, loras[3 * FT_N_MODS + FT_MOD_Q]->B, 64 * 2 * 4) == 0);
     ft_adapter_free(b);
     b = NULL;
@@ -568,7 +566,7 @@ static void test_gguf_adapter_load(void) {
         const char *msg = ftune_last_error();
         CHECKF(st != FTUNE_OK && contains(msg, nm) && contains(msg, bad[i].expect), "%s: %s", bad[i].name, msg);
         printf("  expected error: %s\n", msg);
-        CHECK(g->adapter == NULL && g->layers[0].wq.lora == NULL);
+        CHECK(g->adapter == NULL);
     }
     /* a quantized LoRA tensor (llama.cpp writes them as f32, f16 or bf16) */
     {
@@ -728,7 +726,7 @@ static void test_bad_adapters(void) {
               qv01, 2);
     ft_adapter *a = NULL;
     CHECK_OK(ft_adapter_load_peft(&a, m, dir, false));
-    CHECK(a && a->n == 2 && a->e[0].mod == FT_MOD_Q && a->e[1].mod == FT_MOD_V && m->layers[1].wq.lora == NULL);
+    CHECK(a && a->n == 2 && a->e[0].mod == FT_MOD_Q && a->e[1].mod == FT_MOD_V);
     ft_adapter_free(a);
     /* not a directory with a config; a truncated tensor file */
     CHECK(try_load(m, tmpdir) == FTUNE_ERR_IO);
@@ -738,7 +736,7 @@ static void test_bad_adapters(void) {
     CHECK(truncate(p, 100) == 0);
     CHECK(try_load(m, dir) == FTUNE_ERR_FORMAT);
     CHECKF(contains(ftune_last_error(), "adapter_model.safetensors"), "%s", ftune_last_error());
-    CHECK(m->layers[0].wq.lora == NULL); /* nothing stays attached after a failure */
+    CHECK(m->adapter == NULL); /* nothing stays attached after a failure */
     ftune_model_free(m);
 }
 
@@ -815,7 +813,7 @@ static void test_merge(void) {
         float *l_file = w ? logits(w) : NULL;
         if (w) {
             CHECK(strcmp(w->format, "hf") == 0 && !w->cfg.rope_interleaved && w->cfg.tied == (b != 1));
-            CHECK(w->layers[0].wq.w.dtype == FT_F32 && w->layers[0].wq.lora == NULL);
+            CHECK(w->layers[0].wq.w.dtype == FT_F32);
         }
         if (l_lora && l_mem && l_file) {
             double e_file = logit_err(l_file, l_mem, n), e_lora = logit_err(l_lora, l_mem, n);

@@ -495,9 +495,9 @@ static void test_accumulation_equals_big_batch(void) {
 /* ------------------------------------------------ LoRA-Linear vs finite differences */
 
 /* L = sum(y ⊙ G) in double, y = ft_linear_forward_train(x). */
-static double lin_loss(const ft_linear *l, const float *x, const float *G, int T, uint64_t seed, float *y, float *u,
+static double lin_loss(const ft_linear *l, const ft_adapter_inst *ad, const float *x, const float *G, int T, uint64_t seed, float *y, float *u,
                        float *scratch) {
-    ft_linear_forward_train(y, u, x, l, T, seed, 2, scratch);
+    ft_linear_forward_train(y, u, x, l, ad, T, seed, 2, scratch);
     double s = 0;
     for (int i = 0; i < T * l->out; i++) s += (double)y[i] * G[i];
     return s;
@@ -508,17 +508,17 @@ static double lin_loss(const ft_linear *l, const float *x, const float *G, int T
  * rounding for any step: a large step (0.5, exact in binary) keeps the
  * rounding of L (~1e-7 relative, summed in double from float y) small
  * against the change. */
-static void fd_check(float *v, const float *grad, int64_t n, const ft_linear *l, const float *x, const float *G,
-                     int T, uint64_t seed, float *y, float *u, float *scratch, const char *what) {
+static void fd_check(float *v, const float *grad, int64_t n, const ft_linear *l, const ft_adapter_inst *ad,
+                     const float *x, const float *G, int T, uint64_t seed, float *y, float *u, float *scratch, const char *what) {
     const float h = 0.5f;
     double worst = 0, gmax = 0;
     for (int64_t i = 0; i < n; i++) gmax = fmax(gmax, fabs(grad[i]));
     for (int64_t i = 0; i < n; i++) {
         float keep = v[i];
         v[i] = keep + h;
-        double lp = lin_loss(l, x, G, T, seed, y, u, scratch);
+        double lp = lin_loss(l, ad, x, G, T, seed, y, u, scratch);
         v[i] = keep - h;
-        double lm = lin_loss(l, x, G, T, seed, y, u, scratch);
+        double lm = lin_loss(l, ad, x, G, T, seed, y, u, scratch);
         v[i] = keep;
         double fd = (lp - lm) / (2 * h);
         double e = fabs(fd - grad[i]) / fmax(fabs(fd), 1e-2 * gmax);
@@ -556,12 +556,13 @@ static void test_lora_linear_finite_differences(void) {
             for (int i = 0; i < OC * R; i++) B[i] = ft_rng_normal(&rng);
             ft_linear l = { .w = { .dtype = types[ti], .ndim = 2, .shape = { OC, IC }, .data = wq,
                                    .nbytes = (size_t)ft_dtype_nbytes(types[ti], (int64_t)OC * IC) },
-                            .bias = bias, .in = IC, .out = OC, .lora = &a };
+                            .bias = bias, .in = IC, .out = OC };
+            const ft_adapter_inst *ad = &a.base;
             uint64_t seed = 77;
-            lin_loss(&l, x, G, T, seed, y, u, scratch);
+            lin_loss(&l, ad, x, G, T, seed, y, u, scratch);
             /* dy = G; twice, to see that parameter grads accumulate */
             for (int rep = 0; rep < 2; rep++)
-                ft_linear_backward(dx, types[ti] == FT_F32 ? dw : NULL, db, G, x, u, &l, T, seed, false, 2, scratch);
+                ft_linear_backward(dx, types[ti] == FT_F32 ? dw : NULL, db, G, x, u, &l, ad, T, seed, false, 2, scratch);
             for (int i = 0; i < R * IC; i++) dA[i] *= 0.5f;
             for (int i = 0; i < OC * R; i++) dB[i] *= 0.5f;
             for (int i = 0; i < OC * IC; i++) dw[i] *= 0.5f;
@@ -569,21 +570,21 @@ static void test_lora_linear_finite_differences(void) {
             char what[64];
             const char *tn = ft_types[types[ti]].name;
             snprintf(what, sizeof what, "%s dropout=%d dA", tn, drop);
-            fd_check(A, dA, R * IC, &l, x, G, T, seed, y2, u, scratch, what);
+            fd_check(A, dA, R * IC, &l, ad, x, G, T, seed, y2, u, scratch, what);
             snprintf(what, sizeof what, "%s dropout=%d dB", tn, drop);
-            fd_check(B, dB, OC * R, &l, x, G, T, seed, y2, u, scratch, what);
+            fd_check(B, dB, OC * R, &l, ad, x, G, T, seed, y2, u, scratch, what);
             snprintf(what, sizeof what, "%s dropout=%d dx", tn, drop);
-            fd_check(x, dx, T * IC, &l, x, G, T, seed, y2, u, scratch, what);
+            fd_check(x, dx, T * IC, &l, ad, x, G, T, seed, y2, u, scratch, what);
             snprintf(what, sizeof what, "%s dropout=%d dbias", tn, drop);
-            fd_check(bias, db, OC, &l, x, G, T, seed, y2, u, scratch, what);
+            fd_check(bias, db, OC, &l, ad, x, G, T, seed, y2, u, scratch, what);
             if (types[ti] == FT_F32) { /* the base weight is trainable only in f32 */
                 snprintf(what, sizeof what, "%s dropout=%d dw", tn, drop);
-                fd_check((float *)wq, dw, OC * IC, &l, x, G, T, seed, y2, u, scratch, what);
+                fd_check((float *)wq, dw, OC * IC, &l, ad, x, G, T, seed, y2, u, scratch, what);
             }
             /* dx must accumulate on request */
             float *dx2 = malloc(sizeof(float) * T * IC);
             for (int i = 0; i < T * IC; i++) dx2[i] = 1.0f;
-            ft_linear_backward(dx2, NULL, NULL, G, x, u, &l, T, seed, true, 2, scratch);
+            ft_linear_backward(dx2, NULL, NULL, G, x, u, &l, ad, T, seed, true, 2, scratch);
             double e = 0;
             for (int i = 0; i < T * IC; i++) e = fmax(e, fabs(dx2[i] - 1.0f - dx[i]) / (1 + fabs(dx[i])));
             /* one float add onto 1: off by at most 2^-24 · (1 + |dx|) */
@@ -591,10 +592,10 @@ static void test_lora_linear_finite_differences(void) {
             free(dx2);
             /* without dropout, the training forward is the inference forward and its reference */
             if (!drop) {
-                ft_linear_forward(y2, x, &l, T, 2, scratch);
+                ft_linear_forward(y2, x, &l, ad, T, 2, scratch);
                 double e1 = check_max_rel_err(y2, y, T * OC, 1.0);
                 float *yr = malloc(sizeof(float) * T * OC);
-                ft_linear_forward_ref(yr, x, &l, T);
+                ft_linear_forward_ref(yr, x, &l, ad, T);
                 double e2 = check_max_rel_err(y, yr, T * OC, 1.0);
                 free(yr);
                 /* y is O(1) (unit inputs, weights ~0.3, 37 + 3 products): the

@@ -98,7 +98,7 @@ static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_lora_
             e->mod = k;
             e->lin = ft_model_linear(m, l, k);
             e->lora = lo;
-            a->set[l * FT_N_MODS + k] = lo;
+            a->set[l * FT_N_MODS + k] = &lo->base;
             size_t na = (size_t)cfg->r * e->lin->in, nb = (size_t)e->lin->out * cfg->r;
             ft_lora_bind(lo);
             lo->r = cfg->r;
@@ -169,7 +169,7 @@ ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *l
         e->mod = (i % FT_N_MODS);
         e->lin = ft_model_linear(m, e->layer, e->mod);
         e->lora = loras[i];
-        a->set[i] = loras[i];
+        a->set[i] = &loras[i]->base;
         a->cfg.targets |= FT_MOD_BIT(e->mod);
     }
     *out = a;

@@ -59,7 +59,7 @@ typedef struct ftune_adapter {
     ft_lora *loras;          /* (n) owned structs, or NULL when wrapping */
     float *mem;              /* owned A, B (and dA, dB) of every entry */
     char base_model[256];    /* base_model_name_or_path for adapter_config.json */
-    const ft_lora **set;     /* (L · FT_N_MODS): set[l * FT_N_MODS + mod] = the entry's lora, or NULL */
+    const ft_adapter_inst **set; /* (L · FT_N_MODS): set[l * FT_N_MODS + mod] = &the entry's lora->base, or NULL */
 } ft_adapter;
 
 /* Makes fresh adapters (A Kaiming-uniform from seed as PEFT, B zero) for

@@ -45,19 +45,17 @@ static size_t ref_attention_scratch(const ft_backend *be, int Tk, int HS, bool b
 
 /* ------------------------------------------------------------- Linear */
 
-static void ref_linear_forward(const ft_backend *be, float *out, const float *inp, const ft_linear *l, int T,
-                               float *scratch) {
+static void ref_linear_forward(const ft_backend *be, float *out, const float *inp, const ft_linear *l,
+                               const ft_adapter_inst *ad, int T, float *scratch) {
     (void)be; (void)scratch;
-    ft_linear_forward_ref(out, inp, l, T);
+    ft_linear_forward_ref(out, inp, l, ad, T);
 }
 
 static void ref_linear_forward_train(const ft_backend *be, float *out, float *u, const float *inp,
-                                     const ft_linear *l, int T, uint64_t mask_seed, float *scratch) {
+                                     const ft_linear *l, const ft_adapter_inst *a, int T, uint64_t mask_seed,
+                                     float *scratch) {
     (void)be; (void)scratch;
-    ft_linear base = *l;
-    base.lora = NULL;
-    ft_linear_forward_ref(out, inp, &base, T);
-    const ft_adapter_inst *a = l->lora ? &l->lora->base : NULL;
+    ft_linear_forward_ref(out, inp, l, NULL, T);
     if (!a) return;
     int IC = l->in, OC = l->out;
     if (!a->kind->forward_train_ref(out, u, inp, a, T, IC, OC, mask_seed)) {
@@ -67,8 +65,8 @@ static void ref_linear_forward_train(const ft_backend *be, float *out, float *u,
 }
 
 static void ref_linear_backward(const ft_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
-                                const float *inp, const float *u, const ft_linear *l, int T, uint64_t mask_seed,
-                                bool accumulate, float *scratch) {
+                                const float *inp, const float *u, const ft_linear *l, const ft_adapter_inst *a,
+                                int T, uint64_t mask_seed, bool accumulate, float *scratch) {
     (void)be; (void)scratch;
     int IC = l->in, OC = l->out;
     size_t nw = (size_t)OC * IC * sizeof(float), nx = (size_t)T * IC * sizeof(float);
@@ -83,7 +81,6 @@ static void ref_linear_backward(const ft_backend *be, float *dinp, float *dw, fl
     ft_matmul_backward_ref(dinp ? dx : NULL, l->w.dtype == FT_F32 ? dw : NULL, dbias, dout, inp, w, T, IC, OC);
     if (dinp)
         for (size_t i = 0; i < (size_t)T * IC; i++) dinp[i] = accumulate ? dinp[i] + dx[i] : dx[i];
-    const ft_adapter_inst *a = l->lora ? &l->lora->base : NULL;
     if (a && !a->kind->backward_ref(dinp, dout, inp, u, a, T, IC, OC, mask_seed)) fill_nan(dinp, (size_t)T * IC);
     ft_mem_free(FT_MEM_SCRATCH, w, nw);
     ft_mem_free(FT_MEM_SCRATCH, dx, nx);

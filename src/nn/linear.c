@@ -53,9 +53,9 @@ static void base_forward(float *out, const float *inp, const ft_linear *l, int T
     add_bias(out, l->bias, T, OC);
 }
 
-void ft_linear_forward(float *out, const float *inp, const ft_linear *l, int T, int n_threads, float *scratch) {
+void ft_linear_forward(float *out, const float *inp, const ft_linear *l, const ft_adapter_inst *a, int T,
+                       int n_threads, float *scratch) {
     base_forward(out, inp, l, T, n_threads, scratch);
-    const ft_adapter_inst *a = l->lora ? &l->lora->base : NULL;
     if (!a) return;
     /* the adapter's u goes through the (now free) tile area of the
      * scratch, a chunk of rows at a time: 128·in floats hold 128·in/R rows */
@@ -69,14 +69,13 @@ void ft_linear_forward(float *out, const float *inp, const ft_linear *l, int T, 
     }
 }
 
-void ft_linear_forward_ref(float *out, const float *inp, const ft_linear *l, int T) {
+void ft_linear_forward_ref(float *out, const float *inp, const ft_linear *l, const ft_adapter_inst *a, int T) {
     int IC = l->in, OC = l->out;
     float *w = malloc((size_t)OC * IC * sizeof(float));
     if (!w) return;
     for (int o = 0; o < OC; o++) ft_tensor_row_f32(&l->w, o, w + (size_t)o * IC);
     ft_matmul_forward_ref(out, inp, w, l->bias, T, IC, OC);
     free(w);
-    const ft_adapter_inst *a = l->lora ? &l->lora->base : NULL;
     if (!a) return;
     float *u = malloc((size_t)T * a->kind->saved_floats(a) * sizeof(float));
     if (!u) return;
@@ -89,17 +88,17 @@ size_t ft_linear_train_scratch_floats(int in, int R, int T, int n_threads) {
     return ft_linear_scratch_floats(in, n_threads) + (size_t)T * in + (size_t)T * R;
 }
 
-void ft_linear_forward_train(float *out, float *u, const float *inp, const ft_linear *l, int T, uint64_t mask_seed,
-                          int n_threads, float *scratch) {
+void ft_linear_forward_train(float *out, float *u, const float *inp, const ft_linear *l, const ft_adapter_inst *a,
+                             int T, uint64_t mask_seed, int n_threads, float *scratch) {
     base_forward(out, inp, l, T, n_threads, scratch);
-    const ft_adapter_inst *a = l->lora ? &l->lora->base : NULL;
     if (!a) return;
     float *xd = scratch + ft_linear_scratch_floats(l->in, n_threads);
     a->kind->forward_train(out, u, inp, a, T, l->in, l->out, mask_seed, xd, n_threads, scratch);
 }
 
 void ft_linear_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *u,
-                     const ft_linear *l, int T, uint64_t mask_seed, bool accumulate, int n_threads, float *scratch) {
+                        const ft_linear *l, const ft_adapter_inst *a, int T, uint64_t mask_seed, bool accumulate,
+                        int n_threads, float *scratch) {
     int IC = l->in, OC = l->out;
     ft_mat D = ft_mat_f32(dout, OC, 1);
     if (dinp) { /* dinp (T, IC) = dout (T, OC) · W (OC, IC): W read along its rows, widened a block at a time */
@@ -115,7 +114,6 @@ void ft_linear_backward(float *dinp, float *dw, float *dbias, const float *dout,
     if (dbias)
         for (int t = 0; t < T; t++)
             for (int o = 0; o < OC; o++) dbias[o] += dout[(size_t)t * OC + o];
-    const ft_adapter_inst *a = l->lora ? &l->lora->base : NULL;
     if (!a) return;
     float *xd = scratch + ft_linear_scratch_floats(IC, n_threads), *g = xd + (size_t)T * IC;
     a->kind->backward(dinp, dout, inp, u, a, T, IC, OC, mask_seed, xd, g, n_threads, scratch);

@@ -400,7 +400,6 @@ static ftune_status save_full_model(run *r, const char *dir) {
     if (!v.layers) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     memcpy(v.layers, r->m->layers, (size_t)c->L * sizeof *v.layers);
     v.adapter = NULL;
-    v.lm_head.lora = NULL;
     int n = ft_trainer_n_params(r->tr);
     for (int i = 0; i < n; i++) {
         const ft_train_param *p = ft_trainer_param(r->tr, i);
@@ -415,8 +414,6 @@ static ftune_status save_full_model(run *r, const char *dir) {
         else if (p->layer >= 0 && strstr(p->name, "post_attention_layernorm")) v.layers[p->layer].ffn_norm = p->data;
     }
     if (c->tied) v.lm_head.w = v.tok_embd;
-    for (int l = 0; l < c->L; l++)
-        for (int k = 0; k < FT_N_MODS; k++) ft_model_linear(&v, l, (ft_module)k)->lora = NULL;
     ft_merge_opts mo = { .dtype = "f32" };
     ftune_status st = ft_merge_write(&v, dir, &mo);
     free(v.layers);

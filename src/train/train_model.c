@@ -40,7 +40,7 @@ struct ft_trainer {
     ft_linear lm_head;        /* (V, C) */
     ft_layer *layers;         /* (L) */
     ft_lora *loras;           /* (L, 7) */
-    const ft_lora **set;      /* (L, 7): the adapter set the block binds (&loras[i] where trained, else NULL) */
+    const ft_adapter_inst **set; /* (L, 7): the adapter set the block binds (&loras[i].base where trained, else NULL) */
     float *inv_freq;          /* (HS/2) */
     const ft_block_hooks *hooks; /* or NULL */
     /* trainables */
@@ -279,7 +279,7 @@ enum { O_LAYERS, O_LORAS, O_SET, O_LG, O_LA, O_INV_FREQ, O_IDX, O_POS0, O_PARAMS
 static void other_sizes(const ft_config *c, const ft_train_opts *o, int n_params, size_t sz[N_OTHER]) {
     sz[O_LAYERS] = (size_t)c->L * sizeof(ft_layer);
     sz[O_LORAS] = (size_t)c->L * FT_N_MODS * sizeof(ft_lora);
-    sz[O_SET] = (size_t)c->L * FT_N_MODS * sizeof(ft_lora *);
+    sz[O_SET] = (size_t)c->L * FT_N_MODS * sizeof(ft_adapter_inst *);
     sz[O_LG] = (size_t)c->L * sizeof(layer_grads);
     sz[O_LA] = (size_t)c->L * sizeof(layer_acts);
     sz[O_INV_FREQ] = (size_t)c->HS / 2 * sizeof(float);
@@ -381,7 +381,6 @@ static void bind_full(ft_trainer *tr) {
     }
     memcpy(p[i].data, m->out_norm, (size_t)c->C * sizeof(float));
     tr->out_norm = p[i].data; tr->d_out_norm = p[i].grad; i++;
-    tr->lm_head.lora = NULL;
     if (c->tied) {
         tr->lm_head.w = tr->tok_embd;
         tr->d_lm_head = tr->d_tok_embd;
@@ -404,7 +403,7 @@ static void bind_lora(ft_trainer *tr) {
         ft_lora *a = &tr->loras[l * FT_N_MODS + k];
         ft_lora_init(a, tr->o.r, tr->o.alpha, tr->o.rslora, tr->o.dropout, pa->data, pb->data, pa->grad, pb->grad,
                   lin->in, lin->out, &rng);
-        tr->set[l * FT_N_MODS + k] = a;
+        tr->set[l * FT_N_MODS + k] = &a->base;
     }
     (void)c;
 }
