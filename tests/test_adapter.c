@@ -99,9 +99,10 @@ static void test_permute_rows(void) {
 static void test_peft_round_trip(void) {
     ftune_model *m = load(hf_path);
     if (!m) { CHECK(m != NULL); return; }
-    ft_lora_cfg cfg = { .r = 4, .alpha = 8, .dropout = 0.05f, .targets = FT_MOD_ALL };
+    ft_adapter_hparams cfg = { .r = 4, .alpha = 8, .dropout = 0.05f, .targets = FT_MOD_ALL };
     ft_adapter *a = NULL;
-    CHECK_OK(ft_adapter_attach(&a, m, &cfg, true, 42));
+    cfg.seed = 42;
+    CHECK_OK(ft_adapter_attach(&a, m, &cfg, true));
     if (!a) { ftune_model_free(m); return; }
     CHECK(a->n == 5 * 7);
     CHECK(a->set[2 * 7 + FT_MOD_UP] == &a->e[2 * 7 + FT_MOD_UP].lora->base); /* in the adapter's set (a Linear holds none) */
@@ -131,16 +132,18 @@ static void test_peft_round_trip(void) {
     memset(a->e[0].lora->B, 0, 256 * sizeof(float));
     free(ps);
     ft_adapter *fz = NULL;
-    ft_lora_cfg one = { .r = 2, .alpha = 2, .targets = FT_MOD_BIT(FT_MOD_Q) };
+    ft_adapter_hparams one = { .r = 2, .alpha = 2, .targets = FT_MOD_BIT(FT_MOD_Q) };
     ftune_model *m2 = load(hf_path);
-    CHECK_OK(ft_adapter_attach(&fz, m2, &one, false, 1));
+    one.seed = 1;
+    CHECK_OK(ft_adapter_attach(&fz, m2, &one, false));
     ft_param fp[10];
     CHECK(fz && ft_adapter_params(fz, fp) == FTUNE_ERR_ARG);
     ft_adapter_free(fz);
     ftune_model_free(m2);
     /* a second adapter for the same model is its own: the model is not written */
     ft_adapter *a2 = NULL;
-    CHECK_OK(ft_adapter_attach(&a2, m, &cfg, false, 1));
+    cfg.seed = 1;
+    CHECK_OK(ft_adapter_attach(&a2, m, &cfg, false));
     CHECK(a2 && a2->set[0] != a->set[0]);
     ft_adapter_free(a2);
     randomize_b(a, 7, 0.05f);
@@ -219,9 +222,10 @@ static void test_qk_layout_across_models(void) {
     ftune_model *g = load(gguf_path), *h = load(hf_path), *g2 = load(gguf_path);
     if (!g || !h || !g2) { CHECK(0); goto out; }
     CHECK(g->cfg.rope_interleaved && !h->cfg.rope_interleaved);
-    ft_lora_cfg cfg = { .r = 4, .alpha = 6, .rslora = true, .targets = FT_MOD_ALL };
+    ft_adapter_hparams cfg = { .r = 4, .alpha = 6, .rslora = true, .targets = FT_MOD_ALL };
     ft_adapter *ag = NULL, *ah = NULL, *ag2 = NULL;
-    CHECK_OK(ft_adapter_attach(&ag, g, &cfg, false, 3));
+    cfg.seed = 3;
+    CHECK_OK(ft_adapter_attach(&ag, g, &cfg, false));
     if (!ag) goto out;
     randomize_b(ag, 11, 0.05f);
     char dir[600], p[700];
@@ -294,9 +298,10 @@ static bool same_file(const char *a, const char *b) {
 static void test_wrap_and_partial(void) {
     ftune_model *m = load(hf_path), *m2 = load(hf_path);
     if (!m || !m2) { CHECK(0); ftune_model_free(m); ftune_model_free(m2); return; }
-    ft_lora_cfg cfg = { .r = 2, .alpha = 4, .targets = FT_MOD_BIT(FT_MOD_Q) | FT_MOD_BIT(FT_MOD_V) };
+    ft_adapter_hparams cfg = { .r = 2, .alpha = 4, .targets = FT_MOD_BIT(FT_MOD_Q) | FT_MOD_BIT(FT_MOD_V) };
     ft_adapter *a = NULL, *w = NULL, *b = NULL;
-    CHECK_OK(ft_adapter_attach(&a, m, &cfg, false, 8));
+    cfg.seed = 8;
+    CHECK_OK(ft_adapter_attach(&a, m, &cfg, false));
     if (!a) goto out;
     randomize_b(a, 17, 0.05f);
     ft_lora *loras[5 * FT_N_MODS] = { 0 };
@@ -369,9 +374,10 @@ out:
 static void test_peft_vs_torch(void) {
     ftune_model *g = load(gguf_path);
     if (!g) { CHECK(0); return; }
-    ft_lora_cfg cfg = { .r = 4, .alpha = 6, .rslora = true, .targets = FT_MOD_ALL };
+    ft_adapter_hparams cfg = { .r = 4, .alpha = 6, .rslora = true, .targets = FT_MOD_ALL };
     ft_adapter *a = NULL;
-    CHECK_OK(ft_adapter_attach(&a, g, &cfg, false, 31));
+    cfg.seed = 31;
+    CHECK_OK(ft_adapter_attach(&a, g, &cfg, false));
     float *ours = NULL, *ref = NULL;
     char *buf = NULL;
     if (!a) goto out;
@@ -414,10 +420,11 @@ out:
 static void test_gguf_adapter(void) {
     ftune_model *h = load(hf_path), *g = load(gguf_path);
     if (!h || !g) { CHECK(0); goto out; }
-    ft_lora_cfg cfg = { .r = 4, .alpha = 8, .rslora = true, .targets = FT_MOD_BIT(FT_MOD_Q) | FT_MOD_BIT(FT_MOD_K) |
+    ft_adapter_hparams cfg = { .r = 4, .alpha = 8, .rslora = true, .targets = FT_MOD_BIT(FT_MOD_Q) | FT_MOD_BIT(FT_MOD_K) |
                                                                      FT_MOD_BIT(FT_MOD_V) | FT_MOD_BIT(FT_MOD_DOWN) };
     ft_adapter *ah = NULL, *ag = NULL;
-    CHECK_OK(ft_adapter_attach(&ah, h, &cfg, false, 5));
+    cfg.seed = 5;
+    CHECK_OK(ft_adapter_attach(&ah, h, &cfg, false));
     if (!ah) goto out;
     randomize_b(ah, 13, 0.05f);
     char p[600], dir[600];
@@ -789,10 +796,11 @@ static void test_merge(void) {
     for (int b = 0; b < 3; b++) {
         ftune_model *m = load(bases[b]), *ref = load(bases[b]);
         if (!m || !ref) { CHECK(0); ftune_model_free(m); ftune_model_free(ref); continue; }
-        ft_lora_cfg cfg = { .r = 8, .alpha = 16, .targets = FT_MOD_ALL & ~FT_MOD_BIT(FT_MOD_UP) };
+        ft_adapter_hparams cfg = { .r = 8, .alpha = 16, .targets = FT_MOD_ALL & ~FT_MOD_BIT(FT_MOD_UP) };
         ft_adapter *a = NULL, *ar = NULL;
-        CHECK_OK(ft_adapter_attach(&a, m, &cfg, false, 21));
-        CHECK_OK(ft_adapter_attach(&ar, ref, &cfg, false, 21));
+        cfg.seed = 21;
+        CHECK_OK(ft_adapter_attach(&a, m, &cfg, false));
+        CHECK_OK(ft_adapter_attach(&ar, ref, &cfg, false));
         if (!a || !ar) { ftune_model_free(m); ftune_model_free(ref); continue; }
         randomize_b(a, 99, 0.01f);
         randomize_b(ar, 99, 0.01f);

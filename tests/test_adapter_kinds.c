@@ -156,9 +156,10 @@ static void test_params_match_peft_export(void) {
     ftune_model *m = NULL;
     CHECK_OK(ftune_model_load(&m, hf, NULL));
     if (!m) return;
-    ft_lora_cfg cfg = { .r = 3, .alpha = 6, .dropout = 0.0f, .targets = FT_MOD_ALL };
+    ft_adapter_hparams cfg = { .r = 3, .alpha = 6, .dropout = 0.0f, .targets = FT_MOD_ALL };
     ft_adapter *a = NULL;
-    CHECK_OK(ft_adapter_attach(&a, m, &cfg, true, 5));
+    cfg.seed = 5;
+    CHECK_OK(ft_adapter_attach(&a, m, &cfg, true));
     if (!a) { ftune_model_free(m); return; }
     ft_rng rng;
     ft_rng_seed(&rng, 9);

@@ -103,10 +103,10 @@ static bool run_ref(st_file *out, const char *model_dir, const char *tag, ft_tra
                                        .shape = { p->shape[0], p->shape[1] }, .data = p->data };
         }
     snprintf(n_norm_s, sizeof n_norm_s, "%lld", (long long)n_norm);
-    snprintf(r_s, sizeof r_s, "%d", o->r);
-    snprintf(alpha_s, sizeof alpha_s, "%.9g", o->alpha);
+    snprintf(r_s, sizeof r_s, "%d", o->lora.r);
+    snprintf(alpha_s, sizeof alpha_s, "%.9g", o->lora.alpha);
     const char *meta[] = { "mode", o->mode == FT_TRAIN_LORA ? "lora" : "full", "n_norm", n_norm_s, "r", r_s,
-                           "alpha", alpha_s, "rslora", o->rslora ? "1" : "0", NULL };
+                           "alpha", alpha_s, "rslora", o->lora.rslora ? "1" : "0", NULL };
     ftune_status st = ft_st_write(in_path, ts, n, meta);
     free(ts);
     CHECK_OK(st);
@@ -195,7 +195,7 @@ static void test_lora_all_targets_vs_torch(void) {
     if (!m) return;
     ft_train_opts o;
     ft_train_opts_default(&o);
-    o.r = 4; o.alpha = 8; o.max_B = 2; o.max_T = 24; o.seed = 11; o.n_threads = 2;
+    o.lora.r = 4; o.lora.alpha = 8; o.max_B = 2; o.max_T = 24; o.lora.seed = 11; o.n_threads = 2;
     ft_trainer *tr = NULL;
     CHECK_OK(ft_trainer_new(&tr, m, &o));
     if (!tr) { ftune_model_free(m); return; }
@@ -217,7 +217,7 @@ static void test_lora_all_targets_vs_torch(void) {
     CHECKF(worst <= GRAD_TOL, "gradient rel err %.3g (%s)", worst, wn);
     ft_trainer_free(tr);
     /* rsLoRA and a subset of targets */
-    o.rslora = true; o.targets = FT_MOD_BIT(FT_MOD_Q) | FT_MOD_BIT(FT_MOD_V) | FT_MOD_BIT(FT_MOD_DOWN); o.r = 3; o.alpha = 5;
+    o.lora.rslora = true; o.lora.targets = FT_MOD_BIT(FT_MOD_Q) | FT_MOD_BIT(FT_MOD_V) | FT_MOD_BIT(FT_MOD_DOWN); o.lora.r = 3; o.lora.alpha = 5;
     CHECK_OK(ft_trainer_new(&tr, m, &o));
     if (tr) {
         CHECK(ft_trainer_n_params(tr) == 5 * 3 * 2);
@@ -272,7 +272,7 @@ static void test_qwen2_bf16_vs_torch(void) {
     CHECK(m->layers[0].wq.w.dtype == FT_BF16 && m->cfg.qkv_bias && !m->cfg.tied);
     ft_train_opts o;
     ft_train_opts_default(&o);
-    o.r = 5; o.alpha = 7; o.max_B = 2; o.max_T = 12; o.seed = 2; o.n_threads = 2;
+    o.lora.r = 5; o.lora.alpha = 7; o.max_B = 2; o.max_T = 12; o.lora.seed = 2; o.n_threads = 2;
     ft_trainer *tr = NULL;
     CHECK_OK(ft_trainer_new(&tr, m, &o));
     test_batch tb;
@@ -384,7 +384,7 @@ static void test_packed_equals_separate(void) {
     if (!m) return;
     ft_train_opts o;
     ft_train_opts_default(&o);
-    o.r = 4; o.alpha = 4; o.max_B = 2; o.max_T = 24; o.n_threads = 2;
+    o.lora.r = 4; o.lora.alpha = 4; o.max_B = 2; o.max_T = 24; o.n_threads = 2;
     ft_trainer *tp = NULL, *ts = NULL;
     CHECK_OK(ft_trainer_new(&tp, m, &o));
     CHECK_OK(ft_trainer_new(&ts, m, &o));
@@ -447,8 +447,8 @@ static void test_accumulation_equals_big_batch(void) {
     if (!m) return;
     ft_train_opts o;
     ft_train_opts_default(&o);
-    o.r = 2; o.alpha = 3; o.max_B = 2; o.max_T = 16; o.n_threads = 2;
-    o.targets = FT_MOD_BIT(FT_MOD_K) | FT_MOD_BIT(FT_MOD_O) | FT_MOD_BIT(FT_MOD_UP);
+    o.lora.r = 2; o.lora.alpha = 3; o.max_B = 2; o.max_T = 16; o.n_threads = 2;
+    o.lora.targets = FT_MOD_BIT(FT_MOD_K) | FT_MOD_BIT(FT_MOD_O) | FT_MOD_BIT(FT_MOD_UP);
     ft_trainer *tb_ = NULL, *ta = NULL;
     CHECK_OK(ft_trainer_new(&tb_, m, &o));
     o.max_B = 1;
@@ -649,14 +649,14 @@ static void test_bad_input(void) {
     if (!m) return;
     ft_train_opts o;
     ft_train_opts_default(&o);
-    o.max_B = 1; o.max_T = 8; o.r = 0;
+    o.max_B = 1; o.max_T = 8; o.lora.r = 0;
     ft_trainer *tr = NULL;
     CHECK(ft_trainer_new(&tr, m, &o) == FTUNE_ERR_ARG && !tr);
-    o.r = 2; o.dropout = 1.0f;
+    o.lora.r = 2; o.lora.dropout = 1.0f;
     CHECK(ft_trainer_new(&tr, m, &o) == FTUNE_ERR_ARG && !tr);
-    o.dropout = 0; o.targets = 0;
+    o.lora.dropout = 0; o.lora.targets = 0;
     CHECK(ft_trainer_new(&tr, m, &o) == FTUNE_ERR_ARG && !tr);
-    o.targets = FT_MOD_ALL;
+    o.lora.targets = FT_MOD_ALL;
     CHECK_OK(ft_trainer_new(&tr, m, &o));
     unsigned mask;
     CHECK_OK(ft_lora_targets_parse("q_proj,v,down", &mask));

@@ -57,7 +57,7 @@ static void set_base_model(ft_adapter *a) {
 /* Allocates an adapter with owned LoRA structs for the (layer, module)
  * pairs where sel[l * FT_N_MODS + mod] is set, memory for A and B (and
  * grads), without initialising the values. */
-static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_lora_cfg *cfg, const bool *sel,
+static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_adapter_hparams *cfg, const bool *sel,
                                 bool trainable) {
     *out = NULL;
     const ft_config *c = &m->cfg;
@@ -115,7 +115,7 @@ static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_lora_
     return FTUNE_OK;
 }
 
-ftune_status ft_adapter_attach(ft_adapter **out, ftune_model *m, const ft_lora_cfg *cfg, bool trainable, uint64_t seed) {
+ftune_status ft_adapter_attach(ft_adapter **out, ftune_model *m, const ft_adapter_hparams *cfg, bool trainable) {
     *out = NULL;
     if (!cfg->targets || (cfg->targets & ~FT_MOD_ALL)) return ft_err(FTUNE_ERR_ARG, "LoRA target mask 0x%x is empty or invalid", cfg->targets);
     int L = m->cfg.L;
@@ -129,7 +129,7 @@ ftune_status ft_adapter_attach(ft_adapter **out, ftune_model *m, const ft_lora_c
     if (st) return st;
     /* PEFT's init (B stays zero) */
     ft_rng rng;
-    ft_rng_seed(&rng, seed);
+    ft_rng_seed(&rng, cfg->seed);
     for (int i = 0; i < a->n; i++) ft_lora_init_A(a->e[i].lora->A, cfg->r, a->e[i].lin->in, &rng);
     *out = a;
     return FTUNE_OK;
@@ -160,7 +160,7 @@ ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *l
         return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     }
     a->m = m;
-    a->cfg = (ft_lora_cfg){ .r = first->r, .alpha = first->alpha, .rslora = first->rslora, .dropout = dropout };
+    a->cfg = (ft_adapter_hparams){ .r = first->r, .alpha = first->alpha, .rslora = first->rslora, .dropout = dropout };
     set_base_model(a);
     for (int i = 0; i < c->L * FT_N_MODS; i++) {
         if (!loras[i]) continue;
@@ -562,7 +562,7 @@ ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *
                 goto done;
             }
         }
-    ft_lora_cfg lc = { .r = pc.r, .alpha = pc.alpha, .rslora = pc.rslora, .dropout = pc.dropout };
+    ft_adapter_hparams lc = { .r = pc.r, .alpha = pc.alpha, .rslora = pc.rslora, .dropout = pc.dropout };
     for (int i = 0; i < L * FT_N_MODS; i++)
         if (sel[i]) lc.targets |= FT_MOD_BIT(i % FT_N_MODS);
     if ((st = alloc_owned(&a, m, &lc, sel, trainable))) goto done;
@@ -867,7 +867,7 @@ ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *
         n++;
     }
     if (!n) { st = ft_err(FTUNE_ERR_FORMAT, "%s: no LoRA tensors", path); goto done; }
-    ft_lora_cfg lc = { .r = r, .alpha = (float)alpha };
+    ft_adapter_hparams lc = { .r = r, .alpha = (float)alpha };
     for (int i = 0; i < L * FT_N_MODS; i++)
         if (sel[i]) lc.targets |= FT_MOD_BIT(i % FT_N_MODS);
     if ((st = alloc_owned(&a, m, &lc, sel, trainable))) goto done;

@@ -10,6 +10,18 @@
 
 typedef struct ft_adapter_kind ft_adapter_kind;
 
+/* An adapter's hyper-parameters: the one struct the trainer's options,
+ * the adapter objects (attach, PEFT and GGUF load) and the PEFT config
+ * writer use. Kinds read the fields they have (LoRA: all). */
+typedef struct {
+    int r;              /* rank R */
+    float alpha;        /* LoRA scale alpha / r (alpha / sqrt(r) with rslora) */
+    bool rslora;
+    float dropout;      /* probability of dropping an adapter input element; 0 = off */
+    unsigned targets;   /* module.h FT_MOD_BIT mask of the adapted Linears */
+    uint64_t seed;      /* initialisation (and, in training, dropout masks) */
+} ft_adapter_hparams;
+
 /* The head of every adapter instance (the first member of ft_lora). */
 typedef struct {
     const ft_adapter_kind *kind;
