@@ -188,19 +188,23 @@ void ft_adapter_free(ft_adapter *a) {
 ftune_status ft_adapter_params(const ft_adapter *a, ft_param *out) {
     for (int i = 0; i < a->n; i++) {
         const ft_adapter_entry *e = &a->e[i];
-        if (!e->lora->dA || !e->lora->dB)
-            return ft_err(FTUNE_ERR_ARG, "layer %d %s: the adapter has no gradients (attach it as trainable)", e->layer,
-                          ft_modules[e->mod].peft);
-        for (int k = 0; k < 2; k++) {
+        /* the kind's parameter list, named as in the PEFT file */
+        const ft_adapter_inst *ad = &e->lora->base;
+        for (int k = 0; k < ad->kind->n_params; k++) {
+            ft_adapter_param ap;
+            ad->kind->param(&ap, ad, k, e->lin->in, e->lin->out);
+            if (!ap.grad)
+                return ft_err(FTUNE_ERR_ARG, "layer %d %s: the adapter has no gradients (attach it as trainable)",
+                              e->layer, ft_modules[e->mod].peft);
             ft_param *p = &out[2 * i + k];
             memset(p, 0, sizeof *p);
-            snprintf(p->name, sizeof p->name, PEFT_PREFIX "model.layers.%d.%s.lora_%c.weight", e->layer,
-                     ft_modules[e->mod].path, k ? 'B' : 'A');
-            p->data = k ? e->lora->B : e->lora->A;
-            p->grad = k ? e->lora->dB : e->lora->dA;
+            snprintf(p->name, sizeof p->name, PEFT_PREFIX "model.layers.%d.%s.%s", e->layer, ft_modules[e->mod].path,
+                     ap.peft_suffix);
+            p->data = ap.data;
+            p->grad = ap.grad;
             p->ndim = 2;
-            p->shape[0] = k ? e->lin->out : e->lora->r;
-            p->shape[1] = k ? e->lora->r : e->lin->in;
+            p->shape[0] = ap.shape[0];
+            p->shape[1] = ap.shape[1];
             p->numel = p->shape[0] * p->shape[1];
             p->decay = true;
         }
@@ -694,17 +698,21 @@ ftune_status ft_adapter_save_peft(const ft_adapter *a, const char *dir) {
     if (!ts || !names) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
     for (int i = 0; i < a->n; i++) {
         const ft_adapter_entry *e = &a->e[i];
-        int r = e->lora->r;
-        for (int k = 0; k < 2; k++) {
+        const ft_adapter_inst *ad = &e->lora->base;
+        /* the kind's parameter list, in its order; parameter 1 (LoRA's B) has
+         * the Linear's output rows, which permuted_bs put in the file's layout */
+        for (int k = 0; k < ad->kind->n_params; k++) {
+            ft_adapter_param ap;
+            ad->kind->param(&ap, ad, k, e->lin->in, e->lin->out);
             char *nm = names + (size_t)(2 * i + k) * 128;
-            snprintf(nm, 128, PEFT_PREFIX "model.layers.%d.%s.lora_%c.weight", e->layer, ft_modules[e->mod].path, k ? 'B' : 'A');
+            snprintf(nm, 128, PEFT_PREFIX "model.layers.%d.%s.%s", e->layer, ft_modules[e->mod].path, ap.peft_suffix);
             st_out_tensor *t = &ts[2 * i + k];
             t->name = nm;
             t->dtype = FT_F32;
             t->ndim = 2;
-            t->shape[0] = k ? e->lin->out : r;
-            t->shape[1] = k ? r : e->lin->in;
-            t->data = k ? (bs && bs[i] ? bs[i] : e->lora->B) : e->lora->A;
+            t->shape[0] = ap.shape[0];
+            t->shape[1] = ap.shape[1];
+            t->data = k == 1 && bs && bs[i] ? bs[i] : ap.data;
         }
     }
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
