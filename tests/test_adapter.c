@@ -166,7 +166,7 @@ static void test_peft_round_trip(void) {
     ft_peft_config pc;
     snprintf(p, sizeof p, "%s/adapter_config.json", dir);
     CHECK_OK(ft_peft_config_read(&pc, p));
-    CHECK(pc.r == 4 && pc.alpha == 8 && fabsf(pc.dropout - 0.05f) < 1e-7f && !pc.rslora && pc.n_targets == 7);
+    CHECK(pc.hp.r == 4 && pc.hp.alpha == 8 && fabsf(pc.hp.dropout - 0.05f) < 1e-7f && !pc.hp.rslora && pc.n_targets == 7);
     CHECK(pc.n_targets == 7 && strcmp(pc.targets[0], "q_proj") == 0 && strcmp(pc.targets[6], "down_proj") == 0);
     CHECK(strcmp(pc.base_model, "stories260K-hf") == 0);
     ft_peft_config_free(&pc);
@@ -755,7 +755,7 @@ static void test_gpt2_adapter(void) {
     ft_peft_config pc;
     snprintf(p, sizeof p, "%s/adapter_config.json", dir);
     CHECK_OK(ft_peft_config_read(&pc, p));
-    CHECK(pc.r == 8 && pc.alpha == 32 && fabsf(pc.dropout - 0.05f) < 1e-7f && pc.fan_in_fan_out && !pc.rslora);
+    CHECK(pc.hp.r == 8 && pc.hp.alpha == 32 && fabsf(pc.hp.dropout - 0.05f) < 1e-7f && pc.fan_in_fan_out && !pc.hp.rslora);
     CHECK(pc.n_targets == 2 && strcmp(pc.targets[0], "c_attn") == 0 && strcmp(pc.targets[1], "c_proj") == 0);
     CHECK(strcmp(pc.base_model, "gpt2") == 0);
     ft_peft_config_free(&pc);

@@ -248,23 +248,23 @@ ftune_status ft_peft_config_read(ft_peft_config *c, const char *path) {
     snprintf(c->peft_type, sizeof c->peft_type, "%s", v->valuestring);
     if (strcmp(v->valuestring, "LORA") != 0)
         FAIL(FTUNE_ERR_UNSUPPORTED, "%s: peft_type \"%s\" is not supported (LORA)", path, v->valuestring);
-    c->r = 8; /* PEFT's defaults */
-    c->alpha = 8;
+    c->hp.r = 8; /* PEFT's defaults */
+    c->hp.alpha = 8;
     if ((v = cJSON_GetObjectItemCaseSensitive(j, "r"))) {
         if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 1 || v->valuedouble > 65536)
             FAIL(FTUNE_ERR_FORMAT, "%s: \"r\" must be an integer in 1..65536", path);
-        c->r = (int)v->valuedouble;
+        c->hp.r = (int)v->valuedouble;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(j, "lora_alpha"))) {
         if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) FAIL(FTUNE_ERR_FORMAT, "%s: \"lora_alpha\" must be a number", path);
-        c->alpha = (float)v->valuedouble;
+        c->hp.alpha = (float)v->valuedouble;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(j, "lora_dropout")) && !cJSON_IsNull(v)) {
         if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < 1))
             FAIL(FTUNE_ERR_FORMAT, "%s: \"lora_dropout\" must be a number in [0, 1)", path);
-        c->dropout = (float)v->valuedouble;
+        c->hp.dropout = (float)v->valuedouble;
     }
-    c->rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "use_rslora"));
+    c->hp.rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "use_rslora"));
     c->fan_in_fan_out = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "fan_in_fan_out"));
     static const char *const must_be_unset[] = {
         "use_dora", "lora_bias", "rank_pattern", "alpha_pattern", "modules_to_save", "exclude_modules",
@@ -551,22 +551,22 @@ ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *
             if (!p) continue;
             const ft_linear *lin = ft_model_linear(m, l, k);
             char s[96];
-            if (p->A->shape[0] != pc.r || p->A->shape[1] != lin->in) {
+            if (p->A->shape[0] != pc.hp.r || p->A->shape[1] != lin->in) {
                 shape_str(s, sizeof s, p->A->ndim, p->A->shape);
                 st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": shape %s but the model's layer %d %s has %d inputs "
-                            "and r=%d (expected [%d, %d])", st_path, p->A->name, s, l, ft_modules[k].peft, lin->in, pc.r,
-                            pc.r, lin->in);
+                            "and r=%d (expected [%d, %d])", st_path, p->A->name, s, l, ft_modules[k].peft, lin->in, pc.hp.r,
+                            pc.hp.r, lin->in);
                 goto done;
             }
-            if (p->B->shape[0] != lin->out || p->B->shape[1] != pc.r) {
+            if (p->B->shape[0] != lin->out || p->B->shape[1] != pc.hp.r) {
                 shape_str(s, sizeof s, p->B->ndim, p->B->shape);
                 st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": shape %s but the model's layer %d %s has %d outputs "
-                            "and r=%d (expected [%d, %d])", st_path, p->B->name, s, l, ft_modules[k].peft, lin->out, pc.r,
-                            lin->out, pc.r);
+                            "and r=%d (expected [%d, %d])", st_path, p->B->name, s, l, ft_modules[k].peft, lin->out, pc.hp.r,
+                            lin->out, pc.hp.r);
                 goto done;
             }
         }
-    ft_adapter_hparams lc = { .r = pc.r, .alpha = pc.alpha, .rslora = pc.rslora, .dropout = pc.dropout };
+    ft_adapter_hparams lc = pc.hp;
     for (int i = 0; i < L * FT_N_MODS; i++)
         if (sel[i]) lc.targets |= FT_MOD_BIT(i % FT_N_MODS);
     if ((st = alloc_owned(&a, m, &lc, sel, trainable))) goto done;
@@ -574,11 +574,11 @@ ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *
     for (int i = 0; i < a->n; i++) {
         ft_adapter_entry *e = &a->e[i];
         const ft_peft_pair *p = byidx[e->layer * FT_N_MODS + e->mod];
-        tensor_to_f32(p->A, e->lora->A, (size_t)pc.r * e->lin->in);
-        tensor_to_f32(p->B, e->lora->B, (size_t)e->lin->out * pc.r);
+        tensor_to_f32(p->A, e->lora->A, (size_t)pc.hp.r * e->lin->in);
+        tensor_to_f32(p->B, e->lora->B, (size_t)e->lin->out * pc.hp.r);
         int heads = ft_module_rope_heads(c, e->mod);
         if (c->rope_interleaved && heads &&
-            (st = ft_permute_rope_rows(e->lora->B, e->lin->out, pc.r, heads, true))) goto done;
+            (st = ft_permute_rope_rows(e->lora->B, e->lin->out, pc.hp.r, heads, true))) goto done;
     }
     *out = a;
     a = NULL;

@@ -78,10 +78,9 @@ ftune_status ft_adapter_params(const ft_adapter *a, ft_param *out);
 /* adapter_config.json as far as ftune reads it. */
 typedef struct {
     char peft_type[16];
-    int r;
-    float alpha;
-    float dropout;
-    bool rslora, fan_in_fan_out;
+    ft_adapter_hparams hp;   /* r, lora_alpha, lora_dropout, use_rslora; targets 0 and seed 0
+                              * (target_modules are names: below) */
+    bool fan_in_fan_out;
     int n_targets;
     char **targets;          /* target_modules as a list, or NULL */
     char *target_regex;      /* target_modules as a string (a regex or "all-linear"), or NULL */
