@@ -116,4 +116,4 @@ bench: all $(BUILD)/bench_forward $(BUILD)/bench_train
 clean:
 	rm -rf build build-debug build-fuzz
 
--include $(wildcard $(BUILD)/obj/*.d $(BUILD)/obj/tools/*.d $(BUILD)/obj/tests/*.d build-fuzz/*.d)
+-include $(wildcard $(BUILD)/obj/*.d $(BUILD)/obj/*/*.d build-fuzz/*.d)

@@ -99,13 +99,13 @@ static void test_permute_rows(void) {
 static void test_peft_round_trip(void) {
     ftune_model *m = load(hf_path);
     if (!m) { CHECK(m != NULL); return; }
-    ft_lora_cfg cfg = { .r = 4, .alpha = 8, .dropout = 0.05f, .targets = FT_MOD_ALL };
+    ft_adapter_hparams cfg = { .r = 4, .alpha = 8, .dropout = 0.05f, .targets = FT_MOD_ALL };
     ft_adapter *a = NULL;
-    CHECK_OK(ft_adapter_attach(&a, m, &cfg, true, 42));
+    cfg.seed = 42;
+    CHECK_OK(ft_adapter_attach(&a, m, &cfg, true));
     if (!a) { ftune_model_free(m); return; }
     CHECK(a->n == 5 * 7);
-    CHECK(a->set[2 * 7 + FT_MOD_UP] == a->e[2 * 7 + FT_MOD_UP].lora); /* in the adapter's set, */
-    CHECK(m->layers[2].w_up.lora == NULL);                               /* never in the model */
+    CHECK(a->set[2 * 7 + FT_MOD_UP] == &a->e[2 * 7 + FT_MOD_UP].lora->base); /* in the adapter's set (a Linear holds none) */
     CHECK(a->e[0].lora->dA && a->e[0].lora->dB && a->e[0].lora->scale == 2.0f);
     /* PEFT init: A in [-1/sqrt(in), 1/sqrt(in)], B zero */
     float amax = 0;
@@ -132,17 +132,19 @@ static void test_peft_round_trip(void) {
     memset(a->e[0].lora->B, 0, 256 * sizeof(float));
     free(ps);
     ft_adapter *fz = NULL;
-    ft_lora_cfg one = { .r = 2, .alpha = 2, .targets = FT_MOD_BIT(FT_MOD_Q) };
+    ft_adapter_hparams one = { .r = 2, .alpha = 2, .targets = FT_MOD_BIT(FT_MOD_Q) };
     ftune_model *m2 = load(hf_path);
-    CHECK_OK(ft_adapter_attach(&fz, m2, &one, false, 1));
+    one.seed = 1;
+    CHECK_OK(ft_adapter_attach(&fz, m2, &one, false));
     ft_param fp[10];
     CHECK(fz && ft_adapter_params(fz, fp) == FTUNE_ERR_ARG);
     ft_adapter_free(fz);
     ftune_model_free(m2);
     /* a second adapter for the same model is its own: the model is not written */
     ft_adapter *a2 = NULL;
-    CHECK_OK(ft_adapter_attach(&a2, m, &cfg, false, 1));
-    CHECK(a2 && a2->set[0] != a->set[0] && m->layers[0].wq.lora == NULL);
+    cfg.seed = 1;
+    CHECK_OK(ft_adapter_attach(&a2, m, &cfg, false));
+    CHECK(a2 && a2->set[0] != a->set[0]);
     ft_adapter_free(a2);
     randomize_b(a, 7, 0.05f);
     snprintf(a->base_model, sizeof a->base_model, "stories260K-hf");
@@ -160,12 +162,11 @@ static void test_peft_round_trip(void) {
         memcpy(c, a->e[i].lora->B, nb * 4); c += nb;
     }
     ft_adapter_free(a);
-    CHECK(m->layers[0].wq.lora == NULL);
 
     ft_peft_config pc;
     snprintf(p, sizeof p, "%s/adapter_config.json", dir);
     CHECK_OK(ft_peft_config_read(&pc, p));
-    CHECK(pc.r == 4 && pc.alpha == 8 && fabsf(pc.dropout - 0.05f) < 1e-7f && !pc.rslora && pc.n_targets == 7);
+    CHECK(pc.hp.r == 4 && pc.hp.alpha == 8 && fabsf(pc.hp.dropout - 0.05f) < 1e-7f && !pc.hp.rslora && pc.n_targets == 7);
     CHECK(pc.n_targets == 7 && strcmp(pc.targets[0], "q_proj") == 0 && strcmp(pc.targets[6], "down_proj") == 0);
     CHECK(strcmp(pc.base_model, "stories260K-hf") == 0);
     ft_peft_config_free(&pc);
@@ -205,7 +206,7 @@ static void test_peft_round_trip(void) {
             size_t na = (size_t)4 * a->e[i].lin->in, nb = (size_t)4 * a->e[i].lin->out;
             same &= memcmp(c, a->e[i].lora->A, na * 4) == 0; c += na;
             same &= memcmp(c, a->e[i].lora->B, nb * 4) == 0; c += nb;
-            same &= a->set[a->e[i].layer * FT_N_MODS + a->e[i].mod] == a->e[i].lora && a->e[i].lin->lora == NULL;
+            same &= a->set[a->e[i].layer * FT_N_MODS + a->e[i].mod] == &a->e[i].lora->base;
         }
         CHECK(same);
     }
@@ -221,9 +222,10 @@ static void test_qk_layout_across_models(void) {
     ftune_model *g = load(gguf_path), *h = load(hf_path), *g2 = load(gguf_path);
     if (!g || !h || !g2) { CHECK(0); goto out; }
     CHECK(g->cfg.rope_interleaved && !h->cfg.rope_interleaved);
-    ft_lora_cfg cfg = { .r = 4, .alpha = 6, .rslora = true, .targets = FT_MOD_ALL };
+    ft_adapter_hparams cfg = { .r = 4, .alpha = 6, .rslora = true, .targets = FT_MOD_ALL };
     ft_adapter *ag = NULL, *ah = NULL, *ag2 = NULL;
-    CHECK_OK(ft_adapter_attach(&ag, g, &cfg, false, 3));
+    cfg.seed = 3;
+    CHECK_OK(ft_adapter_attach(&ag, g, &cfg, false));
     if (!ag) goto out;
     randomize_b(ag, 11, 0.05f);
     char dir[600], p[700];
@@ -252,7 +254,7 @@ static void test_qk_layout_across_models(void) {
     CHECK(ah->e[0].lora->rslora && ah->e[0].lora->scale == 3.0f); /* 6 / sqrt(4) */
     CHECK_OK(ft_merge_lora(g, ag));
     CHECK_OK(ft_merge_lora(h, ah));
-    CHECK(g->layers[0].wq.lora == NULL && g->layers[0].wq.w.dtype == FT_F32);
+    CHECK(g->layers[0].wq.w.dtype == FT_F32);
     float *lg = logits(g), *lh = logits(h);
     if (lg && lh) {
         ft_adapter_free(ag2);
@@ -296,9 +298,10 @@ static bool same_file(const char *a, const char *b) {
 static void test_wrap_and_partial(void) {
     ftune_model *m = load(hf_path), *m2 = load(hf_path);
     if (!m || !m2) { CHECK(0); ftune_model_free(m); ftune_model_free(m2); return; }
-    ft_lora_cfg cfg = { .r = 2, .alpha = 4, .targets = FT_MOD_BIT(FT_MOD_Q) | FT_MOD_BIT(FT_MOD_V) };
+    ft_adapter_hparams cfg = { .r = 2, .alpha = 4, .targets = FT_MOD_BIT(FT_MOD_Q) | FT_MOD_BIT(FT_MOD_V) };
     ft_adapter *a = NULL, *w = NULL, *b = NULL;
-    CHECK_OK(ft_adapter_attach(&a, m, &cfg, false, 8));
+    cfg.seed = 8;
+    CHECK_OK(ft_adapter_attach(&a, m, &cfg, false));
     if (!a) goto out;
     randomize_b(a, 17, 0.05f);
     ft_lora *loras[5 * FT_N_MODS] = { 0 };
@@ -318,7 +321,7 @@ static void test_wrap_and_partial(void) {
         ft_adapter_free(w);
         w = NULL;
     }
-    CHECK(a->set[0] == a->e[0].lora && a->e[0].lora->B); /* freeing a wrapper leaves the owner's adapters */
+    CHECK(a->set[0] == &a->e[0].lora->base && a->e[0].lora->B); /* freeing a wrapper leaves the owner's adapters */
     /* structs that disagree on r are refused */
     ft_lora odd = *loras[FT_MOD_Q];
     odd.r = 3;
@@ -339,7 +342,7 @@ static void test_wrap_and_partial(void) {
           pc.layers_to_transform[1] == 3);
     ft_peft_config_free(&pc);
     CHECK_OK(ft_adapter_load_peft(&b, m2, d1, false));
-    CHECK(b && b->n == 4 && b->e[0].layer == 1 && b->e[3].layer == 3 && m2->layers[0].wq.lora == NULL);
+    CHECK(b && b->n == 4 && b->e[0].layer == 1 && b->e[3].layer == 3);
     if (b) CHECK(memcmp(b->e[2].lora->B, loras[3 * FT_N_MODS + FT_MOD_Q]->B, 64 * 2 * 4) == 0);
     ft_adapter_free(b);
     b = NULL;
@@ -371,9 +374,10 @@ out:
 static void test_peft_vs_torch(void) {
     ftune_model *g = load(gguf_path);
     if (!g) { CHECK(0); return; }
-    ft_lora_cfg cfg = { .r = 4, .alpha = 6, .rslora = true, .targets = FT_MOD_ALL };
+    ft_adapter_hparams cfg = { .r = 4, .alpha = 6, .rslora = true, .targets = FT_MOD_ALL };
     ft_adapter *a = NULL;
-    CHECK_OK(ft_adapter_attach(&a, g, &cfg, false, 31));
+    cfg.seed = 31;
+    CHECK_OK(ft_adapter_attach(&a, g, &cfg, false));
     float *ours = NULL, *ref = NULL;
     char *buf = NULL;
     if (!a) goto out;
@@ -416,10 +420,11 @@ out:
 static void test_gguf_adapter(void) {
     ftune_model *h = load(hf_path), *g = load(gguf_path);
     if (!h || !g) { CHECK(0); goto out; }
-    ft_lora_cfg cfg = { .r = 4, .alpha = 8, .rslora = true, .targets = FT_MOD_BIT(FT_MOD_Q) | FT_MOD_BIT(FT_MOD_K) |
+    ft_adapter_hparams cfg = { .r = 4, .alpha = 8, .rslora = true, .targets = FT_MOD_BIT(FT_MOD_Q) | FT_MOD_BIT(FT_MOD_K) |
                                                                      FT_MOD_BIT(FT_MOD_V) | FT_MOD_BIT(FT_MOD_DOWN) };
     ft_adapter *ah = NULL, *ag = NULL;
-    CHECK_OK(ft_adapter_attach(&ah, h, &cfg, false, 5));
+    cfg.seed = 5;
+    CHECK_OK(ft_adapter_attach(&ah, h, &cfg, false));
     if (!ah) goto out;
     randomize_b(ah, 13, 0.05f);
     char p[600], dir[600];
@@ -568,7 +573,7 @@ static void test_gguf_adapter_load(void) {
         const char *msg = ftune_last_error();
         CHECKF(st != FTUNE_OK && contains(msg, nm) && contains(msg, bad[i].expect), "%s: %s", bad[i].name, msg);
         printf("  expected error: %s\n", msg);
-        CHECK(g->adapter == NULL && g->layers[0].wq.lora == NULL);
+        CHECK(g->adapter == NULL);
     }
     /* a quantized LoRA tensor (llama.cpp writes them as f32, f16 or bf16) */
     {
@@ -728,7 +733,7 @@ static void test_bad_adapters(void) {
               qv01, 2);
     ft_adapter *a = NULL;
     CHECK_OK(ft_adapter_load_peft(&a, m, dir, false));
-    CHECK(a && a->n == 2 && a->e[0].mod == FT_MOD_Q && a->e[1].mod == FT_MOD_V && m->layers[1].wq.lora == NULL);
+    CHECK(a && a->n == 2 && a->e[0].mod == FT_MOD_Q && a->e[1].mod == FT_MOD_V);
     ft_adapter_free(a);
     /* not a directory with a config; a truncated tensor file */
     CHECK(try_load(m, tmpdir) == FTUNE_ERR_IO);
@@ -738,7 +743,7 @@ static void test_bad_adapters(void) {
     CHECK(truncate(p, 100) == 0);
     CHECK(try_load(m, dir) == FTUNE_ERR_FORMAT);
     CHECKF(contains(ftune_last_error(), "adapter_model.safetensors"), "%s", ftune_last_error());
-    CHECK(m->layers[0].wq.lora == NULL); /* nothing stays attached after a failure */
+    CHECK(m->adapter == NULL); /* nothing stays attached after a failure */
     ftune_model_free(m);
 }
 
@@ -750,7 +755,7 @@ static void test_gpt2_adapter(void) {
     ft_peft_config pc;
     snprintf(p, sizeof p, "%s/adapter_config.json", dir);
     CHECK_OK(ft_peft_config_read(&pc, p));
-    CHECK(pc.r == 8 && pc.alpha == 32 && fabsf(pc.dropout - 0.05f) < 1e-7f && pc.fan_in_fan_out && !pc.rslora);
+    CHECK(pc.hp.r == 8 && pc.hp.alpha == 32 && fabsf(pc.hp.dropout - 0.05f) < 1e-7f && pc.fan_in_fan_out && !pc.hp.rslora);
     CHECK(pc.n_targets == 2 && strcmp(pc.targets[0], "c_attn") == 0 && strcmp(pc.targets[1], "c_proj") == 0);
     CHECK(strcmp(pc.base_model, "gpt2") == 0);
     ft_peft_config_free(&pc);
@@ -791,10 +796,11 @@ static void test_merge(void) {
     for (int b = 0; b < 3; b++) {
         ftune_model *m = load(bases[b]), *ref = load(bases[b]);
         if (!m || !ref) { CHECK(0); ftune_model_free(m); ftune_model_free(ref); continue; }
-        ft_lora_cfg cfg = { .r = 8, .alpha = 16, .targets = FT_MOD_ALL & ~FT_MOD_BIT(FT_MOD_UP) };
+        ft_adapter_hparams cfg = { .r = 8, .alpha = 16, .targets = FT_MOD_ALL & ~FT_MOD_BIT(FT_MOD_UP) };
         ft_adapter *a = NULL, *ar = NULL;
-        CHECK_OK(ft_adapter_attach(&a, m, &cfg, false, 21));
-        CHECK_OK(ft_adapter_attach(&ar, ref, &cfg, false, 21));
+        cfg.seed = 21;
+        CHECK_OK(ft_adapter_attach(&a, m, &cfg, false));
+        CHECK_OK(ft_adapter_attach(&ar, ref, &cfg, false));
         if (!a || !ar) { ftune_model_free(m); ftune_model_free(ref); continue; }
         randomize_b(a, 99, 0.01f);
         randomize_b(ar, 99, 0.01f);
@@ -815,7 +821,7 @@ static void test_merge(void) {
         float *l_file = w ? logits(w) : NULL;
         if (w) {
             CHECK(strcmp(w->format, "hf") == 0 && !w->cfg.rope_interleaved && w->cfg.tied == (b != 1));
-            CHECK(w->layers[0].wq.w.dtype == FT_F32 && w->layers[0].wq.lora == NULL);
+            CHECK(w->layers[0].wq.w.dtype == FT_F32);
         }
         if (l_lora && l_mem && l_file) {
             double e_file = logit_err(l_file, l_mem, n), e_lora = logit_err(l_lora, l_mem, n);

@@ -83,10 +83,11 @@ static void *worker(void *vp) {
 /* Two adapters of different ranks and targets, written as PEFT and as a
  * GGUF adapter, read back through the public loader. */
 static bool make_adapters(ftune_model *m, char *p1, char *p2, size_t cap) {
-    ft_lora_cfg c1 = { .r = 4, .alpha = 8, .targets = FT_MOD_ALL };
-    ft_lora_cfg c2 = { .r = 2, .alpha = 6, .targets = FT_MOD_BIT(FT_MOD_Q) | FT_MOD_BIT(FT_MOD_V) | FT_MOD_BIT(FT_MOD_DOWN) };
+    ft_adapter_hparams c1 = { .r = 4, .alpha = 8, .targets = FT_MOD_ALL };
+    ft_adapter_hparams c2 = { .r = 2, .alpha = 6, .targets = FT_MOD_BIT(FT_MOD_Q) | FT_MOD_BIT(FT_MOD_V) | FT_MOD_BIT(FT_MOD_DOWN) };
     ft_adapter *a1 = NULL, *a2 = NULL;
-    bool ok = ft_adapter_attach(&a1, m, &c1, false, 1) == FTUNE_OK && ft_adapter_attach(&a2, m, &c2, false, 2) == FTUNE_OK;
+    c1.seed = 1; c2.seed = 2;
+    bool ok = ft_adapter_attach(&a1, m, &c1, false) == FTUNE_OK && ft_adapter_attach(&a2, m, &c2, false) == FTUNE_OK;
     ft_rng rng;
     ft_rng_seed(&rng, 77);
     for (int k = 0; ok && k < 2; k++) {

@@ -156,6 +156,7 @@ static void test_buffers(void) {
 typedef struct {
     ft_linear l;
     ft_lora lora;
+    const ft_adapter_inst *ad;    /* &lora.base, or NULL: none */
     float *w32;                   /* (out, in) the f32 values the weight was made from */
 } lin_case;
 
@@ -173,27 +174,28 @@ static void make_linear(lin_case *c, ft_dtype dt, int in, int out, int R, float 
     c->l.bias = rnd((size_t)out, 0.5f);
     c->l.in = in; c->l.out = out;
     if (R > 0) {
-        c->lora = (ft_lora){ .r = R, .alpha = 2.0f * R, .scale = 2.0f, .dropout = p, .A = rnd((size_t)R * in, 0.3f),
+        c->lora = (ft_lora){ .base.kind = &ft_lora_kind, .r = R, .alpha = 2.0f * R, .scale = 2.0f, .dropout = p, .A = rnd((size_t)R * in, 0.3f),
                              .B = rnd((size_t)out * R, 0.3f), .dA = rnd((size_t)R * in, 0.1f),
                              .dB = rnd((size_t)out * R, 0.1f) };
-        c->l.lora = &c->lora;
+        c->ad = &c->lora.base;
     }
 }
 static void free_linear(lin_case *c) {
     free(c->l.w.data); free(c->l.bias); free(c->w32);
-    if (c->l.lora) { free(c->lora.A); free(c->lora.B); free(c->lora.dA); free(c->lora.dB); }
+    if (c->ad) { free(c->lora.A); free(c->lora.B); free(c->lora.dA); free(c->lora.dB); }
 }
 /* c's Linear with every array on the backend (grads copied too). */
-static ft_linear linear_on(bufs *b, const lin_case *c, ft_lora *lora) {
+static ft_linear linear_on(bufs *b, const lin_case *c, ft_lora *lora, const ft_adapter_inst **ad) {
     ft_linear l = c->l;
     l.w.data = up_bytes(b, c->l.w.data, c->l.w.nbytes);
     l.bias = up(b, c->l.bias, (size_t)l.out);
-    if (c->l.lora) {
-        const ft_lora *a = c->l.lora;
+    *ad = NULL;
+    if (c->ad) {
+        const ft_lora *a = &c->lora;
         *lora = *a;
         lora->A = up(b, a->A, (size_t)a->r * l.in); lora->B = up(b, a->B, (size_t)l.out * a->r);
         lora->dA = up(b, a->dA, (size_t)a->r * l.in); lora->dB = up(b, a->dB, (size_t)l.out * a->r);
-        l.lora = lora;
+        *ad = &lora->base;
     }
     return l;
 }
@@ -211,33 +213,34 @@ static void linear_case(ft_dtype dt, int T, int in, int out, int R, float p) {
     float *r_out = calloc(no, 4), *r_outt = calloc(no, 4), *r_u = calloc(nu, 4), *r_dinp = dup_f(dinp0, ni);
     float *r_dinp2 = calloc(ni, 4), *r_dw = dup_f(dw0, (size_t)out * in), *r_db = dup_f(db0, (size_t)out);
     float *dA0 = R ? dup_f(c.lora.dA, (size_t)R * in) : NULL, *dB0 = R ? dup_f(c.lora.dB, (size_t)out * R) : NULL;
-    ref.linear_forward(&ref, r_out, x, &c.l, T, NULL);
-    ref.linear_forward_train(&ref, r_outt, R ? r_u : NULL, x, &c.l, T, seed, NULL);
+    ref.linear_forward(&ref, r_out, x, &c.l, c.ad, T, NULL);
+    ref.linear_forward_train(&ref, r_outt, R ? r_u : NULL, x, &c.l, c.ad, T, seed, NULL);
     bool f32 = dt == FT_F32;
-    ref.linear_backward(&ref, r_dinp, f32 ? r_dw : NULL, r_db, dout, x, R ? r_u : NULL, &c.l, T, seed, true, NULL);
+    ref.linear_backward(&ref, r_dinp, f32 ? r_dw : NULL, r_db, dout, x, R ? r_u : NULL, &c.l, c.ad, T, seed, true, NULL);
     float *r_dA = R ? dup_f(c.lora.dA, (size_t)R * in) : NULL, *r_dB = R ? dup_f(c.lora.dB, (size_t)out * R) : NULL;
     if (R) { memcpy(c.lora.dA, dA0, (size_t)R * in * 4); memcpy(c.lora.dB, dB0, (size_t)out * R * 4); }
-    ref.linear_backward(&ref, r_dinp2, NULL, NULL, dout, x, R ? r_u : NULL, &c.l, T, seed, false, NULL);
+    ref.linear_backward(&ref, r_dinp2, NULL, NULL, dout, x, R ? r_u : NULL, &c.l, c.ad, T, seed, false, NULL);
     if (R) { memcpy(c.lora.dA, dA0, (size_t)R * in * 4); memcpy(c.lora.dB, dB0, (size_t)out * R * 4); }
     for (int bi = 0; bi < N_BACKENDS; bi++) {
         ft_backend be = backends[bi].make();
         const char *bn = backends[bi].label;
         bufs b = { .be = &be };
         ft_lora lora;
-        ft_linear l = linear_on(&b, &c, &lora);
+        const ft_adapter_inst *ad;
+        ft_linear l = linear_on(&b, &c, &lora, &ad);
         float *scr = up(&b, NULL, be.linear_scratch_floats(&be, in, R, T, true));
         float *d_x = up(&b, x, ni), *d_dout = up(&b, dout, no), *d_out = up(&b, NULL, no), *d_u = up(&b, NULL, nu);
         float *d_dinp = up(&b, dinp0, ni), *d_dinp2 = up(&b, dinp0, ni), *d_dw = up(&b, dw0, (size_t)out * in);
         float *d_db = up(&b, db0, (size_t)out);
         const char *dn = ft_types[dt].name;
-        be.linear_forward(&be, d_out, d_x, &l, T, scr);
+        be.linear_forward(&be, d_out, d_x, &l, ad, T, scr);
         snprintf(what, sizeof what, "linear fwd %s T%d %dx%d R%d", dn, T, in, out, R);
         cmp(bn, what, down(&b, d_out, no), r_out, no, TOL_SUM);
-        be.linear_forward_train(&be, d_out, R ? d_u : NULL, d_x, &l, T, seed, scr);
+        be.linear_forward_train(&be, d_out, R ? d_u : NULL, d_x, &l, ad, T, seed, scr);
         snprintf(what, sizeof what, "linear train fwd %s T%d p%.2f", dn, T, p);
         cmp(bn, what, down(&b, d_out, no), r_outt, no, TOL_SUM);
         if (R) cmp(bn, "  u", down(&b, d_u, (size_t)T * R), r_u, (size_t)T * R, TOL_SUM);
-        be.linear_backward(&be, d_dinp, f32 ? d_dw : NULL, d_db, d_dout, d_x, R ? d_u : NULL, &l, T, seed, true, scr);
+        be.linear_backward(&be, d_dinp, f32 ? d_dw : NULL, d_db, d_dout, d_x, R ? d_u : NULL, &l, ad, T, seed, true, scr);
         snprintf(what, sizeof what, "linear bwd %s T%d (+=) dinp", dn, T);
         cmp(bn, what, down(&b, d_dinp, ni), r_dinp, ni, TOL_SUM);
         if (f32) cmp(bn, "  dw", down(&b, d_dw, (size_t)out * in), r_dw, (size_t)out * in, TOL_SUM);
@@ -248,7 +251,7 @@ static void linear_case(ft_dtype dt, int T, int in, int out, int R, float p) {
             be.upload(&be, lora.dA, dA0, (size_t)R * in * 4);
             be.upload(&be, lora.dB, dB0, (size_t)out * R * 4);
         }
-        be.linear_backward(&be, d_dinp2, NULL, NULL, d_dout, d_x, R ? d_u : NULL, &l, T, seed, false, scr);
+        be.linear_backward(&be, d_dinp2, NULL, NULL, d_dout, d_x, R ? d_u : NULL, &l, ad, T, seed, false, scr);
         cmp(bn, "  dinp (overwrite)", down(&b, d_dinp2, ni), r_dinp2, ni, TOL_SUM);
         free_bufs(&b);
     }

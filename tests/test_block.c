@@ -245,21 +245,21 @@ static void test_hooks_session(void) {
         if (l + 1 < c->L) bad += memcmp(out, r.rows[2 * l + 2], nC * 4) != 0;
         ft_rmsnorm_forward(a, NULL, x, ly->attn_norm, T, C, c->norm_eps);
         for (int k = FT_MOD_Q; k <= FT_MOD_V; k++) bad += memcmp(observed(&r, l, k), a, nC * 4) != 0;
-        ft_linear_forward(mid, observed(&r, l, FT_MOD_O), &ly->wo, T, 2, scr);
+        ft_linear_forward(mid, observed(&r, l, FT_MOD_O), &ly->wo, NULL, T, 2, scr);
         for (size_t i = 0; i < nC; i++) mid[i] += x[i];
         ft_rmsnorm_forward(a, NULL, mid, ly->ffn_norm, T, C, c->norm_eps);
         bad += memcmp(observed(&r, l, FT_MOD_GATE), a, nC * 4) != 0;
         bad += memcmp(observed(&r, l, FT_MOD_UP), a, nC * 4) != 0;
-        ft_linear_forward(g, a, &ly->w_gate, T, 2, scr);
-        ft_linear_forward(u, a, &ly->w_up, T, 2, scr);
+        ft_linear_forward(g, a, &ly->w_gate, NULL, T, 2, scr);
+        ft_linear_forward(u, a, &ly->w_up, NULL, T, 2, scr);
         ft_swiglu_forward(g, g, u, T, F);
         bad += memcmp(observed(&r, l, FT_MOD_DOWN), g, (size_t)T * F * 4) != 0;
-        ft_linear_forward(a, g, &ly->w_down, T, 2, scr);
+        ft_linear_forward(a, g, &ly->w_down, NULL, T, 2, scr);
         for (size_t i = 0; i < nC; i++) a[i] += mid[i];
         bad += memcmp(out, a, nC * 4) != 0;
     }
     ft_rmsnorm_forward(a, NULL, r.rows[2 * c->L - 1], m->out_norm, T, C, c->norm_eps);
-    ft_linear_forward(lg, a, &m->lm_head, T, 2, scr);
+    ft_linear_forward(lg, a, &m->lm_head, NULL, T, 2, scr);
     bad += memcmp(lg, ref, (size_t)T * V * 4) != 0;
     CHECKF(bad == 0, "%d of the rows the hooks saw differ from what the block computed", bad);
     free(a); free(mid); free(g); free(u); free(scr);
@@ -377,7 +377,7 @@ static void test_block_recompute(void) {
     ft_rng_seed(&rng, 5);
     ft_layer ly = m->layers[0];
     ft_lora lo[2];
-    const ft_lora *set[FT_N_MODS] = { 0 }; /* layer 0's adapter set, bound by the block through its env */
+    const ft_adapter_inst *set[FT_N_MODS] = { 0 }; /* layer 0's adapter set, bound by the block through its env */
     float *ad[2][4];
     int tg[2] = { FT_MOD_Q, FT_MOD_DOWN };
     for (int j = 0; j < 2; j++) {
@@ -386,7 +386,7 @@ static void test_block_recompute(void) {
         ad[j][2] = malloc((size_t)R * lin->in * 4); ad[j][3] = malloc((size_t)lin->out * R * 4);
         ft_lora_init(&lo[j], R, 6, false, 0.1f, ad[j][0], ad[j][1], ad[j][2], ad[j][3], lin->in, lin->out, &rng);
         for (int i = 0; i < lin->out * R; i++) ad[j][1][i] = ft_rng_normal(&rng) * 0.1f;
-        set[tg[j]] = &lo[j];
+        set[tg[j]] = &lo[j].base;
     }
     int pos[B * T], idx[T];
     for (int i = 0; i < BT; i++) pos[i] = i % T;

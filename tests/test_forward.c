@@ -194,8 +194,8 @@ static void test_linear_fast_paths(void) {
                                     .bias = k == 1 ? b : NULL, .in = IC, .out = OC };
                     float *y = malloc((size_t)T * OC * 4), *yr = malloc((size_t)T * OC * 4);
                     float *scratch = malloc(ft_linear_scratch_floats(IC, 2) * 4);
-                    ft_linear_forward(y, x, &l, T, 2, scratch);
-                    ft_linear_forward_ref(yr, x, &l, T);
+                    ft_linear_forward(y, x, &l, NULL, T, 2, scratch);
+                    ft_linear_forward_ref(yr, x, &l, NULL, T);
                     /* same dequantized weights, only the summation order
                      * differs: a few ulps of a sum of IC ~ N(0, IC) terms;
                      * floor 1 since sums near zero have no relative scale */

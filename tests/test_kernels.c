@@ -112,8 +112,8 @@ static void test_linear_kernels(void) {
                             case_free(&c);
                             return;
                         }
-                        ft_linear_forward(c.y, c.x, &c.l, T, n_threads, c.scratch);
-                        ft_linear_forward_ref(c.yr, c.x, &c.l, T);
+                        ft_linear_forward(c.y, c.x, &c.l, NULL, T, n_threads, c.scratch);
+                        ft_linear_forward_ref(c.yr, c.x, &c.l, NULL, T);
                         /* The same dequantized weights; only the order of the
                          * f32 sums differs (the reference sums in double).
                          * Each output sums IC products of unit normals, so it
@@ -161,8 +161,8 @@ static void test_thread_invariance(void) {
                     free(y3); free(s3); case_free(&c);
                     return;
                 }
-                ft_linear_forward(c.y, c.x, &c.l, T, 1, c.scratch);
-                ft_linear_forward(y3, c.x, &c.l, T, 3, s3);
+                ft_linear_forward(c.y, c.x, &c.l, NULL, T, 1, c.scratch);
+                ft_linear_forward(y3, c.x, &c.l, NULL, T, 3, s3);
                 CHECKF(!memcmp(c.y, y3, (size_t)T * OC * sizeof(float)), "%s %s T=%d: 1 and 3 threads differ",
                        ft_cpu_level_name(levels[li]), ft_types[types[ti]].name, T);
                 free(y3); free(s3); case_free(&c);
@@ -188,7 +188,7 @@ static void test_nonfinite(void) {
             }
             c.x[5] = NAN;           /* row 0 */
             c.x[IC + 7] = INFINITY; /* row 1 */
-            ft_linear_forward(c.y, c.x, &c.l, T, 2, c.scratch);
+            ft_linear_forward(c.y, c.x, &c.l, NULL, T, 2, c.scratch);
             for (int o = 0; o < OC; o++) {
                 CHECKF(isnan(c.y[o]), "%s %s: row 0 output %d = %g, want NaN", ft_cpu_level_name(levels[li]),
                        ft_types[types[ti]].name, o, c.y[o]);
@@ -198,7 +198,7 @@ static void test_nonfinite(void) {
                        ft_cpu_level_name(levels[li]), ft_types[types[ti]].name, o, c.y[2 * OC + o]);
             }
             /* and T = 1 (the decode kernels) */
-            ft_linear_forward(c.y, c.x, &c.l, 1, 2, c.scratch);
+            ft_linear_forward(c.y, c.x, &c.l, NULL, 1, 2, c.scratch);
             for (int o = 0; o < OC; o++) CHECK(isnan(c.y[o]));
             case_free(&c);
         }
@@ -229,8 +229,8 @@ static void test_edge_weights(void) {
                     c.w[IC + i] = 0;
                 }
                 ft_types[dts[di]].from_f32(c.w, c.q, (int64_t)OC * IC);
-                ft_linear_forward(c.y, c.x, &c.l, T, 2, c.scratch);
-                ft_linear_forward_ref(c.yr, c.x, &c.l, T);
+                ft_linear_forward(c.y, c.x, &c.l, NULL, T, 2, c.scratch);
+                ft_linear_forward_ref(c.yr, c.x, &c.l, NULL, T);
                 for (int t = 0; t < T; t++) {
                     /* row 0: the products are tiny but exact in f32 where
                      * the reference's are, so compare relative to their own
@@ -442,11 +442,11 @@ static void test_linear_backward(void) {
                 for (size_t i = 0; i < nA; i++) Am[i] = ft_rng_normal(&rng);
                 for (size_t i = 0; i < nB; i++) Bm[i] = ft_rng_normal(&rng);
                 for (size_t i = 0; i < (size_t)T * OC; i++) dout[i] = ft_rng_normal(&rng);
-                ft_lora a = { .r = R, .alpha = 8, .scale = 2, .dropout = 0.25f, .A = Am, .B = Bm, .dA = dA, .dB = dB };
-                c.l.lora = &a;
+                ft_lora a = { .base.kind = &ft_lora_kind, .r = R, .alpha = 8, .scale = 2, .dropout = 0.25f, .A = Am, .B = Bm, .dA = dA, .dB = dB };
+                const ft_adapter_inst *ad = &a.base;
                 uint64_t seed = 77;
-                ft_linear_forward_train(c.y, u, c.x, &c.l, T, seed, 3, scratch);
-                ft_linear_backward(dinp, dw, db, dout, c.x, u, &c.l, T, seed, false, 3, scratch);
+                ft_linear_forward_train(c.y, u, c.x, &c.l, ad, T, seed, 3, scratch);
+                ft_linear_backward(dinp, dw, db, dout, c.x, u, &c.l, ad, T, seed, false, 3, scratch);
                 /* the reference: plain loops in double on the dequantized W,
                  * the adapter through lora.c's plain-loop references */
                 for (int o = 0; o < OC; o++) ft_tensor_row_f32(&c.l.w, o, wf + (size_t)o * IC);
@@ -505,7 +505,7 @@ static void test_linear_backward(void) {
                 if (dinp1 && dw1 && dA1 && dB1) {
                     a.dA = dA1;
                     a.dB = dB1;
-                    ft_linear_backward(dinp1, dw1, NULL, dout, c.x, u, &c.l, T, seed, false, 1, scratch);
+                    ft_linear_backward(dinp1, dw1, NULL, dout, c.x, u, &c.l, ad, T, seed, false, 1, scratch);
                     CHECKF(!memcmp(dinp, dinp1, (size_t)T * IC * 4) && !memcmp(dw, dw1, (size_t)OC * IC * 4) &&
                                !memcmp(dA, dA1, nA * 4) && !memcmp(dB, dB1, nB * 4),
                            "%s W %s: linear_backward differs on 1 and 3 threads", ft_cpu_level_name(levels[li]),

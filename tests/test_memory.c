@@ -114,7 +114,7 @@ static void run_train(ft_train_mode mode, int B, int T) {
     ft_train_opts o;
     ft_train_opts_default(&o);
     o.mode = mode;
-    o.r = 16;
+    o.lora.r = 16;
     o.max_B = B;
     o.max_T = T;
     o.n_threads = 2;

@@ -25,11 +25,11 @@ static void reference_losses(const ftune_model *m, const ftune_train_opts *po, d
     ft_train_opts o;
     ft_train_opts_default(&o);
     o.mode = (ft_train_mode)po->mode;
-    o.r = po->lora_r;
-    o.alpha = po->lora_alpha;
-    o.dropout = po->lora_dropout;
-    o.targets = po->lora_targets;
-    o.seed = po->seed;
+    o.lora.r = po->lora_r;
+    o.lora.alpha = po->lora_alpha;
+    o.lora.dropout = po->lora_dropout;
+    o.lora.targets = po->lora_targets;
+    o.lora.seed = po->seed;
     o.max_B = po->batch_size;
     o.max_T = po->ctx;
     o.n_threads = po->n_threads;

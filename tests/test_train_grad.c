@@ -103,10 +103,10 @@ static bool run_ref(st_file *out, const char *model_dir, const char *tag, ft_tra
                                        .shape = { p->shape[0], p->shape[1] }, .data = p->data };
         }
     snprintf(n_norm_s, sizeof n_norm_s, "%lld", (long long)n_norm);
-    snprintf(r_s, sizeof r_s, "%d", o->r);
-    snprintf(alpha_s, sizeof alpha_s, "%.9g", o->alpha);
+    snprintf(r_s, sizeof r_s, "%d", o->lora.r);
+    snprintf(alpha_s, sizeof alpha_s, "%.9g", o->lora.alpha);
     const char *meta[] = { "mode", o->mode == FT_TRAIN_LORA ? "lora" : "full", "n_norm", n_norm_s, "r", r_s,
-                           "alpha", alpha_s, "rslora", o->rslora ? "1" : "0", NULL };
+                           "alpha", alpha_s, "rslora", o->lora.rslora ? "1" : "0", NULL };
     ftune_status st = ft_st_write(in_path, ts, n, meta);
     free(ts);
     CHECK_OK(st);
@@ -195,7 +195,7 @@ static void test_lora_all_targets_vs_torch(void) {
     if (!m) return;
     ft_train_opts o;
     ft_train_opts_default(&o);
-    o.r = 4; o.alpha = 8; o.max_B = 2; o.max_T = 24; o.seed = 11; o.n_threads = 2;
+    o.lora.r = 4; o.lora.alpha = 8; o.max_B = 2; o.max_T = 24; o.lora.seed = 11; o.n_threads = 2;
     ft_trainer *tr = NULL;
     CHECK_OK(ft_trainer_new(&tr, m, &o));
     if (!tr) { ftune_model_free(m); return; }
@@ -217,7 +217,7 @@ static void test_lora_all_targets_vs_torch(void) {
     CHECKF(worst <= GRAD_TOL, "gradient rel err %.3g (%s)", worst, wn);
     ft_trainer_free(tr);
     /* rsLoRA and a subset of targets */
-    o.rslora = true; o.targets = FT_MOD_BIT(FT_MOD_Q) | FT_MOD_BIT(FT_MOD_V) | FT_MOD_BIT(FT_MOD_DOWN); o.r = 3; o.alpha = 5;
+    o.lora.rslora = true; o.lora.targets = FT_MOD_BIT(FT_MOD_Q) | FT_MOD_BIT(FT_MOD_V) | FT_MOD_BIT(FT_MOD_DOWN); o.lora.r = 3; o.lora.alpha = 5;
     CHECK_OK(ft_trainer_new(&tr, m, &o));
     if (tr) {
         CHECK(ft_trainer_n_params(tr) == 5 * 3 * 2);
@@ -272,7 +272,7 @@ static void test_qwen2_bf16_vs_torch(void) {
     CHECK(m->layers[0].wq.w.dtype == FT_BF16 && m->cfg.qkv_bias && !m->cfg.tied);
     ft_train_opts o;
     ft_train_opts_default(&o);
-    o.r = 5; o.alpha = 7; o.max_B = 2; o.max_T = 12; o.seed = 2; o.n_threads = 2;
+    o.lora.r = 5; o.lora.alpha = 7; o.max_B = 2; o.max_T = 12; o.lora.seed = 2; o.n_threads = 2;
     ft_trainer *tr = NULL;
     CHECK_OK(ft_trainer_new(&tr, m, &o));
     test_batch tb;
@@ -384,7 +384,7 @@ static void test_packed_equals_separate(void) {
     if (!m) return;
     ft_train_opts o;
     ft_train_opts_default(&o);
-    o.r = 4; o.alpha = 4; o.max_B = 2; o.max_T = 24; o.n_threads = 2;
+    o.lora.r = 4; o.lora.alpha = 4; o.max_B = 2; o.max_T = 24; o.n_threads = 2;
     ft_trainer *tp = NULL, *ts = NULL;
     CHECK_OK(ft_trainer_new(&tp, m, &o));
     CHECK_OK(ft_trainer_new(&ts, m, &o));
@@ -447,8 +447,8 @@ static void test_accumulation_equals_big_batch(void) {
     if (!m) return;
     ft_train_opts o;
     ft_train_opts_default(&o);
-    o.r = 2; o.alpha = 3; o.max_B = 2; o.max_T = 16; o.n_threads = 2;
-    o.targets = FT_MOD_BIT(FT_MOD_K) | FT_MOD_BIT(FT_MOD_O) | FT_MOD_BIT(FT_MOD_UP);
+    o.lora.r = 2; o.lora.alpha = 3; o.max_B = 2; o.max_T = 16; o.n_threads = 2;
+    o.lora.targets = FT_MOD_BIT(FT_MOD_K) | FT_MOD_BIT(FT_MOD_O) | FT_MOD_BIT(FT_MOD_UP);
     ft_trainer *tb_ = NULL, *ta = NULL;
     CHECK_OK(ft_trainer_new(&tb_, m, &o));
     o.max_B = 1;
@@ -495,9 +495,9 @@ static void test_accumulation_equals_big_batch(void) {
 /* ------------------------------------------------ LoRA-Linear vs finite differences */
 
 /* L = sum(y ⊙ G) in double, y = ft_linear_forward_train(x). */
-static double lin_loss(const ft_linear *l, const float *x, const float *G, int T, uint64_t seed, float *y, float *u,
+static double lin_loss(const ft_linear *l, const ft_adapter_inst *ad, const float *x, const float *G, int T, uint64_t seed, float *y, float *u,
                        float *scratch) {
-    ft_linear_forward_train(y, u, x, l, T, seed, 2, scratch);
+    ft_linear_forward_train(y, u, x, l, ad, T, seed, 2, scratch);
     double s = 0;
     for (int i = 0; i < T * l->out; i++) s += (double)y[i] * G[i];
     return s;
@@ -508,17 +508,17 @@ static double lin_loss(const ft_linear *l, const float *x, const float *G, int T
  * rounding for any step: a large step (0.5, exact in binary) keeps the
  * rounding of L (~1e-7 relative, summed in double from float y) small
  * against the change. */
-static void fd_check(float *v, const float *grad, int64_t n, const ft_linear *l, const float *x, const float *G,
-                     int T, uint64_t seed, float *y, float *u, float *scratch, const char *what) {
+static void fd_check(float *v, const float *grad, int64_t n, const ft_linear *l, const ft_adapter_inst *ad,
+                     const float *x, const float *G, int T, uint64_t seed, float *y, float *u, float *scratch, const char *what) {
     const float h = 0.5f;
     double worst = 0, gmax = 0;
     for (int64_t i = 0; i < n; i++) gmax = fmax(gmax, fabs(grad[i]));
     for (int64_t i = 0; i < n; i++) {
         float keep = v[i];
         v[i] = keep + h;
-        double lp = lin_loss(l, x, G, T, seed, y, u, scratch);
+        double lp = lin_loss(l, ad, x, G, T, seed, y, u, scratch);
         v[i] = keep - h;
-        double lm = lin_loss(l, x, G, T, seed, y, u, scratch);
+        double lm = lin_loss(l, ad, x, G, T, seed, y, u, scratch);
         v[i] = keep;
         double fd = (lp - lm) / (2 * h);
         double e = fabs(fd - grad[i]) / fmax(fabs(fd), 1e-2 * gmax);
@@ -556,12 +556,13 @@ static void test_lora_linear_finite_differences(void) {
             for (int i = 0; i < OC * R; i++) B[i] = ft_rng_normal(&rng);
             ft_linear l = { .w = { .dtype = types[ti], .ndim = 2, .shape = { OC, IC }, .data = wq,
                                    .nbytes = (size_t)ft_dtype_nbytes(types[ti], (int64_t)OC * IC) },
-                            .bias = bias, .in = IC, .out = OC, .lora = &a };
+                            .bias = bias, .in = IC, .out = OC };
+            const ft_adapter_inst *ad = &a.base;
             uint64_t seed = 77;
-            lin_loss(&l, x, G, T, seed, y, u, scratch);
+            lin_loss(&l, ad, x, G, T, seed, y, u, scratch);
             /* dy = G; twice, to see that parameter grads accumulate */
             for (int rep = 0; rep < 2; rep++)
-                ft_linear_backward(dx, types[ti] == FT_F32 ? dw : NULL, db, G, x, u, &l, T, seed, false, 2, scratch);
+                ft_linear_backward(dx, types[ti] == FT_F32 ? dw : NULL, db, G, x, u, &l, ad, T, seed, false, 2, scratch);
             for (int i = 0; i < R * IC; i++) dA[i] *= 0.5f;
             for (int i = 0; i < OC * R; i++) dB[i] *= 0.5f;
             for (int i = 0; i < OC * IC; i++) dw[i] *= 0.5f;
@@ -569,21 +570,21 @@ static void test_lora_linear_finite_differences(void) {
             char what[64];
             const char *tn = ft_types[types[ti]].name;
             snprintf(what, sizeof what, "%s dropout=%d dA", tn, drop);
-            fd_check(A, dA, R * IC, &l, x, G, T, seed, y2, u, scratch, what);
+            fd_check(A, dA, R * IC, &l, ad, x, G, T, seed, y2, u, scratch, what);
             snprintf(what, sizeof what, "%s dropout=%d dB", tn, drop);
-            fd_check(B, dB, OC * R, &l, x, G, T, seed, y2, u, scratch, what);
+            fd_check(B, dB, OC * R, &l, ad, x, G, T, seed, y2, u, scratch, what);
             snprintf(what, sizeof what, "%s dropout=%d dx", tn, drop);
-            fd_check(x, dx, T * IC, &l, x, G, T, seed, y2, u, scratch, what);
+            fd_check(x, dx, T * IC, &l, ad, x, G, T, seed, y2, u, scratch, what);
             snprintf(what, sizeof what, "%s dropout=%d dbias", tn, drop);
-            fd_check(bias, db, OC, &l, x, G, T, seed, y2, u, scratch, what);
+            fd_check(bias, db, OC, &l, ad, x, G, T, seed, y2, u, scratch, what);
             if (types[ti] == FT_F32) { /* the base weight is trainable only in f32 */
                 snprintf(what, sizeof what, "%s dropout=%d dw", tn, drop);
-                fd_check((float *)wq, dw, OC * IC, &l, x, G, T, seed, y2, u, scratch, what);
+                fd_check((float *)wq, dw, OC * IC, &l, ad, x, G, T, seed, y2, u, scratch, what);
             }
             /* dx must accumulate on request */
             float *dx2 = malloc(sizeof(float) * T * IC);
             for (int i = 0; i < T * IC; i++) dx2[i] = 1.0f;
-            ft_linear_backward(dx2, NULL, NULL, G, x, u, &l, T, seed, true, 2, scratch);
+            ft_linear_backward(dx2, NULL, NULL, G, x, u, &l, ad, T, seed, true, 2, scratch);
             double e = 0;
             for (int i = 0; i < T * IC; i++) e = fmax(e, fabs(dx2[i] - 1.0f - dx[i]) / (1 + fabs(dx[i])));
             /* one float add onto 1: off by at most 2^-24 · (1 + |dx|) */
@@ -591,10 +592,10 @@ static void test_lora_linear_finite_differences(void) {
             free(dx2);
             /* without dropout, the training forward is the inference forward and its reference */
             if (!drop) {
-                ft_linear_forward(y2, x, &l, T, 2, scratch);
+                ft_linear_forward(y2, x, &l, ad, T, 2, scratch);
                 double e1 = check_max_rel_err(y2, y, T * OC, 1.0);
                 float *yr = malloc(sizeof(float) * T * OC);
-                ft_linear_forward_ref(yr, x, &l, T);
+                ft_linear_forward_ref(yr, x, &l, ad, T);
                 double e2 = check_max_rel_err(y, yr, T * OC, 1.0);
                 free(yr);
                 /* y is O(1) (unit inputs, weights ~0.3, 37 + 3 products): the
@@ -648,14 +649,14 @@ static void test_bad_input(void) {
     if (!m) return;
     ft_train_opts o;
     ft_train_opts_default(&o);
-    o.max_B = 1; o.max_T = 8; o.r = 0;
+    o.max_B = 1; o.max_T = 8; o.lora.r = 0;
     ft_trainer *tr = NULL;
     CHECK(ft_trainer_new(&tr, m, &o) == FTUNE_ERR_ARG && !tr);
-    o.r = 2; o.dropout = 1.0f;
+    o.lora.r = 2; o.lora.dropout = 1.0f;
     CHECK(ft_trainer_new(&tr, m, &o) == FTUNE_ERR_ARG && !tr);
-    o.dropout = 0; o.targets = 0;
+    o.lora.dropout = 0; o.lora.targets = 0;
     CHECK(ft_trainer_new(&tr, m, &o) == FTUNE_ERR_ARG && !tr);
-    o.targets = FT_MOD_ALL;
+    o.lora.targets = FT_MOD_ALL;
     CHECK_OK(ft_trainer_new(&tr, m, &o));
     unsigned mask;
     CHECK_OK(ft_lora_targets_parse("q_proj,v,down", &mask));

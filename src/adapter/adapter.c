@@ -57,7 +57,7 @@ static void set_base_model(ft_adapter *a) {
 /* Allocates an adapter with owned LoRA structs for the (layer, module)
  * pairs where sel[l * FT_N_MODS + mod] is set, memory for A and B (and
  * grads), without initialising the values. */
-static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_lora_cfg *cfg, const bool *sel,
+static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_adapter_hparams *cfg, const bool *sel,
                                 bool trainable) {
     *out = NULL;
     const ft_config *c = &m->cfg;
@@ -98,8 +98,9 @@ static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_lora_
             e->mod = k;
             e->lin = ft_model_linear(m, l, k);
             e->lora = lo;
-            a->set[l * FT_N_MODS + k] = lo;
+            a->set[l * FT_N_MODS + k] = &lo->base;
             size_t na = (size_t)cfg->r * e->lin->in, nb = (size_t)e->lin->out * cfg->r;
+            ft_lora_bind(lo);
             lo->r = cfg->r;
             lo->alpha = cfg->alpha;
             lo->scale = scale;
@@ -114,7 +115,7 @@ static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_lora_
     return FTUNE_OK;
 }
 
-ftune_status ft_adapter_attach(ft_adapter **out, ftune_model *m, const ft_lora_cfg *cfg, bool trainable, uint64_t seed) {
+ftune_status ft_adapter_attach(ft_adapter **out, ftune_model *m, const ft_adapter_hparams *cfg, bool trainable) {
     *out = NULL;
     if (!cfg->targets || (cfg->targets & ~FT_MOD_ALL)) return ft_err(FTUNE_ERR_ARG, "LoRA target mask 0x%x is empty or invalid", cfg->targets);
     int L = m->cfg.L;
@@ -128,7 +129,7 @@ ftune_status ft_adapter_attach(ft_adapter **out, ftune_model *m, const ft_lora_c
     if (st) return st;
     /* PEFT's init (B stays zero) */
     ft_rng rng;
-    ft_rng_seed(&rng, seed);
+    ft_rng_seed(&rng, cfg->seed);
     for (int i = 0; i < a->n; i++) ft_lora_init_A(a->e[i].lora->A, cfg->r, a->e[i].lin->in, &rng);
     *out = a;
     return FTUNE_OK;
@@ -159,7 +160,7 @@ ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *l
         return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     }
     a->m = m;
-    a->cfg = (ft_lora_cfg){ .r = first->r, .alpha = first->alpha, .rslora = first->rslora, .dropout = dropout };
+    a->cfg = (ft_adapter_hparams){ .r = first->r, .alpha = first->alpha, .rslora = first->rslora, .dropout = dropout };
     set_base_model(a);
     for (int i = 0; i < c->L * FT_N_MODS; i++) {
         if (!loras[i]) continue;
@@ -168,7 +169,7 @@ ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *l
         e->mod = (i % FT_N_MODS);
         e->lin = ft_model_linear(m, e->layer, e->mod);
         e->lora = loras[i];
-        a->set[i] = loras[i];
+        a->set[i] = &loras[i]->base;
         a->cfg.targets |= FT_MOD_BIT(e->mod);
     }
     *out = a;
@@ -187,19 +188,23 @@ void ft_adapter_free(ft_adapter *a) {
 ftune_status ft_adapter_params(const ft_adapter *a, ft_param *out) {
     for (int i = 0; i < a->n; i++) {
         const ft_adapter_entry *e = &a->e[i];
-        if (!e->lora->dA || !e->lora->dB)
-            return ft_err(FTUNE_ERR_ARG, "layer %d %s: the adapter has no gradients (attach it as trainable)", e->layer,
-                          ft_modules[e->mod].peft);
-        for (int k = 0; k < 2; k++) {
+        /* the kind's parameter list, named as in the PEFT file */
+        const ft_adapter_inst *ad = &e->lora->base;
+        for (int k = 0; k < ad->kind->n_params; k++) {
+            ft_adapter_param ap;
+            ad->kind->param(&ap, ad, k, e->lin->in, e->lin->out);
+            if (!ap.grad)
+                return ft_err(FTUNE_ERR_ARG, "layer %d %s: the adapter has no gradients (attach it as trainable)",
+                              e->layer, ft_modules[e->mod].peft);
             ft_param *p = &out[2 * i + k];
             memset(p, 0, sizeof *p);
-            snprintf(p->name, sizeof p->name, PEFT_PREFIX "model.layers.%d.%s.lora_%c.weight", e->layer,
-                     ft_modules[e->mod].path, k ? 'B' : 'A');
-            p->data = k ? e->lora->B : e->lora->A;
-            p->grad = k ? e->lora->dB : e->lora->dA;
+            snprintf(p->name, sizeof p->name, PEFT_PREFIX "model.layers.%d.%s.%s", e->layer, ft_modules[e->mod].path,
+                     ap.peft_suffix);
+            p->data = ap.data;
+            p->grad = ap.grad;
             p->ndim = 2;
-            p->shape[0] = k ? e->lin->out : e->lora->r;
-            p->shape[1] = k ? e->lora->r : e->lin->in;
+            p->shape[0] = ap.shape[0];
+            p->shape[1] = ap.shape[1];
             p->numel = p->shape[0] * p->shape[1];
             p->decay = true;
         }
@@ -243,23 +248,23 @@ ftune_status ft_peft_config_read(ft_peft_config *c, const char *path) {
     snprintf(c->peft_type, sizeof c->peft_type, "%s", v->valuestring);
     if (strcmp(v->valuestring, "LORA") != 0)
         FAIL(FTUNE_ERR_UNSUPPORTED, "%s: peft_type \"%s\" is not supported (LORA)", path, v->valuestring);
-    c->r = 8; /* PEFT's defaults */
-    c->alpha = 8;
+    c->hp.r = 8; /* PEFT's defaults */
+    c->hp.alpha = 8;
     if ((v = cJSON_GetObjectItemCaseSensitive(j, "r"))) {
         if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 1 || v->valuedouble > 65536)
             FAIL(FTUNE_ERR_FORMAT, "%s: \"r\" must be an integer in 1..65536", path);
-        c->r = (int)v->valuedouble;
+        c->hp.r = (int)v->valuedouble;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(j, "lora_alpha"))) {
         if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) FAIL(FTUNE_ERR_FORMAT, "%s: \"lora_alpha\" must be a number", path);
-        c->alpha = (float)v->valuedouble;
+        c->hp.alpha = (float)v->valuedouble;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(j, "lora_dropout")) && !cJSON_IsNull(v)) {
         if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < 1))
             FAIL(FTUNE_ERR_FORMAT, "%s: \"lora_dropout\" must be a number in [0, 1)", path);
-        c->dropout = (float)v->valuedouble;
+        c->hp.dropout = (float)v->valuedouble;
     }
-    c->rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "use_rslora"));
+    c->hp.rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "use_rslora"));
     c->fan_in_fan_out = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "fan_in_fan_out"));
     static const char *const must_be_unset[] = {
         "use_dora", "lora_bias", "rank_pattern", "alpha_pattern", "modules_to_save", "exclude_modules",
@@ -546,22 +551,22 @@ ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *
             if (!p) continue;
             const ft_linear *lin = ft_model_linear(m, l, k);
             char s[96];
-            if (p->A->shape[0] != pc.r || p->A->shape[1] != lin->in) {
+            if (p->A->shape[0] != pc.hp.r || p->A->shape[1] != lin->in) {
                 shape_str(s, sizeof s, p->A->ndim, p->A->shape);
                 st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": shape %s but the model's layer %d %s has %d inputs "
-                            "and r=%d (expected [%d, %d])", st_path, p->A->name, s, l, ft_modules[k].peft, lin->in, pc.r,
-                            pc.r, lin->in);
+                            "and r=%d (expected [%d, %d])", st_path, p->A->name, s, l, ft_modules[k].peft, lin->in, pc.hp.r,
+                            pc.hp.r, lin->in);
                 goto done;
             }
-            if (p->B->shape[0] != lin->out || p->B->shape[1] != pc.r) {
+            if (p->B->shape[0] != lin->out || p->B->shape[1] != pc.hp.r) {
                 shape_str(s, sizeof s, p->B->ndim, p->B->shape);
                 st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": shape %s but the model's layer %d %s has %d outputs "
-                            "and r=%d (expected [%d, %d])", st_path, p->B->name, s, l, ft_modules[k].peft, lin->out, pc.r,
-                            lin->out, pc.r);
+                            "and r=%d (expected [%d, %d])", st_path, p->B->name, s, l, ft_modules[k].peft, lin->out, pc.hp.r,
+                            lin->out, pc.hp.r);
                 goto done;
             }
         }
-    ft_lora_cfg lc = { .r = pc.r, .alpha = pc.alpha, .rslora = pc.rslora, .dropout = pc.dropout };
+    ft_adapter_hparams lc = pc.hp;
     for (int i = 0; i < L * FT_N_MODS; i++)
         if (sel[i]) lc.targets |= FT_MOD_BIT(i % FT_N_MODS);
     if ((st = alloc_owned(&a, m, &lc, sel, trainable))) goto done;
@@ -569,11 +574,11 @@ ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *
     for (int i = 0; i < a->n; i++) {
         ft_adapter_entry *e = &a->e[i];
         const ft_peft_pair *p = byidx[e->layer * FT_N_MODS + e->mod];
-        tensor_to_f32(p->A, e->lora->A, (size_t)pc.r * e->lin->in);
-        tensor_to_f32(p->B, e->lora->B, (size_t)e->lin->out * pc.r);
+        tensor_to_f32(p->A, e->lora->A, (size_t)pc.hp.r * e->lin->in);
+        tensor_to_f32(p->B, e->lora->B, (size_t)e->lin->out * pc.hp.r);
         int heads = ft_module_rope_heads(c, e->mod);
         if (c->rope_interleaved && heads &&
-            (st = ft_permute_rope_rows(e->lora->B, e->lin->out, pc.r, heads, true))) goto done;
+            (st = ft_permute_rope_rows(e->lora->B, e->lin->out, pc.hp.r, heads, true))) goto done;
     }
     *out = a;
     a = NULL;
@@ -693,17 +698,21 @@ ftune_status ft_adapter_save_peft(const ft_adapter *a, const char *dir) {
     if (!ts || !names) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
     for (int i = 0; i < a->n; i++) {
         const ft_adapter_entry *e = &a->e[i];
-        int r = e->lora->r;
-        for (int k = 0; k < 2; k++) {
+        const ft_adapter_inst *ad = &e->lora->base;
+        /* the kind's parameter list, in its order; parameter 1 (LoRA's B) has
+         * the Linear's output rows, which permuted_bs put in the file's layout */
+        for (int k = 0; k < ad->kind->n_params; k++) {
+            ft_adapter_param ap;
+            ad->kind->param(&ap, ad, k, e->lin->in, e->lin->out);
             char *nm = names + (size_t)(2 * i + k) * 128;
-            snprintf(nm, 128, PEFT_PREFIX "model.layers.%d.%s.lora_%c.weight", e->layer, ft_modules[e->mod].path, k ? 'B' : 'A');
+            snprintf(nm, 128, PEFT_PREFIX "model.layers.%d.%s.%s", e->layer, ft_modules[e->mod].path, ap.peft_suffix);
             st_out_tensor *t = &ts[2 * i + k];
             t->name = nm;
             t->dtype = FT_F32;
             t->ndim = 2;
-            t->shape[0] = k ? e->lin->out : r;
-            t->shape[1] = k ? r : e->lin->in;
-            t->data = k ? (bs && bs[i] ? bs[i] : e->lora->B) : e->lora->A;
+            t->shape[0] = ap.shape[0];
+            t->shape[1] = ap.shape[1];
+            t->data = k == 1 && bs && bs[i] ? bs[i] : ap.data;
         }
     }
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
@@ -866,7 +875,7 @@ ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *
         n++;
     }
     if (!n) { st = ft_err(FTUNE_ERR_FORMAT, "%s: no LoRA tensors", path); goto done; }
-    ft_lora_cfg lc = { .r = r, .alpha = (float)alpha };
+    ft_adapter_hparams lc = { .r = r, .alpha = (float)alpha };
     for (int i = 0; i < L * FT_N_MODS; i++)
         if (sel[i]) lc.targets |= FT_MOD_BIT(i % FT_N_MODS);
     if ((st = alloc_owned(&a, m, &lc, sel, trainable))) goto done;

@@ -27,14 +27,6 @@ int ft_module_rope_heads(const ft_config *c, ft_module mod);
  * direction is its inverse. */
 ftune_status ft_permute_rope_rows(float *w, int rows, int cols, int n_heads, bool to_interleaved);
 
-typedef struct {
-    int r;              /* R */
-    float alpha;
-    bool rslora;        /* scale alpha / sqrt(r) instead of alpha / r */
-    float dropout;
-    unsigned targets;   /* FT_MOD_BIT mask */
-} ft_lora_cfg;
-
 /* One adapted Linear. */
 typedef struct {
     int layer;
@@ -53,19 +45,19 @@ typedef struct {
  * of sessions on one model may run different adapters at once. */
 typedef struct ftune_adapter {
     ftune_model *m;
-    ft_lora_cfg cfg;
+    ft_adapter_hparams cfg;  /* seed: the one attach initialised from (0 when loaded) */
     int n;
     ft_adapter_entry *e;     /* (n), in (layer, module) order */
     ft_lora *loras;          /* (n) owned structs, or NULL when wrapping */
     float *mem;              /* owned A, B (and dA, dB) of every entry */
     char base_model[256];    /* base_model_name_or_path for adapter_config.json */
-    const ft_lora **set;     /* (L · FT_N_MODS): set[l * FT_N_MODS + mod] = the entry's lora, or NULL */
+    const ft_adapter_inst **set; /* (L · FT_N_MODS): set[l * FT_N_MODS + mod] = &the entry's lora->base, or NULL */
 } ft_adapter;
 
-/* Makes fresh adapters (A Kaiming-uniform from seed as PEFT, B zero) for
+/* Makes fresh adapters (A Kaiming-uniform from cfg->seed as PEFT, B zero) for
  * every Linear in cfg->targets of every layer of m (m is not written). With
  * trainable, dA and dB are allocated (zeroed) too. */
-ftune_status ft_adapter_attach(ft_adapter **out, ftune_model *m, const ft_lora_cfg *cfg, bool trainable, uint64_t seed);
+ftune_status ft_adapter_attach(ft_adapter **out, ftune_model *m, const ft_adapter_hparams *cfg, bool trainable);
 /* An adapter object over LoRA structs owned elsewhere (e.g. a trainer's):
  * loras[l * FT_N_MODS + mod] for block l and module mod, NULL where none.
  * Nothing is attached to the model. r/alpha/rslora come from the structs,
@@ -86,10 +78,9 @@ ftune_status ft_adapter_params(const ft_adapter *a, ft_param *out);
 /* adapter_config.json as far as ftune reads it. */
 typedef struct {
     char peft_type[16];
-    int r;
-    float alpha;
-    float dropout;
-    bool rslora, fan_in_fan_out;
+    ft_adapter_hparams hp;   /* r, lora_alpha, lora_dropout, use_rslora; targets 0 and seed 0
+                              * (target_modules are names: below) */
+    bool fan_in_fan_out;
     int n_targets;
     char **targets;          /* target_modules as a list, or NULL */
     char *target_regex;      /* target_modules as a string (a regex or "all-linear"), or NULL */

@@ -19,7 +19,7 @@
 
 /* The adapter of Linear mod in block l that a write folds in: opts->adapter,
  * else the model's default adapter, else none. */
-static const ft_lora *merged_lora(const ftune_model *m, const ft_merge_opts *opts, int l, ft_module mod) {
+static const ft_adapter_inst *merged_adapter(const ftune_model *m, const ft_merge_opts *opts, int l, ft_module mod) {
     const ft_adapter *a = opts && opts->adapter ? opts->adapter : m->adapter;
     return a ? a->set[l * FT_N_MODS + mod] : NULL;
 }
@@ -30,14 +30,14 @@ ftune_status ft_merge_lora(ftune_model *m, const ft_adapter *ad) {
     for (int l = 0; l < m->cfg.L; l++)
         for (int k = 0; k < FT_N_MODS; k++) {
             ft_linear *lin = ft_model_linear(m, l, k);
-            const ft_lora *a = ad->set[l * FT_N_MODS + k];
+            const ft_adapter_inst *a = ad->set[l * FT_N_MODS + k];
             if (!a) continue;
             float *w = ft_aligned_alloc((size_t)lin->out * lin->in * sizeof(float));
             if (!w) return ft_err(FTUNE_ERR_NOMEM, "out of memory merging layer %d %s", l, ft_module_name(k));
             /* row by row as the writers do, so a merged model in memory and one written to a file are bit-identical */
             for (int o = 0; o < lin->out; o++) {
                 ft_tensor_row_f32(&lin->w, o, w + (size_t)o * lin->in);
-                ft_lora_merge_row(w + (size_t)o * lin->in, a, o, lin->in);
+                a->kind->merge_row(w + (size_t)o * lin->in, a, o, lin->in);
             }
             ftune_status st = ft_model_own(m, w);
             if (st) return st;
@@ -53,7 +53,7 @@ ftune_status ft_merge_lora(ftune_model *m, const ft_adapter *ad) {
 /* Where the rows of one output tensor come from. */
 typedef struct {
     const ft_tensor *t;       /* a 2-D weight in any dtype, or NULL */
-    const ft_lora *lora;      /* added to t's rows, or NULL */
+    const ft_adapter_inst *ad; /* added to t's rows (any adapter kind), or NULL */
     const float *vec;         /* a 1-D f32 vector (norms, biases), or NULL */
     int rows, cols;           /* 1 row for a vector */
     int perm_heads;           /* > 0: rows are permuted head by head between the RoPE layouts */
@@ -81,7 +81,7 @@ static void make_row(const row_src *s, int R, float *row) {
     }
     int o = src_row(s, R);
     ft_tensor_row_f32(s->t, o, row);
-    if (s->lora) ft_lora_merge_row(row, s->lora, o, s->cols);
+    if (s->ad) s->ad->kind->merge_row(row, s->ad, o, s->cols);
 }
 
 typedef struct {
@@ -247,9 +247,9 @@ static ftune_status write_hf(const ftune_model *mc, const char *dir, const ft_me
         const ft_tensor *w_ = (TENSOR); \
         ft_dtype dt_ = force ? forced : st_storable(w_->dtype) ? w_->dtype : FT_F32; \
         if (mat_dtype == FT_NTYPES) mat_dtype = dt_; \
-        *s_ = (row_src){ .t = w_, .lora = (LORA), .rows = (int)w_->shape[0], .cols = (int)w_->shape[1], .perm_heads = (HEADS) }; \
+        *s_ = (row_src){ .t = w_, .ad = (LORA), .rows = (int)w_->shape[0], .cols = (int)w_->shape[1], .perm_heads = (HEADS) }; \
         *t_ = (st_out_tensor){ .name = nm_, .dtype = dt_, .ndim = 2, .shape = { w_->shape[0], w_->shape[1] } }; \
-        if (!s_->lora && !s_->perm_heads && dt_ == w_->dtype) t_->data = w_->data; \
+        if (!s_->ad && !s_->perm_heads && dt_ == w_->dtype) t_->data = w_->data; \
         else { t_->fill = fill_rows; t_->fill_ctx = &fs; t_->fill_index = n; } \
         n++; \
     } while (0)
@@ -275,7 +275,7 @@ static ftune_status write_hf(const ftune_model *mc, const char *dir, const ft_me
             const ft_linear *lin = ft_model_linear(m, l, k);
             int heads = c->rope_interleaved ? ft_module_rope_heads(c, k) : 0;
             snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, ft_module_path(k));
-            ADD_MAT(name, &lin->w, merged_lora(m, opts, l, k), heads);
+            ADD_MAT(name, &lin->w, merged_adapter(m, opts, l, k), heads);
             if (lin->bias) {
                 snprintf(name, sizeof name, "model.layers.%d.%s.bias", l, ft_module_path(k));
                 ADD_VEC(name, lin->bias, lin->out, heads);
@@ -414,20 +414,20 @@ typedef struct {
     ft_merge_report *rep;
 } gguf_plan;
 
-static ftune_status plan_mat(gguf_plan *p, const char *name, const ft_tensor *t, const ft_lora *lora, int heads,
+static ftune_status plan_mat(gguf_plan *p, const char *name, const ft_tensor *t, const ft_adapter_inst *ad, int heads,
                              bool is_output) {
     if (p->n >= p->cap) return ft_err(FTUNE_ERR_ARG, "merge: too many tensors (%s)", name);
     int rows = (int)t->shape[0], cols = (int)t->shape[1];
     bool kept;
     ft_dtype dt = gguf_out_dtype(t->dtype, p->forced, cols, is_output, &kept);
     row_src *s = &p->src[p->n];
-    *s = (row_src){ .t = t, .lora = lora, .rows = rows, .cols = cols, .perm_heads = heads, .to_interleaved = true };
+    *s = (row_src){ .t = t, .ad = ad, .rows = rows, .cols = cols, .perm_heads = heads, .to_interleaved = true };
     int64_t shape[2] = { rows, cols };
-    ftune_status st = !lora && !heads && dt == t->dtype
+    ftune_status st = !ad && !heads && dt == t->dtype
                           ? ft_gguf_writer_add_tensor(p->w, name, dt, 2, shape, t->data)
                           : ft_gguf_writer_add_tensor_fill(p->w, name, dt, 2, shape, fill_rows, &p->fs, p->n);
     if (st) return st;
-    if (lora || heads || dt != t->dtype) p->fs.total += (uint64_t)rows * (uint64_t)cols; /* made row by row */
+    if (ad || heads || dt != t->dtype) p->fs.total += (uint64_t)rows * (uint64_t)cols; /* made row by row */
     snprintf(p->names[p->n++], FT_NAME_MAX, "%s", name);
     p->rep->n_mat[dt]++;
     if (kept) p->rep->n_kept++;
@@ -973,7 +973,7 @@ static ftune_status write_gguf(const ftune_model *mc, const char *path, const ft
             const ft_linear *lin = ft_model_linear(m, l, k);
             int heads = permute ? ft_module_rope_heads(c, k) : 0;
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, ft_module_gguf_name(k));
-            st = plan_mat(&p, name, &lin->w, merged_lora(m, opts, l, k), heads, false);
+            st = plan_mat(&p, name, &lin->w, merged_adapter(m, opts, l, k), heads, false);
             if (!st && lin->bias) {
                 snprintf(name, sizeof name, "blk.%d.%s.bias", l, ft_module_gguf_name(k));
                 st = plan_vec(&p, name, lin->bias, lin->out, heads);

@@ -65,13 +65,14 @@ struct ft_backend {
     size_t (*attention_scratch_floats)(const ft_backend *be, int Tk, int HS, bool backward);
 
     /* ------------------------------------------------ Linear (linear.h) */
-    void (*linear_forward)(const ft_backend *be, float *out, const float *inp, const ft_linear *l, int T,
-                           float *scratch);
+    /* ad: the adapter of this call (any kind), or NULL */
+    void (*linear_forward)(const ft_backend *be, float *out, const float *inp, const ft_linear *l,
+                           const ft_adapter_inst *ad, int T, float *scratch);
     void (*linear_forward_train)(const ft_backend *be, float *out, float *u, const float *inp, const ft_linear *l,
-                                 int T, uint64_t mask_seed, float *scratch);
+                                 const ft_adapter_inst *ad, int T, uint64_t mask_seed, float *scratch);
     void (*linear_backward)(const ft_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
-                            const float *inp, const float *u, const ft_linear *l, int T, uint64_t mask_seed,
-                            bool accumulate, float *scratch);
+                            const float *inp, const float *u, const ft_linear *l, const ft_adapter_inst *ad, int T,
+                            uint64_t mask_seed, bool accumulate, float *scratch);
 
     /* ------------------------------------------------ layers (ops.h) */
     void (*rmsnorm_forward)(const ft_backend *be, float *out, float *rstd, const float *inp, const float *w, int T,

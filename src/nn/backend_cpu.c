@@ -32,18 +32,19 @@ static size_t cpu_attention_scratch(const ft_backend *be, int Tk, int HS, bool b
     return ft_attention_fast_scratch_floats(Tk, HS, be->n_threads, backward);
 }
 
-static void cpu_linear_forward(const ft_backend *be, float *out, const float *inp, const ft_linear *l, int T,
-                               float *scratch) {
-    ft_linear_forward(out, inp, l, T, be->n_threads, scratch);
+static void cpu_linear_forward(const ft_backend *be, float *out, const float *inp, const ft_linear *l,
+                               const ft_adapter_inst *ad, int T, float *scratch) {
+    ft_linear_forward(out, inp, l, ad, T, be->n_threads, scratch);
 }
 static void cpu_linear_forward_train(const ft_backend *be, float *out, float *u, const float *inp,
-                                     const ft_linear *l, int T, uint64_t mask_seed, float *scratch) {
-    ft_linear_forward_train(out, u, inp, l, T, mask_seed, be->n_threads, scratch);
+                                     const ft_linear *l, const ft_adapter_inst *ad, int T, uint64_t mask_seed,
+                                     float *scratch) {
+    ft_linear_forward_train(out, u, inp, l, ad, T, mask_seed, be->n_threads, scratch);
 }
 static void cpu_linear_backward(const ft_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
-                                const float *inp, const float *u, const ft_linear *l, int T, uint64_t mask_seed,
-                                bool accumulate, float *scratch) {
-    ft_linear_backward(dinp, dw, dbias, dout, inp, u, l, T, mask_seed, accumulate, be->n_threads, scratch);
+                                const float *inp, const float *u, const ft_linear *l, const ft_adapter_inst *ad,
+                                int T, uint64_t mask_seed, bool accumulate, float *scratch) {
+    ft_linear_backward(dinp, dw, dbias, dout, inp, u, l, ad, T, mask_seed, accumulate, be->n_threads, scratch);
 }
 
 static void cpu_rmsnorm_forward(const ft_backend *be, float *out, float *rstd, const float *inp, const float *w,

@@ -45,41 +45,28 @@ static size_t ref_attention_scratch(const ft_backend *be, int Tk, int HS, bool b
 
 /* ------------------------------------------------------------- Linear */
 
-static void ref_linear_forward(const ft_backend *be, float *out, const float *inp, const ft_linear *l, int T,
-                               float *scratch) {
+static void ref_linear_forward(const ft_backend *be, float *out, const float *inp, const ft_linear *l,
+                               const ft_adapter_inst *ad, int T, float *scratch) {
     (void)be; (void)scratch;
-    ft_linear_forward_ref(out, inp, l, T);
-}
-
-/* xd (T, in) = dropout(inp) with the mask of mask_seed (lora_dropout defines
- * the mask; it is a plain loop), or NULL when there is no dropout. */
-static float *dropped(const ft_lora *a, const float *inp, uint64_t mask_seed, int T, int IC, bool *fail) {
-    if (a->dropout <= 0) return NULL;
-    float *xd = ft_mem_alloc(FT_MEM_SCRATCH, (size_t)T * IC * sizeof(float));
-    if (!xd) { *fail = true; return NULL; }
-    ft_lora_dropout(xd, inp, a->dropout, mask_seed, T, IC, 1);
-    return xd;
+    ft_linear_forward_ref(out, inp, l, ad, T);
 }
 
 static void ref_linear_forward_train(const ft_backend *be, float *out, float *u, const float *inp,
-                                     const ft_linear *l, int T, uint64_t mask_seed, float *scratch) {
+                                     const ft_linear *l, const ft_adapter_inst *a, int T, uint64_t mask_seed,
+                                     float *scratch) {
     (void)be; (void)scratch;
-    ft_linear base = *l;
-    base.lora = NULL;
-    ft_linear_forward_ref(out, inp, &base, T);
-    const ft_lora *a = l->lora;
+    ft_linear_forward_ref(out, inp, l, NULL, T);
     if (!a) return;
-    int IC = l->in, OC = l->out, R = a->r;
-    bool fail = false;
-    float *xd = dropped(a, inp, mask_seed, T, IC, &fail);
-    if (fail) { fill_nan(out, (size_t)T * OC); fill_nan(u, (size_t)T * R); return; }
-    ft_lora_forward_f64(out, u, xd ? xd : inp, a, T, IC, OC);
-    ft_mem_free(FT_MEM_SCRATCH, xd, xd ? (size_t)T * IC * sizeof(float) : 0);
+    int IC = l->in, OC = l->out;
+    if (!a->kind->forward_train_ref(out, u, inp, a, T, IC, OC, mask_seed)) {
+        fill_nan(out, (size_t)T * OC);
+        fill_nan(u, (size_t)T * a->kind->saved_floats(a));
+    }
 }
 
 static void ref_linear_backward(const ft_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
-                                const float *inp, const float *u, const ft_linear *l, int T, uint64_t mask_seed,
-                                bool accumulate, float *scratch) {
+                                const float *inp, const float *u, const ft_linear *l, const ft_adapter_inst *a,
+                                int T, uint64_t mask_seed, bool accumulate, float *scratch) {
     (void)be; (void)scratch;
     int IC = l->in, OC = l->out;
     size_t nw = (size_t)OC * IC * sizeof(float), nx = (size_t)T * IC * sizeof(float);
@@ -94,26 +81,7 @@ static void ref_linear_backward(const ft_backend *be, float *dinp, float *dw, fl
     ft_matmul_backward_ref(dinp ? dx : NULL, l->w.dtype == FT_F32 ? dw : NULL, dbias, dout, inp, w, T, IC, OC);
     if (dinp)
         for (size_t i = 0; i < (size_t)T * IC; i++) dinp[i] = accumulate ? dinp[i] + dx[i] : dx[i];
-    const ft_lora *a = l->lora;
-    if (a) {
-        int R = a->r;
-        bool fail = false;
-        float *xd = dropped(a, inp, mask_seed, T, IC, &fail);
-        size_t ng = (size_t)T * R * sizeof(float);
-        float *g = fail ? NULL : ft_mem_alloc(FT_MEM_SCRATCH, ng);
-        if (!g) {
-            fill_nan(dinp, (size_t)T * IC);
-        } else {
-            /* dx = scale · (dout·B) · A, then back through the same dropout mask */
-            ft_lora_backward_f64(dinp ? dx : NULL, dout, xd ? xd : inp, u, a, T, IC, OC, g);
-            if (dinp) {
-                if (a->dropout > 0) ft_lora_dropout(dx, dx, a->dropout, mask_seed, T, IC, 1);
-                for (size_t i = 0; i < (size_t)T * IC; i++) dinp[i] += dx[i];
-            }
-        }
-        ft_mem_free(FT_MEM_SCRATCH, g, g ? ng : 0);
-        ft_mem_free(FT_MEM_SCRATCH, xd, xd ? nx : 0);
-    }
+    if (a && !a->kind->backward_ref(dinp, dout, inp, u, a, T, IC, OC, mask_seed)) fill_nan(dinp, (size_t)T * IC);
     ft_mem_free(FT_MEM_SCRATCH, w, nw);
     ft_mem_free(FT_MEM_SCRATCH, dx, nx);
 }

@@ -12,32 +12,30 @@ static void layer_hook(const ft_block_env *e, ft_block_event ev, int layer, cons
     if (e->hooks && e->hooks->layer) e->hooks->layer(e->hooks->ctx, ev, layer, rows, n, e->cfg->C);
 }
 
-/* Linear k of block `layer` with the env's adapter bound: a copy on the
- * stack, so the (shared, read-only) model is never written. */
-static ft_linear bound_linear(const ft_block_env *e, const ft_layer *ly, int layer, int k) {
-    ft_linear v = *ft_layer_linear((ft_layer *)ly, k);
-    v.lora = e->adapters ? (ft_lora *)e->adapters[layer * FT_N_MODS + k] : NULL;
-    return v;
+/* The env's adapter for Linear k of block `layer`, or NULL: passed to the
+ * Linear op, so the (shared, read-only) model is never written. */
+static const ft_adapter_inst *adapter_of(const ft_block_env *e, int layer, int k) {
+    return e->adapters ? e->adapters[layer * FT_N_MODS + k] : NULL;
 }
 
 static void lin_fwd(const ft_block_env *e, const ft_layer *ly, int layer, int k, const ft_block_acts *a,
                     const ft_block_io *io, float *out, const float *inp, int BT) {
     const ft_backend *be = e->be;
-    ft_linear lin = bound_linear(e, ly, layer, k);
-    if (e->hooks && e->hooks->linear_input) e->hooks->linear_input(e->hooks->ctx, layer, k, inp, BT, lin.in);
+    const ft_linear *lin = ft_layer_linear((ft_layer *)ly, k);
+    const ft_adapter_inst *ad = adapter_of(e, layer, k);
+    if (e->hooks && e->hooks->linear_input) e->hooks->linear_input(e->hooks->ctx, layer, k, inp, BT, lin->in);
     if (io->train)
-        be->linear_forward_train(be, out, a->u[k], inp, &lin, BT, io->mask_seed[k], e->lin_scratch);
+        be->linear_forward_train(be, out, a->u[k], inp, lin, ad, BT, io->mask_seed[k], e->lin_scratch);
     else
-        be->linear_forward(be, out, inp, &lin, BT, e->lin_scratch);
+        be->linear_forward(be, out, inp, lin, ad, BT, e->lin_scratch);
 }
 
 static void lin_bwd(const ft_block_env *e, const ft_layer *ly, int layer, int k, const ft_block_grads *g,
                     const ft_block_acts *a, const ft_block_io *io, float *dinp, const float *dout, const float *inp,
                     int BT, bool accumulate) {
     const ft_backend *be = e->be;
-    ft_linear lin = bound_linear(e, ly, layer, k);
-    be->linear_backward(be, dinp, g->w[k], g->b[k], dout, inp, a->u[k], &lin, BT, io->mask_seed[k], accumulate,
-                        e->lin_scratch);
+    be->linear_backward(be, dinp, g->w[k], g->b[k], dout, inp, a->u[k], ft_layer_linear((ft_layer *)ly, k),
+                        adapter_of(e, layer, k), BT, io->mask_seed[k], accumulate, e->lin_scratch);
 }
 
 /* keys (B, P+T) = [prefix; this row's own keys], for k and v. */

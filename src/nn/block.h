@@ -98,11 +98,11 @@ typedef struct {
     float *att_scratch;           /* ft_attention_fast_scratch_floats(Tk, HS, n_threads, backward) */
     const ft_block_hooks *hooks;  /* or NULL */
     /* The caller's adapter set: adapters[l * FT_N_MODS + k] for block l,
-     * Linear k, or NULL (no adapter there; the whole set may be NULL). The
-     * block binds it to a stack copy of the Linear for each op, so the
-     * model's Linears are never written: two sessions (or a session and a
-     * trainer) on one model each run their own adapters, concurrently. */
-    const ft_lora *const *adapters;
+     * Linear k (any adapter kind), or NULL (no adapter there; the whole set
+     * may be NULL). The block passes it to each Linear op, so the model's
+     * Linears are never written: two sessions (or a session and a trainer)
+     * on one model each run their own adapters, concurrently. */
+    const ft_adapter_inst *const *adapters;
 } ft_block_env;
 
 /* out (BT, C) = block(x (BT, C)). out may be x (in place: x is last read

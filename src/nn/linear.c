@@ -2,7 +2,8 @@
  * and its backward. Every product goes through the one driver in
  * kernels.h (W widened or dequantized a block at a time, never whole):
  * forward W·xᵀ, dX = dY·W, dW += dYᵀ·X (for any dtype of W: the gradient
- * does not depend on it), and the adapter's products in lora.c. */
+ * does not depend on it), and the adapter's part through its kind's ops
+ * table (adapter_kind.h). */
 #include "nn/linear.h"
 #include "cpu/kernels.h"
 #include "ops/ops.h"
@@ -52,34 +53,33 @@ static void base_forward(float *out, const float *inp, const ft_linear *l, int T
     add_bias(out, l->bias, T, OC);
 }
 
-void ft_linear_forward(float *out, const float *inp, const ft_linear *l, int T, int n_threads, float *scratch) {
+void ft_linear_forward(float *out, const float *inp, const ft_linear *l, const ft_adapter_inst *a, int T,
+                       int n_threads, float *scratch) {
     base_forward(out, inp, l, T, n_threads, scratch);
-    const ft_lora *a = l->lora;
     if (!a) return;
-    /* the adapter's u = x·A^T goes through the (now free) tile area of the
+    /* the adapter's u goes through the (now free) tile area of the
      * scratch, a chunk of rows at a time: 128·in floats hold 128·in/R rows */
     float *u = scratch + FT_GEMM_SCRATCH_FLOATS;
-    int rows = (int)((size_t)TILE_ROWS * l->in / (size_t)a->r);
+    int rows = (int)((size_t)TILE_ROWS * l->in / (size_t)a->kind->saved_floats(a));
     if (rows < 1) rows = 1;
     for (int t0 = 0; t0 < T; t0 += rows) {
         int n = T - t0 < rows ? T - t0 : rows;
-        ft_lora_forward_fast(out + (size_t)t0 * l->out, u, inp + (size_t)t0 * l->in, a, n, l->in, l->out, n_threads,
-                          scratch);
+        a->kind->forward(out + (size_t)t0 * l->out, u, inp + (size_t)t0 * l->in, a, n, l->in, l->out, n_threads,
+                         scratch);
     }
 }
 
-void ft_linear_forward_ref(float *out, const float *inp, const ft_linear *l, int T) {
+void ft_linear_forward_ref(float *out, const float *inp, const ft_linear *l, const ft_adapter_inst *a, int T) {
     int IC = l->in, OC = l->out;
     float *w = malloc((size_t)OC * IC * sizeof(float));
     if (!w) return;
     for (int o = 0; o < OC; o++) ft_tensor_row_f32(&l->w, o, w + (size_t)o * IC);
     ft_matmul_forward_ref(out, inp, w, l->bias, T, IC, OC);
     free(w);
-    const ft_lora *a = l->lora;
     if (!a) return;
-    float *u = malloc((size_t)T * a->r * sizeof(float));
+    float *u = malloc((size_t)T * a->kind->saved_floats(a) * sizeof(float));
     if (!u) return;
-    ft_lora_forward_f64(out, u, inp, a, T, IC, OC);
+    a->kind->forward_ref(out, u, inp, a, T, IC, OC);
     free(u);
 }
 
@@ -88,22 +88,17 @@ size_t ft_linear_train_scratch_floats(int in, int R, int T, int n_threads) {
     return ft_linear_scratch_floats(in, n_threads) + (size_t)T * in + (size_t)T * R;
 }
 
-void ft_linear_forward_train(float *out, float *u, const float *inp, const ft_linear *l, int T, uint64_t mask_seed,
-                          int n_threads, float *scratch) {
+void ft_linear_forward_train(float *out, float *u, const float *inp, const ft_linear *l, const ft_adapter_inst *a,
+                             int T, uint64_t mask_seed, int n_threads, float *scratch) {
     base_forward(out, inp, l, T, n_threads, scratch);
-    const ft_lora *a = l->lora;
     if (!a) return;
-    const float *x = inp;
-    if (a->dropout > 0) {
-        float *xd = scratch + ft_linear_scratch_floats(l->in, n_threads);
-        ft_lora_dropout(xd, inp, a->dropout, mask_seed, T, l->in, n_threads);
-        x = xd;
-    }
-    ft_lora_forward_fast(out, u, x, a, T, l->in, l->out, n_threads, scratch);
+    float *xd = scratch + ft_linear_scratch_floats(l->in, n_threads);
+    a->kind->forward_train(out, u, inp, a, T, l->in, l->out, mask_seed, xd, n_threads, scratch);
 }
 
 void ft_linear_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *u,
-                     const ft_linear *l, int T, uint64_t mask_seed, bool accumulate, int n_threads, float *scratch) {
+                        const ft_linear *l, const ft_adapter_inst *a, int T, uint64_t mask_seed, bool accumulate,
+                        int n_threads, float *scratch) {
     int IC = l->in, OC = l->out;
     ft_mat D = ft_mat_f32(dout, OC, 1);
     if (dinp) { /* dinp (T, IC) = dout (T, OC) · W (OC, IC): W read along its rows, widened a block at a time */
@@ -119,18 +114,7 @@ void ft_linear_backward(float *dinp, float *dw, float *dbias, const float *dout,
     if (dbias)
         for (int t = 0; t < T; t++)
             for (int o = 0; o < OC; o++) dbias[o] += dout[(size_t)t * OC + o];
-    const ft_lora *a = l->lora;
     if (!a) return;
     float *xd = scratch + ft_linear_scratch_floats(IC, n_threads), *g = xd + (size_t)T * IC;
-    const float *x = inp;
-    if (a->dropout > 0) {
-        ft_lora_dropout(xd, inp, a->dropout, mask_seed, T, IC, n_threads);
-        x = xd;
-    }
-    /* the adapter's dx lands in xd (lora_backward writes it last, after x
-     * was read), then goes back through the same mask */
-    ft_lora_backward_fast(dinp ? xd : NULL, dout, x, u, a, T, IC, OC, g, n_threads, scratch);
-    if (!dinp) return;
-    if (a->dropout > 0) ft_lora_dropout(xd, xd, a->dropout, mask_seed, T, IC, n_threads);
-    for (size_t i = 0; i < (size_t)T * IC; i++) dinp[i] += xd[i];
+    a->kind->backward(dinp, dout, inp, u, a, T, IC, OC, mask_seed, xd, g, n_threads, scratch);
 }

@@ -9,11 +9,13 @@
 #define FT_LINEAR_H
 
 #include "core/core.h"
+#include "nn/adapter_kind.h"
 
 /* A LoRA adapter on a Linear (in -> out): y += scale · B·A·dropout(x).
  * PEFT's layout and initialisation: A Kaiming-uniform, B zero. A, B, dA,
  * dB point into memory the owner (a trainer, an adapter loader) manages. */
 typedef struct {
+    ft_adapter_inst base; /* kind = &ft_lora_kind (set by ft_lora_init / ft_lora_bind) */
     int r;              /* R */
     float alpha;
     float scale;        /* alpha / r, or alpha / sqrt(r) with rsLoRA */
@@ -28,22 +30,24 @@ typedef struct {
     ft_tensor w;        /* (out, in) in any weight dtype */
     float *bias;        /* (out) or NULL */
     int in, out;
-    ft_lora *lora;      /* the adapter for this call, or NULL. A model's Linears keep
-                         * NULL (the model is read-only after load): the block binds
-                         * its caller's adapter set into a stack copy per op */
 } ft_linear;
+
+/* Every Linear op takes the adapter of this call (`ad`, any kind, or NULL:
+ * none) as an argument: the Linear never holds one, so a model's Linears
+ * stay read-only after load and each caller runs its own adapter set. */
 
 /* ------------------------------------------------------------ inference */
 
 /* Floats of scratch that linear_forward needs for a weight with `in`
  * columns (the kernels' packing area, and room for the adapter's u). */
 size_t ft_linear_scratch_floats(int in, int n_threads);
-/* out (T, out) = inp (T, in) · W^T + bias (+ the adapter, without dropout,
- * when l->lora is set), on n_threads threads. */
-void ft_linear_forward(float *out, const float *inp, const ft_linear *l, int T, int n_threads, float *scratch);
+/* out (T, out) = inp (T, in) · W^T + bias (+ the adapter ad, without
+ * dropout, when non-NULL), on n_threads threads. */
+void ft_linear_forward(float *out, const float *inp, const ft_linear *l, const ft_adapter_inst *ad, int T,
+                       int n_threads, float *scratch);
 /* Reference: dequantize W to f32 and use ft_matmul_forward_ref (plus the
  * adapter in plain loops). For tests. */
-void ft_linear_forward_ref(float *out, const float *inp, const ft_linear *l, int T);
+void ft_linear_forward_ref(float *out, const float *inp, const ft_linear *l, const ft_adapter_inst *ad, int T);
 
 /* ------------------------------------------------------------- training */
 
@@ -52,16 +56,17 @@ void ft_linear_forward_ref(float *out, const float *inp, const ft_linear *l, int
 size_t ft_linear_train_scratch_floats(int in, int R, int T, int n_threads);
 /* Training forward: as linear_forward, but the adapter sees dropout(x) with
  * the mask drawn from mask_seed, and u = dropout(x)·A^T (T, R) is saved for
- * backward (u may be NULL when l->lora is NULL). */
-void ft_linear_forward_train(float *out, float *u, const float *inp, const ft_linear *l, int T, uint64_t mask_seed,
-                          int n_threads, float *scratch);
+ * backward (u may be NULL when ad is NULL). */
+void ft_linear_forward_train(float *out, float *u, const float *inp, const ft_linear *l, const ft_adapter_inst *ad,
+                             int T, uint64_t mask_seed, int n_threads, float *scratch);
 /* Backward of linear_forward_train, with the same mask_seed and the saved u.
  * dinp (T, in) = dout · W (+ the adapter's path through the same dropout
  * mask); it is overwritten, or added to when accumulate; it may be NULL.
  * dw (out, in) and dbias (out) accumulate when non-NULL, for W of any dtype.
  * The adapter's dA, dB accumulate when non-NULL. */
 void ft_linear_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *u,
-                     const ft_linear *l, int T, uint64_t mask_seed, bool accumulate, int n_threads, float *scratch);
+                        const ft_linear *l, const ft_adapter_inst *ad, int T, uint64_t mask_seed, bool accumulate,
+                        int n_threads, float *scratch);
 
 /* ------------------------------------------------------------ LoRA (lora.c) */
 
@@ -70,6 +75,8 @@ float ft_lora_scale(float alpha, int r, bool rslora);
 /* A (R, in) ~ U(-1/sqrt(in), 1/sqrt(in)) drawn row-major from rng: PEFT's
  * kaiming_uniform_(a = sqrt(5)). */
 void ft_lora_init_A(float *A, int r, int in, ft_rng *rng);
+/* Sets a->base.kind to the LoRA kind, for a struct filled by hand. */
+void ft_lora_bind(ft_lora *a);
 /* row (in) += scale · B[o, :] · A: the adapter's part of weight row o, in
  * f32 (merge: W' = W + scale·B·A one row at a time). */
 void ft_lora_merge_row(float *row, const ft_lora *a, int o, int in);

@@ -37,10 +37,10 @@ static double run(const ft_lm_loss_env *e, float *dh, float *dw, int64_t *n_targ
     for (int r0 = 0; r0 < n; r0 += CH) {
         int k = n - r0 < CH ? n - r0 : CH;
         const float *hc = h + (size_t)r0 * C;
-        e->be->linear_forward(e->be, logits, hc, head, k, e->lin_scratch);
+        e->be->linear_forward(e->be, logits, hc, head, NULL, k, e->lin_scratch);
         loss += e->loss->fn(e->loss->ctx, dlogits, logits, targets + r0, r0, k, V, dloss_scale, e->be);
         if (grad)
-            e->be->linear_backward(e->be, dh + (size_t)r0 * C, dw, NULL, dlogits, hc, NULL, head, k, 0, false,
+            e->be->linear_backward(e->be, dh + (size_t)r0 * C, dw, NULL, dlogits, hc, NULL, head, NULL, k, 0, false,
                                    e->lin_scratch);
     }
     if (n_targets) *n_targets = count_targets(targets, n);

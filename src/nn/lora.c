@@ -7,6 +7,7 @@
 #include "nn/linear.h"
 #include "cpu/kernels.h"
 #include "core/parallel.h"
+#include "core/mem.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -33,6 +34,7 @@ void ft_lora_merge_row(float *row, const ft_lora *a, int o, int in) {
 
 void ft_lora_init(ft_lora *a, int r, float alpha, bool rslora, float dropout, float *A, float *B, float *dA, float *dB,
                int in, int out, ft_rng *rng) {
+    a->base.kind = &ft_lora_kind;
     a->r = r;
     a->alpha = alpha;
     a->rslora = rslora;
@@ -44,6 +46,8 @@ void ft_lora_init(ft_lora *a, int r, float alpha, bool rslora, float dropout, fl
     if (dA) memset(dA, 0, (size_t)r * in * sizeof(float));
     if (dB) memset(dB, 0, (size_t)out * r * sizeof(float));
 }
+
+void ft_lora_bind(ft_lora *a) { a->base.kind = &ft_lora_kind; }
 
 typedef struct {
     float *xd;
@@ -203,3 +207,105 @@ void ft_lora_backward_f64(float *dx, const float *dout, const float *x, const fl
                 dx[(size_t)t * IC + i] = (float)s;
             }
 }
+
+/* ------------------------------------------------ the kind's ops table */
+
+/* Every instance handed to these has kind == &ft_lora_kind, so it is an ft_lora. */
+#define LORA(inst) ((const ft_lora *)(inst))
+
+static int kind_saved_floats(const ft_adapter_inst *a) { return LORA(a)->r; }
+
+static void kind_forward(float *out, float *u, const float *x, const ft_adapter_inst *a, int T, int IC, int OC,
+                         int n_threads, float *scratch) {
+    ft_lora_forward_fast(out, u, x, LORA(a), T, IC, OC, n_threads, scratch);
+}
+
+static void kind_forward_ref(float *out, float *u, const float *x, const ft_adapter_inst *a, int T, int IC, int OC) {
+    ft_lora_forward_f64(out, u, x, LORA(a), T, IC, OC);
+}
+
+static void kind_forward_train(float *out, float *u, const float *x, const ft_adapter_inst *a, int T, int IC, int OC,
+                               uint64_t mask_seed, float *xd, int n_threads, float *scratch) {
+    const ft_lora *lo = LORA(a);
+    if (lo->dropout > 0) {
+        ft_lora_dropout(xd, x, lo->dropout, mask_seed, T, IC, n_threads);
+        x = xd;
+    }
+    ft_lora_forward_fast(out, u, x, lo, T, IC, OC, n_threads, scratch);
+}
+
+/* Scratch for the references, counted as the reference backend's scratch. */
+static float *ref_buf(size_t n) { return ft_mem_alloc(FT_MEM_SCRATCH, n * sizeof(float)); }
+static void ref_free(float *p, size_t n) { ft_mem_free(FT_MEM_SCRATCH, p, p ? n * sizeof(float) : 0); }
+
+static bool kind_forward_train_ref(float *out, float *u, const float *x, const ft_adapter_inst *a, int T, int IC,
+                                   int OC, uint64_t mask_seed) {
+    const ft_lora *lo = LORA(a);
+    size_t nx = (size_t)T * IC;
+    float *xd = lo->dropout > 0 ? ref_buf(nx) : NULL;
+    if (lo->dropout > 0 && !xd) return false;
+    if (xd) ft_lora_dropout(xd, x, lo->dropout, mask_seed, T, IC, 1);
+    ft_lora_forward_f64(out, u, xd ? xd : x, lo, T, IC, OC);
+    ref_free(xd, nx);
+    return true;
+}
+
+static void kind_backward(float *dinp, const float *dout, const float *inp, const float *u, const ft_adapter_inst *a,
+                          int T, int IC, int OC, uint64_t mask_seed, float *xd, float *g, int n_threads,
+                          float *scratch) {
+    const ft_lora *lo = LORA(a);
+    const float *x = inp;
+    if (lo->dropout > 0) {
+        ft_lora_dropout(xd, inp, lo->dropout, mask_seed, T, IC, n_threads);
+        x = xd;
+    }
+    /* the adapter's dx lands in xd (lora_backward writes it last, after x
+     * was read), then goes back through the same mask */
+    ft_lora_backward_fast(dinp ? xd : NULL, dout, x, u, lo, T, IC, OC, g, n_threads, scratch);
+    if (!dinp) return;
+    if (lo->dropout > 0) ft_lora_dropout(xd, xd, lo->dropout, mask_seed, T, IC, n_threads);
+    for (size_t i = 0; i < (size_t)T * IC; i++) dinp[i] += xd[i];
+}
+
+static bool kind_backward_ref(float *dinp, const float *dout, const float *inp, const float *u,
+                              const ft_adapter_inst *a, int T, int IC, int OC, uint64_t mask_seed) {
+    const ft_lora *lo = LORA(a);
+    size_t nx = (size_t)T * IC, ng = (size_t)T * lo->r;
+    float *dx = ref_buf(nx), *xd = lo->dropout > 0 ? ref_buf(nx) : NULL, *g = ref_buf(ng);
+    bool ok = dx && g && (xd || lo->dropout <= 0);
+    if (ok) {
+        if (xd) ft_lora_dropout(xd, inp, lo->dropout, mask_seed, T, IC, 1);
+        /* dx = scale · (dout·B) · A, then back through the same dropout mask */
+        ft_lora_backward_f64(dinp ? dx : NULL, dout, xd ? xd : inp, u, lo, T, IC, OC, g);
+        if (dinp) {
+            if (lo->dropout > 0) ft_lora_dropout(dx, dx, lo->dropout, mask_seed, T, IC, 1);
+            for (size_t i = 0; i < (size_t)T * IC; i++) dinp[i] += dx[i];
+        }
+    }
+    ref_free(dx, nx); ref_free(xd, nx); ref_free(g, ng);
+    return ok;
+}
+
+static void kind_merge_row(float *row, const ft_adapter_inst *a, int o, int IC) {
+    ft_lora_merge_row(row, LORA(a), o, IC);
+}
+
+static void kind_param(ft_adapter_param *p, const ft_adapter_inst *a, int i, int IC, int OC) {
+    const ft_lora *lo = LORA(a);
+    if (i == 0) *p = (ft_adapter_param){ "lora_A.weight", { lo->r, IC }, lo->A, lo->dA };
+    else *p = (ft_adapter_param){ "lora_B.weight", { OC, lo->r }, lo->B, lo->dB };
+}
+
+const ft_adapter_kind ft_lora_kind = {
+    .name = "lora",
+    .saved_floats = kind_saved_floats,
+    .forward = kind_forward,
+    .forward_ref = kind_forward_ref,
+    .forward_train = kind_forward_train,
+    .forward_train_ref = kind_forward_train_ref,
+    .backward = kind_backward,
+    .backward_ref = kind_backward_ref,
+    .merge_row = kind_merge_row,
+    .n_params = 2,
+    .param = kind_param,
+};

@@ -192,7 +192,7 @@ static const float *forward_chunk(ftune_session *s, const int32_t *tokens, int n
 
 static void forward_logits(ftune_session *s, const int32_t *tokens, int n, float *logits, int first_row) {
     const float *h = forward_chunk(s, tokens, n, logits ? first_row : n);
-    if (h) s->be.linear_forward(&s->be, logits, h, &s->m->lm_head, n - first_row, s->scratch);
+    if (h) s->be.linear_forward(&s->be, logits, h, &s->m->lm_head, NULL, n - first_row, s->scratch);
 }
 
 ftune_status ftune_session_forward(ftune_session *s, const int32_t *tokens, int n, float *logits, int all_logits) {

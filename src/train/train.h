@@ -18,6 +18,7 @@
 #include "data/data.h"
 #include "model/model.h"
 #include "train/optim.h"
+#include "nn/adapter_kind.h"
 
 typedef enum { FT_TRAIN_LORA = 0, FT_TRAIN_FULL = 1 } ft_train_mode;
 
@@ -28,12 +29,8 @@ ftune_status ft_lora_targets_parse(const char *s, unsigned *mask);
 
 typedef struct {
     ft_train_mode mode;
-    int r;                /* LoRA rank R */
-    float alpha;          /* LoRA scale is alpha / r (alpha / sqrt(r) with rslora) */
-    bool rslora;
-    float dropout;        /* LoRA input dropout probability, 0 = off */
-    unsigned targets;     /* FT_MOD_BIT mask (LoRA) */
-    uint64_t seed;        /* adapter initialisation and dropout masks */
+    ft_adapter_hparams lora; /* LoRA mode: r, alpha, rslora, dropout, targets;
+                              * seed: adapter initialisation and dropout masks */
     int max_B, max_T;     /* largest micro-batch the arenas are sized for */
     int n_threads;        /* 0: all cores */
 } ft_train_opts;

@@ -75,12 +75,12 @@ ftune_status ftune_trainer_new(ftune_trainer **out, const ftune_model *m, const 
     ft_train_opts to;
     ft_train_opts_default(&to);
     to.mode = (ft_train_mode)o->mode;
-    to.r = o->lora_r;
-    to.alpha = o->lora_alpha;
-    to.rslora = o->rslora;
-    to.dropout = o->lora_dropout;
-    to.targets = o->lora_targets;
-    to.seed = o->seed;
+    to.lora.r = o->lora_r;
+    to.lora.alpha = o->lora_alpha;
+    to.lora.rslora = o->rslora;
+    to.lora.dropout = o->lora_dropout;
+    to.lora.targets = o->lora_targets;
+    to.lora.seed = o->seed;
     to.max_B = o->batch_size;
     to.max_T = T;
     to.n_threads = o->n_threads;

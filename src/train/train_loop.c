@@ -194,17 +194,17 @@ static cJSON *make_config(run *r) {
     /* training settings */
     cJSON_AddStringToObject(j, "mode", o->mode == FTUNE_TRAIN_FULL ? "full" : "lora");
     if (o->mode == FTUNE_TRAIN_LORA) {
-        cJSON_AddNumberToObject(j, "lora_r", r->topts.r);
-        cJSON_AddNumberToObject(j, "lora_alpha", r->topts.alpha);
-        cJSON_AddNumberToObject(j, "lora_dropout", r->topts.dropout);
+        cJSON_AddNumberToObject(j, "lora_r", r->topts.lora.r);
+        cJSON_AddNumberToObject(j, "lora_alpha", r->topts.lora.alpha);
+        cJSON_AddNumberToObject(j, "lora_dropout", r->topts.lora.dropout);
         char t[128] = "";
         for (int k = 0; k < FT_N_MODS; k++)
-            if (r->topts.targets & (1u << k)) {
+            if (r->topts.lora.targets & (1u << k)) {
                 if (*t) strcat(t, ",");
                 strcat(t, ft_modules[k].peft);
             }
         cJSON_AddStringToObject(j, "lora_targets", t);
-        cJSON_AddBoolToObject(j, "rslora", r->topts.rslora);
+        cJSON_AddBoolToObject(j, "rslora", r->topts.lora.rslora);
     }
     cJSON_AddNumberToObject(j, "ctx", r->T);
     cJSON_AddNumberToObject(j, "batch_size", r->B);
@@ -301,29 +301,29 @@ static ftune_status read_init_adapter(run *r) {
     ft_adapter *a = NULL;
     ftune_status st = ft_adapter_load_peft(&a, r->m, o->init_adapter, false);
     if (st) return ft_err_prefix(st, "--init-adapter");
-    const ft_lora_cfg *lc = &a->cfg;
+    const ft_adapter_hparams *lc = &a->cfg;
     const char *bad = NULL;
     char have[64] = "", want[64] = "";
-    if ((o->lora_set & FTUNE_SET_LORA_R) && lc->r != r->topts.r) {
-        bad = "--lora-r"; snprintf(have, sizeof have, "%d", lc->r); snprintf(want, sizeof want, "%d", r->topts.r);
-    } else if ((o->lora_set & FTUNE_SET_LORA_ALPHA) && lc->alpha != r->topts.alpha) {
-        bad = "--lora-alpha"; snprintf(have, sizeof have, "%g", lc->alpha); snprintf(want, sizeof want, "%g", r->topts.alpha);
-    } else if ((o->lora_set & FTUNE_SET_RSLORA) && lc->rslora != r->topts.rslora) {
+    if ((o->lora_set & FTUNE_SET_LORA_R) && lc->r != r->topts.lora.r) {
+        bad = "--lora-r"; snprintf(have, sizeof have, "%d", lc->r); snprintf(want, sizeof want, "%d", r->topts.lora.r);
+    } else if ((o->lora_set & FTUNE_SET_LORA_ALPHA) && lc->alpha != r->topts.lora.alpha) {
+        bad = "--lora-alpha"; snprintf(have, sizeof have, "%g", lc->alpha); snprintf(want, sizeof want, "%g", r->topts.lora.alpha);
+    } else if ((o->lora_set & FTUNE_SET_RSLORA) && lc->rslora != r->topts.lora.rslora) {
         bad = "--rslora"; snprintf(have, sizeof have, "%s", lc->rslora ? "on" : "off");
-        snprintf(want, sizeof want, "%s", r->topts.rslora ? "on" : "off");
-    } else if ((o->lora_set & FTUNE_SET_LORA_TARGETS) && lc->targets != r->topts.targets) {
+        snprintf(want, sizeof want, "%s", r->topts.lora.rslora ? "on" : "off");
+    } else if ((o->lora_set & FTUNE_SET_LORA_TARGETS) && lc->targets != r->topts.lora.targets) {
         bad = "--lora-targets"; snprintf(have, sizeof have, "mask 0x%x", lc->targets);
-        snprintf(want, sizeof want, "mask 0x%x", r->topts.targets);
+        snprintf(want, sizeof want, "mask 0x%x", r->topts.lora.targets);
     }
     if (bad) {
         st = ft_err(FTUNE_ERR_ARG, "--init-adapter %s: the adapter has %s %s, but %s was given (leave it out to use the adapter's)",
                     o->init_adapter, bad, have, want);
         goto done;
     }
-    r->topts.r = lc->r;
-    r->topts.alpha = lc->alpha;
-    r->topts.rslora = lc->rslora;
-    r->topts.targets = lc->targets;
+    r->topts.lora.r = lc->r;
+    r->topts.lora.alpha = lc->alpha;
+    r->topts.lora.rslora = lc->rslora;
+    r->topts.lora.targets = lc->targets;
     int per_layer = __builtin_popcount(lc->targets);
     if (a->n != c->L * per_layer) {
         st = ft_err(FTUNE_ERR_UNSUPPORTED, "--init-adapter %s: the adapter covers %d of the %d Linears its target_modules "
@@ -400,7 +400,6 @@ static ftune_status save_full_model(run *r, const char *dir) {
     if (!v.layers) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     memcpy(v.layers, r->m->layers, (size_t)c->L * sizeof *v.layers);
     v.adapter = NULL;
-    v.lm_head.lora = NULL;
     int n = ft_trainer_n_params(r->tr);
     for (int i = 0; i < n; i++) {
         const ft_train_param *p = ft_trainer_param(r->tr, i);
@@ -415,8 +414,6 @@ static ftune_status save_full_model(run *r, const char *dir) {
         else if (p->layer >= 0 && strstr(p->name, "post_attention_layernorm")) v.layers[p->layer].ffn_norm = p->data;
     }
     if (c->tied) v.lm_head.w = v.tok_embd;
-    for (int l = 0; l < c->L; l++)
-        for (int k = 0; k < FT_N_MODS; k++) ft_model_linear(&v, l, (ft_module)k)->lora = NULL;
     ft_merge_opts mo = { .dtype = "f32" };
     ftune_status st = ft_merge_write(&v, dir, &mo);
     free(v.layers);
@@ -874,12 +871,12 @@ static ftune_status setup(run *r) {
 
     ft_train_opts_default(&r->topts);
     r->topts.mode = (ft_train_mode)o->mode;
-    r->topts.r = o->lora_r;
-    r->topts.alpha = o->lora_alpha;
-    r->topts.rslora = o->rslora;
-    r->topts.dropout = o->lora_dropout;
-    r->topts.targets = o->lora_targets;
-    r->topts.seed = o->seed;
+    r->topts.lora.r = o->lora_r;
+    r->topts.lora.alpha = o->lora_alpha;
+    r->topts.lora.rslora = o->rslora;
+    r->topts.lora.dropout = o->lora_dropout;
+    r->topts.lora.targets = o->lora_targets;
+    r->topts.lora.seed = o->seed;
     r->topts.max_B = r->B;
     r->topts.max_T = r->T;
     r->topts.n_threads = o->n_threads;

@@ -40,7 +40,7 @@ struct ft_trainer {
     ft_linear lm_head;        /* (V, C) */
     ft_layer *layers;         /* (L) */
     ft_lora *loras;           /* (L, 7) */
-    const ft_lora **set;      /* (L, 7): the adapter set the block binds (&loras[i] where trained, else NULL) */
+    const ft_adapter_inst **set; /* (L, 7): the adapter set the block binds (&loras[i].base where trained, else NULL) */
     float *inv_freq;          /* (HS/2) */
     const ft_block_hooks *hooks; /* or NULL */
     /* trainables */
@@ -82,9 +82,9 @@ struct ft_trainer {
 void ft_train_opts_default(ft_train_opts *o) {
     memset(o, 0, sizeof *o);
     o->mode = FT_TRAIN_LORA;
-    o->r = 8;
-    o->alpha = 16;
-    o->targets = FT_MOD_ALL;
+    o->lora.r = 8;
+    o->lora.alpha = 16;
+    o->lora.targets = FT_MOD_ALL;
     o->max_B = 1;
     o->max_T = 512;
 }
@@ -158,15 +158,15 @@ static int param_specs(const ft_config *c, const ft_train_opts *o, ft_train_para
     if (o->mode == FT_TRAIN_LORA) {
         for (int l = 0; l < c->L; l++)
             for (int k = 0; k < FT_N_MODS; k++) {
-                if (!(o->targets & (1u << k))) continue;
+                if (!(o->lora.targets & (1u << k))) continue;
                 int out, in;
                 lin_dims(c, k, &out, &in);
                 snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.lora_A.weight", l,
                          ft_modules[k].path);
-                add_param(ps, &n, &off, name, 2, o->r, in, l, k);
+                add_param(ps, &n, &off, name, 2, o->lora.r, in, l, k);
                 snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.lora_B.weight", l,
                          ft_modules[k].path);
-                add_param(ps, &n, &off, name, 2, out, o->r, l, k);
+                add_param(ps, &n, &off, name, 2, out, o->lora.r, l, k);
             }
     } else {
         add_param(ps, &n, &off, "model.embed_tokens.weight", 2, c->V, c->C, -1, -1);
@@ -225,7 +225,7 @@ static void carve_acts(ft_trainer *tr, carver *cv, const ft_config *c, const ft_
         a.gate = carve(cv, BT * F); a.up = carve(cv, BT * F);
         if (o->mode == FT_TRAIN_LORA)
             for (int k = 0; k < FT_N_MODS; k++)
-                if (o->targets & (1u << k)) a.u[k] = carve(cv, BT * (size_t)o->r);
+                if (o->lora.targets & (1u << k)) a.u[k] = carve(cv, BT * (size_t)o->lora.r);
         if (tr) tr->la[l] = a;
     }
     float *lnf = carve(cv, BT * C), *rstdf = carve(cv, BT);
@@ -236,7 +236,7 @@ static void carve_scratch(ft_trainer *tr, carver *cv, const ft_config *c, const 
     size_t BT = (size_t)o->max_B * o->max_T, T = (size_t)o->max_T, C = c->C, F = c->F,
            qd = (size_t)c->NH * c->HS, kvd = (size_t)c->NKV * c->HS;
     int CH = ce_rows(c, BT);
-    int R = o->mode == FT_TRAIN_LORA ? o->r : 0;
+    int R = o->mode == FT_TRAIN_LORA ? o->lora.r : 0;
     float *p[16];
     p[0] = carve(cv, BT * C); p[1] = carve(cv, BT * C);
     p[2] = carve(cv, BT * qd); p[3] = carve(cv, BT * qd);
@@ -258,17 +258,17 @@ static ftune_status check_opts(const ft_config *c, const ft_train_opts *o) {
     if (o->max_B < 1 || o->max_T < 1 || (int64_t)o->max_B * o->max_T > (1 << 24))
         return ft_err(FTUNE_ERR_ARG, "micro-batch of %d x %d tokens is not a valid size", o->max_B, o->max_T);
     if (o->mode == FT_TRAIN_LORA) {
-        if (o->r < 1 || o->r > 65536) return ft_err(FTUNE_ERR_ARG, "LoRA rank %d is not in 1..65536", o->r);
-        if (!(o->targets & FT_MOD_ALL) || (o->targets & ~(unsigned)FT_MOD_ALL))
-            return ft_err(FTUNE_ERR_ARG, "LoRA target mask 0x%x selects none of q,k,v,o,gate,up,down", o->targets);
-        if (!(o->dropout >= 0 && o->dropout < 1))
-            return ft_err(FTUNE_ERR_ARG, "LoRA dropout %g is not in [0, 1)", o->dropout);
-        if (!isfinite(o->alpha)) return ft_err(FTUNE_ERR_ARG, "LoRA alpha is not finite");
+        if (o->lora.r < 1 || o->lora.r > 65536) return ft_err(FTUNE_ERR_ARG, "LoRA rank %d is not in 1..65536", o->lora.r);
+        if (!(o->lora.targets & FT_MOD_ALL) || (o->lora.targets & ~(unsigned)FT_MOD_ALL))
+            return ft_err(FTUNE_ERR_ARG, "LoRA target mask 0x%x selects none of q,k,v,o,gate,up,down", o->lora.targets);
+        if (!(o->lora.dropout >= 0 && o->lora.dropout < 1))
+            return ft_err(FTUNE_ERR_ARG, "LoRA dropout %g is not in [0, 1)", o->lora.dropout);
+        if (!isfinite(o->lora.alpha)) return ft_err(FTUNE_ERR_ARG, "LoRA alpha is not finite");
         /* linear_forward runs an adapter's u = x·Aᵀ through 128·in floats of scratch */
         int min_in = c->C < c->F ? c->C : c->F;
         if (c->NH * c->HS < min_in) min_in = c->NH * c->HS;
-        if ((int64_t)o->r > 128 * (int64_t)min_in)
-            return ft_err(FTUNE_ERR_ARG, "LoRA rank %d is more than 128 x the smallest layer width %d", o->r, min_in);
+        if ((int64_t)o->lora.r > 128 * (int64_t)min_in)
+            return ft_err(FTUNE_ERR_ARG, "LoRA rank %d is more than 128 x the smallest layer width %d", o->lora.r, min_in);
     }
     return FTUNE_OK;
 }
@@ -279,7 +279,7 @@ enum { O_LAYERS, O_LORAS, O_SET, O_LG, O_LA, O_INV_FREQ, O_IDX, O_POS0, O_PARAMS
 static void other_sizes(const ft_config *c, const ft_train_opts *o, int n_params, size_t sz[N_OTHER]) {
     sz[O_LAYERS] = (size_t)c->L * sizeof(ft_layer);
     sz[O_LORAS] = (size_t)c->L * FT_N_MODS * sizeof(ft_lora);
-    sz[O_SET] = (size_t)c->L * FT_N_MODS * sizeof(ft_lora *);
+    sz[O_SET] = (size_t)c->L * FT_N_MODS * sizeof(ft_adapter_inst *);
     sz[O_LG] = (size_t)c->L * sizeof(layer_grads);
     sz[O_LA] = (size_t)c->L * sizeof(layer_acts);
     sz[O_INV_FREQ] = (size_t)c->HS / 2 * sizeof(float);
@@ -381,7 +381,6 @@ static void bind_full(ft_trainer *tr) {
     }
     memcpy(p[i].data, m->out_norm, (size_t)c->C * sizeof(float));
     tr->out_norm = p[i].data; tr->d_out_norm = p[i].grad; i++;
-    tr->lm_head.lora = NULL;
     if (c->tied) {
         tr->lm_head.w = tr->tok_embd;
         tr->d_lm_head = tr->d_tok_embd;
@@ -396,15 +395,15 @@ static void bind_full(ft_trainer *tr) {
 static void bind_lora(ft_trainer *tr) {
     const ft_config *c = &tr->cfg;
     ft_rng rng;
-    ft_rng_seed(&rng, tr->o.seed);
+    ft_rng_seed(&rng, tr->o.lora.seed);
     for (int i = 0; i < tr->n_params; i += 2) {
         ft_train_param *pa = &tr->params[i], *pb = &tr->params[i + 1];
         int l = pa->layer, k = pa->target;
         ft_linear *lin = lin_of(&tr->layers[l], k);
         ft_lora *a = &tr->loras[l * FT_N_MODS + k];
-        ft_lora_init(a, tr->o.r, tr->o.alpha, tr->o.rslora, tr->o.dropout, pa->data, pb->data, pa->grad, pb->grad,
+        ft_lora_init(a, tr->o.lora.r, tr->o.lora.alpha, tr->o.lora.rslora, tr->o.lora.dropout, pa->data, pb->data, pa->grad, pb->grad,
                   lin->in, lin->out, &rng);
-        tr->set[l * FT_N_MODS + k] = a;
+        tr->set[l * FT_N_MODS + k] = &a->base;
     }
     (void)c;
 }
@@ -530,7 +529,7 @@ float *ft_trainer_values(ft_trainer *tr, int64_t *n) { if (n) *n = tr->n_values;
 float *ft_trainer_grads(ft_trainer *tr, int64_t *n) { if (n) *n = tr->n_values; return tr->grads; }
 ft_lora *ft_trainer_lora(ft_trainer *tr, int layer, int target) {
     if (tr->o.mode != FT_TRAIN_LORA || layer < 0 || layer >= tr->cfg.L || target < 0 || target >= FT_N_MODS ||
-        !(tr->o.targets & (1u << target)))
+        !(tr->o.lora.targets & (1u << target)))
         return NULL;
     return &tr->loras[layer * FT_N_MODS + target];
 }
@@ -564,7 +563,7 @@ static ftune_status check_batch(const ft_trainer *tr, const ft_batch *b) {
 }
 
 static uint64_t mask_seed(const ft_trainer *tr, int l, int k) {
-    return tr->o.seed ^ (tr->micro_step + 1) * 0x9E3779B97F4A7C15ull ^
+    return tr->o.lora.seed ^ (tr->micro_step + 1) * 0x9E3779B97F4A7C15ull ^
            (uint64_t)(l * FT_N_MODS + k + 1) * 0xC2B2AE3D27D4EB4Full;
 }
 
