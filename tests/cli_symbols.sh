@@ -41,12 +41,14 @@ cat > "$tmp/prog.c" <<'C'
 #include "ftune.h"
 /* ggml's: int64_t gguf_find_tensor(const struct gguf_context *, const char *) */
 long gguf_find_tensor(const void *ctx, const char *name) { (void)ctx; return strcmp(name, "x") == 0 ? 7 : -1; }
+/* and one of ftune's own internal names, which libftune.a must hide too */
+long ft_gguf_find_tensor(const void *ctx, const char *name) { (void)ctx; return strcmp(name, "y") == 0 ? 8 : -1; }
 int main(int argc, char **argv) {
     ftune_model *m = NULL;
     if (ftune_model_load(&m, argv[1], NULL)) { fprintf(stderr, "%s\n", ftune_last_error()); return 1; }
     ftune_model_info info;
     ftune_model_get_info(m, &info);
-    printf("%s %d %ld\n", info.format, info.n_layers, gguf_find_tensor(NULL, "x"));
+    printf("%s %d %ld %ld\n", info.format, info.n_layers, gguf_find_tensor(NULL, "x"), ft_gguf_find_tensor(NULL, "y"));
     ftune_model_free(m);
     return 0;
 }
@@ -57,17 +59,16 @@ model=$D/models/stories260K/stories260K.gguf
 if ! $CC -std=c11 -Iinclude -o "$tmp/prog" "$tmp/prog.c" "$LIB" $flags > "$tmp/link.log" 2>&1; then
     fail link_with_own_gguf_find_tensor "$(head -5 "$tmp/link.log")"
 elif ! out=$("$tmp/prog" "$model" 2>&1); then fail link_with_own_gguf_find_tensor "run: $out"
-elif [ "$out" != "gguf 5 7" ]; then fail link_with_own_gguf_find_tensor "printed \"$out\", expected \"gguf 5 7\""
+elif [ "$out" != "gguf 5 7 8" ]; then fail link_with_own_gguf_find_tensor "printed \"$out\", expected \"gguf 5 7 8\""
 else pass link_with_own_gguf_find_tensor; fi
 
-# 4. the control: while the internals still define gguf_find_tensor
-# globally, the same program must fail to link against them (else check 3
-# proves nothing)
-if nm -g --defined-only "$INTERNAL" | awk '{ print $3 }' | grep -qx gguf_find_tensor; then
+# 4. the control: the internals define ft_gguf_find_tensor globally, so the
+# same program must fail to link against them (else check 3 proves nothing)
+if nm -g --defined-only "$INTERNAL" | awk '{ print $3 }' | grep -qx ft_gguf_find_tensor; then
     if $CC -std=c11 -Iinclude -o "$tmp/prog2" "$tmp/prog.c" "$INTERNAL" $flags > "$tmp/link2.log" 2>&1; then
         fail internal_collides "linking against $INTERNAL succeeded: check 3 would not detect a leak"
-    elif grep -q 'multiple definition.*gguf_find_tensor' "$tmp/link2.log"; then pass internal_collides
+    elif grep -q 'multiple definition.*ft_gguf_find_tensor' "$tmp/link2.log"; then pass internal_collides
     else fail internal_collides "unexpected link error: $(head -3 "$tmp/link2.log")"; fi
 else
-    echo "note: the internals no longer define gguf_find_tensor; the collision control is skipped"
+    fail internal_collides "$INTERNAL does not define ft_gguf_find_tensor: pick another internal name for the control"
 fi

@@ -264,3 +264,15 @@ float ft_rng_normal(ft_rng *r) {
     if (u1 < 1e-12f) u1 = 1e-12f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.283185307179586f * u2);
 }
+
+ft_tensor ft_tensor_f32_view(const char *name, float *data, int64_t rows, int64_t cols) {
+    ft_tensor t = { 0 };
+    snprintf(t.name, sizeof t.name, "%s", name);
+    t.dtype = FT_F32;
+    t.ndim = 2;
+    t.shape[0] = rows;
+    t.shape[1] = cols;
+    t.data = data;
+    t.nbytes = (size_t)(rows * cols) * sizeof(float);
+    return t;
+}

@@ -94,6 +94,8 @@ typedef struct {
 int64_t ft_tensor_numel(const ft_tensor *t);
 /* Converts row r of a 2-D tensor (shape[1] elements) to f32. */
 void ft_tensor_row_f32(const ft_tensor *t, int64_t r, float *dst);
+/* A 2-D f32 tensor named name over data (rows, cols), not owned. */
+ft_tensor ft_tensor_f32_view(const char *name, float *data, int64_t rows, int64_t cols);
 
 /* ------------------------------------------------------------- files */
 

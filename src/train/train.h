@@ -105,6 +105,11 @@ void ft_trainer_adamw_step(const ft_trainer *tr, ft_adamw *o, double lr);
 
 int ft_trainer_n_params(const ft_trainer *tr);
 const ft_train_param *ft_trainer_param(const ft_trainer *tr, int i);
+/* The optimizer's view of tr's parameters (calloc'd, the caller frees):
+ * names, shapes and data/grad pointers, weight decay on matrices only
+ * (none on norms and biases, as Hugging Face's Trainer) or on every LoRA
+ * tensor; *n_trainable counts their elements. */
+ftune_status ft_trainer_optim_params(const ft_trainer *tr, bool lora, ft_param **out, int *n, int64_t *n_trainable);
 /* Index of the parameter named name, or -1. */
 int ft_trainer_find_param(const ft_trainer *tr, const char *name);
 /* All trainable values and their gradients, each one flat f32 array of *n

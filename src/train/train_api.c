@@ -87,23 +87,10 @@ ftune_status ftune_trainer_new(ftune_trainer **out, const ftune_model *m, const 
     t->n_threads = ft_num_threads(o->n_threads);
     ftune_status st = ft_trainer_new(&t->tr, m, &to);
     if (st) goto fail;
-    t->n_params = ft_trainer_n_params(t->tr);
-    t->params = calloc((size_t)t->n_params, sizeof *t->params);
-    if (!t->params) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto fail; }
-    for (int i = 0; i < t->n_params; i++) {
-        const ft_train_param *p = ft_trainer_param(t->tr, i);
-        ft_param *q = &t->params[i];
-        snprintf(q->name, sizeof q->name, "%s", p->name);
-        q->data = p->data;
-        q->grad = p->grad;
-        q->numel = p->numel;
-        q->ndim = p->ndim;
-        q->shape[0] = p->shape[0];
-        q->shape[1] = p->shape[1];
-        q->decay = o->mode == FTUNE_TRAIN_LORA || p->ndim == 2; /* as ftune_train_run (HF's Trainer) */
-        t->n_trainable += p->numel;
-    }
-    ft_adamw_cfg ac = { .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps, .weight_decay = o->weight_decay };
+    if ((st = ft_trainer_optim_params(t->tr, o->mode == FTUNE_TRAIN_LORA, &t->params, &t->n_params, &t->n_trainable)))
+        goto fail;
+    ft_adamw_cfg ac = { .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps, .weight_decay = o->weight_decay,
+                        .n_threads = o->n_threads };
     if ((st = ft_adamw_init(&t->opt, t->params, t->n_params, &ac))) goto fail;
     t->opt_ready = true;
     if ((st = ft_batch_init(&t->b, o->batch_size, T))) goto fail;

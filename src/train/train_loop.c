@@ -373,19 +373,6 @@ static ftune_status save_adapter_dir(run *r, const char *dir) {
     return ft_adapter_save_peft(r->wrapped, dir);
 }
 
-static ft_tensor f32_view(const char *name, float *data, int64_t rows, int64_t cols) {
-    ft_tensor t;
-    memset(&t, 0, sizeof t);
-    snprintf(t.name, sizeof t.name, "%s", name);
-    t.dtype = FT_F32;
-    t.ndim = 2;
-    t.shape[0] = rows;
-    t.shape[1] = cols;
-    t.data = data;
-    t.nbytes = (size_t)(rows * cols) * sizeof(float);
-    return t;
-}
-
 static bool ends_with(const char *s, const char *suf) {
     size_t a = strlen(s), b = strlen(suf);
     return a >= b && strcmp(s + a - b, suf) == 0;
@@ -403,13 +390,13 @@ static ftune_status save_full_model(run *r, const char *dir) {
     int n = ft_trainer_n_params(r->tr);
     for (int i = 0; i < n; i++) {
         const ft_train_param *p = ft_trainer_param(r->tr, i);
-        if (strcmp(p->name, "model.embed_tokens.weight") == 0) v.tok_embd = f32_view(p->name, p->data, p->shape[0], p->shape[1]);
-        else if (strcmp(p->name, "lm_head.weight") == 0) v.lm_head.w = f32_view(p->name, p->data, p->shape[0], p->shape[1]);
+        if (strcmp(p->name, "model.embed_tokens.weight") == 0) v.tok_embd = ft_tensor_f32_view(p->name, p->data, p->shape[0], p->shape[1]);
+        else if (strcmp(p->name, "lm_head.weight") == 0) v.lm_head.w = ft_tensor_f32_view(p->name, p->data, p->shape[0], p->shape[1]);
         else if (strcmp(p->name, "model.norm.weight") == 0) v.out_norm = p->data;
         else if (p->layer >= 0 && p->target >= 0) {
             ft_linear *lin = ft_model_linear(&v, p->layer, (ft_module)p->target);
             if (ends_with(p->name, ".bias")) lin->bias = p->data;
-            else lin->w = f32_view(p->name, p->data, p->shape[0], p->shape[1]);
+            else lin->w = ft_tensor_f32_view(p->name, p->data, p->shape[0], p->shape[1]);
         } else if (p->layer >= 0 && strstr(p->name, "input_layernorm")) v.layers[p->layer].attn_norm = p->data;
         else if (p->layer >= 0 && strstr(p->name, "post_attention_layernorm")) v.layers[p->layer].ffn_norm = p->data;
     }
@@ -884,23 +871,8 @@ static ftune_status setup(run *r) {
     TRY(ft_trainer_new(&r->tr, r->m, &r->topts));
     if (r->init_vals) apply_init_adapter(r);
 
-    r->n_params = ft_trainer_n_params(r->tr);
-    r->params = ft_calloc((size_t)r->n_params, sizeof *r->params);
-    if (!r->params) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     int64_t n_trainable = 0;
-    for (int i = 0; i < r->n_params; i++) {
-        const ft_train_param *p = ft_trainer_param(r->tr, i);
-        ft_param *q = &r->params[i];
-        snprintf(q->name, sizeof q->name, "%s", p->name);
-        q->data = p->data;
-        q->grad = p->grad;
-        q->numel = p->numel;
-        q->ndim = p->ndim;
-        q->shape[0] = p->shape[0];
-        q->shape[1] = p->shape[1];
-        q->decay = o->mode == FTUNE_TRAIN_LORA || p->ndim == 2; /* no decay on norms and biases, as HF's Trainer */
-        n_trainable += p->numel;
-    }
+    TRY(ft_trainer_optim_params(r->tr, o->mode == FTUNE_TRAIN_LORA, &r->params, &r->n_params, &n_trainable));
     ft_adamw_cfg ac = { .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps, .weight_decay = o->weight_decay,
                         .n_threads = o->n_threads };
     TRY(ft_adamw_init(&r->opt, r->params, r->n_params, &ac));

@@ -329,18 +329,6 @@ void ft_train_plan_table(const ft_train_plan *p, ft_mem_table *t) {
 
 /* ------------------------------------------------------------ new / free */
 
-static ft_tensor f32_view(const char *name, float *data, int64_t d0, int64_t d1) {
-    ft_tensor t = { 0 };
-    snprintf(t.name, sizeof t.name, "%s", name);
-    t.dtype = FT_F32;
-    t.ndim = 2;
-    t.shape[0] = d0;
-    t.shape[1] = d1;
-    t.data = data;
-    t.nbytes = (size_t)(d0 * d1) * sizeof(float);
-    return t;
-}
-
 static void copy_rows(float *dst, const ft_tensor *t, int64_t rows, int64_t cols) {
     for (int64_t r = 0; r < rows; r++) ft_tensor_row_f32(t, r, dst + r * cols);
 }
@@ -353,7 +341,7 @@ static void bind_full(ft_trainer *tr) {
     int i = 0;
     ft_train_param *p = tr->params;
     copy_rows(p[i].data, &m->tok_embd, c->V, c->C);
-    tr->tok_embd = f32_view(m->tok_embd.name, p[i].data, c->V, c->C);
+    tr->tok_embd = ft_tensor_f32_view(m->tok_embd.name, p[i].data, c->V, c->C);
     tr->d_tok_embd = p[i].grad;
     i++;
     for (int l = 0; l < c->L; l++) {
@@ -366,7 +354,7 @@ static void bind_full(ft_trainer *tr) {
             const ft_linear *sl = lin_of((ft_layer *)src, k);
             ft_linear *dl = lin_of(ly, k);
             copy_rows(p[i].data, &sl->w, sl->out, sl->in);
-            dl->w = f32_view(sl->w.name, p[i].data, sl->out, sl->in);
+            dl->w = ft_tensor_f32_view(sl->w.name, p[i].data, sl->out, sl->in);
             g->w[k] = p[i].grad;
             i++;
             if (c->qkv_bias && k <= FT_MOD_V) {
@@ -386,7 +374,7 @@ static void bind_full(ft_trainer *tr) {
         tr->d_lm_head = tr->d_tok_embd;
     } else {
         copy_rows(p[i].data, &m->lm_head.w, c->V, c->C);
-        tr->lm_head.w = f32_view(m->lm_head.w.name, p[i].data, c->V, c->C);
+        tr->lm_head.w = ft_tensor_f32_view(m->lm_head.w.name, p[i].data, c->V, c->C);
         tr->d_lm_head = p[i].grad;
         i++;
     }
@@ -701,5 +689,29 @@ ftune_status ft_trainer_eval(ft_trainer *tr, const ft_batch *b, double *loss_sum
     ftune_status st = check_batch(tr, b);
     if (st) return st;
     *loss_sum = forward(tr, b, positions(tr, b), false, 0, n_targets);
+    return FTUNE_OK;
+}
+
+ftune_status ft_trainer_optim_params(const ft_trainer *tr, bool lora, ft_param **out, int *n, int64_t *n_trainable) {
+    int np = ft_trainer_n_params(tr);
+    ft_param *ps = ft_calloc((size_t)np, sizeof *ps);
+    if (!ps) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    int64_t total = 0;
+    for (int i = 0; i < np; i++) {
+        const ft_train_param *p = ft_trainer_param(tr, i);
+        ft_param *q = &ps[i];
+        snprintf(q->name, sizeof q->name, "%s", p->name);
+        q->data = p->data;
+        q->grad = p->grad;
+        q->numel = p->numel;
+        q->ndim = p->ndim;
+        q->shape[0] = p->shape[0];
+        q->shape[1] = p->shape[1];
+        q->decay = lora || p->ndim == 2;
+        total += p->numel;
+    }
+    *out = ps;
+    *n = np;
+    if (n_trainable) *n_trainable = total;
     return FTUNE_OK;
 }
