@@ -317,8 +317,15 @@ static const char *layout(const operand *o) {
 /* C (M, N) (+)= alpha·A·B through ft_gemm at the current level on 1 and 3
  * threads, against the double-precision product; c_t stores C transposed.
  * Returns the error as in test_linear_kernels, or -1 on failure. */
-static double gemm_case(int M, int N, int K, ft_dtype adt, bool at, ft_dtype bdt, bool bt, bool c_t, float alpha,
-                        bool accumulate, ft_rng *rng) {
+/* x rounded to the compute type and back (the reference's operands). */
+static double rounded(float x, ft_dtype compute) {
+    return compute == FT_BF16 ? ft_bf16_to_f32(ft_f32_to_bf16(x))
+         : compute == FT_F16  ? ft_f16_to_f32(ft_f32_to_f16(x))
+                              : x;
+}
+
+static double gemm_case(ft_dtype compute, int M, int N, int K, ft_dtype adt, bool at, ft_dtype bdt, bool bt, bool c_t,
+                        float alpha, bool accumulate, ft_rng *rng) {
     operand A, B;
     size_t nc = (size_t)M * N;
     float *c0 = malloc(nc * sizeof(float)), *c1 = malloc(nc * sizeof(float)), *c3 = malloc(nc * sizeof(float));
@@ -335,14 +342,17 @@ static double gemm_case(int M, int N, int K, ft_dtype adt, bool at, ft_dtype bdt
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {
             double s = 0;
-            for (int k = 0; k < K; k++) s += (double)A.f[(size_t)m * K + k] * B.f[(size_t)k * N + n];
+            for (int k = 0; k < K; k++)
+                s += rounded(A.f[(size_t)m * K + k], compute) * rounded(B.f[(size_t)k * N + n], compute);
             size_t at_ = (size_t)(m * crs + n * ccs);
             ref[at_] = (float)((accumulate ? c0[at_] : 0) + alpha * s);
         }
     memcpy(c1, c0, nc * sizeof(float));
     memcpy(c3, c0, nc * sizeof(float));
-    bool ok1 = ft_gemm(c1, crs, ccs, &A.m, &B.m, M, N, K, alpha, accumulate, 1, scratch, FT_GEMM_SCRATCH_FLOATS);
-    bool ok3 = ft_gemm(c3, crs, ccs, &A.m, &B.m, M, N, K, alpha, accumulate, 3, scratch, FT_GEMM_SCRATCH_FLOATS);
+    bool ok1 = ft_gemm_in(compute, c1, crs, ccs, &A.m, &B.m, M, N, K, alpha, accumulate, 1, scratch,
+                          FT_GEMM_SCRATCH_FLOATS);
+    bool ok3 = ft_gemm_in(compute, c3, crs, ccs, &A.m, &B.m, M, N, K, alpha, accumulate, 3, scratch,
+                          FT_GEMM_SCRATCH_FLOATS);
     CHECKF(ok1 && ok3, "M=%d N=%d K=%d A %s B %s: declined", M, N, K, layout(&A), layout(&B));
     if (!ok1 || !ok3) goto done;
     CHECKF(!memcmp(c1, c3, nc * sizeof(float)), "%s M=%d N=%d K=%d A %s B %s: 1 and 3 threads differ",
@@ -382,7 +392,7 @@ static void test_gemm_layouts(void) {
                         { true, false, true, -2.0f, i % 2 },
                     };
                     for (int j = 0; j < 5; j++) {
-                        double e = gemm_case(M, N, K, FT_F32, lay[j].at, FT_F32, lay[j].bt, lay[j].ct, lay[j].alpha,
+                        double e = gemm_case(FT_F32, M, N, K, FT_F32, lay[j].at, FT_F32, lay[j].bt, lay[j].ct, lay[j].alpha,
                                              lay[j].acc, &rng);
                         CHECKF(e >= 0 && e < 1e-5, "%s f32 M=%d N=%d K=%d layout %d: max rel err %.3g",
                                ft_cpu_level_name(levels[li]), M, N, K, j, e);
@@ -396,7 +406,7 @@ static void test_gemm_layouts(void) {
                 for (int ni = 0; ni < 3; ni++)
                     for (int ki = 0; ki < 2; ki++) {
                         int M = Ms[mi], N = blockN[ni], K = Ks[ki + 1];
-                        double e = gemm_case(M, N, K, FT_F32, false, types[ti], false, false, 1.0f, (mi + ni) % 2,
+                        double e = gemm_case(FT_F32, M, N, K, FT_F32, false, types[ti], false, false, 1.0f, (mi + ni) % 2,
                                              &rng);
                         CHECKF(e >= 0 && e < 1e-5, "%s dX, W %s M=%d N=%d K=%d: max rel err %.3g",
                                ft_cpu_level_name(levels[li]), ft_types[types[ti]].name, M, N, K, e);
@@ -407,6 +417,51 @@ static void test_gemm_layouts(void) {
     }
     ft_cpu_force_level(FT_CPU_AVX512);
     printf("  %d cases over %d levels\n", n_cases, n_levels);
+}
+
+/* ft_gemm_in in bf16 and f16 against the double-precision product of the
+ * operands rounded to the compute type: every f32 layout, weights stored
+ * in the compute type, in f32 and quantized, the GEMV paths (M = 1, N = 1)
+ * included. The error is the f32 summation's alone, so the f32 bound
+ * holds (1e-5 of the unit-normal products' scale sqrt(K)). */
+static void test_gemm_compute(void) {
+    ft_rng rng;
+    ft_rng_seed(&rng, 23);
+    const ft_dtype computes[] = { FT_BF16, FT_F16 };
+    int Ms[] = { 1, 6, 45 }, Ns[] = { 1, 9, 64 }, Ks[] = { 3, 64, 1100 };
+    int n_cases = 0;
+    for (int li = 0; li < n_levels; li++) {
+        ft_cpu_force_level(levels[li]);
+        double worst = 0;
+        for (int ci = 0; ci < 2; ci++)
+            for (int mi = 0; mi < 3; mi++)
+                for (int ni = 0; ni < 3; ni++)
+                    for (int ki = 0; ki < 3; ki++) {
+                        int M = Ms[mi], N = Ns[ni], K = Ks[ki];
+                        struct { ft_dtype adt; bool at; ft_dtype bdt; bool bt; } lay[] = {
+                            { FT_F32, false, FT_F32, false }, { FT_F32, true, FT_F32, true },
+                            { FT_F32, false, computes[ci], true }, { computes[ci], false, FT_F32, false },
+                            { FT_F32, false, computes[1 - ci], true }, { FT_Q8_0, false, FT_F32, false },
+                        };
+                        for (int j = 0; j < 6; j++) {
+                            if ((lay[j].adt == FT_Q8_0 && K % 32) || (lay[j].bdt != FT_F32 && K % 32 && lay[j].bt) ||
+                                (lay[j].bdt != FT_F32 && !lay[j].bt && N % 32))
+                                continue;
+                            double e = gemm_case(computes[ci], M, N, K, lay[j].adt, lay[j].at, lay[j].bdt, lay[j].bt,
+                                                 j == 1, 1.0f, j % 2, &rng);
+                            CHECKF(e >= 0 && e < 1e-5, "%s in %s M=%d N=%d K=%d layout %d: max rel err %.3g",
+                                   ft_cpu_level_name(levels[li]), ft_types[computes[ci]].name, M, N, K, j, e);
+                            if (e > worst) worst = e;
+                            n_cases++;
+                        }
+                    }
+        printf("  %s: bf16/f16 compute, max rel err %.3g\n", ft_cpu_level_name(levels[li]), worst);
+    }
+    ft_cpu_force_level(FT_CPU_AVX512);
+    float out[1];
+    ft_mat a = ft_mat_f32(out, 1, 1);
+    CHECK(!ft_gemm_in(FT_Q8_0, out, 1, 1, &a, &a, 1, 1, 1, 1, false, 1, NULL, 0)); /* not a compute type */
+    printf("  %d compute-type cases over %d levels\n", n_cases, n_levels);
 }
 
 /* linear_backward for every base dtype and level, with bias and a LoRA
@@ -532,6 +587,7 @@ int main(void) {
     RUN(test_nonfinite);
     RUN(test_edge_weights);
     RUN(test_gemm_layouts);
+    RUN(test_gemm_compute);
     RUN(test_linear_backward);
     CHECK_EXIT();
 }

@@ -16,6 +16,7 @@
 #include "cpu/cpu.h"
 #include "core/parallel.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 extern const ft_kernel_isa ft_kernels_generic;
@@ -47,6 +48,7 @@ typedef struct {
     int M, N, K;
     float alpha;
     bool overwrite; /* this chunk's sum replaces C instead of adding to it */
+    ft_dtype compute;   /* FT_F32, or the type every operand element is rounded to */
     int n0, nw, k0, kc; /* the current chunk: columns [n0, n0+nw), K [k0, k0+kc) */
     float *bp;          /* B's chunk: strip s at bp + s·kc·nr, (kc, nr) */
     int n_panels, group;
@@ -55,6 +57,18 @@ typedef struct {
 static const uint8_t *row_at(const ft_mat *m, int64_t i) {
     return m->dt == FT_F32 ? (const uint8_t *)((const float *)m->p + i * m->rs) : (const uint8_t *)m->p + i * m->rs;
 }
+
+/* x[0..n) rounded to the compute type (RNE), kept as f32; nothing for f32. */
+static void round_to(float *x, int n, ft_dtype compute) {
+    if (compute == FT_BF16)
+        for (int i = 0; i < n; i++) x[i] = ft_bf16_to_f32(ft_f32_to_bf16(x[i]));
+    else if (compute == FT_F16)
+        for (int i = 0; i < n; i++) x[i] = ft_f16_to_f32(ft_f32_to_f16(x[i]));
+}
+
+/* Whether an operand's elements need rounding: they are not stored in the
+ * compute type already. */
+static bool needs_round(const ft_mat *m, ft_dtype compute) { return compute != FT_F32 && m->dt != compute; }
 
 /* Whether B is read along k: a transposed weight, or f32 with k contiguous. */
 static bool b_along_k(const ft_mat *B) { return B->dt != FT_F32 ? B->t : B->rs == 1 && B->cs != 1; }
@@ -79,10 +93,13 @@ static void pack_b(void *vctx, int task, int thread) {
                 const uint8_t *row = B->dt == FT_F32 ? (const uint8_t *)((const float *)B->p + (int64_t)n * B->cs)
                                                      : (const uint8_t *)B->p + (int64_t)n * B->rs;
                 g->isa->widen(tmp, row, B->dt, g->k0, kc);
+                if (needs_round(B, g->compute)) round_to(tmp, kc, g->compute);
                 for (int k = 0; k < kc; k++) dst[(size_t)k * nr + l] = tmp[k];
             } else { /* f32 with no unit stride */
                 const float *src = (const float *)B->p + (int64_t)n * B->cs + (int64_t)g->k0 * B->rs;
-                for (int k = 0; k < kc; k++) dst[(size_t)k * nr + l] = src[(int64_t)k * B->rs];
+                for (int k = 0; k < kc; k++) tmp[k] = src[(int64_t)k * B->rs];
+                round_to(tmp, kc, g->compute);
+                for (int k = 0; k < kc; k++) dst[(size_t)k * nr + l] = tmp[k];
             }
         }
         return;
@@ -91,10 +108,13 @@ static void pack_b(void *vctx, int task, int thread) {
     int k1 = (task + 1) * PACK_ROWS < kc ? (task + 1) * PACK_ROWS : kc;
     for (int k = task * PACK_ROWS; k < k1; k++) {
         const float *src = tmp;
-        if (B->dt == FT_F32) /* dealt out straight from the row */
+        if (B->dt == FT_F32 && !needs_round(B, g->compute)) /* dealt out straight from the row */
             src = (const float *)row_at(B, g->k0 + k) + g->n0;
+        else if (B->dt == FT_F32)
+            memcpy(tmp, (const float *)row_at(B, g->k0 + k) + g->n0, (size_t)g->nw * sizeof(float));
         else
             g->isa->widen(tmp, row_at(B, g->k0 + k), B->dt, g->n0, g->nw);
+        if (needs_round(B, g->compute)) round_to(tmp, g->nw, g->compute);
         for (int s = 0; s < ns; s++) {
             float *dst = g->bp + ((size_t)s * kc + k) * nr;
             int n = g->nw - s * nr < nr ? g->nw - s * nr : nr;
@@ -118,6 +138,7 @@ static void pack_a(float *wp, const gemm_ctx *g, int m0, int k0, int kc) {
             const float *src = (const float *)A->p + (int64_t)(m0 + r) * A->rs + (int64_t)k0 * A->cs;
             for (int k = 0; k < kc; k++) dst[k] = src[(int64_t)k * A->cs];
         }
+        if (m0 + r < g->M && needs_round(A, g->compute)) round_to(dst, kc, g->compute);
     }
 }
 
@@ -164,7 +185,7 @@ static void panels(void *vctx, int task, int thread) {
             /* a whole panel of f32 rows is read in place */
             const float *ap = wp;
             int64_t lda = FT_GEMM_KC;
-            if (g->A->dt == FT_F32 && g->A->cs == 1 && rows == mr) {
+            if (g->A->dt == FT_F32 && g->A->cs == 1 && rows == mr && !needs_round(g->A, g->compute)) {
                 ap = (const float *)g->A->p + (int64_t)m0 * g->A->rs + g->k0 + kb;
                 lda = g->A->rs;
             } else {
@@ -231,27 +252,50 @@ static bool operand_ok(const ft_mat *m, int rows_len, bool may_t) {
     return (!m->t || may_t) && rows_len % ft_types[m->dt].block == 0;
 }
 
+/* The GEMV path in a compute type: the vector is rounded into a copy (the
+ * rows are already stored in the compute type) held in the scratch when
+ * there is room, else on the stack or the heap; false when none is had. */
+static bool gemv_run(gemv_ctx *v, ft_dtype compute, int n_threads, float *scratch, size_t scratch_floats) {
+    float stack[1024], *vr = NULL;
+    if (compute != FT_F32) {
+        vr = scratch && scratch_floats >= (size_t)v->K ? scratch
+             : v->K <= 1024                            ? stack
+                                                       : ft_malloc((size_t)v->K * sizeof(float));
+        if (!vr) return false;
+        memcpy(vr, v->v, (size_t)v->K * sizeof(float));
+        round_to(vr, v->K, compute);
+        v->v = vr;
+    }
+    ft_parallel_for(n_threads, (v->n + GEMV_ROWS - 1) / GEMV_ROWS, gemv, v);
+    if (vr && vr != stack && vr != scratch) free(vr);
+    return true;
+}
+
 bool ft_gemm(float *C, int64_t c_rs, int64_t c_cs, const ft_mat *A, const ft_mat *B, int M, int N, int K, float alpha,
              bool accumulate, int n_threads, float *scratch, size_t scratch_floats) {
+    return ft_gemm_in(FT_F32, C, c_rs, c_cs, A, B, M, N, K, alpha, accumulate, n_threads, scratch, scratch_floats);
+}
+
+bool ft_gemm_in(ft_dtype compute, float *C, int64_t c_rs, int64_t c_cs, const ft_mat *A, const ft_mat *B, int M, int N,
+                int K, float alpha, bool accumulate, int n_threads, float *scratch, size_t scratch_floats) {
+    if (compute != FT_F32 && compute != FT_BF16 && compute != FT_F16) return false;
     /* a weight A is read along its rows (K), a weight B along n or, seen
      * transposed, along k */
     if (M < 1 || N < 1 || K < 1 || !operand_ok(A, K, false) || !operand_ok(B, B->t ? K : N, true)) return false;
     if (n_threads < 1) n_threads = 1;
     gemm_ctx g = { .isa = ft_kernels_for_level(ft_cpu_level()), .C = C, .c_rs = c_rs, .c_cs = c_cs, .A = A, .B = B,
-                   .M = M, .N = N, .K = K, .alpha = alpha, .overwrite = !accumulate };
+                   .M = M, .N = N, .K = K, .alpha = alpha, .overwrite = !accumulate, .compute = compute };
     const uint8_t *rp;
     size_t rb;
-    if (M == 1 && A->dt == FT_F32 && A->cs == 1 && rows_along_k(B, true, &rp, &rb)) {
+    if (M == 1 && A->dt == FT_F32 && A->cs == 1 && !needs_round(B, compute) && rows_along_k(B, true, &rp, &rb)) {
         gemv_ctx v = { .isa = g.isa, .R = rp, .rb = rb, .dt = B->dt, .v = A->p, .out = C, .os = c_cs, .n = N, .K = K,
                        .alpha = alpha, .overwrite = !accumulate };
-        ft_parallel_for(n_threads, (N + GEMV_ROWS - 1) / GEMV_ROWS, gemv, &v);
-        return true;
+        return gemv_run(&v, compute, n_threads, scratch, scratch_floats);
     }
-    if (N == 1 && B->dt == FT_F32 && B->rs == 1 && rows_along_k(A, false, &rp, &rb)) {
+    if (N == 1 && B->dt == FT_F32 && B->rs == 1 && !needs_round(A, compute) && rows_along_k(A, false, &rp, &rb)) {
         gemv_ctx v = { .isa = g.isa, .R = rp, .rb = rb, .dt = A->dt, .v = B->p, .out = C, .os = c_rs, .n = M, .K = K,
                        .alpha = alpha, .overwrite = !accumulate };
-        ft_parallel_for(n_threads, (M + GEMV_ROWS - 1) / GEMV_ROWS, gemv, &v);
-        return true;
+        return gemv_run(&v, compute, n_threads, scratch, scratch_floats);
     }
     if (!scratch || scratch_floats < FT_GEMM_SCRATCH_FLOATS) return false;
     g.shape = N <= g.isa->nr[1];

@@ -62,6 +62,18 @@ static inline ft_mat ft_mat_rows_t(const void *p, ft_dtype dt, int64_t cols) {
 bool ft_gemm(float *C, int64_t c_rs, int64_t c_cs, const ft_mat *A, const ft_mat *B, int M, int N, int K, float alpha,
              bool accumulate, int n_threads, float *scratch, size_t scratch_floats);
 
+/* The same product in a compute type: FT_F32 (ft_gemm), FT_BF16 or FT_F16.
+ * In bf16/f16 every element of A and B is first rounded to the compute
+ * type (round to nearest even; exact for an operand already stored in it;
+ * f16 overflows to inf), then multiplied exactly and summed in f32: what a
+ * mixed-precision matrix unit (AMX, VDPBF16PS) computes, up to the order of
+ * the f32 sums. The same conditions and thread-count independence as
+ * ft_gemm; on the GEMV path an f32 vector is rounded into a copy (in the
+ * scratch when given, so the GEMV path may then use it). False for any
+ * other compute type. */
+bool ft_gemm_in(ft_dtype compute, float *C, int64_t c_rs, int64_t c_cs, const ft_mat *A, const ft_mat *B, int M, int N,
+                int K, float alpha, bool accumulate, int n_threads, float *scratch, size_t scratch_floats);
+
 /* ------------------------------------------------ per-ISA primitives */
 
 /* What one instruction set provides to the driver. */
