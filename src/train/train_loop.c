@@ -5,9 +5,10 @@
  * What a resumed run needs to replay the uninterrupted one exactly: the
  * trainable values, AdamW's moments and step, the trainer's micro-step
  * (dropout masks are seeded from it), the data cursor (epoch orders are
- * seeded from the run seed and the epoch) and the step count (the schedule).
- * The checkpoint holds all of them and the run's configuration, which must
- * match the resuming run's. */
+ * seeded from the run seed and the epoch), the step count and the skipped
+ * steps (the schedule advances only on updates), and the loss scaler's
+ * scale and growth tracker. The checkpoint holds all of them and the run's
+ * configuration, which must match the resuming run's. */
 #include "train/train_loop.h"
 
 #include "adapter/adapter.h"
@@ -15,6 +16,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <dirent.h>
 #include <ftw.h>
 #include <sys/file.h>
@@ -37,6 +39,8 @@ _Static_assert((int)FTUNE_LORA_Q_PROJ == (int)FT_MOD_BIT(FT_MOD_Q) && (int)FTUNE
                (int)FTUNE_LORA_ALL == (int)FT_MOD_ALL, "LoRA targets");
 _Static_assert(FTUNE_SCHED_CONSTANT == (int)FT_SCHED_CONSTANT && FTUNE_SCHED_LINEAR == (int)FT_SCHED_LINEAR &&
                FTUNE_SCHED_COSINE == (int)FT_SCHED_COSINE, "schedules");
+_Static_assert(FTUNE_LOSS_SCALE_NONE == (int)FT_LOSS_SCALE_NONE && FTUNE_LOSS_SCALE_DYNAMIC == (int)FT_LOSS_SCALE_DYNAMIC &&
+               FTUNE_LOSS_SCALE_FIXED == (int)FT_LOSS_SCALE_FIXED, "loss scale modes");
 _Static_assert(FTUNE_TRUNCATE_END == (int)FT_TRUNC_END && FTUNE_TRUNCATE_PROMPT == (int)FT_TRUNC_PROMPT, "truncation");
 
 #define TRY(x) do { ftune_status st_ = (x); if (st_) return st_; } while (0)
@@ -136,7 +140,10 @@ typedef struct {
     ft_batch vb;               /* validation batch */
     ft_adapter *wrapped;       /* the trainer's LoRA as an adapter object (LoRA) */
     int64_t total_steps, total_micro; /* total_micro < 0: unbounded (steps given) */
-    int64_t step;              /* optimizer steps done */
+    int64_t step;              /* optimizer steps done, skipped ones included */
+    int64_t skipped;           /* of them, skipped (non-finite gradients): no update, no schedule step */
+    ft_grad_scaler scaler;     /* loss scaling (mode NONE: off) */
+    const ft_train_hooks *hooks; /* test faults, or NULL */
     cJSON *config;             /* the run configuration stored in checkpoints */
     FILE *metrics, *dump;
     float *init_vals;          /* --init-adapter A/B by (layer, module) */
@@ -471,6 +478,14 @@ static ftune_status save_checkpoint(run *r) {
         cJSON_AddStringToObject(j, "micro_step", ms);
         cJSON_AddNumberToObject(j, "data_epoch", (double)cur.epoch);
         cJSON_AddNumberToObject(j, "data_index", (double)cur.index);
+        cJSON_AddNumberToObject(j, "skipped_steps", (double)r->skipped);
+        if (ft_grad_scaler_on(&r->scaler)) {
+            cJSON *ls = cJSON_AddObjectToObject(j, "loss_scaler");
+            cJSON_AddStringToObject(ls, "mode", ft_loss_scale_mode_name(r->scaler.mode));
+            cJSON_AddNumberToObject(ls, "scale", (double)r->scaler.scale); /* an f32: exact in a double */
+            cJSON_AddNumberToObject(ls, "growth_tracker", r->scaler.growth_tracker);
+            cJSON_AddNumberToObject(ls, "growth_interval", r->scaler.growth_interval);
+        }
         if (r->o->model_path) cJSON_AddStringToObject(j, "model_path", r->o->model_path);
         cJSON_AddItemReferenceToObject(j, "config", r->config);
         /* checksums of the files as they are on disk, read back */
@@ -589,19 +604,48 @@ static ftune_status load_checkpoint(run *r, const char *dir) {
             goto done;
         }
     }
+    /* the loss scaler: a version 3 checkpoint's must be this run's kind; a
+     * version 2 one predates loss scaling and leaves this run's scaler at
+     * its initial state */
+    if (cs.version >= 3) {
+        ft_loss_scale_mode there = cs.has_scaler ? cs.scaler_mode : FT_LOSS_SCALE_NONE;
+        const ft_grad_scaler *sc = &r->scaler;
+        if (there != sc->mode) {
+            st = ft_err(FTUNE_ERR_ARG, "--resume %s: the checkpoint's run used --loss-scale %s, this run %s: give the "
+                        "same --loss-scale", dir, there == FT_LOSS_SCALE_FIXED ? "N (fixed)" : ft_loss_scale_mode_name(there),
+                        sc->mode == FT_LOSS_SCALE_FIXED ? "N (fixed)" : ft_loss_scale_mode_name(sc->mode));
+            goto done;
+        }
+        if (sc->mode == FT_LOSS_SCALE_FIXED && cs.scale != sc->scale) {
+            st = ft_err(FTUNE_ERR_ARG, "--resume %s: the checkpoint's run used --loss-scale %g, this run %g", dir,
+                        (double)cs.scale, (double)sc->scale);
+            goto done;
+        }
+        if (sc->mode == FT_LOSS_SCALE_DYNAMIC && cs.growth_interval != sc->growth_interval) {
+            st = ft_err(FTUNE_ERR_ARG, "--resume %s: the checkpoint's loss scale grows every %d finite steps, this run's "
+                        "every %d", dir, (int)cs.growth_interval, (int)sc->growth_interval);
+            goto done;
+        }
+    }
     snprintf(path, sizeof path, "%s/trainable.safetensors", dir);
     if ((st = read_trainable(r, path))) goto done;
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     if ((st = ft_adamw_load(&r->opt, path))) goto done;
-    if (r->opt.step != s) {
-        st = ft_err(FTUNE_ERR_FORMAT, "%s: optimizer step %lld, but the checkpoint is at step %lld", path,
-                    (long long)r->opt.step, (long long)s);
+    /* skipped steps never reached the optimizer */
+    if (r->opt.step != s - cs.skipped_steps) {
+        st = ft_err(FTUNE_ERR_FORMAT, "%s: optimizer step %lld, but the checkpoint is at step %lld with %lld skipped", path,
+                    (long long)r->opt.step, (long long)s, (long long)cs.skipped_steps);
         goto done;
     }
     ft_data_cursor cur = { cs.data_epoch, cs.data_index };
     if ((st = ft_batch_iter_seek(r->it, cur))) { st = ft_err_prefix(st, "%s", dir); goto done; }
     ft_trainer_set_micro_step(r->tr, cs.micro_step);
     r->step = s;
+    r->skipped = cs.skipped_steps;
+    if (cs.has_scaler) {
+        r->scaler.scale = cs.scale;
+        r->scaler.growth_tracker = cs.growth_tracker;
+    }
 done:
     ft_ckpt_state_free(&cs);
     return st;
@@ -692,8 +736,50 @@ static ftune_status validate(run *r, double *loss) {
     return FTUNE_OK;
 }
 
-/* One optimizer step over up to K micro-batches. */
-static ftune_status train_step(run *r, double *loss, double *gnorm, double *lr, int64_t *n_tokens) {
+/* The optimizer-step half of a step, after backward of its micro-batches:
+ * unscale and check (loss scaling), skip or clip and update. The schedule
+ * is indexed by updates done (step - skipped), as Hugging Face's Trainer
+ * steps its scheduler only when the optimizer ran; a skipped step reports
+ * the learning rate it would have used. */
+static ftune_status optimizer_step(run *r, double loss, double *gnorm, double *lr, bool *skipped) {
+    const ft_train_hooks *h = r->hooks;
+    int64_t n = r->step + 1; /* this step, 1-based */
+    if (h && h->inf_grad_step == n) {
+        const ft_param *p = &r->params[r->n_params / 2];
+        p->grad[p->numel / 2] = INFINITY;
+    }
+    bool found_inf = ft_grad_scaler_unscale(&r->scaler, r->params, r->n_params);
+    /* (data parallel: all-reduce found_inf with MAX here, so all ranks decide alike) */
+    bool by_hand = h && h->skip_step == n;
+    *skipped = ft_grad_scaler_update(&r->scaler, found_inf || by_hand) || by_hand;
+    *lr = ft_sched_lr(&r->sched, r->step - r->skipped);
+    if (*skipped) {
+        *gnorm = ft_clip_grad_norm(r->params, r->n_params, 0); /* measured only, for the log */
+        r->skipped++;
+        /* PyTorch would halve on forever; a scale below f32's normal range
+         * means no scale makes these gradients finite */
+        if (r->scaler.mode == FT_LOSS_SCALE_DYNAMIC && !(r->scaler.scale >= FLT_MIN))
+            return ft_err(FTUNE_ERR_RANGE, "step %lld: the gradients are not finite even at loss scale %g (%lld steps "
+                          "skipped); the loss is %g: try a lower --lr", (long long)n, (double)r->scaler.scale * 2,
+                          (long long)r->skipped, loss);
+        return FTUNE_OK;
+    }
+    *gnorm = ft_clip_grad_norm(r->params, r->n_params, r->o->max_grad_norm);
+    if (!isfinite(loss) || !isfinite(*gnorm)) {
+        if (r->scaler.mode == FT_LOSS_SCALE_FIXED)
+            return ft_err(FTUNE_ERR_RANGE, "step %lld: the loss (%g) or gradient norm (%g) is not finite at the fixed "
+                          "loss scale %g; a fixed scale skips no step: try --loss-scale dynamic, a lower scale or a "
+                          "lower --lr", (long long)n, loss, *gnorm, (double)r->scaler.scale);
+        return ft_err(FTUNE_ERR_RANGE, "step %lld: the loss (%g) or gradient norm (%g) is not finite; try a lower --lr",
+                      (long long)n, loss, *gnorm);
+    }
+    ft_trainer_adamw_step(r->tr, &r->opt, *lr); /* through the trainer's backend */
+    return FTUNE_OK;
+}
+
+/* One optimizer step over up to K micro-batches, each seeded with the same
+ * loss scale; the finiteness check and the update once per step. */
+static ftune_status train_step(run *r, double *loss, double *gnorm, double *lr, int64_t *n_tokens, bool *skipped) {
     int kk = 0;
     int64_t ntt = 0;
     *n_tokens = 0;
@@ -713,16 +799,11 @@ static ftune_status train_step(run *r, double *loss, double *gnorm, double *lr, 
     double sum = 0;
     for (int k = 0; k < kk; k++) {
         double ls;
-        TRY(ft_trainer_step(r->tr, &r->mb[k], ntt, &ls));
+        TRY(ft_trainer_step_scaled(r->tr, &r->mb[k], ntt, r->scaler.scale, &ls));
         sum += ls;
     }
     *loss = sum / (double)ntt;
-    *gnorm = ft_clip_grad_norm(r->params, r->n_params, r->o->max_grad_norm);
-    if (!isfinite(*loss) || !isfinite(*gnorm))
-        return ft_err(FTUNE_ERR_RANGE, "step %lld: the loss (%g) or gradient norm (%g) is not finite; try a lower --lr",
-                      (long long)r->step + 1, *loss, *gnorm);
-    *lr = ft_sched_lr(&r->sched, r->step);
-    ft_trainer_adamw_step(r->tr, &r->opt, *lr); /* through the trainer's backend */
+    TRY(optimizer_step(r, *loss, gnorm, lr, skipped));
     r->step++;
     return FTUNE_OK;
 }
@@ -919,6 +1000,8 @@ static ftune_status setup(run *r) {
     }
     r->sched = (ft_sched){ .kind = (ft_sched_kind)o->schedule, .lr = o->lr, .min_lr = o->min_lr, .warmup_steps = o->warmup,
                            .total_steps = r->total_steps };
+    TRY(ft_grad_scaler_init(&r->scaler, (ft_loss_scale_mode)o->loss_scale_mode, o->loss_scale,
+                            o->loss_scale_growth_interval));
     r->config = make_config(r);
     if (!r->config) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     if (o->resume) TRY(load_checkpoint(r, o->resume));
@@ -933,7 +1016,8 @@ static ftune_status setup(run *r) {
                             .train_tokens = r->train->stats.n_tokens, .train_targets = r->train->stats.n_targets,
                             .val_tokens = r->val ? r->val->stats.n_tokens : 0, .n_trainable = n_trainable,
                             .T = r->T, .B = r->B, .K = r->K, .data_format = ft_data_format_name(r->train->format),
-                            .step = r->step, .start_step = r->step };
+                            .step = r->step, .start_step = r->step, .loss_scaling = ft_grad_scaler_on(&r->scaler),
+                            .loss_scale = r->scaler.scale, .skipped_steps = r->skipped };
     const ft_dataset *sets[2] = { r->train, r->val };
     for (int i = 0; i < 2; i++)
         if (sets[i]) {
@@ -967,12 +1051,15 @@ static ftune_status train(run *r) {
     while (r->step < r->total_steps) {
         double ts = ft_time_s(), loss = 0, gnorm = 0, lr = 0;
         int64_t ntok;
-        TRY(train_step(r, &loss, &gnorm, &lr, &ntok));
+        bool skipped = false;
+        TRY(train_step(r, &loss, &gnorm, &lr, &ntok, &skipped));
         double te = ft_time_s();
         r->res.last_loss = loss;
+        bool scaling = ft_grad_scaler_on(&r->scaler);
         ftune_train_progress p = { .ev = FTUNE_TRAIN_STEP, .step = r->step, .start_step = start, .loss = loss, .lr = lr,
                                 .grad_norm = gnorm, .tokens_per_s = te > ts ? (double)ntok / (te - ts) : 0,
-                                .elapsed_s = te - t0, .peak_mib = ft_peak_rss_mib() };
+                                .elapsed_s = te - t0, .peak_mib = ft_peak_rss_mib(), .loss_scaling = scaling,
+                                .loss_scale = r->scaler.scale, .skipped_steps = r->skipped, .skipped = skipped };
         p.eta_s = p.elapsed_s / (double)(r->step - start) * (double)(r->total_steps - r->step);
         bool last = r->step == r->total_steps;
         if (r->val && (last || (o->eval_every > 0 && r->step % o->eval_every == 0))) {
@@ -980,9 +1067,16 @@ static ftune_status train(run *r) {
             p.has_val_loss = true;
             r->res.val_loss_last = p.val_loss;
         }
-        fprintf(r->metrics, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f",
-                (long long)r->step, loss, lr, gnorm, p.tokens_per_s);
+        /* JSON has no inf or NaN: a skipped step's grad norm is null */
+        char gn[32];
+        if (isfinite(gnorm)) snprintf(gn, sizeof gn, "%.9g", gnorm);
+        else snprintf(gn, sizeof gn, "null");
+        fprintf(r->metrics, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%s,\"tokens_per_s\":%.1f",
+                (long long)r->step, loss, lr, gn, p.tokens_per_s);
         if (p.has_val_loss) fprintf(r->metrics, ",\"val_loss\":%.9g", p.val_loss);
+        if (scaling || r->skipped)
+            fprintf(r->metrics, ",\"loss_scale\":%.9g,\"skipped_steps\":%lld,\"skipped\":%s", (double)r->scaler.scale,
+                    (long long)r->skipped, skipped ? "true" : "false");
         fputs("}\n", r->metrics);
         if (fflush(r->metrics) != 0 || ferror(r->metrics))
             return ft_err(FTUNE_ERR_IO, "%s/metrics.jsonl: write failed: %s", o->out_dir, strerror(errno));
@@ -1014,9 +1108,16 @@ static ftune_status train(run *r) {
 }
 
 ftune_status ftune_train_run(const ftune_train_opts *o, ftune_train_progress_fn progress, void *ctx, ftune_train_result *res) {
+    return ft_train_run_hooked(o, NULL, progress, ctx, res);
+}
+
+ftune_status ft_train_run_hooked(const ftune_train_opts *o, const ft_train_hooks *hooks, ftune_train_progress_fn progress,
+                                 void *ctx, ftune_train_result *res) {
     run *r = calloc(1, sizeof *r);
     if (!r) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     r->o = o;
+    r->hooks = hooks;
+    r->scaler.scale = 1.0f;
     r->cb = progress;
     r->cb_ctx = ctx;
     r->m = o->model;
@@ -1024,8 +1125,10 @@ ftune_status ftune_train_run(const ftune_train_opts *o, ftune_train_progress_fn 
     ftune_status st = train(r);
     r->res.steps_done = r->step;
     r->res.total_steps = r->total_steps;
+    r->res.loss_scale = r->scaler.scale;
+    r->res.skipped_steps = r->skipped;
     if (r->tr) {
-        ft_mem_table mt;
+        ft_mem_table mt = { 0 }; /* ft_trainer_mem_table adds to it */
         ft_trainer_mem_table(r->tr, &mt);
         ft_mem_table_format(&mt, r->res.memory_table, sizeof r->res.memory_table);
     }
