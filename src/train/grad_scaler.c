@@ -34,9 +34,16 @@ bool ft_grad_scaler_unscale(const ft_grad_scaler *s, const ft_param *params, int
     for (int i = 0; i < n; i++) {
         float *g = params[i].grad;
         int64_t k = params[i].numel;
-        for (int64_t j = 0; j < k; j++) found |= !isfinite(g[j]);
-        if (inv != 1.0f)
-            for (int64_t j = 0; j < k; j++) g[j] *= inv;
+        /* one pass: each value checked, then multiplied */
+        int bad = 0;
+        if (inv == 1.0f)
+            for (int64_t j = 0; j < k; j++) bad |= !isfinite(g[j]);
+        else
+            for (int64_t j = 0; j < k; j++) {
+                bad |= !isfinite(g[j]);
+                g[j] *= inv;
+            }
+        found |= bad != 0;
     }
     return found;
 }
