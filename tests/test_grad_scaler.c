@@ -11,7 +11,9 @@
  *   - the scale grows after growth_interval finite steps;
  *   - a resumed run continues the scale, its growth tracker and the
  *     skipped count; a version 2 checkpoint resumes with the initial scale;
- *     a checkpoint of another loss-scale mode is refused. */
+ *     a checkpoint of another loss-scale mode is refused;
+ *   - without scaling or with a fixed scale an overflow stops the run, and
+ *     so does a dynamic scale that backs off below f32's normal range. */
 #include "ftune.h"
 #include "check.h"
 #include "core/core.h"
@@ -191,6 +193,7 @@ static void on_progress(void *ctx, const ftune_train_progress *p) {
 
 typedef struct {
     ftune_loss_scale_mode mode;
+    double init_scale;         /* 0: the default */
     int growth_interval;
     int64_t steps, save_every;
     const char *resume;        /* a checkpoint name under the output directory */
@@ -224,6 +227,7 @@ static ftune_status run(const char *name, const run_cfg *c, trace *t, ftune_trai
     o.save_every = (int)c->save_every;
     o.n_threads = 1;
     o.loss_scale_mode = c->mode;
+    o.loss_scale = c->init_scale;
     o.loss_scale_growth_interval = c->growth_interval;
     if (c->resume) {
         snprintf(resume, sizeof resume, "%s/%s", out, c->resume);
@@ -430,7 +434,7 @@ static void test_resume(void) {
     free(wv2);
 }
 
-static void test_fixed_scale_overflow_stops(void) {
+static void test_overflow_errors(void) {
     trace t;
     ftune_status st = run("fixov", &(run_cfg){ .mode = FTUNE_LOSS_SCALE_FIXED, .steps = 4, .hooks.inf_grad_step = 2 }, &t,
                           NULL, NULL, NULL);
@@ -440,6 +444,13 @@ static void test_fixed_scale_overflow_stops(void) {
     st = run("noneov", &(run_cfg){ .mode = FTUNE_LOSS_SCALE_NONE, .steps = 4, .hooks.inf_grad_step = 2 }, &t, NULL, NULL,
              NULL);
     CHECK(st == FTUNE_ERR_RANGE);
+    /* a dynamic scale that backs off below f32's normal range stops the run
+     * instead of skipping forever */
+    st = run("under", &(run_cfg){ .mode = FTUNE_LOSS_SCALE_DYNAMIC, .init_scale = FLT_MIN, .steps = 4,
+                                  .hooks.inf_grad_step = 1 }, &t, NULL, NULL, NULL);
+    CHECK(st == FTUNE_ERR_RANGE);
+    CHECKF(strstr(ftune_last_error(), "step 1: the gradients are not finite even at loss scale 1.17549e-38"), "%s",
+           ftune_last_error());
 }
 
 static int rm_tree(const char *p) {
@@ -469,7 +480,7 @@ int main(void) {
     RUN(test_injected_overflow);
     RUN(test_growth);
     RUN(test_resume);
-    RUN(test_fixed_scale_overflow_stops);
+    RUN(test_overflow_errors);
     rm_tree(tmpdir);
     CHECK_EXIT();
 }
