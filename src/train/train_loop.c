@@ -803,6 +803,7 @@ static ftune_status train_step(run *r, double *loss, double *gnorm, double *lr, 
         sum += ls;
     }
     *loss = sum / (double)ntt;
+    /* (data parallel: the gradient all-reduce goes here, before the unscale) */
     TRY(optimizer_step(r, *loss, gnorm, lr, skipped));
     r->step++;
     return FTUNE_OK;
