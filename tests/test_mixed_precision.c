@@ -1,0 +1,262 @@
+/* test_mixed_precision.c — the bf16/f16 compute path (backend.h "Compute
+ * type"): every Linear op of the CPU backend in bf16 and f16 against the
+ * reference backend in the same compute type and against f32 with a
+ * rigorous rounding bound; the embedding's rounding; whole-model gradients
+ * in bf16/f16 against f32; f32 compute unchanged.
+ *
+ * Error measures: "rel err" is max |got - want| / max |want| over a tensor
+ * (normwise); the bound checks are elementwise. Each tolerance says why. */
+#include "nn/backend.h"
+#include "cpu/kernels.h"
+#include "check.h"
+
+static ft_rng rng;
+
+static float *rnd(size_t n, float scale) {
+    float *x = malloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = scale * ft_rng_normal(&rng);
+    return x;
+}
+/* Values k/16, k in [-15, 15]: 4 significant bits, exact in bf16 and f16,
+ * so sums of up to 2^10 of their products are exact in f32 (the adapter
+ * cases use them: see lora_case). */
+static float *few_bits(size_t n) {
+    float *x = malloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = (float)((int)(ft_rng_uniform(&rng) * 31.0f) - 15) / 16.0f;
+    return x;
+}
+static float *dup_f(const float *x, size_t n) {
+    float *y = malloc((n ? n : 1) * sizeof(float));
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
+
+static double norm_err(const float *got, const float *want, size_t n) {
+    double m = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        if (isnan(d)) return INFINITY;
+        m = d > m ? d : m;
+        s = fabs(want[i]) > s ? fabs(want[i]) : s;
+    }
+    return s > 0 ? m / s : m;
+}
+static void cmp(const char *what, const float *got, const float *want, size_t n, double tol) {
+    double e = norm_err(got, want, n);
+    printf("  %-52s rel err %.2e (tol %.0e)\n", what, e, tol);
+    CHECKF(e <= tol, "%s: %.3e > %.0e", what, e, tol);
+}
+
+/* Unit roundoff of a compute type: RNE to p significant bits is within
+ * 2^-p of the value, relative. */
+static double unit_roundoff(ft_dtype c) { return c == FT_BF16 ? 0x1p-8 : c == FT_F16 ? 0x1p-11 : 0x1p-24; }
+
+/* Float sums of up to ~130 terms in another order than the reference's
+ * differ by about sqrt(K)·2^-24 ≈ 1e-6 of the scale; 1e-5 leaves 10x, while
+ * an operand that is not rounded (or rounded twice to another type) is off
+ * by ~u ≈ 4e-3 (bf16) or 5e-4 (f16): 50x above it. */
+#define TOL_SUM 1e-5
+
+/* A Linear (in -> out) with weight dtype dt and a bias. */
+static ft_linear make_linear(ft_dtype dt, int in, int out, float **w32) {
+    *w32 = rnd((size_t)out * in, 0.2f);
+    size_t nb = (size_t)ft_dtype_nbytes(dt, (int64_t)out * in);
+    void *w = malloc(nb);
+    if (dt == FT_F32) memcpy(w, *w32, nb);
+    else ft_types[dt].from_f32(*w32, w, (int64_t)out * in);
+    ft_linear l = { .w = { .dtype = dt, .ndim = 2, .shape = { out, in }, .data = w, .nbytes = nb }, .in = in, .out = out };
+    snprintf(l.w.name, sizeof l.w.name, "test.%s", ft_types[dt].name);
+    l.bias = rnd((size_t)out, 0.5f);
+    return l;
+}
+
+/* Rigorous elementwise bound for C = A·B in compute type c against the f32
+ * product of the same (unrounded) operands: each rounded product is within
+ * (2u + u²)·|a||b| of the exact one, and either f32 sum of K terms within
+ * K·2^-24·Σ|a||b| of the exact sum; so |got - want| <= (2u + u² +
+ * 2K·2^-24)·Σ_k |a_k||b_k| (a 1.05 factor covers the bound's own rounding).
+ * absprod (n) holds Σ|a||b| per element. Returns the largest ratio of the
+ * error to that bound (<= 1 passes). */
+static double bound_ratio(const float *got, const float *want, const double *absprod, size_t n, int K, ft_dtype c) {
+    double u = unit_roundoff(c), b = 1.05 * (2 * u + u * u + 2.0 * K * 0x1p-24), worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - want[i]), lim = b * absprod[i] + 1e-30;
+        if (isnan(e)) return INFINITY;
+        worst = e / lim > worst ? e / lim : worst;
+    }
+    return worst;
+}
+
+/* Base Linear (no adapter) on random data: forward, dinp, dw; CPU backend
+ * on 1 and 3 threads against the reference in the same compute type
+ * (TOL_SUM: the operands are rounded identically, only the f32 sums'
+ * order differs), and against f32 within the rounding bound. */
+static void linear_case(ft_dtype c, ft_dtype wdt, int T, int in, int out) {
+    float *w32;
+    ft_linear l = make_linear(wdt, in, out, &w32);
+    size_t ni = (size_t)T * in, no = (size_t)T * out, nw = (size_t)out * in;
+    float *x = rnd(ni, 1), *dout = rnd(no, 1);
+    float *r_out = calloc(no, 4), *r_dinp = calloc(ni, 4), *r_dw = calloc(nw, 4), *r_db = calloc(out, 4);
+    float *f_out = calloc(no, 4), *f_dinp = calloc(ni, 4), *f_dw = calloc(nw, 4), *f_db = calloc(out, 4);
+    ft_backend ref = ft_backend_ref_in(c), ref32 = ft_backend_ref();
+    ref.linear_forward(&ref, r_out, x, &l, NULL, T, NULL);
+    ref.linear_backward(&ref, r_dinp, r_dw, r_db, dout, x, NULL, &l, NULL, T, 0, false, NULL);
+    ref32.linear_forward(&ref32, f_out, x, &l, NULL, T, NULL);
+    ref32.linear_backward(&ref32, f_dinp, f_dw, f_db, dout, x, NULL, &l, NULL, T, 0, false, NULL);
+    /* Σ|a||b| per output of the three products, against the stored weight */
+    float *w = malloc(nw * 4);
+    for (int o = 0; o < out; o++) ft_tensor_row_f32(&l.w, o, w + (size_t)o * in);
+    double *ab_out = calloc(no, 8), *ab_dinp = calloc(ni, 8), *ab_dw = calloc(nw, 8);
+    for (int t = 0; t < T; t++)
+        for (int o = 0; o < out; o++)
+            for (int i = 0; i < in; i++) {
+                double a = fabs(x[(size_t)t * in + i]), ww = fabs(w[(size_t)o * in + i]), d = fabs(dout[(size_t)t * out + o]);
+                ab_out[(size_t)t * out + o] += a * ww;
+                ab_dinp[(size_t)t * in + i] += d * ww;
+                ab_dw[(size_t)o * in + i] += d * a;
+            }
+    char what[128];
+    const char *cn = ft_types[c].name, *wn = ft_types[wdt].name;
+    for (int nt = 1; nt <= 3; nt += 2) {
+        ft_backend be = ft_backend_cpu_in(c, nt);
+        float *scr = malloc(be.linear_scratch_floats(&be, in, 0, T, true) * sizeof(float));
+        float *o1 = calloc(no, 4), *d1 = calloc(ni, 4), *w1 = calloc(nw, 4), *b1 = calloc(out, 4);
+        be.linear_forward(&be, o1, x, &l, NULL, T, scr);
+        be.linear_backward(&be, d1, w1, b1, dout, x, NULL, &l, NULL, T, 0, false, scr);
+        snprintf(what, sizeof what, "%s W %s T%d %dx%d %dt: fwd vs ref-%s", cn, wn, T, in, out, nt, cn);
+        cmp(what, o1, r_out, no, TOL_SUM);
+        cmp("  dinp", d1, r_dinp, ni, TOL_SUM);
+        cmp("  dw", w1, r_dw, nw, TOL_SUM);
+        cmp("  dbias (f32 sums of dout, unrounded)", b1, f_db, out, TOL_SUM);
+        if (nt == 1) {
+            /* the bound is on the bias-free product: take the bias out */
+            for (int t = 0; t < T; t++)
+                for (int o = 0; o < out; o++) {
+                    o1[(size_t)t * out + o] -= l.bias[o];
+                    f_out[(size_t)t * out + o] -= l.bias[o];
+                }
+            double r1 = bound_ratio(o1, f_out, ab_out, no, in, c), r2 = bound_ratio(d1, f_dinp, ab_dinp, ni, out, c);
+            double r3 = bound_ratio(w1, f_dw, ab_dw, nw, T, c);
+            printf("  %s vs f32: normwise rel err fwd %.2e dinp %.2e dw %.2e; of the rounding bound: %.2f %.2f %.2f\n",
+                   cn, norm_err(o1, f_out, no), norm_err(d1, f_dinp, ni), norm_err(w1, f_dw, nw), r1, r2, r3);
+            CHECKF(r1 <= 1 && r2 <= 1 && r3 <= 1, "%s: outside the rounding bound (%.2f %.2f %.2f)", what, r1, r2, r3);
+            /* and the rounding is there: an unrounded product would be far closer to f32 */
+            if (wdt != c) CHECKF(norm_err(o1, f_out, no) > 10 * TOL_SUM, "%s: no sign of rounding", what);
+            for (int t = 0; t < T; t++)
+                for (int o = 0; o < out; o++) f_out[(size_t)t * out + o] += l.bias[o];
+        }
+        free(scr); free(o1); free(d1); free(w1); free(b1);
+    }
+    free(w32); free(l.w.data); free(l.bias); free(x); free(dout); free(w);
+    free(r_out); free(r_dinp); free(r_dw); free(r_db); free(f_out); free(f_dinp); free(f_dw); free(f_db);
+    free(ab_out); free(ab_dinp); free(ab_dw);
+}
+
+static void test_linear_bf16_f16(void) {
+    ft_dtype cs[2] = { FT_BF16, FT_F16 };
+    for (int i = 0; i < 2; i++) {
+        linear_case(cs[i], FT_F32, 1, 67, 45);    /* one row: the GEMV path */
+        linear_case(cs[i], FT_F32, 37, 67, 45);
+        linear_case(cs[i], FT_F32, 5, 129, 31);
+        linear_case(cs[i], FT_BF16, 23, 67, 45);  /* a weight already in bf16 */
+        linear_case(cs[i], FT_F16, 19, 96, 33);
+    }
+    /* q8_0 weights stay quantized under any compute type: their
+     * dequantized values are rounded like any other operand */
+    linear_case(FT_BF16, FT_Q8_0, 19, 96, 45);
+}
+
+/* Linear with a LoRA adapter in compute type c, CPU against the reference
+ * in the same type. x, A, B and dout have 4 significant bits (few_bits),
+ * so the adapter's intermediates u = x·Aᵀ and g = scale·dout·B are exact
+ * in f32 on both sides and round to the same bf16/f16 value: then only
+ * the order of f32 sums differs (TOL_SUM). With random f32 data an
+ * intermediate near a rounding midpoint may round differently on the two
+ * sides, a one-ulp (2^-8) step that no tight tolerance can tell from a bug.
+ * Dropout 0.5 scales by 2, which keeps xd exact. */
+static void lora_case(ft_dtype c, int T, int in, int out, int R, float p) {
+    float *w32;
+    ft_linear l = make_linear(FT_F32, in, out, &w32);
+    size_t ni = (size_t)T * in, no = (size_t)T * out, na = (size_t)R * in, nb = (size_t)out * R;
+    ft_lora a = { .r = R, .alpha = 2.0f * R, .scale = 2.0f, .dropout = p, .A = few_bits(na), .B = few_bits(nb),
+                  .dA = calloc(na, 4), .dB = calloc(nb, 4) };
+    ft_lora_bind(&a);
+    float *x = few_bits(ni), *dout = few_bits(no);
+    float *r_out = calloc(no, 4), *r_u = calloc((size_t)T * R, 4), *r_dinp = calloc(ni, 4);
+    ft_backend ref = ft_backend_ref_in(c);
+    uint64_t seed = 0x5eedu + (uint64_t)T;
+    ref.linear_forward_train(&ref, r_out, r_u, x, &l, &a.base, T, seed, NULL);
+    ref.linear_backward(&ref, r_dinp, NULL, NULL, dout, x, r_u, &l, &a.base, T, seed, false, NULL);
+    float *r_dA = dup_f(a.dA, na), *r_dB = dup_f(a.dB, nb);
+    float *r_inf = calloc(no, 4);
+    ref.linear_forward(&ref, r_inf, x, &l, &a.base, T, NULL);
+    char what[128];
+    for (int nt = 1; nt <= 3; nt += 2) {
+        ft_backend be = ft_backend_cpu_in(c, nt);
+        memset(a.dA, 0, na * 4); memset(a.dB, 0, nb * 4);
+        float *scr = malloc(be.linear_scratch_floats(&be, in, R, T, true) * sizeof(float));
+        float *o1 = calloc(no, 4), *u1 = calloc((size_t)T * R, 4), *d1 = calloc(ni, 4);
+        be.linear_forward_train(&be, o1, u1, x, &l, &a.base, T, seed, scr);
+        be.linear_backward(&be, d1, NULL, NULL, dout, x, u1, &l, &a.base, T, seed, false, scr);
+        snprintf(what, sizeof what, "%s LoRA T%d %dx%d R%d p%.1f %dt: train fwd", ft_types[c].name, T, in, out, R, p,
+                 nt);
+        cmp(what, o1, r_out, no, TOL_SUM);
+        cmp("  u", u1, r_u, (size_t)T * R, TOL_SUM);
+        cmp("  dinp", d1, r_dinp, ni, TOL_SUM);
+        cmp("  dA", a.dA, r_dA, na, TOL_SUM);
+        cmp("  dB", a.dB, r_dB, nb, TOL_SUM);
+        be.linear_forward(&be, o1, x, &l, &a.base, T, scr);
+        cmp("  inference fwd", o1, r_inf, no, TOL_SUM);
+        free(scr); free(o1); free(u1); free(d1);
+    }
+    /* u is rounded before it meets B, W before it meets x: the f32 path
+     * differs by a fair part of the unit roundoff (0.02·u: well above the
+     * sums' 1e-7, well below the ~0.5·u that the roundings give) */
+    ft_backend f32 = ft_backend_ref();
+    float *f_out = calloc(no, 4), *f_u = calloc((size_t)T * R, 4);
+    f32.linear_forward_train(&f32, f_out, f_u, x, &l, &a.base, T, seed, NULL);
+    double e = norm_err(r_out, f_out, no);
+    printf("  %s against f32: rel err %.2e\n", what, e);
+    CHECKF(e > 0.02 * unit_roundoff(c), "%s: the products show no rounding (%.2e)", what, e);
+    free(f_out); free(f_u);
+    free(w32); free(l.w.data); free(l.bias); free(a.A); free(a.B); free(a.dA); free(a.dB); free(x); free(dout);
+    free(r_out); free(r_u); free(r_dinp); free(r_dA); free(r_dB); free(r_inf);
+}
+
+static void test_lora_bf16_f16(void) {
+    lora_case(FT_BF16, 23, 67, 45, 4, 0);
+    lora_case(FT_BF16, 9, 129, 31, 3, 0.5f);
+    lora_case(FT_F16, 23, 67, 45, 4, 0);
+    lora_case(FT_F16, 1, 96, 33, 2, 0.5f);
+}
+
+/* The embedding's rows are the compute type's values of the table on both
+ * backends (exactly: a rounding, no sums), f32 unchanged. */
+static void test_embedding_rounding(void) {
+    int V = 11, C = 37, T = 6;
+    float *tab = rnd((size_t)V * C, 1);
+    ft_tensor wte = ft_tensor_f32_view("tok", tab, V, C);
+    int32_t tok[6] = { 0, 3, 10, 3, 7, 1 };
+    ft_dtype cs[3] = { FT_F32, FT_BF16, FT_F16 };
+    for (int i = 0; i < 3; i++) {
+        ft_backend be = ft_backend_cpu_in(cs[i], 2), ref = ft_backend_ref_in(cs[i]);
+        float *a = calloc((size_t)T * C, 4), *b = calloc((size_t)T * C, 4);
+        be.embedding_forward(&be, a, tok, &wte, T);
+        ref.embedding_forward(&ref, b, tok, &wte, T);
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < C; j++) {
+                float want = ft_round_in(cs[i], tab[(size_t)tok[t] * C + j]);
+                CHECK(a[(size_t)t * C + j] == want && b[(size_t)t * C + j] == want);
+            }
+        free(a); free(b);
+    }
+    free(tab);
+}
+
+int main(void) {
+    ft_rng_seed(&rng, 0x31337);
+    RUN(test_linear_bf16_f16);
+    RUN(test_lora_bf16_f16);
+    RUN(test_embedding_rounding);
+    CHECK_EXIT();
+}
