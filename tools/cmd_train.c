@@ -155,6 +155,9 @@ int cmd_train(int argc, char **argv) {
           "write OUT/initial/ (the PEFT adapter before step 1)" },
         { NULL, "--dump-batches", OPT_STR, &o.dump_batches, "FILE", "write every micro-batch as a JSON line" },
         { "-t", "--threads", OPT_INT, &o.n_threads, "N", "threads; 0 = all cores" },
+        { NULL, "--dtype", OPT_STR, &o.dtype, "T", "compute dtype: f32 (reference), bf16 or f16: bf16/f16 matrix "
+          "inputs summed in f32, f32 master weights, norms, loss and optimizer. bf16 needs no loss scaling (f32's "
+          "range); f16 gradients may underflow without it. A checkpoint resumes only in its own dtype" },
         { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
         { NULL, "--quiet", OPT_FLAG, &quiet, "", "no progress output" },
         { NULL, "--progress", OPT_FLAG, &progress, "", "show the tokenization progress even when stderr is not a terminal" },
@@ -214,7 +217,7 @@ int cmd_train(int argc, char **argv) {
         return 2;
     }
 
-    ftune_model *m = cli_load_model("train", model, tokenizer, 0, true);
+    ftune_model *m = cli_load_model_dtype("train", model, tokenizer, 0, true, o.dtype);
     if (!m) return 1;
     o.model = m;
     o.model_path = model;

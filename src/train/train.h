@@ -33,10 +33,18 @@ typedef struct {
                               * seed: adapter initialisation and dropout masks */
     int max_B, max_T;     /* largest micro-batch the arenas are sized for */
     int n_threads;        /* 0: all cores */
+    ft_dtype compute;     /* the backend's compute type (backend.h): FT_F32, FT_BF16, FT_F16. The
+                           * trainables stay f32 masters; the products read them rounded. FT_F32 on a
+                           * model loaded in another compute type is refused (its weights were
+                           * rounded at load); FT_F16 checks the base weights' range. */
 } ft_train_opts;
 
+/* The compute type for ftune_train_opts.dtype: NULL the model's, else
+ * the name parsed ("--dtype" in the message). */
+ftune_status ft_train_compute_of(const ftune_model *m, const char *dtype, ft_dtype *out);
+
 /* r 8, alpha 16, no dropout, all seven targets, seed 0, max_B 1,
- * max_T 512, LoRA mode, all cores. */
+ * max_T 512, LoRA mode, all cores, f32 compute. */
 void ft_train_opts_default(ft_train_opts *o);
 
 /* A trainable tensor: a view into the trainer's flat value and gradient

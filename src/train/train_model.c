@@ -32,7 +32,7 @@ struct ft_trainer {
     ft_config cfg;
     ft_train_opts o;
     int nt;
-    ft_backend be;            /* every op of a step runs through it (the CPU's) */
+    ft_backend be;            /* every op of a step runs through it (the CPU's, in o.compute) */
     uint64_t micro_step;
     /* the trainer's view of the model */
     ft_tensor tok_embd;       /* (V, C): the model's, or the f32 trainable copy */
@@ -87,6 +87,11 @@ void ft_train_opts_default(ft_train_opts *o) {
     o->lora.targets = FT_MOD_ALL;
     o->max_B = 1;
     o->max_T = 512;
+}
+
+ftune_status ft_train_compute_of(const ftune_model *m, const char *dtype, ft_dtype *out) {
+    if (!dtype) { *out = m->compute; return FTUNE_OK; }
+    return ft_compute_parse(dtype, "--dtype", out);
 }
 
 ftune_status ft_lora_targets_parse(const char *s, unsigned *mask) {
@@ -255,6 +260,8 @@ static void carve_scratch(ft_trainer *tr, carver *cv, const ft_config *c, const 
 static ftune_status check_opts(const ft_config *c, const ft_train_opts *o) {
     if (o->mode != FT_TRAIN_LORA && o->mode != FT_TRAIN_FULL)
         return ft_err(FTUNE_ERR_ARG, "training mode %d is not LoRA or full", (int)o->mode);
+    if ((unsigned)o->compute >= FT_NTYPES || !ft_compute_ok(o->compute))
+        return ft_err(FTUNE_ERR_ARG, "compute dtype %d is not f32, bf16 or f16", (int)o->compute);
     if (o->max_B < 1 || o->max_T < 1 || (int64_t)o->max_B * o->max_T > (1 << 24))
         return ft_err(FTUNE_ERR_ARG, "micro-batch of %d x %d tokens is not a valid size", o->max_B, o->max_T);
     if (o->mode == FT_TRAIN_LORA) {
@@ -405,13 +412,18 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
      * default adapter of the model would silently not be trained on top of */
     if (m->adapter)
         return ft_err(FTUNE_ERR_UNSUPPORTED, "the model carries an adapter: merge it into the model before training");
+    if (o->compute == FT_F32 && m->compute != FT_F32)
+        return ft_err(FTUNE_ERR_ARG, "the model was loaded for compute dtype %s (its matrices were rounded to it): "
+                      "an f32 trainer needs the model loaded in f32", ft_types[m->compute].name);
+    /* a model loaded in f32 (or bf16) has not been range-checked for f16 */
+    if (o->compute != m->compute && (st = ft_model_check_range(m, o->compute))) return st;
     ft_trainer *tr = ft_mem_calloc(FT_MEM_OTHER, sizeof *tr);
     if (!tr) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     tr->m = m;
     tr->cfg = *c;
     tr->o = *o;
     tr->nt = ft_num_threads(o->n_threads);
-    tr->be = ft_backend_cpu(tr->nt);
+    tr->be = ft_backend_cpu_in(o->compute, tr->nt);
     tr->tok_embd = m->tok_embd;
     tr->out_norm = m->out_norm;
     tr->lm_head = m->lm_head;
