@@ -384,6 +384,62 @@ static void test_model_grads_vs_f32(void) {
     ftune_model_free(m32); ftune_model_free(mb); ftune_model_free(mh);
 }
 
+/* Full fine-tuning in bf16 holds compute copies of the Linears' masters:
+ * after two AdamW steps (each refreshing them) and an eval, values, loss
+ * and gradients equal those of reading the masters rounded in the
+ * products (no_compute_copies), to the same 1e-4 as above (measured
+ * bit-identical); the copies are in the plan and counted as weights. */
+static void test_full_compute_copies(void) {
+    ftune_model *m = NULL;
+    CHECK_OK(ftune_model_load(&m, stories_hf, NULL));
+    if (!m) return;
+    grad_batch gb;
+    make_batch(&gb, 2, 16, m->cfg.V);
+    ft_trainer *tr[2] = { NULL, NULL };
+    ft_param *ps[2] = { NULL, NULL };
+    ft_adamw opt[2];
+    double loss[2] = { 0, 0 }, vloss[2] = { 0, 0 };
+    for (int k = 0; k < 2; k++) {
+        ft_train_opts o;
+        ft_train_opts_default(&o);
+        o.mode = FT_TRAIN_FULL; o.max_B = 2; o.max_T = 16; o.n_threads = 2; o.compute = FT_BF16;
+        o.no_compute_copies = k == 1;
+        size_t w0 = ft_mem_current(FT_MEM_WEIGHTS);
+        CHECK_OK(ft_trainer_new(&tr[k], m, &o));
+        if (!tr[k]) break;
+        const ft_train_plan *pl = ft_trainer_get_plan(tr[k]);
+        CHECK(k == 1 ? pl->copy_bytes == 0 : pl->copy_bytes >= (size_t)2 * (m->n_params - 2 * m->cfg.V * m->cfg.C));
+        CHECK(ft_mem_current(FT_MEM_WEIGHTS) - w0 == pl->copy_bytes);
+        int np;
+        CHECK_OK(ft_trainer_optim_params(tr[k], false, &ps[k], &np, NULL));
+        ft_adamw_cfg ac;
+        ft_adamw_defaults(&ac);
+        CHECK_OK(ft_adamw_init(&opt[k], ps[k], np, &ac));
+        for (int step = 0; step < 2; step++) {
+            ft_trainer_zero_grad(tr[k]);
+            CHECK_OK(ft_trainer_step(tr[k], &gb.b, gb.b.n_targets, &loss[k]));
+            ft_trainer_adamw_step(tr[k], &opt[k], 1e-3);
+        }
+        int64_t nt;
+        CHECK_OK(ft_trainer_eval(tr[k], &gb.b, &vloss[k], &nt));
+    }
+    if (tr[0] && tr[1]) {
+        char wn[160] = "";
+        double gl, e = grads_err(tr[0], tr[1], wn, sizeof wn, &gl);
+        int64_t n;
+        const float *v0 = ft_trainer_values(tr[0], &n), *v1 = ft_trainer_values(tr[1], NULL);
+        double ev = norm_err(v0, v1, (size_t)n);
+        printf("  full bf16, compute copies vs masters rounded in the products, after 2 steps: loss %.9g vs %.9g, "
+               "eval %.9g vs %.9g, gradient rel err %.2e, values %.2e\n", loss[0], loss[1], vloss[0], vloss[1], e, ev);
+        CHECKF(e <= 1e-4 && ev <= 1e-4 && fabs(vloss[0] - vloss[1]) <= 1e-4 * fabs(vloss[1]), "%.3g %.3g", e, ev);
+    }
+    for (int k = 0; k < 2; k++) {
+        if (ps[k]) { ft_adamw_free(&opt[k]); free(ps[k]); }
+        ft_trainer_free(tr[k]);
+    }
+    ftune_model_free(m);
+}
+
 int main(void) {
     ft_rng_seed(&rng, 0x31337);
     check_data_path(stories_hf, sizeof stories_hf, "models/stories260K-hf");
@@ -391,5 +447,6 @@ int main(void) {
     RUN(test_lora_bf16_f16);
     RUN(test_embedding_rounding);
     RUN(test_model_grads_vs_f32);
+    RUN(test_full_compute_copies);
     CHECK_EXIT();
 }

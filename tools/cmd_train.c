@@ -122,7 +122,7 @@ int cmd_train(int argc, char **argv) {
           "(default: prompt; e.g. question for gsm8k)" },
         { NULL, "--completion-key", OPT_STR, &o.completion_key, "NAME", "the completion field (default: completion; "
           "e.g. answer)" },
-        { NULL, "--full", OPT_FLAG, &full, "", "full fine-tuning (every weight, f32) instead of LoRA" },
+        { NULL, "--full", OPT_FLAG, &full, "", "full fine-tuning (every weight, f32 masters) instead of LoRA" },
         { NULL, "--lora-r", OPT_INT, &o.lora_r, "R", "LoRA rank" },
         { NULL, "--lora-alpha", OPT_STR, &lora_alpha, "A", "LoRA alpha (scale alpha/r)" },
         { NULL, "--lora-dropout", OPT_STR, &lora_dropout, "P", "dropout on the LoRA input" },
@@ -217,7 +217,10 @@ int cmd_train(int argc, char **argv) {
         return 2;
     }
 
-    ftune_model *m = cli_load_model_dtype("train", model, tokenizer, 0, true, o.dtype);
+    /* full fine-tuning starts its f32 masters from the weights as stored:
+     * the model is loaded in f32 and only the products round (ftune_train_opts.dtype) */
+    ftune_model *m = cli_load_model_dtype("train", model, tokenizer, 0, true, full ? NULL : o.dtype);
+    if (full) cli_note_dtype(o.dtype);
     if (!m) return 1;
     o.model = m;
     o.model_path = model;
