@@ -178,3 +178,14 @@ for c in train eval generate; do
     "$FT" $c --help 2>&1 | grep -q -- "--dtype T" || fail "help_$c" "no --dtype in ftune $c --help"
 done
 "$FT" train --help 2>&1 | grep -q "bf16 needs no loss scaling" && pass help_dtype || fail help_dtype "train --help"
+# 7. bf16 on a CPU without BF16 instructions (forced with FTUNE_CPU=avx2):
+# it runs, says so once, and computes what the native level computes
+eb=$("$FT" eval -m "$HF" --text "$tmp/d.txt" --json --dtype bf16 2>/dev/null)
+ew=$(FTUNE_CPU=avx2 "$FT" eval -m "$HF" --text "$tmp/d.txt" --json --dtype bf16 2> "$tmp/err.txt")
+n=$(grep -c "runs on the widening path" "$tmp/err.txt")
+$PY -c "
+import json; a=json.loads('''$eb'''); b=json.loads('''$ew''')
+print('  bf16 eval loss, native level %.7f, widening (avx2) %.7f' % (a['loss'], b['loss']))
+# the same rounded products; only the kernels' f32 sum order may differ (1e-6)
+assert abs(a['loss'] - b['loss']) <= 1e-6 * a['loss']
+" && [ "$n" = 1 ] && pass bf16_widening_path || fail bf16_widening_path "note printed $n times; $eb vs $ew"

@@ -11,6 +11,8 @@
 #include "train/train.h"
 #include "check.h"
 
+#include <unistd.h>
+
 static ft_rng rng;
 
 static float *rnd(size_t n, float scale) {
@@ -440,13 +442,89 @@ static void test_full_compute_copies(void) {
     ftune_model_free(m);
 }
 
+/* Where the weights are held for a compute type: f32 matrices converted to
+ * owned bf16 copies (exactly the matrices' bytes in bf16 more owned than an
+ * f32 load), a model stored in bf16 left mapped (no more owned bytes than
+ * in f32: only the f32 copies of its vectors), f16 converted to bf16,
+ * q8_0 left quantized; the tied head follows the embedding. */
+static char tmpdir[256];
+static void test_weights_held(void) {
+    ftune_load_opts lb = { .dtype = "bf16" };
+    ftune_model *m32 = NULL, *mb = NULL;
+    CHECK_OK(ftune_model_load(&m32, stories_hf, NULL));
+    CHECK_OK(ftune_model_load(&mb, stories_hf, &lb));
+    if (m32 && mb) {
+        size_t want = 0;
+        want += (size_t)ft_dtype_nbytes(FT_BF16, ft_tensor_numel(&m32->tok_embd));
+        for (int l = 0; l < m32->cfg.L; l++)
+            for (int k = 0; k < FT_N_MODS; k++)
+                want += (size_t)ft_dtype_nbytes(FT_BF16, ft_tensor_numel(&ft_layer_linear(&m32->layers[l], k)->w));
+        if (!m32->cfg.tied) want += (size_t)ft_dtype_nbytes(FT_BF16, ft_tensor_numel(&m32->lm_head.w));
+        printf("  stories260K f32 -> bf16: %zu bytes of owned copies (f32 load: %zu), expected %zu more\n",
+               mb->owned_bytes, m32->owned_bytes, want);
+        CHECK(mb->owned_bytes == m32->owned_bytes + want);
+        CHECK(!mb->cfg.tied || (mb->lm_head.w.data == mb->tok_embd.data && mb->lm_head.w.dtype == FT_BF16));
+    }
+    ftune_model_free(mb);
+    const char *stored[3] = { "bf16", "f16", "q8_0" };
+    for (int i = 0; i < 3; i++) {
+        char dir[400], path[420];
+        snprintf(dir, sizeof dir, "%s/stored_%s", tmpdir, stored[i]);
+        if (i < 2) {
+            CHECK_OK(ftune_init_model(dir, "stories260K", NULL, stored[i], 3));
+            snprintf(path, sizeof path, "%s", dir);
+        } else {
+            snprintf(path, sizeof path, "%s.gguf", dir);
+            CHECK_OK(ftune_model_save_merged(m32, path, "q8_0"));
+        }
+        ftune_model *a = NULL, *b = NULL;
+        CHECK_OK(ftune_model_load(&a, path, NULL));
+        CHECK_OK(ftune_model_load(&b, path, &lb));
+        if (a && b) {
+            /* q8_0's GGUF keeps matrices whose rows are not whole blocks (w_down: 172 columns) in f32 */
+            ft_dtype held = i < 2 ? FT_BF16 : FT_Q8_0;
+            bool converted = i == 1;
+            CHECK(b->layers[1].w_up.w.dtype == held && b->layers[0].wq.w.dtype == held);
+            CHECK(b->layers[0].w_down.w.dtype == FT_BF16);
+            size_t want = 0; /* bf16 bytes of the matrices stored in another float type */
+            for (int l = 0; l < a->cfg.L; l++)
+                for (int k = 0; k < FT_N_MODS; k++) {
+                    const ft_tensor *t = &ft_layer_linear(&a->layers[l], k)->w;
+                    if (t->dtype == FT_F32 || t->dtype == FT_F16) want += (size_t)ft_dtype_nbytes(FT_BF16, ft_tensor_numel(t));
+                }
+            if (a->tok_embd.dtype == FT_F32 || a->tok_embd.dtype == FT_F16)
+                want += (size_t)ft_dtype_nbytes(FT_BF16, ft_tensor_numel(&a->tok_embd));
+            printf("  stored %s, loaded for bf16: wq %s, w_down %s, owned %zu bytes (in f32: %zu; %zu expected more)\n",
+                   stored[i], ft_types[b->layers[0].wq.w.dtype].name, ft_types[b->layers[0].w_down.w.dtype].name,
+                   b->owned_bytes, a->owned_bytes, want);
+            CHECK(b->owned_bytes == a->owned_bytes + want);
+            /* left mapped: in none of the model's owned buffers */
+            const uint8_t *w = b->layers[0].wq.w.data;
+            bool owned = false;
+            for (int k = 0; k < b->n_owned; k++) {
+                const uint8_t *o = b->owned[k].p;
+                owned |= b->owned[k].counted && w >= o && w < o + b->owned[k].n;
+            }
+            CHECK(owned == converted);
+        }
+        ftune_model_free(a); ftune_model_free(b);
+    }
+    ftune_model_free(m32);
+}
+
 int main(void) {
     ft_rng_seed(&rng, 0x31337);
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/ftune_test_mixed_XXXXXX");
+    if (!mkdtemp(tmpdir)) { perror("mkdtemp"); return 1; }
     check_data_path(stories_hf, sizeof stories_hf, "models/stories260K-hf");
     RUN(test_linear_bf16_f16);
     RUN(test_lora_bf16_f16);
     RUN(test_embedding_rounding);
     RUN(test_model_grads_vs_f32);
     RUN(test_full_compute_copies);
+    RUN(test_weights_held);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "  could not remove %s\n", tmpdir);
     CHECK_EXIT();
 }
