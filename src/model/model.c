@@ -6,6 +6,8 @@
 #include "cpu/cpu.h"
 
 #include <math.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,6 +137,24 @@ ftune_status ft_model_check_range(const ftune_model *m, ft_dtype compute) {
     return FTUNE_OK;
 }
 
+/* After t's values were converted to an owned copy: drops the pages of the
+ * file mapping that lie wholly inside t's old bytes from the resident set
+ * (a read-only file mapping: they are only re-read from the file if
+ * touched again, which nothing does), so that the process does not hold
+ * both the file's f32 and the copy's bf16. Never for bytes in an owned
+ * buffer (DONTNEED would zero them). */
+static void release_mapped(const ftune_model *m, const void *data, size_t n) {
+    const uint8_t *p = data;
+    for (int k = 0; k < m->n_owned; k++) {
+        const uint8_t *o = m->owned[k].p;
+        if (p >= o && p < o + (m->owned[k].counted ? m->owned[k].n : 1)) return;
+        if (!m->owned[k].counted && p == o) return;
+    }
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + pg - 1) & ~(pg - 1),
+              b = ((uintptr_t)p + n) & ~(pg - 1);
+    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
 ftune_status ft_model_set_compute(ftune_model *m, ft_dtype compute) {
     if (compute == FT_F32) { m->compute = FT_F32; return FTUNE_OK; }
     if (compute != FT_BF16 && compute != FT_F16)
@@ -154,6 +174,8 @@ ftune_status ft_model_set_compute(ftune_model *m, ft_dtype compute) {
             ft_types[compute].from_f32(row, dst + (size_t)r * rb, cols);
         }
         free(row);
+        /* a tied head shares these bytes: it is re-pointed below, before any use */
+        release_mapped(m, t->data, t->nbytes);
         t->data = dst;
         t->dtype = compute;
         t->nbytes = rb * (size_t)rows;
