@@ -207,7 +207,10 @@ FTUNE_API ftune_status ftune_session_set_adapter(ftune_session *s, const ftune_a
  * at most one. */
 FTUNE_API ftune_status ftune_model_load_adapter(ftune_model *m, const char *dir);
 
-/* Writes m with its adapter (if any) folded into the base weights: a path
+/* Writes m with its adapter (if any) folded into the base weights, in f32
+ * whatever the compute dtype (a model loaded for bf16/f16 folds into its
+ * rounded matrices: load it in f32, as `ftune merge` does, to fold into
+ * the weights as stored): a path
  * ending in ".gguf" gets a GGUF file (from any base), any other path
  * a Hugging Face directory (config.json, model.safetensors, the base's
  * tokenizer files). dtype "f32", "bf16", "f16" (GGUF also "q8_0", "q4_0"),

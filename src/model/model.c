@@ -168,7 +168,10 @@ ftune_status ft_model_set_compute(ftune_model *m, ft_dtype compute) {
         size_t rb = ft_dtype_nbytes(compute, cols);
         uint8_t *dst = ft_model_alloc(m, rb * (size_t)rows);
         float *row = malloc((size_t)cols * sizeof(float));
-        if (!dst || !row) { free(row); return ft_err(FTUNE_ERR_NOMEM, "out of memory converting \"%s\" to %s", t->name, ft_types[compute].name); }
+        if (!dst || !row) {
+            free(row);
+            return ft_err(FTUNE_ERR_NOMEM, "out of memory converting \"%s\" to %s", t->name, ft_types[compute].name);
+        }
         for (int64_t r = 0; r < rows; r++) {
             ft_tensor_row_f32(t, r, row);
             ft_types[compute].from_f32(row, dst + (size_t)r * rb, cols);

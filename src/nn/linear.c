@@ -81,8 +81,8 @@ void ft_linear_forward_in(ft_dtype compute, float *out, const float *inp, const 
     if (rows < 1) rows = 1;
     for (int t0 = 0; t0 < T; t0 += rows) {
         int n = T - t0 < rows ? T - t0 : rows;
-        a->kind->forward(compute, out + (size_t)t0 * l->out, u, inp + (size_t)t0 * l->in, a, n, l->in, l->out, n_threads,
-                         scratch);
+        a->kind->forward(compute, out + (size_t)t0 * l->out, u, inp + (size_t)t0 * l->in, a, n, l->in, l->out,
+                         n_threads, scratch);
     }
 }
 
