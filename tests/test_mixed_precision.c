@@ -519,6 +519,11 @@ static void test_weights_held(void) {
         size_t mapped = ft_mem_mapped(), res = ft_mem_mapped_resident();
         printf("  bf16 load of the f32 file: %zu of %zu mapped bytes resident\n", res, mapped);
         CHECK(mapped > 0 && (res == 0 || res < mapped / 4)); /* 0: smaps unreadable here */
+        /* and the memory plan reads only the vectors from the mapping */
+        ft_mem_table t = { 0 };
+        ft_model_mem_plan(mb, &t);
+        printf("  planned mapped bytes %zu of %lld as stored\n", t.planned[FT_MEM_ROW_MAPPED], (long long)mb->weight_bytes);
+        CHECK(t.planned[FT_MEM_ROW_MAPPED] < (size_t)mb->weight_bytes / 100 && t.planned[FT_MEM_WEIGHTS] == mb->owned_bytes);
     }
     ftune_model_free(mb);
 }

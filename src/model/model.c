@@ -39,7 +39,8 @@ void *ft_model_alloc(ftune_model *m, size_t n) {
 void ft_model_mem_plan(const ftune_model *m, ft_mem_table *t) {
     /* weight_bytes counts every bound tensor as stored, the vectors that
      * were copied included: the mapping holds them too */
-    t->planned[FT_MEM_ROW_MAPPED] = m->weight_bytes > 0 ? (size_t)m->weight_bytes : 0;
+    int64_t mapped = m->weight_bytes - m->converted_bytes; /* converted matrices are read from their copies */
+    t->planned[FT_MEM_ROW_MAPPED] = mapped > 0 ? (size_t)mapped : 0;
     t->planned[FT_MEM_WEIGHTS] += m->owned_bytes;
     t->planned[FT_MEM_OTHER] += (size_t)m->cap_owned * sizeof *m->owned;
     t->has_plan[FT_MEM_ROW_MAPPED] = t->has_plan[FT_MEM_WEIGHTS] = t->has_plan[FT_MEM_OTHER] = true;
@@ -179,6 +180,7 @@ ftune_status ft_model_set_compute(ftune_model *m, ft_dtype compute) {
         free(row);
         /* a tied head shares these bytes: it is re-pointed below, before any use */
         release_mapped(m, t->data, t->nbytes);
+        m->converted_bytes += (int64_t)t->nbytes;
         t->data = dst;
         t->dtype = compute;
         t->nbytes = rb * (size_t)rows;

@@ -66,6 +66,8 @@ struct ftune_model {
     int n_owned, cap_owned;
     size_t owned_bytes;       /* of the counted ones (FT_MEM_WEIGHTS) */
     int64_t weight_bytes;
+    int64_t converted_bytes;  /* of weight_bytes: matrices converted to the compute type (as stored),
+                               * whose pages of the mapping were dropped */
     int64_t n_params;
     unsigned dtype_mask;      /* bit per ft_dtype present (as stored) */
     ft_dtype compute;         /* the compute type it was loaded for (ftune_load_opts.dtype): FT_F32, or

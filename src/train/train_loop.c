@@ -1038,7 +1038,7 @@ ftune_status ftune_train_run(const ftune_train_opts *o, ftune_train_progress_fn 
     r->res.steps_done = r->step;
     r->res.total_steps = r->total_steps;
     if (r->tr) {
-        ft_mem_table mt;
+        ft_mem_table mt = { 0 }; /* ft_trainer_mem_table adds to the planned rows */
         ft_trainer_mem_table(r->tr, &mt);
         ft_mem_table_format(&mt, r->res.memory_table, sizeof r->res.memory_table);
     }
