@@ -528,6 +528,56 @@ static void test_weights_held(void) {
     ftune_model_free(mb);
 }
 
+/* ln1, ln2 and the attention output saved in bf16/f16 instead of f32:
+ * every gradient is the same to the bit (they feed only products, which
+ * round them; LoRA's dropout acts on the rounded input both ways), LoRA
+ * with dropout and full fine-tuning, and the activations take less. */
+static void test_saved_acts_in_compute_type(void) {
+    ftune_model *m = NULL;
+    CHECK_OK(ftune_model_load(&m, stories_hf, NULL));
+    if (!m) return;
+    grad_batch gb;
+    make_batch(&gb, 2, 24, m->cfg.V);
+    ft_dtype cs[2] = { FT_BF16, FT_F16 };
+    for (int ci = 0; ci < 2; ci++)
+        for (int mode = 0; mode < 2; mode++) {
+            ft_trainer *tr[2] = { NULL, NULL };
+            double loss[2] = { 0, 0 };
+            size_t acts[2] = { 0, 0 };
+            for (int k = 0; k < 2; k++) {
+                ft_train_opts o;
+                ft_train_opts_default(&o);
+                o.mode = mode ? FT_TRAIN_FULL : FT_TRAIN_LORA; o.lora.r = 4; o.lora.dropout = 0.1f; o.lora.seed = 9;
+                o.max_B = 2; o.max_T = 24; o.n_threads = 2; o.compute = cs[ci]; o.f32_acts = k == 1;
+                CHECK_OK(ft_trainer_new(&tr[k], m, &o));
+                if (!tr[k]) break;
+                acts[k] = ft_trainer_get_plan(tr[k])->activation_bytes;
+                if (!mode) {
+                    ft_rng r;
+                    ft_rng_seed(&r, 78);
+                    for (int i = 1; i < ft_trainer_n_params(tr[k]); i += 2) {
+                        const ft_train_param *p = ft_trainer_param(tr[k], i);
+                        for (int64_t j = 0; j < p->numel; j++) p->data[j] = 0.05f * ft_rng_normal(&r);
+                    }
+                }
+                ft_trainer_zero_grad(tr[k]);
+                CHECK_OK(ft_trainer_step(tr[k], &gb.b, gb.b.n_targets, &loss[k]));
+            }
+            if (tr[0] && tr[1]) {
+                int64_t n;
+                const float *g0 = ft_trainer_grads(tr[0], &n), *g1 = ft_trainer_grads(tr[1], NULL);
+                bool same = loss[0] == loss[1] && memcmp(g0, g1, (size_t)n * sizeof(float)) == 0;
+                printf("  %s %s: ln1/ln2/atty saved in %s: activations %zu bytes (f32: %zu), gradients %s\n",
+                       ft_types[cs[ci]].name, mode ? "full" : "LoRA, dropout 0.1", ft_types[cs[ci]].name, acts[0],
+                       acts[1], same ? "bit-identical" : "DIFFER");
+                CHECK(same);
+                CHECK(acts[0] < acts[1]);
+            }
+            ft_trainer_free(tr[0]); ft_trainer_free(tr[1]);
+        }
+    ftune_model_free(m);
+}
+
 int main(void) {
     ft_rng_seed(&rng, 0x31337);
     snprintf(tmpdir, sizeof tmpdir, "/tmp/ftune_test_mixed_XXXXXX");
@@ -539,6 +589,7 @@ int main(void) {
     RUN(test_model_grads_vs_f32);
     RUN(test_full_compute_copies);
     RUN(test_weights_held);
+    RUN(test_saved_acts_in_compute_type);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "  could not remove %s\n", tmpdir);

@@ -109,6 +109,10 @@ struct ft_backend {
     /* dwte (V, C) += dout rows; FTUNE_ERR_RANGE (nothing changed) if a token is outside [0, V). */
     ftune_status (*embedding_backward)(const ft_backend *be, float *dwte, const float *dout, const int32_t *tokens,
                                        int T, int C, int V);
+    /* dst (n elements of be->compute, RNE) = src (n floats), and back:
+     * activations saved for backward in the compute type (train_model.c). */
+    void (*to_compute)(const ft_backend *be, void *dst, const float *src, size_t n);
+    void (*from_compute)(const ft_backend *be, float *dst, const void *src, size_t n);
     /* y (n) += x (n): the residual stream. */
     void (*add)(const ft_backend *be, float *y, const float *x, size_t n);
     /* crossentropy_forward_backward: summed loss, dlogits overwritten when non-NULL. */

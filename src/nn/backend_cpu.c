@@ -100,6 +100,12 @@ static ftune_status cpu_embedding_backward(const ft_backend *be, float *dwte, co
     (void)be;
     return ft_embedding_backward(dwte, dout, (const int *)tokens, T, C, V);
 }
+static void cpu_to_compute(const ft_backend *be, void *dst, const float *src, size_t n) {
+    ft_types[be->compute].from_f32(src, dst, (int64_t)n);
+}
+static void cpu_from_compute(const ft_backend *be, float *dst, const void *src, size_t n) {
+    ft_types[be->compute].to_f32(src, dst, (int64_t)n);
+}
 static void cpu_add(const ft_backend *be, float *y, const float *x, size_t n) {
     (void)be;
     for (size_t i = 0; i < n; i++) y[i] += x[i];
@@ -142,6 +148,8 @@ ft_backend ft_backend_cpu_in(ft_dtype compute, int n_threads) {
         .swiglu_backward = cpu_swiglu_backward,
         .embedding_forward = cpu_embedding_forward,
         .embedding_backward = cpu_embedding_backward,
+        .to_compute = cpu_to_compute,
+        .from_compute = cpu_from_compute,
         .add = cpu_add,
         .crossentropy = cpu_crossentropy,
         .adamw_step = cpu_adamw_step,

@@ -216,6 +216,12 @@ static ftune_status ref_embedding_backward(const ft_backend *be, float *dwte, co
     (void)be;
     return ft_embedding_backward(dwte, dout, (const int *)tokens, T, C, V);
 }
+static void ref_to_compute(const ft_backend *be, void *dst, const float *src, size_t n) {
+    ft_types[be->compute].from_f32(src, dst, (int64_t)n);
+}
+static void ref_from_compute(const ft_backend *be, float *dst, const void *src, size_t n) {
+    ft_types[be->compute].to_f32(src, dst, (int64_t)n);
+}
 static void ref_add(const ft_backend *be, float *y, const float *x, size_t n) {
     (void)be;
     for (size_t i = 0; i < n; i++) y[i] += x[i];
@@ -261,6 +267,8 @@ ft_backend ft_backend_ref_in(ft_dtype compute) {
         .swiglu_backward = ref_swiglu_backward,
         .embedding_forward = ref_embedding_forward,
         .embedding_backward = ref_embedding_backward,
+        .to_compute = ref_to_compute,
+        .from_compute = ref_from_compute,
         .add = ref_add,
         .crossentropy = ref_crossentropy,
         .adamw_step = ref_adamw_step,

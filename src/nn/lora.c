@@ -217,6 +217,18 @@ void ft_lora_backward_f64(ft_dtype compute, float *dx, const float *dout, const 
 }
 #undef RD
 
+/* xd = dropout(x) as the products see x: in bf16/f16 x is rounded to the
+ * compute type first (then the mask's 1/(1-p) scaling, then the product's
+ * own rounding), so that an input saved for backward in the compute type
+ * (train_model.c) gives backward exactly the forward's xd. */
+static void dropout_in(ft_dtype compute, float *xd, const float *x, float p, uint64_t seed, int T, int IC, int nt) {
+    if (compute != FT_F32) {
+        ft_round_array_in(compute, xd, x, (size_t)T * IC);
+        x = xd;
+    }
+    ft_lora_dropout(xd, x, p, seed, T, IC, nt);
+}
+
 /* ------------------------------------------------ the kind's ops table */
 
 /* Every instance handed to these has kind == &ft_lora_kind, so it is an ft_lora. */
@@ -238,7 +250,7 @@ static void kind_forward_train(ft_dtype compute, float *out, float *u, const flo
                                int IC, int OC, uint64_t mask_seed, float *xd, int n_threads, float *scratch) {
     const ft_lora *lo = LORA(a);
     if (lo->dropout > 0) {
-        ft_lora_dropout(xd, x, lo->dropout, mask_seed, T, IC, n_threads);
+        dropout_in(compute, xd, x, lo->dropout, mask_seed, T, IC, n_threads);
         x = xd;
     }
     ft_lora_forward_fast(compute, out, u, x, lo, T, IC, OC, n_threads, scratch);
@@ -254,7 +266,7 @@ static bool kind_forward_train_ref(ft_dtype compute, float *out, float *u, const
     size_t nx = (size_t)T * IC;
     float *xd = lo->dropout > 0 ? ref_buf(nx) : NULL;
     if (lo->dropout > 0 && !xd) return false;
-    if (xd) ft_lora_dropout(xd, x, lo->dropout, mask_seed, T, IC, 1);
+    if (xd) dropout_in(compute, xd, x, lo->dropout, mask_seed, T, IC, 1);
     ft_lora_forward_f64(compute, out, u, xd ? xd : x, lo, T, IC, OC);
     ref_free(xd, nx);
     return true;
@@ -266,7 +278,7 @@ static void kind_backward(ft_dtype compute, float *dinp, const float *dout, cons
     const ft_lora *lo = LORA(a);
     const float *x = inp;
     if (lo->dropout > 0) {
-        ft_lora_dropout(xd, inp, lo->dropout, mask_seed, T, IC, n_threads);
+        dropout_in(compute, xd, inp, lo->dropout, mask_seed, T, IC, n_threads);
         x = xd;
     }
     /* the adapter's dx lands in xd (lora_backward writes it last, after x
@@ -284,7 +296,7 @@ static bool kind_backward_ref(ft_dtype compute, float *dinp, const float *dout, 
     float *dx = ref_buf(nx), *xd = lo->dropout > 0 ? ref_buf(nx) : NULL, *g = ref_buf(ng);
     bool ok = dx && g && (xd || lo->dropout <= 0);
     if (ok) {
-        if (xd) ft_lora_dropout(xd, inp, lo->dropout, mask_seed, T, IC, 1);
+        if (xd) dropout_in(compute, xd, inp, lo->dropout, mask_seed, T, IC, 1);
         /* dx = scale · (dout·B) · A, then back through the same dropout mask */
         ft_lora_backward_f64(compute, dinp ? dx : NULL, dout, xd ? xd : inp, u, lo, T, IC, OC, g);
         if (dinp) {

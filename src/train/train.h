@@ -39,6 +39,8 @@ typedef struct {
                            * rounded at load); FT_F16 checks the base weights' range. */
     bool no_compute_copies; /* full mode in bf16/f16: read the f32 masters rounded in the products
                              * instead of compute copies (the same numbers; for tests) */
+    bool f32_acts;        /* bf16/f16: keep the Linears' inputs ln1, ln2, atty saved in f32 instead
+                           * of the compute type (the same numbers; for tests) */
 } ft_train_opts;
 
 /* The compute type for ftune_train_opts.dtype: NULL the model's, else

@@ -22,9 +22,13 @@
  * refreshed from the masters in the first forward after zero_grad or an
  * optimizer step, and in every eval. The embedding has no copy: its rows
  * are gathered and rounded by the backend; a tied head reads the master.
- * Saved activations stay f32 (see the report of issue #7: ln1, ln2 and the
- * attention output feed only products and could be stored in bf16 without
- * changing a bit; q, k, v, gate, up feed f32 ops and could not). */
+ * Saved activations: the Linears' inputs ln1, ln2 and the attention
+ * output are saved in the compute type (block.h ln1_c, ...): they feed only
+ * products, which round them anyway, and LoRA's dropout is applied to the
+ * rounded input (lora.c), so no result changes. The residual stream (read
+ * by rmsnorm's backward), q, k, v and lse (attention's backward), gate and
+ * up (SwiGLU's backward), rstd stay f32: f32 ops read them, and rounding
+ * them would change the gradients. */
 #include "train/train.h"
 #include "nn/block.h"
 #include "nn/lm_loss.h"
@@ -239,18 +243,31 @@ static void carve_acts(ft_trainer *tr, carver *cv, const ft_config *c, const ft_
            kvd = (size_t)c->NKV * c->HS;
     float *res = carve(cv, (size_t)(c->L + 1) * BT * C);
     if (tr) tr->res = res;
+    /* bf16/f16: ln1, atty and ln2 are saved in the compute type (half the
+     * bytes; they feed only products, which round them anyway) and pass
+     * through one f32 buffer shared by every layer */
+    bool small = o->compute != FT_F32 && !o->f32_acts;
+    float *shared = small ? carve(cv, BT * (C > qd ? C : qd)) : NULL;
+#define CARVE_C(n) ((void *)carve(cv, ((size_t)ft_dtype_nbytes(o->compute, (int64_t)(n)) + 3) / 4))
     for (int l = 0; l < c->L; l++) {
         layer_acts a = { 0 };
-        a.ln1 = carve(cv, BT * C); a.rstd1 = carve(cv, BT);
+        a.rstd1 = carve(cv, BT);
         a.q = carve(cv, BT * qd); a.k = carve(cv, BT * kvd); a.v = carve(cv, BT * kvd);
-        a.atty = carve(cv, BT * qd); a.lse = carve(cv, BT * (size_t)c->NH); a.mid = carve(cv, BT * C);
-        a.ln2 = carve(cv, BT * C); a.rstd2 = carve(cv, BT);
+        a.lse = carve(cv, BT * (size_t)c->NH); a.mid = carve(cv, BT * C);
+        a.rstd2 = carve(cv, BT);
+        if (small) {
+            a.ln1 = a.atty = a.ln2 = shared;
+            a.ln1_c = CARVE_C(BT * C); a.ln2_c = CARVE_C(BT * C); a.atty_c = CARVE_C(BT * qd);
+        } else {
+            a.ln1 = carve(cv, BT * C); a.atty = carve(cv, BT * qd); a.ln2 = carve(cv, BT * C);
+        }
         a.gate = carve(cv, BT * F); a.up = carve(cv, BT * F);
         if (o->mode == FT_TRAIN_LORA)
             for (int k = 0; k < FT_N_MODS; k++)
                 if (o->lora.targets & (1u << k)) a.u[k] = carve(cv, BT * (size_t)o->lora.r);
         if (tr) tr->la[l] = a;
     }
+#undef CARVE_C
     float *lnf = carve(cv, BT * C), *rstdf = carve(cv, BT);
     if (tr) { tr->lnf = lnf; tr->rstdf = rstdf; }
 }
