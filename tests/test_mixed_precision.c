@@ -2,7 +2,9 @@
  * type"): every Linear op of the CPU backend in bf16 and f16 against the
  * reference backend in the same compute type and against f32 with a
  * rigorous rounding bound; the embedding's rounding; whole-model gradients
- * in bf16/f16 against f32; f32 compute unchanged.
+ * in bf16/f16 against f32; full fine-tuning's compute copies; where the
+ * weights are held (converted, mapped, quantized) and what stays resident;
+ * the Linears' inputs saved in the compute type changing no gradient.
  *
  * Error measures: "rel err" is max |got - want| / max |want| over a tensor
  * (normwise); the bound checks are elementwise. Each tolerance says why. */
