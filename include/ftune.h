@@ -51,6 +51,18 @@ typedef struct ftune_tokenizer ftune_tokenizer;
 typedef struct {
     const char *tokenizer_path; /* llama2.c tokenizer .bin, or NULL to find one */
     int context_length;         /* override the model's context length; 0 keeps it */
+    /* The compute dtype: "f32" (also NULL; the reference), "bf16" or "f16".
+     * With bf16/f16 the model's matrices (embedding, Linears, head) are held
+     * in it: mapped when the file stores them so, converted once here (RNE,
+     * counted as owned weight copies) when stored in another float dtype;
+     * quantized ones stay quantized; norms and biases stay f32. Sessions and
+     * trainers on the model then compute matrix products with bf16/f16
+     * operands summed in f32 (norms, softmax, RoPE, the loss, the optimizer
+     * in f32). f16 is refused (FTUNE_ERR_RANGE, naming the tensor) for a
+     * model with values beyond f16's range; bf16 has f32's range. On a CPU
+     * without BF16 instructions bf16 runs on the widening path (same
+     * numbers; see ftune_dtype_is_native). */
+    const char *dtype;
 } ftune_load_opts;
 
 /* Loads a model from a Hugging Face directory (config.json + safetensors),
@@ -58,6 +70,13 @@ typedef struct {
  * compute dtype stay in the file's read-only mapping. opts may be NULL. */
 FTUNE_API ftune_status ftune_model_load(ftune_model **out, const char *path, const ftune_load_opts *opts);
 FTUNE_API void ftune_model_free(ftune_model *m);
+/* The compute dtype m was loaded for: "f32", "bf16" or "f16". */
+FTUNE_API const char *ftune_model_dtype(const ftune_model *m);
+/* 1 when this CPU (and the kernel level it dispatches on, FTUNE_CPU)
+ * multiplies values of compute dtype `dtype` with dedicated instructions
+ * (bf16: AVX512_BF16), 0 when it widens them to f32 first (same results,
+ * slower) or the name is not a compute dtype; "f32" is always 1. */
+FTUNE_API int ftune_dtype_is_native(const char *dtype);
 
 typedef struct {
     char arch[32];         /* "llama", "qwen2", "mistral", ... */
@@ -109,7 +128,8 @@ FTUNE_API int ftune_path_is_vocab_only(const char *path);
 typedef struct ftune_session ftune_session;
 
 /* A session holds a KV cache of n_ctx positions (0: the model's context
- * length) and runs the forward pass with n_threads (0: all cores). */
+ * length) and runs the forward pass with n_threads (0: all cores), in the
+ * model's compute dtype (ftune_load_opts.dtype; the KV cache is f32). */
 FTUNE_API ftune_status ftune_session_new(ftune_session **out, const ftune_model *m, int n_ctx, int n_threads);
 FTUNE_API void ftune_session_free(ftune_session *s);
 /* Number of positions already in the cache. */
@@ -187,7 +207,10 @@ FTUNE_API ftune_status ftune_session_set_adapter(ftune_session *s, const ftune_a
  * at most one. */
 FTUNE_API ftune_status ftune_model_load_adapter(ftune_model *m, const char *dir);
 
-/* Writes m with its adapter (if any) folded into the base weights: a path
+/* Writes m with its adapter (if any) folded into the base weights, in f32
+ * whatever the compute dtype (a model loaded for bf16/f16 folds into its
+ * rounded matrices: load it in f32, as `ftune merge` does, to fold into
+ * the weights as stored): a path
  * ending in ".gguf" gets a GGUF file (from any base), any other path
  * a Hugging Face directory (config.json, model.safetensors, the base's
  * tokenizer files). dtype "f32", "bf16", "f16" (GGUF also "q8_0", "q4_0"),
@@ -364,6 +387,16 @@ typedef struct {
     bool save_initial_adapter; /* write initial/ (LoRA only); false */
     const char *dump_batches;  /* a JSONL file receiving every micro-batch; NULL */
     int n_threads;             /* 0: all cores */
+    /* The compute dtype of the matrix products: "f32", "bf16", "f16", or
+     * NULL: the model's (ftune_load_opts.dtype). Trainable parameters (LoRA
+     * A/B, or every weight in full mode) are f32 master copies that the
+     * optimizer updates; the products read them rounded to the compute
+     * dtype. bf16 needs no loss scaling (f32's range); f16 gradients can
+     * underflow without it. bf16/f16 on a model loaded in f32 computes the
+     * same numbers without the memory saving; f32 on a model loaded in
+     * bf16/f16 is FTUNE_ERR_ARG (its weights were rounded at load). A run
+     * resumes only in the dtype its checkpoint was trained in. NULL */
+    const char *dtype;
     /* When *stop becomes non-zero (a signal handler may set it) the run
      * finishes the current step, saves a checkpoint and returns
      * FTUNE_ERR_INTERRUPTED. NULL: never. */

@@ -53,7 +53,7 @@ static void kind_case(int T, int IC, int OC, int R, float p, int n_threads) {
 
     /* training forward through the table */
     float *y = dup_f(out0, (size_t)T * OC);
-    k->forward_train(y, u, x, ad, T, IC, OC, seed, xd, n_threads, scratch);
+    k->forward_train(FT_F32, y, u, x, ad, T, IC, OC, seed, xd, n_threads, scratch);
     /* T·R and OC·R products of O(1) terms summed in another order (the
      * kernels' blocking): ~IC·2^-24 relative, with a floor of 1 */
     double e = fmax(check_max_rel_err(y, yr, (long)T * OC, 1.0), check_max_rel_err(u, ur, (long)T * R, 1.0));
@@ -61,13 +61,13 @@ static void kind_case(int T, int IC, int OC, int R, float p, int n_threads) {
     worst_fwd = fmax(worst_fwd, e);
     /* the double reference through the table agrees too */
     float *yd = dup_f(out0, (size_t)T * OC), *ud = malloc((size_t)T * R * 4);
-    CHECK(k->forward_train_ref(yd, ud, x, ad, T, IC, OC, seed));
+    CHECK(k->forward_train_ref(FT_F32, yd, ud, x, ad, T, IC, OC, seed));
     e = check_max_rel_err(yd, yr, (long)T * OC, 1.0);
     CHECKF(e < 2e-5, "T%d %dx%d R%d p%.1f: forward_train_ref off by %.3g", T, IC, OC, R, p, e);
     /* inference forward: no dropout */
     if (p == 0) {
         float *yi = dup_f(out0, (size_t)T * OC);
-        k->forward(yi, u, x, ad, T, IC, OC, n_threads, scratch);
+        k->forward(FT_F32, yi, u, x, ad, T, IC, OC, n_threads, scratch);
         e = check_max_rel_err(yi, yr, (long)T * OC, 1.0);
         CHECKF(e < 2e-5, "T%d %dx%d R%d: forward off by %.3g", T, IC, OC, R, e);
         worst_fwd = fmax(worst_fwd, e);
@@ -85,7 +85,7 @@ static void kind_case(int T, int IC, int OC, int R, float p, int n_threads) {
     float *dA_ref = dup_f(dA, nA), *dB_ref = dup_f(dB, nB);
     memcpy(dA, dA0, nA * 4); memcpy(dB, dB0, nB * 4);
     float *din = dup_f(din0, (size_t)T * IC);
-    k->backward(din, dout, x, ur, ad, T, IC, OC, seed, xd, g, n_threads, scratch);
+    k->backward(FT_F32, din, dout, x, ur, ad, T, IC, OC, seed, xd, g, n_threads, scratch);
     /* dA, dB sum up to T = 129 products of terms up to ~3 (g = 1.5·dout·B)
      * in the kernels' order vs the loops' order: the float rounding of such
      * a sum is ~sqrt(T)·2^-24·sum|terms| ~ 1e-5 of a result floored at 1
@@ -97,7 +97,7 @@ static void kind_case(int T, int IC, int OC, int R, float p, int n_threads) {
     /* and the double reference through the table */
     memcpy(dA, dA0, nA * 4); memcpy(dB, dB0, nB * 4);
     memcpy(din, din0, (size_t)T * IC * 4);
-    CHECK(k->backward_ref(din, dout, x, ur, ad, T, IC, OC, seed));
+    CHECK(k->backward_ref(FT_F32, din, dout, x, ur, ad, T, IC, OC, seed));
     e = fmax(check_max_rel_err(din, dx_ref, (long)T * IC, 1.0), check_max_rel_err(dA, dA_ref, (long)nA, 1.0));
     CHECKF(e < 1e-4, "T%d %dx%d R%d p%.1f: backward_ref off by %.3g", T, IC, OC, R, p, e);
 

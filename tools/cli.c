@@ -128,15 +128,28 @@ int cli_fail(const char *cmd, ftune_status st) {
     return 1;
 }
 
+void cli_note_dtype(const char *dtype) {
+    if (dtype && !ftune_dtype_is_native(dtype))
+        fprintf(stderr, "note: this CPU has no %s multiply instructions%s: --dtype %s runs on the widening path "
+                "(the same numbers, computed in f32 from %s-rounded operands)\n", dtype,
+                strcmp(dtype, "bf16") == 0 ? " (AVX512_BF16)" : "", dtype, dtype);
+}
+
 ftune_model *cli_load_model(const char *cmd, const char *path, const char *tokenizer, int ctx, bool need_tokenizer) {
+    return cli_load_model_dtype(cmd, path, tokenizer, ctx, need_tokenizer, NULL);
+}
+
+ftune_model *cli_load_model_dtype(const char *cmd, const char *path, const char *tokenizer, int ctx,
+                                  bool need_tokenizer, const char *dtype) {
     if (!path) {
         fprintf(stderr, "ftune %s: no model given (-m MODEL: a Hugging Face directory, .gguf or llama2.c .bin)\n", cmd);
         return NULL;
     }
-    ftune_load_opts o = { .tokenizer_path = tokenizer, .context_length = ctx };
+    ftune_load_opts o = { .tokenizer_path = tokenizer, .context_length = ctx, .dtype = dtype };
     ftune_model *m = NULL;
     ftune_status st = ftune_model_load(&m, path, &o);
     if (st) { cli_fail(cmd, st); return NULL; }
+    cli_note_dtype(dtype);
     if (need_tokenizer && !ftune_model_tokenizer(m)) {
         fprintf(stderr, "ftune %s: error: %s: no tokenizer (a Hugging Face directory needs tokenizer.json)\n", cmd, path);
         ftune_model_free(m);

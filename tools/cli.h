@@ -40,6 +40,14 @@ int cli_fail(const char *cmd, ftune_status st);
 /* Loads a model, printing the error on failure; need_tokenizer makes a
  * model without a tokenizer an error. */
 ftune_model *cli_load_model(const char *cmd, const char *path, const char *tokenizer, int ctx, bool need_tokenizer);
+/* The same for compute dtype dtype ("f32", "bf16", "f16"; NULL: f32),
+ * noting once on stderr when this CPU widens it instead of multiplying
+ * it natively. */
+/* The note cli_load_model_dtype prints for dtype (nothing for NULL, f32 or
+ * a dtype this CPU multiplies natively). */
+void cli_note_dtype(const char *dtype);
+ftune_model *cli_load_model_dtype(const char *cmd, const char *path, const char *tokenizer, int ctx,
+                                  bool need_tokenizer, const char *dtype);
 /* Writes the bytes of a token piece to f, dropping control bytes other than
  * whitespace (as llama2.c does). */
 void cli_print_piece(FILE *f, const char *piece, int n);

@@ -109,7 +109,7 @@ int cmd_train(int argc, char **argv) {
     const char *beta1 = "0.9", *beta2 = "0.999", *eps = "1e-8", *max_norm = "1.0", *schedule = "cosine", *min_lr = "0";
     int warmup = 0, steps = 0, epochs = 0;
     bool full = false, quiet = false, no_shuffle = false, progress = false;
-    const char *truncate = "end", *loss_scale = "none";
+    const char *truncate = "end", *loss_scale = NULL;
     cli_opt opts[] = {
         { "-m", "--model", OPT_STR, &model, "MODEL", "base model: Hugging Face directory, .gguf, or llama2.c .bin" },
         { NULL, "--data", OPT_STR, &o.data_path, "FILE", "training data: JSONL, JSON array, or .txt" },
@@ -130,7 +130,7 @@ int cmd_train(int argc, char **argv) {
           "(default: prompt; e.g. question for gsm8k)" },
         { NULL, "--completion-key", OPT_STR, &o.completion_key, "NAME", "the completion field (default: completion; "
           "e.g. answer)" },
-        { NULL, "--full", OPT_FLAG, &full, "", "full fine-tuning (every weight, f32) instead of LoRA" },
+        { NULL, "--full", OPT_FLAG, &full, "", "full fine-tuning (every weight, f32 masters) instead of LoRA" },
         { NULL, "--lora-r", OPT_INT, &o.lora_r, "R", "LoRA rank" },
         { NULL, "--lora-alpha", OPT_STR, &lora_alpha, "A", "LoRA alpha (scale alpha/r)" },
         { NULL, "--lora-dropout", OPT_STR, &lora_dropout, "P", "dropout on the LoRA input" },
@@ -145,8 +145,8 @@ int cmd_train(int argc, char **argv) {
         { NULL, "--max-grad-norm", OPT_STR, &max_norm, "N", "clip the global gradient norm; 0 = off" },
         { NULL, "--loss-scale", OPT_STR, &loss_scale, "MODE",
           "none, dynamic (PyTorch GradScaler: starts at 65536, a step with inf/NaN gradients is skipped and halves "
-          "it, 2000 finite steps double it), or N (a fixed scale; inf/NaN stops the run). For f16 compute; bf16 and "
-          "f32 need no scaler" },
+          "it, 2000 finite steps double it), or N (a fixed scale; inf/NaN stops the run). Default: dynamic with "
+          "--dtype f16, none otherwise (bf16 and f32 need no scaler)" },
         { NULL, "--schedule", OPT_STR, &schedule, "NAME", "cosine, linear or constant (after warmup)" },
         { NULL, "--warmup", OPT_INT, &warmup, "N", "linear warmup steps" },
         { NULL, "--min-lr", OPT_STR, &min_lr, "LR", "learning rate at the end of the decay" },
@@ -167,6 +167,9 @@ int cmd_train(int argc, char **argv) {
           "write OUT/initial/ (the PEFT adapter before step 1)" },
         { NULL, "--dump-batches", OPT_STR, &o.dump_batches, "FILE", "write every micro-batch as a JSON line" },
         { "-t", "--threads", OPT_INT, &o.n_threads, "N", "threads; 0 = all cores" },
+        { NULL, "--dtype", OPT_STR, &o.dtype, "T", "compute dtype: f32 (reference), bf16 or f16: bf16/f16 matrix "
+          "inputs summed in f32, f32 master weights, norms, loss and optimizer. bf16 needs no loss scaling (f32's "
+          "range); f16 gradients may underflow without it. A checkpoint resumes only in its own dtype" },
         { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
         { NULL, "--quiet", OPT_FLAG, &quiet, "", "no progress output" },
         { NULL, "--progress", OPT_FLAG, &progress, "", "show the tokenization progress even when stderr is not a terminal" },
@@ -203,6 +206,9 @@ int cmd_train(int argc, char **argv) {
     if ((st = ftune_data_format_parse(format, &o.format))) return cli_fail("train", st);
     if ((st = ftune_lora_targets_parse(targets, &o.lora_targets))) return cli_fail("train", st);
     if ((st = ftune_schedule_parse(schedule, &o.schedule))) return cli_fail("train", st);
+    /* f16's range is too small for the gradients unscaled (PyTorch pairs
+     * f16 autocast with GradScaler the same way); bf16 and f32 have f32's */
+    if (!loss_scale) loss_scale = o.dtype && strcmp(o.dtype, "f16") == 0 ? "dynamic" : "none";
     if ((st = ftune_loss_scale_parse(loss_scale, &o.loss_scale_mode, &o.loss_scale))) return cli_fail("train", st);
     if (strcmp(truncate, "end") == 0) o.truncate = FTUNE_TRUNCATE_END;
     else if (strcmp(truncate, "prompt") == 0) o.truncate = FTUNE_TRUNCATE_PROMPT;
@@ -227,7 +233,10 @@ int cmd_train(int argc, char **argv) {
         return 2;
     }
 
-    ftune_model *m = cli_load_model("train", model, tokenizer, 0, true);
+    /* full fine-tuning starts its f32 masters from the weights as stored:
+     * the model is loaded in f32 and only the products round (ftune_train_opts.dtype) */
+    ftune_model *m = cli_load_model_dtype("train", model, tokenizer, 0, true, full ? NULL : o.dtype);
+    if (full) cli_note_dtype(o.dtype);
     if (!m) return 1;
     o.model = m;
     o.model_path = model;

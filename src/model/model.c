@@ -3,7 +3,11 @@
  * model_gguf.c and model_llama2c.c. */
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
+#include "cpu/cpu.h"
 
+#include <math.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,7 +39,8 @@ void *ft_model_alloc(ftune_model *m, size_t n) {
 void ft_model_mem_plan(const ftune_model *m, ft_mem_table *t) {
     /* weight_bytes counts every bound tensor as stored, the vectors that
      * were copied included: the mapping holds them too */
-    t->planned[FT_MEM_ROW_MAPPED] = m->weight_bytes > 0 ? (size_t)m->weight_bytes : 0;
+    int64_t mapped = m->weight_bytes - m->converted_bytes; /* converted matrices are read from their copies */
+    t->planned[FT_MEM_ROW_MAPPED] = mapped > 0 ? (size_t)mapped : 0;
     t->planned[FT_MEM_WEIGHTS] += m->owned_bytes;
     t->planned[FT_MEM_OTHER] += (size_t)m->cap_owned * sizeof *m->owned;
     t->has_plan[FT_MEM_ROW_MAPPED] = t->has_plan[FT_MEM_WEIGHTS] = t->has_plan[FT_MEM_OTHER] = true;
@@ -89,6 +94,103 @@ ftune_status ft_model_bind_linear(ftune_model *m, ft_linear *dst, const ft_tenso
     return FTUNE_OK;
 }
 
+ftune_status ft_compute_parse(const char *name, const char *what, ft_dtype *out) {
+    *out = FT_F32;
+    if (!name || strcmp(name, "f32") == 0) return FTUNE_OK;
+    if (strcmp(name, "bf16") == 0) { *out = FT_BF16; return FTUNE_OK; }
+    if (strcmp(name, "f16") == 0) { *out = FT_F16; return FTUNE_OK; }
+    return ft_err(FTUNE_ERR_ARG, "%s \"%s\" is not one of f32, bf16, f16", what, name);
+}
+
+/* The matrices a compute type applies to, in a fixed order: the
+ * embedding, each layer's seven Linears, the head when untied. */
+static int n_matrices(const ftune_model *m) { return 1 + m->cfg.L * FT_N_MODS + (m->cfg.tied ? 0 : 1); }
+static ft_tensor *matrix(ftune_model *m, int i) {
+    if (i == 0) return &m->tok_embd;
+    i--;
+    if (i < m->cfg.L * FT_N_MODS) return &ft_layer_linear(&m->layers[i / FT_N_MODS], (ft_module)(i % FT_N_MODS))->w;
+    return &m->lm_head.w;
+}
+static bool plain_float(ft_dtype dt) { return ft_types[dt].is_float && ft_types[dt].block == 1; }
+
+ftune_status ft_model_check_range(const ftune_model *m, ft_dtype compute) {
+    if (compute != FT_F16) return FTUNE_OK;
+    ftune_model *mm = (ftune_model *)m; /* matrix() only reads here */
+    for (int i = 0; i < n_matrices(m); i++) {
+        const ft_tensor *t = matrix(mm, i);
+        if (t->dtype == FT_F16 || !ft_types[t->dtype].is_float || t->ndim != 2) continue;
+        int64_t rows = t->shape[0], cols = t->shape[1];
+        float *row = malloc((size_t)cols * sizeof(float));
+        if (!row) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+        for (int64_t r = 0; r < rows; r++) {
+            ft_tensor_row_f32(t, r, row);
+            for (int64_t j = 0; j < cols; j++)
+                if (!(fabsf(row[j]) <= 65504.0f)) {
+                    float v = row[j];
+                    free(row);
+                    return ft_err(FTUNE_ERR_RANGE, "tensor \"%s\": value %g at [%lld, %lld] is outside f16's range "
+                                  "(largest 65504): --dtype f16 would make it inf. Use --dtype bf16 (f32's range)",
+                                  t->name, (double)v, (long long)r, (long long)j);
+                }
+        }
+        free(row);
+    }
+    return FTUNE_OK;
+}
+
+/* After t's values were converted to an owned copy: drops the pages of the
+ * file mapping that lie wholly inside t's old bytes from the resident set
+ * (a read-only file mapping: they are only re-read from the file if
+ * touched again, which nothing does), so that the process does not hold
+ * both the file's f32 and the copy's bf16. Never for bytes in an owned
+ * buffer (DONTNEED would zero them). */
+static void release_mapped(const ftune_model *m, const void *data, size_t n) {
+    const uint8_t *p = data;
+    for (int k = 0; k < m->n_owned; k++) {
+        const uint8_t *o = m->owned[k].p;
+        if (p >= o && p < o + (m->owned[k].counted ? m->owned[k].n : 1)) return;
+        if (!m->owned[k].counted && p == o) return;
+    }
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + pg - 1) & ~(pg - 1),
+              b = ((uintptr_t)p + n) & ~(pg - 1);
+    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
+ftune_status ft_model_set_compute(ftune_model *m, ft_dtype compute) {
+    if (compute == FT_F32) { m->compute = FT_F32; return FTUNE_OK; }
+    if (compute != FT_BF16 && compute != FT_F16)
+        return ft_err(FTUNE_ERR_ARG, "compute dtype %s is not f32, bf16 or f16", ft_types[compute].name);
+    ftune_status st = ft_model_check_range(m, compute);
+    if (st) return st;
+    for (int i = 0; i < n_matrices(m); i++) {
+        ft_tensor *t = matrix(m, i);
+        if (t->dtype == compute || !plain_float(t->dtype) || t->ndim != 2) continue;
+        int64_t rows = t->shape[0], cols = t->shape[1];
+        size_t rb = ft_dtype_nbytes(compute, cols);
+        uint8_t *dst = ft_model_alloc(m, rb * (size_t)rows);
+        float *row = malloc((size_t)cols * sizeof(float));
+        if (!dst || !row) {
+            free(row);
+            return ft_err(FTUNE_ERR_NOMEM, "out of memory converting \"%s\" to %s", t->name, ft_types[compute].name);
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            ft_tensor_row_f32(t, r, row);
+            ft_types[compute].from_f32(row, dst + (size_t)r * rb, cols);
+        }
+        free(row);
+        /* a tied head shares these bytes: it is re-pointed below, before any use */
+        release_mapped(m, t->data, t->nbytes);
+        m->converted_bytes += (int64_t)t->nbytes;
+        t->data = dst;
+        t->dtype = compute;
+        t->nbytes = rb * (size_t)rows;
+    }
+    /* a tied head is the embedding's matrix, in its new dtype */
+    if (m->cfg.tied) m->lm_head.w = m->tok_embd;
+    m->compute = compute;
+    return FTUNE_OK;
+}
+
 static bool ends_with(const char *s, const char *suf) {
     size_t a = strlen(s), b = strlen(suf);
     return a >= b && strcmp(s + a - b, suf) == 0;
@@ -124,6 +226,9 @@ ftune_status ftune_model_load(ftune_model **out, const char *path, const ftune_l
     } else st = ft_load_llama2c(m, path, opts ? opts->tokenizer_path : NULL);
     if (st == FTUNE_OK && m->tok) st = check_vocab(m, path);
     if (st == FTUNE_OK && opts && opts->context_length > 0) m->cfg.max_T = opts->context_length;
+    ft_dtype compute = FT_F32;
+    if (st == FTUNE_OK) st = ft_compute_parse(opts ? opts->dtype : NULL, "dtype", &compute);
+    if (st == FTUNE_OK && compute != FT_F32) st = ft_model_set_compute(m, compute);
     if (st != FTUNE_OK) {
         ftune_model_free(m);
         return st;
@@ -179,6 +284,15 @@ void ftune_model_free(ftune_model *m) {
 }
 
 const ftune_tokenizer *ftune_model_tokenizer(const ftune_model *m) { return m->tok; }
+const char *ftune_model_dtype(const ftune_model *m) { return ft_types[m->compute].name; }
+
+int ftune_dtype_is_native(const char *dtype) {
+    ft_dtype c;
+    if (ft_compute_parse(dtype, "dtype", &c)) { ft_err_clear(); return 0; }
+    if (c == FT_F32) return 1;
+    /* f16: no AVX512_FP16 / AMX-FP16 kernels exist here; F16C only widens */
+    return c == FT_BF16 && ft_cpu_has_avx512bf16() && ft_cpu_level() >= FT_CPU_AVX512;
+}
 
 void ftune_model_get_info(const ftune_model *m, ftune_model_info *info) {
     memset(info, 0, sizeof *info);

@@ -66,8 +66,12 @@ struct ftune_model {
     int n_owned, cap_owned;
     size_t owned_bytes;       /* of the counted ones (FT_MEM_WEIGHTS) */
     int64_t weight_bytes;
+    int64_t converted_bytes;  /* of weight_bytes: matrices converted to the compute type (as stored),
+                               * whose pages of the mapping were dropped */
     int64_t n_params;
-    unsigned dtype_mask;      /* bit per ft_dtype present */
+    unsigned dtype_mask;      /* bit per ft_dtype present (as stored) */
+    ft_dtype compute;         /* the compute type it was loaded for (ftune_load_opts.dtype): FT_F32, or
+                               * FT_BF16 / FT_F16, its f32/f16/bf16 matrices then held in it */
     void *adapter;            /* ftune_model_load_adapter's default adapter (an ft_adapter), or NULL; never bound into the Linears */
     void (*free_adapter)(void *); /* frees it */
 };
@@ -93,6 +97,20 @@ void *ft_model_alloc(ftune_model *m, size_t n);
  * bytes of the copies it owns (and of its list of them): sets the mapped
  * row of t, adds to the owned-weights and other rows. */
 void ft_model_mem_plan(const ftune_model *m, ft_mem_table *t);
+/* Parses a compute dtype name: "f32" (also NULL), "bf16", "f16";
+ * FTUNE_ERR_ARG naming `what` (the option) otherwise. */
+ftune_status ft_compute_parse(const char *name, const char *what, ft_dtype *out);
+/* FTUNE_ERR_RANGE naming the first tensor (and a value) of m's matrices
+ * that compute type f16 cannot hold (|x| > 65504 would become inf),
+ * suggesting bf16; FTUNE_OK for any other compute type. */
+ftune_status ft_model_check_range(const ftune_model *m, ft_dtype compute);
+/* Holds m's frozen matrices (the embedding, the seven Linears of every
+ * layer, an untied head) in compute: those stored in another float dtype
+ * (f32, f16, bf16) are converted once (RNE) into owned copies counted as
+ * FT_MEM_WEIGHTS; those already in it stay mapped; quantized ones (q8_0,
+ * q4_0) stay as they are; vectors (norms, biases) stay f32. Sets
+ * m->compute. Checks the f16 range first (nothing is converted then). */
+ftune_status ft_model_set_compute(ftune_model *m, ft_dtype compute);
 /* Binds a tensor found in a file to a weight slot, checking shape and dtype:
  * 1-D weights (norms, biases) are converted to owned f32 copies. */
 ftune_status ft_model_bind_vec(ftune_model *m, float **dst, const ft_tensor *src, int64_t n);

@@ -22,8 +22,16 @@
  * first; parameter gradients accumulate, activation gradients overwrite,
  * except rmsnorm's dinp (the residual stream), which accumulates.
  *
- * Element type: f32 everywhere today; bf16 compute will change the element
- * type of these arguments, not the shape of the calls.
+ * Compute type: a property of the backend instance (be->compute). FT_F32
+ * is the reference; with FT_BF16 or FT_F16 the Linear ops (forward, dX, dW
+ * and the adapter's products) compute as ft_gemm_in does (kernels.h): every
+ * operand element rounded to the compute type, exact products, f32 sums;
+ * and the embedding's output rows are rounded to it (the table is a frozen
+ * weight held in the compute type; rounding here gives the same numbers
+ * whether the model converted it at load or not). Norms, RoPE, attention
+ * (its products included), SwiGLU, the loss and the optimizer run in f32.
+ * The element type of every argument stays f32; weights may be stored in
+ * any dtype.
  */
 #ifndef FT_BACKEND_H
 #define FT_BACKEND_H
@@ -39,6 +47,7 @@ struct ft_backend {
     const char *name;             /* "cpu", "ref" */
     void *ctx;                    /* the backend's own state (NULL for both CPU backends) */
     int n_threads;                /* threads a CPU backend uses; others may ignore it */
+    ft_dtype compute;             /* FT_F32, FT_BF16 or FT_F16: see "Compute type" above */
 
     /* ------------------------------------------------ buffers */
     /* bytes of backend memory counted against lifetime class c (CPU:
@@ -100,6 +109,10 @@ struct ft_backend {
     /* dwte (V, C) += dout rows; FTUNE_ERR_RANGE (nothing changed) if a token is outside [0, V). */
     ftune_status (*embedding_backward)(const ft_backend *be, float *dwte, const float *dout, const int32_t *tokens,
                                        int T, int C, int V);
+    /* dst (n elements of be->compute, RNE) = src (n floats), and back:
+     * activations saved for backward in the compute type (train_model.c). */
+    void (*to_compute)(const ft_backend *be, void *dst, const float *src, size_t n);
+    void (*from_compute)(const ft_backend *be, float *dst, const void *src, size_t n);
     /* y (n) += x (n): the residual stream. */
     void (*add)(const ft_backend *be, float *y, const float *x, size_t n);
     /* crossentropy_forward_backward: summed loss, dlogits overwritten when non-NULL. */
@@ -111,9 +124,14 @@ struct ft_backend {
     void (*adamw_step)(const ft_backend *be, ft_adamw *o, double lr);
 };
 
-/* The CPU backend on n_threads threads (as given: call ft_num_threads first). */
+/* The CPU backend on n_threads threads (as given: call ft_num_threads first),
+ * computing in f32 / in compute (FT_F32, FT_BF16, FT_F16). */
 ft_backend ft_backend_cpu(int n_threads);
-/* The reference backend (single-threaded plain C). */
+ft_backend ft_backend_cpu_in(ft_dtype compute, int n_threads);
+/* The reference backend (single-threaded plain C), in f32 / in compute: its
+ * Linears round their operands to the compute type and then run the plain
+ * f32 references (products of two bf16 or two f16 values are exact in f32). */
 ft_backend ft_backend_ref(void);
+ft_backend ft_backend_ref_in(ft_dtype compute);
 
 #endif

@@ -34,17 +34,18 @@ static size_t cpu_attention_scratch(const ft_backend *be, int Tk, int HS, bool b
 
 static void cpu_linear_forward(const ft_backend *be, float *out, const float *inp, const ft_linear *l,
                                const ft_adapter_inst *ad, int T, float *scratch) {
-    ft_linear_forward(out, inp, l, ad, T, be->n_threads, scratch);
+    ft_linear_forward_in(be->compute, out, inp, l, ad, T, be->n_threads, scratch);
 }
 static void cpu_linear_forward_train(const ft_backend *be, float *out, float *u, const float *inp,
                                      const ft_linear *l, const ft_adapter_inst *ad, int T, uint64_t mask_seed,
                                      float *scratch) {
-    ft_linear_forward_train(out, u, inp, l, ad, T, mask_seed, be->n_threads, scratch);
+    ft_linear_forward_train_in(be->compute, out, u, inp, l, ad, T, mask_seed, be->n_threads, scratch);
 }
 static void cpu_linear_backward(const ft_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
                                 const float *inp, const float *u, const ft_linear *l, const ft_adapter_inst *ad,
                                 int T, uint64_t mask_seed, bool accumulate, float *scratch) {
-    ft_linear_backward(dinp, dw, dbias, dout, inp, u, l, ad, T, mask_seed, accumulate, be->n_threads, scratch);
+    ft_linear_backward_in(be->compute, dinp, dw, dbias, dout, inp, u, l, ad, T, mask_seed, accumulate, be->n_threads,
+                          scratch);
 }
 
 static void cpu_rmsnorm_forward(const ft_backend *be, float *out, float *rstd, const float *inp, const float *w,
@@ -90,14 +91,20 @@ static void cpu_swiglu_backward(const ft_backend *be, float *dgate, float *dup, 
 }
 static void cpu_embedding_forward(const ft_backend *be, float *out, const int32_t *tokens, const ft_tensor *wte,
                                   int T) {
-    (void)be;
     size_t C = (size_t)wte->shape[1];
     for (int t = 0; t < T; t++) ft_tensor_row_f32(wte, tokens[t], out + (size_t)t * C);
+    if (be->compute != FT_F32 && wte->dtype != be->compute) ft_round_array_in(be->compute, out, out, (size_t)T * C);
 }
 static ftune_status cpu_embedding_backward(const ft_backend *be, float *dwte, const float *dout,
                                            const int32_t *tokens, int T, int C, int V) {
     (void)be;
     return ft_embedding_backward(dwte, dout, (const int *)tokens, T, C, V);
+}
+static void cpu_to_compute(const ft_backend *be, void *dst, const float *src, size_t n) {
+    ft_types[be->compute].from_f32(src, dst, (int64_t)n);
+}
+static void cpu_from_compute(const ft_backend *be, float *dst, const void *src, size_t n) {
+    ft_types[be->compute].to_f32(src, dst, (int64_t)n);
 }
 static void cpu_add(const ft_backend *be, float *y, const float *x, size_t n) {
     (void)be;
@@ -112,10 +119,13 @@ static void cpu_adamw_step(const ft_backend *be, ft_adamw *o, double lr) {
     ft_adamw_step(o, lr);
 }
 
-ft_backend ft_backend_cpu(int n_threads) {
+ft_backend ft_backend_cpu(int n_threads) { return ft_backend_cpu_in(FT_F32, n_threads); }
+
+ft_backend ft_backend_cpu_in(ft_dtype compute, int n_threads) {
     return (ft_backend){
         .name = "cpu",
         .n_threads = n_threads,
+        .compute = compute,
         .alloc = cpu_alloc,
         .free = cpu_free,
         .upload = cpu_memcpy,
@@ -138,6 +148,8 @@ ft_backend ft_backend_cpu(int n_threads) {
         .swiglu_backward = cpu_swiglu_backward,
         .embedding_forward = cpu_embedding_forward,
         .embedding_backward = cpu_embedding_backward,
+        .to_compute = cpu_to_compute,
+        .from_compute = cpu_from_compute,
         .add = cpu_add,
         .crossentropy = cpu_crossentropy,
         .adamw_step = cpu_adamw_step,

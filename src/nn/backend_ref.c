@@ -47,43 +47,61 @@ static size_t ref_attention_scratch(const ft_backend *be, int Tk, int HS, bool b
 
 static void ref_linear_forward(const ft_backend *be, float *out, const float *inp, const ft_linear *l,
                                const ft_adapter_inst *ad, int T, float *scratch) {
-    (void)be; (void)scratch;
-    ft_linear_forward_ref(out, inp, l, ad, T);
+    (void)scratch;
+    ft_linear_forward_ref_in(be->compute, out, inp, l, ad, T);
 }
 
 static void ref_linear_forward_train(const ft_backend *be, float *out, float *u, const float *inp,
                                      const ft_linear *l, const ft_adapter_inst *a, int T, uint64_t mask_seed,
                                      float *scratch) {
-    (void)be; (void)scratch;
-    ft_linear_forward_ref(out, inp, l, NULL, T);
+    (void)scratch;
+    ft_linear_forward_ref_in(be->compute, out, inp, l, NULL, T);
     if (!a) return;
     int IC = l->in, OC = l->out;
-    if (!a->kind->forward_train_ref(out, u, inp, a, T, IC, OC, mask_seed)) {
+    if (!a->kind->forward_train_ref(be->compute, out, u, inp, a, T, IC, OC, mask_seed)) {
         fill_nan(out, (size_t)T * OC);
         fill_nan(u, (size_t)T * a->kind->saved_floats(a));
     }
 }
 
+/* In a compute type, W, dout and inp are rounded copies (the reference
+ * products are then exactly ft_gemm_in's); dbias sums dout unrounded. The
+ * weight gradient is computed for W of any dtype. */
 static void ref_linear_backward(const ft_backend *be, float *dinp, float *dw, float *dbias, const float *dout,
                                 const float *inp, const float *u, const ft_linear *l, const ft_adapter_inst *a,
                                 int T, uint64_t mask_seed, bool accumulate, float *scratch) {
-    (void)be; (void)scratch;
+    (void)scratch;
+    ft_dtype cp = be->compute;
     int IC = l->in, OC = l->out;
+    bool rnd = cp != FT_F32;
     size_t nw = (size_t)OC * IC * sizeof(float), nx = (size_t)T * IC * sizeof(float);
+    size_t no = rnd ? (size_t)T * OC * sizeof(float) : 0, nr = rnd ? nx : 0;
     float *w = ft_mem_alloc(FT_MEM_SCRATCH, nw), *dx = ft_mem_alloc(FT_MEM_SCRATCH, nx);
-    if (!w || !dx) {
-        ft_mem_free(FT_MEM_SCRATCH, w, nw); ft_mem_free(FT_MEM_SCRATCH, dx, nx);
+    float *dor = rnd ? ft_mem_alloc(FT_MEM_SCRATCH, no) : NULL, *xr = rnd ? ft_mem_alloc(FT_MEM_SCRATCH, nr) : NULL;
+    if (!w || !dx || (rnd && (!dor || !xr))) {
+        ft_mem_free(FT_MEM_SCRATCH, w, w ? nw : 0); ft_mem_free(FT_MEM_SCRATCH, dx, dx ? nx : 0);
+        ft_mem_free(FT_MEM_SCRATCH, dor, dor ? no : 0); ft_mem_free(FT_MEM_SCRATCH, xr, xr ? nr : 0);
         fill_nan(dinp, (size_t)T * IC);
         return;
     }
     for (int o = 0; o < OC; o++) ft_tensor_row_f32(&l->w, o, w + (size_t)o * IC);
+    if (rnd) {
+        ft_round_array_in(cp, w, w, (size_t)OC * IC);
+        ft_round_array_in(cp, dor, dout, (size_t)T * OC);
+        ft_round_array_in(cp, xr, inp, (size_t)T * IC);
+    }
     /* dx (T, IC) = dout · W (overwritten); dw, dbias accumulate */
-    ft_matmul_backward_ref(dinp ? dx : NULL, l->w.dtype == FT_F32 ? dw : NULL, dbias, dout, inp, w, T, IC, OC);
+    ft_matmul_backward_ref(dinp ? dx : NULL, dw, rnd ? NULL : dbias, rnd ? dor : dout, rnd ? xr : inp, w, T, IC, OC);
+    if (rnd && dbias)
+        for (int t = 0; t < T; t++)
+            for (int o = 0; o < OC; o++) dbias[o] += dout[(size_t)t * OC + o];
     if (dinp)
         for (size_t i = 0; i < (size_t)T * IC; i++) dinp[i] = accumulate ? dinp[i] + dx[i] : dx[i];
-    if (a && !a->kind->backward_ref(dinp, dout, inp, u, a, T, IC, OC, mask_seed)) fill_nan(dinp, (size_t)T * IC);
+    if (a && !a->kind->backward_ref(cp, dinp, dout, inp, u, a, T, IC, OC, mask_seed)) fill_nan(dinp, (size_t)T * IC);
     ft_mem_free(FT_MEM_SCRATCH, w, nw);
     ft_mem_free(FT_MEM_SCRATCH, dx, nx);
+    ft_mem_free(FT_MEM_SCRATCH, dor, no);
+    ft_mem_free(FT_MEM_SCRATCH, xr, nr);
 }
 
 /* ------------------------------------------------------------- layers */
@@ -185,18 +203,24 @@ static void ref_swiglu_backward(const ft_backend *be, float *dgate, float *dup, 
 }
 static void ref_embedding_forward(const ft_backend *be, float *out, const int32_t *tokens, const ft_tensor *wte,
                                   int T) {
-    (void)be;
     int C = (int)wte->shape[1], V = (int)wte->shape[0];
     if (wte->dtype == FT_F32) {
         if (ft_embedding_forward(out, (const int *)tokens, wte->data, T, C, V)) fill_nan(out, (size_t)T * C);
-        return;
+    } else {
+        for (int t = 0; t < T; t++) ft_tensor_row_f32(wte, tokens[t], out + (size_t)t * C);
     }
-    for (int t = 0; t < T; t++) ft_tensor_row_f32(wte, tokens[t], out + (size_t)t * C);
+    if (be->compute != FT_F32) ft_round_array_in(be->compute, out, out, (size_t)T * C);
 }
 static ftune_status ref_embedding_backward(const ft_backend *be, float *dwte, const float *dout,
                                            const int32_t *tokens, int T, int C, int V) {
     (void)be;
     return ft_embedding_backward(dwte, dout, (const int *)tokens, T, C, V);
+}
+static void ref_to_compute(const ft_backend *be, void *dst, const float *src, size_t n) {
+    ft_types[be->compute].from_f32(src, dst, (int64_t)n);
+}
+static void ref_from_compute(const ft_backend *be, float *dst, const void *src, size_t n) {
+    ft_types[be->compute].to_f32(src, dst, (int64_t)n);
 }
 static void ref_add(const ft_backend *be, float *y, const float *x, size_t n) {
     (void)be;
@@ -214,10 +238,13 @@ static void ref_adamw_step(const ft_backend *be, ft_adamw *o, double lr) {
     ft_adamw_step(o, lr);
 }
 
-ft_backend ft_backend_ref(void) {
+ft_backend ft_backend_ref(void) { return ft_backend_ref_in(FT_F32); }
+
+ft_backend ft_backend_ref_in(ft_dtype compute) {
     return (ft_backend){
         .name = "ref",
         .n_threads = 1,
+        .compute = compute,
         .alloc = ref_alloc,
         .free = ref_free,
         .upload = ref_memcpy,
@@ -240,6 +267,8 @@ ft_backend ft_backend_ref(void) {
         .swiglu_backward = ref_swiglu_backward,
         .embedding_forward = ref_embedding_forward,
         .embedding_backward = ref_embedding_backward,
+        .to_compute = ref_to_compute,
+        .from_compute = ref_from_compute,
         .add = ref_add,
         .crossentropy = ref_crossentropy,
         .adamw_step = ref_adamw_step,

@@ -60,16 +60,19 @@ void ft_block_forward(const ft_block_env *e, const ft_layer *ly, int layer, cons
     lin_fwd(e, ly, layer, FT_MOD_Q, a, io, a->q, a->ln1, BT);
     lin_fwd(e, ly, layer, FT_MOD_K, a, io, a->k, a->ln1, BT);
     lin_fwd(e, ly, layer, FT_MOD_V, a, io, a->v, a->ln1, BT);
+    if (a->ln1_c) be->to_compute(be, a->ln1_c, a->ln1, (size_t)BT * C);
     be->rope_forward(be, a->q, io->pos, e->inv_freq, BT, NH, HS, c->rope_interleaved);
     be->rope_forward(be, a->k, io->pos, e->inv_freq, BT, NKV, HS, c->rope_interleaved);
     if (io->P > 0) assemble_prefix(be, io, a->k, a->v, (size_t)NKV * HS);
     be->attention_forward(be, a->atty, a->lse, a->q, io->keys, io->values, io->q_pos, io->doc, B, T, io->Tk, NH,
                           NKV, HS, NKV * HS, e->att_scratch);
     lin_fwd(e, ly, layer, FT_MOD_O, a, io, a->mid, a->atty, BT);
+    if (a->atty_c) be->to_compute(be, a->atty_c, a->atty, (size_t)BT * NH * HS);
     be->add(be, a->mid, x, (size_t)BT * C);
     be->rmsnorm_forward(be, a->ln2, a->rstd2, a->mid, ly->ffn_norm, BT, C, c->norm_eps);
     lin_fwd(e, ly, layer, FT_MOD_GATE, a, io, a->gate, a->ln2, BT);
     lin_fwd(e, ly, layer, FT_MOD_UP, a, io, a->up, a->ln2, BT);
+    if (a->ln2_c) be->to_compute(be, a->ln2_c, a->ln2, (size_t)BT * C);
     be->swiglu_forward(be, a->h, a->gate, a->up, BT, F);
     lin_fwd(e, ly, layer, FT_MOD_DOWN, a, io, out, a->h, BT);
     be->add(be, out, a->mid, (size_t)BT * C);
@@ -86,10 +89,12 @@ void ft_block_backward(const ft_block_env *e, const ft_layer *ly, int layer, con
     be->swiglu_forward(be, s->h, a->gate, a->up, BT, F);
     lin_bwd(e, ly, layer, FT_MOD_DOWN, g, a, io, s->dh, dres, s->h, BT, false);
     be->swiglu_backward(be, s->dgate, s->dup, s->dh, a->gate, a->up, BT, F);
+    if (a->ln2_c) be->from_compute(be, a->ln2, a->ln2_c, (size_t)BT * C);
     lin_bwd(e, ly, layer, FT_MOD_GATE, g, a, io, s->dln, s->dgate, a->ln2, BT, false);
     lin_bwd(e, ly, layer, FT_MOD_UP, g, a, io, s->dln, s->dup, a->ln2, BT, true);
     be->rmsnorm_backward(be, dres, g->ffn_norm, s->dln, a->mid, ly->ffn_norm, a->rstd2, BT, C);
     /* attention: probabilities recomputed from the saved log-sum-exp */
+    if (a->atty_c) be->from_compute(be, a->atty, a->atty_c, (size_t)BT * NH * HS);
     lin_bwd(e, ly, layer, FT_MOD_O, g, a, io, s->datty, dres, a->atty, BT, false);
     if (io->P > 0) {
         size_t kvd = (size_t)NKV * HS, P = (size_t)io->P;
@@ -110,6 +115,7 @@ void ft_block_backward(const ft_block_env *e, const ft_layer *ly, int layer, con
     }
     be->rope_backward(be, s->dq, io->pos, e->inv_freq, BT, NH, HS, c->rope_interleaved);
     be->rope_backward(be, s->dk, io->pos, e->inv_freq, BT, NKV, HS, c->rope_interleaved);
+    if (a->ln1_c) be->from_compute(be, a->ln1, a->ln1_c, (size_t)BT * C);
     lin_bwd(e, ly, layer, FT_MOD_Q, g, a, io, s->dln, s->dq, a->ln1, BT, false);
     lin_bwd(e, ly, layer, FT_MOD_K, g, a, io, s->dln, s->dk, a->ln1, BT, true);
     lin_bwd(e, ly, layer, FT_MOD_V, g, a, io, s->dln, s->dv, a->ln1, BT, true);

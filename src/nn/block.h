@@ -16,8 +16,9 @@
  *    saved x with the same ft_block_io (the same mask seeds, so the same
  *    dropout) into one shared ft_block_acts, then ft_block_backward runs on
  *    it unchanged. Forward is a pure function of (x, weights, io).
- *  - bf16 compute changes the element type of the ft_block_acts arrays and
- *    the ops they are passed to, not the shape of the calls.
+ *  - bf16 compute keeps the arrays f32 and the calls as they are; the
+ *    inputs of Linears (ln1, ln2, atty) may be saved in the compute type
+ *    (ft_block_acts.ln1_c, ...).
  *  - every op goes through the env's backend table (backend.h), so another
  *    backend runs this same sequence on its own buffers.
  *  - ZeRO-3 gathers a layer's weights in the pre hooks and frees them in the
@@ -48,6 +49,13 @@ typedef struct {
     float *gate, *up;             /* (BT, F) */
     float *h;                     /* (BT, F) SwiGLU output (may be gate without backward) */
     float *u[FT_N_MODS];        /* (BT, R) adapter activations for backward, or NULL */
+    /* Saved in the backend's compute type instead (bf16/f16 training), or
+     * NULL: ln1, ln2 and atty are then scratch (they may be one buffer),
+     * saved here after their Linears read them and restored before their
+     * Linears' backward. They feed only matrix products, which round them
+     * to the compute type anyway, so this changes no result. */
+    void *ln1_c, *ln2_c;          /* (BT, C) */
+    void *atty_c;                 /* (BT, NH*HS) */
 } ft_block_acts;
 
 /* The token layout of one call. */

@@ -32,6 +32,26 @@ typedef struct {
     int in, out;
 } ft_linear;
 
+/* The compute type of a Linear's products (ft_gemm_in, kernels.h): FT_F32,
+ * or FT_BF16 / FT_F16, where every operand element (W, the input, dout,
+ * the adapter's matrices and intermediates) is rounded to it (RNE) and the
+ * products are summed in f32; the outputs and gradients are f32. The _in
+ * functions take it first; the others are the f32 ones. */
+
+/* x as the compute type sees it: RNE-rounded to bf16/f16 (f16 overflows to
+ * inf), exactly representable in f32; x itself for FT_F32. */
+static inline float ft_round_in(ft_dtype compute, float x) {
+    return compute == FT_BF16 ? ft_bf16_to_f32(ft_f32_to_bf16(x))
+           : compute == FT_F16 ? ft_f16_to_f32(ft_f32_to_f16(x))
+                               : x;
+}
+/* dst[i] = ft_round_in(compute, src[i]) for i < n; dst may be src. */
+void ft_round_array_in(ft_dtype compute, float *dst, const float *src, size_t n);
+/* Whether a compute type is one the Linears take (f32, bf16, f16). */
+static inline bool ft_compute_ok(ft_dtype compute) {
+    return compute == FT_F32 || compute == FT_BF16 || compute == FT_F16;
+}
+
 /* Every Linear op takes the adapter of this call (`ad`, any kind, or NULL:
  * none) as an argument: the Linear never holds one, so a model's Linears
  * stay read-only after load and each caller runs its own adapter set. */
@@ -45,9 +65,16 @@ size_t ft_linear_scratch_floats(int in, int n_threads);
  * dropout, when non-NULL), on n_threads threads. */
 void ft_linear_forward(float *out, const float *inp, const ft_linear *l, const ft_adapter_inst *ad, int T,
                        int n_threads, float *scratch);
+void ft_linear_forward_in(ft_dtype compute, float *out, const float *inp, const ft_linear *l,
+                          const ft_adapter_inst *ad, int T, int n_threads, float *scratch);
 /* Reference: dequantize W to f32 and use ft_matmul_forward_ref (plus the
  * adapter in plain loops). For tests. */
 void ft_linear_forward_ref(float *out, const float *inp, const ft_linear *l, const ft_adapter_inst *ad, int T);
+/* The same in a compute type: W and inp rounded to it first (products of
+ * two bf16 or two f16 values are exact in f32, so the f32 reference then
+ * computes exactly ft_gemm_in's products), the adapter by its forward_ref. */
+void ft_linear_forward_ref_in(ft_dtype compute, float *out, const float *inp, const ft_linear *l,
+                              const ft_adapter_inst *ad, int T);
 
 /* ------------------------------------------------------------- training */
 
@@ -59,6 +86,8 @@ size_t ft_linear_train_scratch_floats(int in, int R, int T, int n_threads);
  * backward (u may be NULL when ad is NULL). */
 void ft_linear_forward_train(float *out, float *u, const float *inp, const ft_linear *l, const ft_adapter_inst *ad,
                              int T, uint64_t mask_seed, int n_threads, float *scratch);
+void ft_linear_forward_train_in(ft_dtype compute, float *out, float *u, const float *inp, const ft_linear *l,
+                                const ft_adapter_inst *ad, int T, uint64_t mask_seed, int n_threads, float *scratch);
 /* Backward of linear_forward_train, with the same mask_seed and the saved u.
  * dinp (T, in) = dout · W (+ the adapter's path through the same dropout
  * mask); it is overwritten, or added to when accumulate; it may be NULL.
@@ -67,6 +96,11 @@ void ft_linear_forward_train(float *out, float *u, const float *inp, const ft_li
 void ft_linear_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *u,
                         const ft_linear *l, const ft_adapter_inst *ad, int T, uint64_t mask_seed, bool accumulate,
                         int n_threads, float *scratch);
+/* In a compute type: dinp = dout·W and dw += doutᵀ·inp with the operands
+ * rounded (dbias sums dout unrounded, in f32). */
+void ft_linear_backward_in(ft_dtype compute, float *dinp, float *dw, float *dbias, const float *dout,
+                           const float *inp, const float *u, const ft_linear *l, const ft_adapter_inst *ad, int T,
+                           uint64_t mask_seed, bool accumulate, int n_threads, float *scratch);
 
 /* ------------------------------------------------------------ LoRA (lora.c) */
 
@@ -92,8 +126,8 @@ void ft_lora_dropout(float *xd, const float *inp, float p, uint64_t mask_seed, i
 /* out (T, OC) += scale · u · B^T with u (T, R) = x · A^T, where x is the
  * (already dropped-out) input. u is written. On the kernels of kernels.h
  * with n_threads and scratch (FT_GEMM_SCRATCH_FLOATS floats). */
-void ft_lora_forward_fast(float *out, float *u, const float *x, const ft_lora *a, int T, int IC, int OC, int n_threads,
-                       float *scratch);
+void ft_lora_forward_fast(ft_dtype compute, float *out, float *u, const float *x, const ft_lora *a, int T, int IC,
+                          int OC, int n_threads, float *scratch);
 /* The same in plain loops on one thread, without scratch: the reference. */
 void ft_lora_forward(float *out, float *u, const float *x, const ft_lora *a, int T, int IC, int OC);
 /* Backward of lora_forward for the same x (already dropped out) and saved
@@ -102,18 +136,19 @@ void ft_lora_forward(float *out, float *u, const float *x, const ft_lora *a, int
  * (the caller applies the dropout mask); it is written last, so dx may be
  * the same buffer as x. g (T, R) is scratch; the kernels' packing area is
  * `scratch` (FT_GEMM_SCRATCH_FLOATS floats), on n_threads threads. */
-void ft_lora_backward_fast(float *dx, const float *dout, const float *x, const float *u, const ft_lora *a, int T, int IC,
-                        int OC, float *g, int n_threads, float *scratch);
+void ft_lora_backward_fast(ft_dtype compute, float *dx, const float *dout, const float *x, const float *u,
+                           const ft_lora *a, int T, int IC, int OC, float *g, int n_threads, float *scratch);
 /* The same in plain loops on one thread, without scratch: the reference. */
 void ft_lora_backward(float *dx, const float *dout, const float *x, const float *u, const ft_lora *a, int T, int IC,
                    int OC, float *g);
 
 /* lora_forward and lora_backward with every sum in double (u rounded to
- * float as it is stored): the oracle of the reference backend and
- * linear_forward_ref. lora_backward_f64 writes g (T, R) and, when dx is
+ * float as it is stored, every operand rounded to compute as it is read):
+ * the oracle of the reference backend and linear_forward_ref. lora_backward_f64 writes g (T, R) and, when dx is
  * non-NULL, dx (T, in); dA, dB accumulate when non-NULL. */
-void ft_lora_forward_f64(float *out, float *u, const float *x, const ft_lora *a, int T, int IC, int OC);
-void ft_lora_backward_f64(float *dx, const float *dout, const float *x, const float *u, const ft_lora *a, int T,
-                       int IC, int OC, float *g);
+void ft_lora_forward_f64(ft_dtype compute, float *out, float *u, const float *x, const ft_lora *a, int T, int IC,
+                         int OC);
+void ft_lora_backward_f64(ft_dtype compute, float *dx, const float *dout, const float *x, const float *u,
+                          const ft_lora *a, int T, int IC, int OC, float *g);
 
 #endif

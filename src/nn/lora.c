@@ -73,18 +73,22 @@ void ft_lora_dropout(float *xd, const float *inp, float p, uint64_t mask_seed, i
     ft_parallel_for((size_t)T * in > 65536 ? n_threads : 1, T, dropout_row, &c);
 }
 
-/* The products below are all f32 with sizes the callers have checked:
- * ft_gemm declining one is our bug. */
+/* The products below are all in the compute type (f32 masters A, B and
+ * f32 activations, rounded by ft_gemm_in as it reads them: numerically the
+ * same as bf16 "compute copies" refreshed after every step, without the
+ * copies) with sizes the callers have checked: ft_gemm_in declining one is
+ * our bug. */
 static void gemm_checked(bool ok, const char *what) {
     if (ok) return;
     fprintf(stderr, "ftune: internal error: the kernels declined the LoRA product %s\n", what);
     abort();
 }
 #define GEMM(what, C, crs, ccs, A, B, M, N, K, alpha, acc) \
-    gemm_checked(ft_gemm(C, crs, ccs, A, B, M, N, K, alpha, acc, n_threads, scratch, FT_GEMM_SCRATCH_FLOATS), what)
+    gemm_checked(ft_gemm_in(compute, C, crs, ccs, A, B, M, N, K, alpha, acc, n_threads, scratch, \
+                            FT_GEMM_SCRATCH_FLOATS), what)
 
-void ft_lora_forward_fast(float *out, float *u, const float *x, const ft_lora *a, int T, int in, int OC, int n_threads,
-                       float *scratch) {
+void ft_lora_forward_fast(ft_dtype compute, float *out, float *u, const float *x, const ft_lora *a, int T, int in,
+                          int OC, int n_threads, float *scratch) {
     int R = a->r;
     ft_mat X = ft_mat_f32(x, in, 1), At = ft_mat_f32(a->A, 1, in);
     ft_mat U = ft_mat_f32(u, R, 1), Bt = ft_mat_f32(a->B, 1, R);
@@ -92,8 +96,8 @@ void ft_lora_forward_fast(float *out, float *u, const float *x, const ft_lora *a
     GEMM("out += scale·u·Bᵀ", out, OC, 1, &U, &Bt, T, OC, R, a->scale, true);
 }
 
-void ft_lora_backward_fast(float *dx, const float *dout, const float *x, const float *u, const ft_lora *a, int T, int in,
-                        int OC, float *g, int n_threads, float *scratch) {
+void ft_lora_backward_fast(ft_dtype compute, float *dx, const float *dout, const float *x, const float *u,
+                           const ft_lora *a, int T, int in, int OC, float *g, int n_threads, float *scratch) {
     int R = a->r;
     ft_mat D = ft_mat_f32(dout, OC, 1), Dt = ft_mat_f32(dout, 1, OC);
     ft_mat U = ft_mat_f32(u, R, 1), Bm = ft_mat_f32(a->B, R, 1);
@@ -159,53 +163,70 @@ void ft_lora_backward(float *dx, const float *dout, const float *x, const float 
 
 /* ----------------------------------------------- references in double */
 
-void ft_lora_forward_f64(float *out, float *u, const float *x, const ft_lora *a, int T, int IC, int OC) {
+/* Operands as the compute type sees them: RNE-rounded to it (exact in f32). */
+#define RD(x) ((double)ft_round_in(compute, (x)))
+
+void ft_lora_forward_f64(ft_dtype compute, float *out, float *u, const float *x, const ft_lora *a, int T, int IC,
+                         int OC) {
     int R = a->r;
     for (int t = 0; t < T; t++) {
         for (int k = 0; k < R; k++) {
             double s = 0;
-            for (int i = 0; i < IC; i++) s += (double)a->A[(size_t)k * IC + i] * x[(size_t)t * IC + i];
+            for (int i = 0; i < IC; i++) s += RD(a->A[(size_t)k * IC + i]) * RD(x[(size_t)t * IC + i]);
             u[(size_t)t * R + k] = (float)s;
         }
         for (int o = 0; o < OC; o++) {
             double s = 0;
-            for (int k = 0; k < R; k++) s += (double)u[(size_t)t * R + k] * a->B[(size_t)o * R + k];
+            for (int k = 0; k < R; k++) s += RD(u[(size_t)t * R + k]) * RD(a->B[(size_t)o * R + k]);
             out[(size_t)t * OC + o] += (float)(a->scale * s);
         }
     }
 }
 
-void ft_lora_backward_f64(float *dx, const float *dout, const float *x, const float *u, const ft_lora *a, int T,
-                       int IC, int OC, float *g) {
+void ft_lora_backward_f64(ft_dtype compute, float *dx, const float *dout, const float *x, const float *u,
+                          const ft_lora *a, int T, int IC, int OC, float *g) {
     int R = a->r;
     /* g (T, R) = scale · dout · B */
     for (int t = 0; t < T; t++)
         for (int k = 0; k < R; k++) {
             double s = 0;
-            for (int o = 0; o < OC; o++) s += (double)dout[(size_t)t * OC + o] * a->B[(size_t)o * R + k];
+            for (int o = 0; o < OC; o++) s += RD(dout[(size_t)t * OC + o]) * RD(a->B[(size_t)o * R + k]);
             g[(size_t)t * R + k] = (float)(a->scale * s);
         }
     if (a->dB) /* dB (OC, R) += scale · dout^T · u */
         for (int o = 0; o < OC; o++)
             for (int k = 0; k < R; k++) {
                 double s = 0;
-                for (int t = 0; t < T; t++) s += (double)dout[(size_t)t * OC + o] * u[(size_t)t * R + k];
+                for (int t = 0; t < T; t++) s += RD(dout[(size_t)t * OC + o]) * RD(u[(size_t)t * R + k]);
                 a->dB[(size_t)o * R + k] += (float)(a->scale * s);
             }
     if (a->dA) /* dA (R, IC) += g^T · x */
         for (int k = 0; k < R; k++)
             for (int i = 0; i < IC; i++) {
                 double s = 0;
-                for (int t = 0; t < T; t++) s += (double)g[(size_t)t * R + k] * x[(size_t)t * IC + i];
+                for (int t = 0; t < T; t++) s += RD(g[(size_t)t * R + k]) * RD(x[(size_t)t * IC + i]);
                 a->dA[(size_t)k * IC + i] += (float)s;
             }
     if (dx) /* dx = g · A */
         for (int t = 0; t < T; t++)
             for (int i = 0; i < IC; i++) {
                 double s = 0;
-                for (int k = 0; k < R; k++) s += (double)g[(size_t)t * R + k] * a->A[(size_t)k * IC + i];
+                for (int k = 0; k < R; k++) s += RD(g[(size_t)t * R + k]) * RD(a->A[(size_t)k * IC + i]);
                 dx[(size_t)t * IC + i] = (float)s;
             }
+}
+#undef RD
+
+/* xd = dropout(x) as the products see x: in bf16/f16 x is rounded to the
+ * compute type first (then the mask's 1/(1-p) scaling, then the product's
+ * own rounding), so that an input saved for backward in the compute type
+ * (train_model.c) gives backward exactly the forward's xd. */
+static void dropout_in(ft_dtype compute, float *xd, const float *x, float p, uint64_t seed, int T, int IC, int nt) {
+    if (compute != FT_F32) {
+        ft_round_array_in(compute, xd, x, (size_t)T * IC);
+        x = xd;
+    }
+    ft_lora_dropout(xd, x, p, seed, T, IC, nt);
 }
 
 /* ------------------------------------------------ the kind's ops table */
@@ -215,68 +236,69 @@ void ft_lora_backward_f64(float *dx, const float *dout, const float *x, const fl
 
 static int kind_saved_floats(const ft_adapter_inst *a) { return LORA(a)->r; }
 
-static void kind_forward(float *out, float *u, const float *x, const ft_adapter_inst *a, int T, int IC, int OC,
-                         int n_threads, float *scratch) {
-    ft_lora_forward_fast(out, u, x, LORA(a), T, IC, OC, n_threads, scratch);
+static void kind_forward(ft_dtype compute, float *out, float *u, const float *x, const ft_adapter_inst *a, int T,
+                         int IC, int OC, int n_threads, float *scratch) {
+    ft_lora_forward_fast(compute, out, u, x, LORA(a), T, IC, OC, n_threads, scratch);
 }
 
-static void kind_forward_ref(float *out, float *u, const float *x, const ft_adapter_inst *a, int T, int IC, int OC) {
-    ft_lora_forward_f64(out, u, x, LORA(a), T, IC, OC);
+static void kind_forward_ref(ft_dtype compute, float *out, float *u, const float *x, const ft_adapter_inst *a, int T,
+                             int IC, int OC) {
+    ft_lora_forward_f64(compute, out, u, x, LORA(a), T, IC, OC);
 }
 
-static void kind_forward_train(float *out, float *u, const float *x, const ft_adapter_inst *a, int T, int IC, int OC,
-                               uint64_t mask_seed, float *xd, int n_threads, float *scratch) {
+static void kind_forward_train(ft_dtype compute, float *out, float *u, const float *x, const ft_adapter_inst *a, int T,
+                               int IC, int OC, uint64_t mask_seed, float *xd, int n_threads, float *scratch) {
     const ft_lora *lo = LORA(a);
     if (lo->dropout > 0) {
-        ft_lora_dropout(xd, x, lo->dropout, mask_seed, T, IC, n_threads);
+        dropout_in(compute, xd, x, lo->dropout, mask_seed, T, IC, n_threads);
         x = xd;
     }
-    ft_lora_forward_fast(out, u, x, lo, T, IC, OC, n_threads, scratch);
+    ft_lora_forward_fast(compute, out, u, x, lo, T, IC, OC, n_threads, scratch);
 }
 
 /* Scratch for the references, counted as the reference backend's scratch. */
 static float *ref_buf(size_t n) { return ft_mem_alloc(FT_MEM_SCRATCH, n * sizeof(float)); }
 static void ref_free(float *p, size_t n) { ft_mem_free(FT_MEM_SCRATCH, p, p ? n * sizeof(float) : 0); }
 
-static bool kind_forward_train_ref(float *out, float *u, const float *x, const ft_adapter_inst *a, int T, int IC,
-                                   int OC, uint64_t mask_seed) {
+static bool kind_forward_train_ref(ft_dtype compute, float *out, float *u, const float *x, const ft_adapter_inst *a,
+                                   int T, int IC, int OC, uint64_t mask_seed) {
     const ft_lora *lo = LORA(a);
     size_t nx = (size_t)T * IC;
     float *xd = lo->dropout > 0 ? ref_buf(nx) : NULL;
     if (lo->dropout > 0 && !xd) return false;
-    if (xd) ft_lora_dropout(xd, x, lo->dropout, mask_seed, T, IC, 1);
-    ft_lora_forward_f64(out, u, xd ? xd : x, lo, T, IC, OC);
+    if (xd) dropout_in(compute, xd, x, lo->dropout, mask_seed, T, IC, 1);
+    ft_lora_forward_f64(compute, out, u, xd ? xd : x, lo, T, IC, OC);
     ref_free(xd, nx);
     return true;
 }
 
-static void kind_backward(float *dinp, const float *dout, const float *inp, const float *u, const ft_adapter_inst *a,
-                          int T, int IC, int OC, uint64_t mask_seed, float *xd, float *g, int n_threads,
-                          float *scratch) {
+static void kind_backward(ft_dtype compute, float *dinp, const float *dout, const float *inp, const float *u,
+                          const ft_adapter_inst *a, int T, int IC, int OC, uint64_t mask_seed, float *xd, float *g,
+                          int n_threads, float *scratch) {
     const ft_lora *lo = LORA(a);
     const float *x = inp;
     if (lo->dropout > 0) {
-        ft_lora_dropout(xd, inp, lo->dropout, mask_seed, T, IC, n_threads);
+        dropout_in(compute, xd, inp, lo->dropout, mask_seed, T, IC, n_threads);
         x = xd;
     }
     /* the adapter's dx lands in xd (lora_backward writes it last, after x
      * was read), then goes back through the same mask */
-    ft_lora_backward_fast(dinp ? xd : NULL, dout, x, u, lo, T, IC, OC, g, n_threads, scratch);
+    ft_lora_backward_fast(compute, dinp ? xd : NULL, dout, x, u, lo, T, IC, OC, g, n_threads, scratch);
     if (!dinp) return;
     if (lo->dropout > 0) ft_lora_dropout(xd, xd, lo->dropout, mask_seed, T, IC, n_threads);
     for (size_t i = 0; i < (size_t)T * IC; i++) dinp[i] += xd[i];
 }
 
-static bool kind_backward_ref(float *dinp, const float *dout, const float *inp, const float *u,
+static bool kind_backward_ref(ft_dtype compute, float *dinp, const float *dout, const float *inp, const float *u,
                               const ft_adapter_inst *a, int T, int IC, int OC, uint64_t mask_seed) {
     const ft_lora *lo = LORA(a);
     size_t nx = (size_t)T * IC, ng = (size_t)T * lo->r;
     float *dx = ref_buf(nx), *xd = lo->dropout > 0 ? ref_buf(nx) : NULL, *g = ref_buf(ng);
     bool ok = dx && g && (xd || lo->dropout <= 0);
     if (ok) {
-        if (xd) ft_lora_dropout(xd, inp, lo->dropout, mask_seed, T, IC, 1);
+        if (xd) dropout_in(compute, xd, inp, lo->dropout, mask_seed, T, IC, 1);
         /* dx = scale · (dout·B) · A, then back through the same dropout mask */
-        ft_lora_backward_f64(dinp ? dx : NULL, dout, xd ? xd : inp, u, lo, T, IC, OC, g);
+        ft_lora_backward_f64(compute, dinp ? dx : NULL, dout, xd ? xd : inp, u, lo, T, IC, OC, g);
         if (dinp) {
             if (lo->dropout > 0) ft_lora_dropout(dx, dx, lo->dropout, mask_seed, T, IC, 1);
             for (size_t i = 0; i < (size_t)T * IC; i++) dinp[i] += dx[i];

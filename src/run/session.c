@@ -16,7 +16,7 @@
 struct ftune_session {
     const ftune_model *m;
     int n_ctx, n_threads, pos;
-    ft_backend be;            /* every op of the forward runs through it (the CPU's) */
+    ft_backend be;            /* every op of the forward runs through it (the CPU's, in the model's compute type) */
     int n_prefix;             /* KV prefix rows pinned at the cache's start (ft_session_set_kv_prefix) */
     const ft_block_hooks *hooks;
     const ft_adapter *adapter; /* the session's adapter (borrowed): the model's default at creation, or
@@ -94,7 +94,7 @@ ftune_status ftune_session_new(ftune_session **out, const ftune_model *m, int n_
     s->adapter = m->adapter;
     s->n_ctx = n_ctx;
     s->n_threads = ft_num_threads(n_threads);
-    s->be = ft_backend_cpu(s->n_threads);
+    s->be = ft_backend_cpu_in(m->compute, s->n_threads);
     size_t kv = (size_t)c->L * n_ctx * c->NKV * c->HS;
     session_sizes(c, n_ctx, s->n_threads, s->sz);
     void **slot[S_N] = { [S_K] = (void **)&s->k_cache, [S_V] = (void **)&s->v_cache,

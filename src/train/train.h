@@ -33,10 +33,22 @@ typedef struct {
                               * seed: adapter initialisation and dropout masks */
     int max_B, max_T;     /* largest micro-batch the arenas are sized for */
     int n_threads;        /* 0: all cores */
+    ft_dtype compute;     /* the backend's compute type (backend.h): FT_F32, FT_BF16, FT_F16. The
+                           * trainables stay f32 masters; the products read them rounded. FT_F32 on a
+                           * model loaded in another compute type is refused (its weights were
+                           * rounded at load); FT_F16 checks the base weights' range. */
+    bool no_compute_copies; /* full mode in bf16/f16: read the f32 masters rounded in the products
+                             * instead of compute copies (the same numbers; for tests) */
+    bool f32_acts;        /* bf16/f16: keep the Linears' inputs ln1, ln2, atty saved in f32 instead
+                           * of the compute type (the same numbers; for tests) */
 } ft_train_opts;
 
+/* The compute type for ftune_train_opts.dtype: NULL the model's, else
+ * the name parsed ("--dtype" in the message). */
+ftune_status ft_train_compute_of(const ftune_model *m, const char *dtype, ft_dtype *out);
+
 /* r 8, alpha 16, no dropout, all seven targets, seed 0, max_B 1,
- * max_T 512, LoRA mode, all cores. */
+ * max_T 512, LoRA mode, all cores, f32 compute. */
 void ft_train_opts_default(ft_train_opts *o);
 
 /* A trainable tensor: a view into the trainer's flat value and gradient
@@ -68,6 +80,9 @@ typedef struct {
     size_t trainable_bytes, grad_bytes, activation_bytes, scratch_bytes;
     size_t optim_bytes;
     size_t other_bytes;   /* the trainer's bookkeeping (layer views, parameter list) */
+    size_t copy_bytes;    /* full mode in bf16/f16: compute copies of the Linears' and an untied
+                           * head's masters (FT_MEM_WEIGHTS), refreshed from them before a
+                           * forward that follows an optimizer step or zero_grad; else 0 */
 } ft_train_plan;
 
 typedef struct ft_trainer ft_trainer;
@@ -108,8 +123,9 @@ ftune_status ft_trainer_step_scaled(ft_trainer *tr, const ft_batch *b, int64_t n
 ftune_status ft_trainer_eval(ft_trainer *tr, const ft_batch *b, double *loss_sum, int64_t *n_targets);
 void ft_trainer_zero_grad(ft_trainer *tr);
 /* One AdamW update (ft_adamw_step) of o, whose parameters are this
- * trainer's values and grads, on the trainer's backend. */
-void ft_trainer_adamw_step(const ft_trainer *tr, ft_adamw *o, double lr);
+ * trainer's values and grads, on the trainer's backend (full mode in
+ * bf16/f16: the compute copies are refreshed before the next forward). */
+void ft_trainer_adamw_step(ft_trainer *tr, ft_adamw *o, double lr);
 
 int ft_trainer_n_params(const ft_trainer *tr);
 const ft_train_param *ft_trainer_param(const ft_trainer *tr, int i);

@@ -85,7 +85,8 @@ ftune_status ftune_trainer_new(ftune_trainer **out, const ftune_model *m, const 
     to.max_T = T;
     to.n_threads = o->n_threads;
     t->n_threads = ft_num_threads(o->n_threads);
-    ftune_status st = ft_trainer_new(&t->tr, m, &to);
+    ftune_status st = ft_train_compute_of(m, o->dtype, &to.compute);
+    if (!st) st = ft_trainer_new(&t->tr, m, &to);
     if (st) goto fail;
     if ((st = ft_trainer_optim_params(t->tr, o->mode == FTUNE_TRAIN_LORA, &t->params, &t->n_params, &t->n_trainable)))
         goto fail;

@@ -232,6 +232,8 @@ static cJSON *make_config(run *r) {
     cJSON_AddNumberToObject(j, "beta2", o->beta2);
     cJSON_AddNumberToObject(j, "adam_eps", o->adam_eps);
     cJSON_AddNumberToObject(j, "max_grad_norm", o->max_grad_norm);
+    /* the compute dtype, written when not f32 (so f32 checkpoints are as before) */
+    if (r->topts.compute != FT_F32) cJSON_AddStringToObject(j, "dtype", ft_types[r->topts.compute].name);
     return j;
 }
 
@@ -564,6 +566,16 @@ static ftune_status load_checkpoint(run *r, const char *dir) {
     ftune_status st = ft_ckpt_state_parse(&cs, text, len, path);
     free(text);
     if (st) return st;
+    /* the compute dtype first: the model's fingerprint differs with it too */
+    const cJSON *cd = cJSON_GetObjectItemCaseSensitive(cs.config, "dtype");
+    const char *ck_dt = cJSON_IsString(cd) ? cd->valuestring : "f32", *run_dt = ft_types[r->topts.compute].name;
+    if (strcmp(ck_dt, run_dt) != 0) {
+        st = ft_err(FTUNE_ERR_ARG, "--resume %s: the checkpoint was trained with --dtype %s, this run has --dtype %s: "
+                    "resume with --dtype %s (no conversion is done: the run would not continue exactly)", dir, ck_dt,
+                    run_dt, ck_dt);
+        ft_ckpt_state_free(&cs);
+        return st;
+    }
     char key[256], *va = NULL, *vb = NULL;
     if (config_diff(cs.config, r->config, "", key, sizeof key, &va, &vb)) {
         bool model = strncmp(key, "model.", 6) == 0, data = strncmp(key, "data.", 5) == 0;
@@ -949,6 +961,7 @@ static ftune_status setup(run *r) {
     r->topts.max_B = r->B;
     r->topts.max_T = r->T;
     r->topts.n_threads = o->n_threads;
+    TRY(ft_train_compute_of(r->m, o->dtype, &r->topts.compute));
     if (o->init_adapter) TRY(read_init_adapter(r));
     TRY(ft_trainer_new(&r->tr, r->m, &r->topts));
     if (r->init_vals) apply_init_adapter(r);
@@ -1129,7 +1142,7 @@ ftune_status ft_train_run_hooked(const ftune_train_opts *o, const ft_train_hooks
     r->res.loss_scale = r->scaler.scale;
     r->res.skipped_steps = r->skipped;
     if (r->tr) {
-        ft_mem_table mt = { 0 }; /* ft_trainer_mem_table adds to it */
+        ft_mem_table mt = { 0 }; /* ft_trainer_mem_table adds to the planned rows */
         ft_trainer_mem_table(r->tr, &mt);
         ft_mem_table_format(&mt, r->res.memory_table, sizeof r->res.memory_table);
     }

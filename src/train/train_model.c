@@ -11,7 +11,24 @@
  * each adapter's u = dropout(x)·Aᵀ, and attention's log-sum-exp per query
  * and head. Attention probabilities are not kept: backward recomputes them
  * from q, k and the log-sum-exp a tile of queries at a time (ops_fast.c).
- * Dropout masks are regenerated from their seed. The SwiGLU output is recomputed too (one pass over F). */
+ * Dropout masks are regenerated from their seed. The SwiGLU output is recomputed too (one pass over F).
+ *
+ * Mixed precision (o.compute bf16/f16): every product of the backend
+ * rounds its operands to the compute type. Trainables are f32 masters.
+ * LoRA's A and B are read as they are (rounded while packed: the same
+ * numbers as bf16 copies, without them: they are small). In full mode the
+ * Linears' masters (and an untied head's) get compute copies (copy_bytes)
+ * that the products read instead, half the bytes of f32; they are
+ * refreshed from the masters in the first forward after zero_grad or an
+ * optimizer step, and in every eval. The embedding has no copy: its rows
+ * are gathered and rounded by the backend; a tied head reads the master.
+ * Saved activations: the Linears' inputs ln1, ln2 and the attention
+ * output are saved in the compute type (block.h ln1_c, ...): they feed only
+ * products, which round them anyway, and LoRA's dropout is applied to the
+ * rounded input (lora.c), so no result changes. The residual stream (read
+ * by rmsnorm's backward), q, k, v and lse (attention's backward), gate and
+ * up (SwiGLU's backward), rstd stay f32: f32 ops read them, and rounding
+ * them would change the gradients. */
 #include "train/train.h"
 #include "nn/block.h"
 #include "nn/lm_loss.h"
@@ -32,7 +49,7 @@ struct ft_trainer {
     ft_config cfg;
     ft_train_opts o;
     int nt;
-    ft_backend be;            /* every op of a step runs through it (the CPU's) */
+    ft_backend be;            /* every op of a step runs through it (the CPU's, in o.compute) */
     uint64_t micro_step;
     /* the trainer's view of the model */
     ft_tensor tok_embd;       /* (V, C): the model's, or the f32 trainable copy */
@@ -77,6 +94,11 @@ struct ft_trainer {
     int *pidx;                /* (max_T) P + t: each query's index among the keys */
     size_t kv_bytes;          /* of kv_arena */
     ft_train_plan plan;       /* the sizes every arena below was allocated with */
+    /* full mode in bf16/f16: compute copies of the masters (plan.copy_bytes) */
+    uint8_t *copy_arena;
+    struct compute_copy { const float *master; void *copy; int64_t n; } *copies; /* (n_copies) */
+    int n_copies;
+    bool copies_stale;        /* masters may have changed since the last refresh */
 };
 
 void ft_train_opts_default(ft_train_opts *o) {
@@ -87,6 +109,11 @@ void ft_train_opts_default(ft_train_opts *o) {
     o->lora.targets = FT_MOD_ALL;
     o->max_B = 1;
     o->max_T = 512;
+}
+
+ftune_status ft_train_compute_of(const ftune_model *m, const char *dtype, ft_dtype *out) {
+    if (!dtype) { *out = m->compute; return FTUNE_OK; }
+    return ft_compute_parse(dtype, "--dtype", out);
 }
 
 ftune_status ft_lora_targets_parse(const char *s, unsigned *mask) {
@@ -216,18 +243,31 @@ static void carve_acts(ft_trainer *tr, carver *cv, const ft_config *c, const ft_
            kvd = (size_t)c->NKV * c->HS;
     float *res = carve(cv, (size_t)(c->L + 1) * BT * C);
     if (tr) tr->res = res;
+    /* bf16/f16: ln1, atty and ln2 are saved in the compute type (half the
+     * bytes; they feed only products, which round them anyway) and pass
+     * through one f32 buffer shared by every layer */
+    bool small = o->compute != FT_F32 && !o->f32_acts;
+    float *shared = small ? carve(cv, BT * (C > qd ? C : qd)) : NULL;
+#define CARVE_C(n) ((void *)carve(cv, ((size_t)ft_dtype_nbytes(o->compute, (int64_t)(n)) + 3) / 4))
     for (int l = 0; l < c->L; l++) {
         layer_acts a = { 0 };
-        a.ln1 = carve(cv, BT * C); a.rstd1 = carve(cv, BT);
+        a.rstd1 = carve(cv, BT);
         a.q = carve(cv, BT * qd); a.k = carve(cv, BT * kvd); a.v = carve(cv, BT * kvd);
-        a.atty = carve(cv, BT * qd); a.lse = carve(cv, BT * (size_t)c->NH); a.mid = carve(cv, BT * C);
-        a.ln2 = carve(cv, BT * C); a.rstd2 = carve(cv, BT);
+        a.lse = carve(cv, BT * (size_t)c->NH); a.mid = carve(cv, BT * C);
+        a.rstd2 = carve(cv, BT);
+        if (small) {
+            a.ln1 = a.atty = a.ln2 = shared;
+            a.ln1_c = CARVE_C(BT * C); a.ln2_c = CARVE_C(BT * C); a.atty_c = CARVE_C(BT * qd);
+        } else {
+            a.ln1 = carve(cv, BT * C); a.atty = carve(cv, BT * qd); a.ln2 = carve(cv, BT * C);
+        }
         a.gate = carve(cv, BT * F); a.up = carve(cv, BT * F);
         if (o->mode == FT_TRAIN_LORA)
             for (int k = 0; k < FT_N_MODS; k++)
                 if (o->lora.targets & (1u << k)) a.u[k] = carve(cv, BT * (size_t)o->lora.r);
         if (tr) tr->la[l] = a;
     }
+#undef CARVE_C
     float *lnf = carve(cv, BT * C), *rstdf = carve(cv, BT);
     if (tr) { tr->lnf = lnf; tr->rstdf = rstdf; }
 }
@@ -255,6 +295,8 @@ static void carve_scratch(ft_trainer *tr, carver *cv, const ft_config *c, const 
 static ftune_status check_opts(const ft_config *c, const ft_train_opts *o) {
     if (o->mode != FT_TRAIN_LORA && o->mode != FT_TRAIN_FULL)
         return ft_err(FTUNE_ERR_ARG, "training mode %d is not LoRA or full", (int)o->mode);
+    if ((unsigned)o->compute >= FT_NTYPES || !ft_compute_ok(o->compute))
+        return ft_err(FTUNE_ERR_ARG, "compute dtype %d is not f32, bf16 or f16", (int)o->compute);
     if (o->max_B < 1 || o->max_T < 1 || (int64_t)o->max_B * o->max_T > (1 << 24))
         return ft_err(FTUNE_ERR_ARG, "micro-batch of %d x %d tokens is not a valid size", o->max_B, o->max_T);
     if (o->mode == FT_TRAIN_LORA) {
@@ -275,7 +317,17 @@ static ftune_status check_opts(const ft_config *c, const ft_train_opts *o) {
 
 /* The trainer's small bookkeeping arrays (FT_MEM_OTHER), each sized here
  * once for both the plan and the allocation. */
-enum { O_LAYERS, O_LORAS, O_SET, O_LG, O_LA, O_INV_FREQ, O_IDX, O_POS0, O_PARAMS, N_OTHER };
+enum { O_LAYERS, O_LORAS, O_SET, O_LG, O_LA, O_INV_FREQ, O_IDX, O_POS0, O_PARAMS, O_COPIES, N_OTHER };
+
+/* Whether full mode holds compute copies, and how many matrices get one. */
+static bool has_copies(const ft_train_opts *o) {
+    return o->mode == FT_TRAIN_FULL && o->compute != FT_F32 && !o->no_compute_copies;
+}
+static int n_copy_matrices(const ft_config *c) { return c->L * FT_N_MODS + (c->tied ? 0 : 1); }
+/* Bytes of the copy of a (rows, cols) matrix, 64-byte aligned. */
+static size_t copy_size(ft_dtype compute, int64_t rows, int64_t cols) {
+    return ((size_t)ft_dtype_nbytes(compute, rows * cols) + 63) & ~(size_t)63;
+}
 static void other_sizes(const ft_config *c, const ft_train_opts *o, int n_params, size_t sz[N_OTHER]) {
     sz[O_LAYERS] = (size_t)c->L * sizeof(ft_layer);
     sz[O_LORAS] = (size_t)c->L * FT_N_MODS * sizeof(ft_lora);
@@ -286,6 +338,7 @@ static void other_sizes(const ft_config *c, const ft_train_opts *o, int n_params
     sz[O_IDX] = (size_t)o->max_T * sizeof(int);
     sz[O_POS0] = (size_t)o->max_B * o->max_T * sizeof(int);
     sz[O_PARAMS] = (size_t)n_params * sizeof(ft_train_param);
+    sz[O_COPIES] = has_copies(o) ? (size_t)n_copy_matrices(c) * sizeof(struct compute_copy) : 0;
 }
 
 /* The one size table: ft_trainer_plan reports it, ft_trainer_new allocates
@@ -306,6 +359,14 @@ static void plan_fill(const ft_config *c, const ft_train_opts *o, int nt, ft_tra
     other_sizes(c, o, n_params, sz);
     plan->other_bytes = sizeof(ft_trainer);
     for (int i = 0; i < N_OTHER; i++) plan->other_bytes += sz[i];
+    if (has_copies(o)) {
+        for (int k = 0; k < FT_N_MODS; k++) {
+            int out, in;
+            lin_dims(c, k, &out, &in);
+            plan->copy_bytes += (size_t)c->L * copy_size(o->compute, out, in);
+        }
+        if (!c->tied) plan->copy_bytes += copy_size(o->compute, c->V, c->C);
+    }
 }
 
 ftune_status ft_trainer_plan(const ft_config *c, const ft_train_opts *o, ft_train_plan *plan) {
@@ -323,6 +384,7 @@ void ft_train_plan_table(const ft_train_plan *p, ft_mem_table *t) {
     t->planned[FT_MEM_ACTS] += p->activation_bytes;
     t->planned[FT_MEM_SCRATCH] += p->scratch_bytes;
     t->planned[FT_MEM_OTHER] += p->other_bytes;
+    t->planned[FT_MEM_WEIGHTS] += p->copy_bytes;
     t->has_plan[FT_MEM_TRAINABLE] = t->has_plan[FT_MEM_GRADS] = t->has_plan[FT_MEM_OPTIM] = true;
     t->has_plan[FT_MEM_ACTS] = t->has_plan[FT_MEM_SCRATCH] = t->has_plan[FT_MEM_OTHER] = true;
 }
@@ -333,9 +395,32 @@ static void copy_rows(float *dst, const ft_tensor *t, int64_t rows, int64_t cols
     for (int64_t r = 0; r < rows; r++) ft_tensor_row_f32(t, r, dst + r * cols);
 }
 
+/* Full mode in bf16/f16: points Linear l of the trainer's view at the next
+ * compute copy of its master (filled by refresh_copies). */
+static void bind_copy(ft_trainer *tr, ft_linear *l, size_t *off) {
+    if (!tr->copy_arena) return;
+    ft_dtype c = tr->o.compute;
+    int64_t rows = l->w.shape[0], cols = l->w.shape[1];
+    struct compute_copy *cc = &tr->copies[tr->n_copies++];
+    cc->master = l->w.data;
+    cc->copy = tr->copy_arena + *off;
+    cc->n = rows * cols;
+    *off += copy_size(c, rows, cols);
+    l->w.data = cc->copy;
+    l->w.dtype = c;
+    l->w.nbytes = (size_t)ft_dtype_nbytes(c, cc->n);
+}
+
+static void refresh_copies(ft_trainer *tr) {
+    for (int i = 0; i < tr->n_copies; i++)
+        ft_types[tr->o.compute].from_f32(tr->copies[i].master, tr->copies[i].copy, tr->copies[i].n);
+    tr->copies_stale = false;
+}
+
 /* Full mode: copies every weight into the trainable array and points the
  * trainer's view (and the grad pointers) at the copies. */
 static void bind_full(ft_trainer *tr) {
+    size_t coff = 0;
     const ftune_model *m = tr->m;
     const ft_config *c = &tr->cfg;
     int i = 0;
@@ -355,6 +440,7 @@ static void bind_full(ft_trainer *tr) {
             ft_linear *dl = lin_of(ly, k);
             copy_rows(p[i].data, &sl->w, sl->out, sl->in);
             dl->w = ft_tensor_f32_view(sl->w.name, p[i].data, sl->out, sl->in);
+            bind_copy(tr, dl, &coff);
             g->w[k] = p[i].grad;
             i++;
             if (c->qkv_bias && k <= FT_MOD_V) {
@@ -375,9 +461,11 @@ static void bind_full(ft_trainer *tr) {
     } else {
         copy_rows(p[i].data, &m->lm_head.w, c->V, c->C);
         tr->lm_head.w = ft_tensor_f32_view(m->lm_head.w.name, p[i].data, c->V, c->C);
+        bind_copy(tr, &tr->lm_head, &coff);
         tr->d_lm_head = p[i].grad;
         i++;
     }
+    tr->copies_stale = true;
 }
 
 static void bind_lora(ft_trainer *tr) {
@@ -405,13 +493,18 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
      * default adapter of the model would silently not be trained on top of */
     if (m->adapter)
         return ft_err(FTUNE_ERR_UNSUPPORTED, "the model carries an adapter: merge it into the model before training");
+    if (o->compute == FT_F32 && m->compute != FT_F32)
+        return ft_err(FTUNE_ERR_ARG, "the model was loaded for compute dtype %s (its matrices were rounded to it): "
+                      "an f32 trainer needs the model loaded in f32", ft_types[m->compute].name);
+    /* a model loaded in f32 (or bf16) has not been range-checked for f16 */
+    if (o->compute != m->compute && (st = ft_model_check_range(m, o->compute))) return st;
     ft_trainer *tr = ft_mem_calloc(FT_MEM_OTHER, sizeof *tr);
     if (!tr) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     tr->m = m;
     tr->cfg = *c;
     tr->o = *o;
     tr->nt = ft_num_threads(o->n_threads);
-    tr->be = ft_backend_cpu(tr->nt);
+    tr->be = ft_backend_cpu_in(o->compute, tr->nt);
     tr->tok_embd = m->tok_embd;
     tr->out_norm = m->out_norm;
     tr->lm_head = m->lm_head;
@@ -431,13 +524,18 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
     tr->idx = ft_mem_alloc(FT_MEM_OTHER, sz[O_IDX]);
     tr->pos0 = ft_mem_alloc(FT_MEM_OTHER, sz[O_POS0]);
     tr->params = ft_mem_calloc(FT_MEM_OTHER, sz[O_PARAMS]);
+    if (has_copies(o)) {
+        tr->copies = ft_mem_calloc(FT_MEM_OTHER, sz[O_COPIES]);
+        tr->copy_arena = tr->be.alloc(&tr->be, FT_MEM_WEIGHTS, pl->copy_bytes);
+    }
     /* the four arenas are backend buffers (on the CPU backend: ft_mem_alloc by class) */
     tr->values = tr->be.alloc(&tr->be, FT_MEM_TRAINABLE, pl->trainable_bytes);
     tr->grads = tr->be.alloc(&tr->be, FT_MEM_GRADS, pl->grad_bytes);
     tr->act_arena = tr->be.alloc(&tr->be, FT_MEM_ACTS, pl->activation_bytes);
     tr->scr_arena = tr->be.alloc(&tr->be, FT_MEM_SCRATCH, pl->scratch_bytes);
     if (!tr->layers || !tr->loras || !tr->set || !tr->lg || !tr->la || !tr->inv_freq || !tr->idx || !tr->pos0 || !tr->params ||
-        !tr->values || !tr->grads || !tr->act_arena || !tr->scr_arena) {
+        !tr->values || !tr->grads || !tr->act_arena || !tr->scr_arena ||
+        (has_copies(o) && (!tr->copies || !tr->copy_arena))) {
         /* the message before the free: pl points into tr */
         ftune_status err = ft_err(FTUNE_ERR_NOMEM,
                                   "out of memory for a trainer: %.1f MiB trainable (x2 with grads), %.1f MiB "
@@ -482,6 +580,8 @@ void ft_trainer_free(ft_trainer *tr) {
     ft_mem_free(FT_MEM_OTHER, tr->lg, sz[O_LG]); ft_mem_free(FT_MEM_OTHER, tr->la, sz[O_LA]);
     ft_mem_free(FT_MEM_OTHER, tr->inv_freq, sz[O_INV_FREQ]); ft_mem_free(FT_MEM_OTHER, tr->idx, sz[O_IDX]);
     ft_mem_free(FT_MEM_OTHER, tr->pos0, sz[O_POS0]); ft_mem_free(FT_MEM_OTHER, tr->params, sz[O_PARAMS]);
+    ft_mem_free(FT_MEM_OTHER, tr->copies, tr->copies ? sz[O_COPIES] : 0);
+    tr->be.free(&tr->be, FT_MEM_WEIGHTS, tr->copy_arena, tr->copy_arena ? pl->copy_bytes : 0);
     tr->be.free(&tr->be, FT_MEM_TRAINABLE, tr->values, pl->trainable_bytes);
     tr->be.free(&tr->be, FT_MEM_GRADS, tr->grads, pl->grad_bytes);
     tr->be.free(&tr->be, FT_MEM_ACTS, tr->act_arena, pl->activation_bytes);
@@ -503,7 +603,10 @@ void ft_trainer_mem_table(const ft_trainer *tr, ft_mem_table *t) {
 
 /* ------------------------------------------------------------ accessors */
 
-void ft_trainer_zero_grad(ft_trainer *tr) { tr->be.zero(&tr->be, tr->grads, (size_t)tr->n_values * sizeof(float)); }
+void ft_trainer_zero_grad(ft_trainer *tr) {
+    tr->be.zero(&tr->be, tr->grads, (size_t)tr->n_values * sizeof(float));
+    tr->copies_stale = true; /* a new step: the masters may have been written since */
+}
 int ft_trainer_n_params(const ft_trainer *tr) { return tr->n_params; }
 const ft_train_param *ft_trainer_param(const ft_trainer *tr, int i) {
     return i >= 0 && i < tr->n_params ? &tr->params[i] : NULL;
@@ -622,6 +725,7 @@ static double forward(ft_trainer *tr, const ft_batch *b, const int *pos, bool tr
     int BT = b->B * b->T, C = c->C;
     ft_block_env e = block_env(tr);
     const ft_backend *be = &tr->be;
+    if (tr->n_copies && (tr->copies_stale || !train)) refresh_copies(tr);
     be->embedding_forward(be, tr->res, b->tokens, &tr->tok_embd, BT);
     for (int l = 0; l < c->L; l++) {
         uint64_t seeds[FT_N_MODS];
@@ -686,7 +790,10 @@ ftune_status ft_trainer_step_scaled(ft_trainer *tr, const ft_batch *b, int64_t n
     return FTUNE_OK;
 }
 
-void ft_trainer_adamw_step(const ft_trainer *tr, ft_adamw *o, double lr) { tr->be.adamw_step(&tr->be, o, lr); }
+void ft_trainer_adamw_step(ft_trainer *tr, ft_adamw *o, double lr) {
+    tr->be.adamw_step(&tr->be, o, lr);
+    tr->copies_stale = true;
+}
 
 ftune_status ft_trainer_eval(ft_trainer *tr, const ft_batch *b, double *loss_sum, int64_t *n_targets) {
     *loss_sum = 0;
