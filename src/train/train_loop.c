@@ -1108,6 +1108,8 @@ static ftune_status setup(run *r) {
     r->topts.n_threads = o->n_threads;
     if (o->init_adapter) TRY(read_init_adapter(r));
     TRY(ft_trainer_new(&r->tr, r->m, &r->topts));
+    /* each rank's dropout masks its own (a rank's rows are numbered from 0) */
+    ft_trainer_set_mask_salt(r->tr, (uint64_t)r->rank);
     if (r->init_vals) apply_init_adapter(r);
 
     int64_t n_trainable = 0;
