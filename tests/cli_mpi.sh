@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `mpirun -np N ftune train` on stories260K, oversubscribed on loopback: with
+# `mpirun -np N ftune train` on stories260K (and LoRA on the llama-110m preset), oversubscribed on loopback: with
 # the same global batch, 2 and 4 ranks give the per-step losses (and
 # validation losses) of one process, LoRA and full, ZeRO 0 and 1, with
 # gradient accumulation; only rank 0 writes, and what it writes is the
@@ -157,7 +157,24 @@ rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- '--zero 3 is not implemented yet' "$tmp/out.txt" &&
     pass zero3_refused || fail zero3_refused "exit $rc: $(cat "$tmp/out.txt")"
 
-# 5. kill -9 one rank mid-run: the job ends within seconds, non-zero, and says what happened
+# 5. the llama-110m preset (random bf16 weights, Llama 2's tokenizer), LoRA: 2 ranks at ZeRO 1 and 4 at ZeRO 0
+#    equal one process (full fine-tuning of it, ~2 GB a rank, is measured in BENCHMARKS.md, not here)
+if "$FT" init --preset llama-110m --dtype bf16 "$tmp/m110" > /dev/null 2> "$tmp/err.txt" &&
+   "$FT" merge -m "$tmp/m110" -o "$tmp/m110.gguf" --tokenizer "$D/tokenizers/llama2/tokenizer.model" > /dev/null 2>> "$tmp/err.txt"; then
+    rm -rf "$tmp/m110"
+    big=(-m "$tmp/m110.gguf" --data "$tmp/d.jsonl" --ctx 16 -t 1 --quiet --seed 2 --lora-dropout 0 --val-split 0
+         --steps 2 --lr 1e-3 --batch-size 4)
+    "$FT" train "${big[@]}" -o "$tmp/b1" 2> "$tmp/err.txt" || fail llama110m_one_process "$(cat "$tmp/err.txt")"
+    for nz in "2 1" "4 0"; do
+        set -- $nz
+        if run_mpi $1 "$FT" train "${big[@]}" --zero $2 -o "$tmp/b$1" > "$tmp/out.txt" 2>&1; then
+            same_curve "llama110m_lora_np$1_zero$2_losses" "$tmp/b1/metrics.jsonl" "$tmp/b$1/metrics.jsonl"
+        else fail "llama110m_lora_np$1_zero$2" "$(tail -20 "$tmp/out.txt")"; fi
+    done
+    rm -f "$tmp/m110.gguf"
+else fail llama110m_model "$(cat "$tmp/err.txt")"; fi
+
+# 7. kill -9 one rank mid-run: the job ends within seconds, non-zero, and says what happened
 long=("${common[@]}" --steps 100000 --lr 1e-3 --batch-size 4 --val-split 0)
 "${MPI[@]}" -np 2 "$FT" train "${long[@]}" -o "$tmp/k" > "$tmp/out.txt" 2>&1 &
 job=$!
