@@ -1276,8 +1276,14 @@ ftune_status ftune_train_run(const ftune_train_opts *o, ftune_train_progress_fn 
     r->res.steps_done = r->step;
     r->res.total_steps = r->total_steps;
     if (r->tr) {
-        ft_mem_table mt;
+        ft_mem_table mt = { 0 }; /* the planners add to their rows */
         ft_trainer_mem_table(r->tr, &mt);
+        /* ZeRO 1: this rank plans (and holds) only its shard of AdamW's state */
+        if (r->opt_ready && r->zero > 0) {
+            int64_t own = 0;
+            for (int i = 0; i < r->n_own; i++) own += r->own[i].numel;
+            mt.planned[FT_MEM_OPTIM] = 2 * (size_t)own * sizeof(float);
+        }
         ft_mem_table_format(&mt, r->res.memory_table, sizeof r->res.memory_table);
     }
     r->res.peak_rss_mib = ft_peak_rss_mib();
