@@ -43,11 +43,15 @@ setup() {
 }
 if ! setup 2> "$tmp/err.txt"; then echo "SKIP: cannot create network namespaces: $(cat "$tmp/err.txt")"; exit 0; fi
 
-# the launch agent: mpirun calls it as ssh, "agent HOST command..."; a host is a namespace
+# the launch agent: mpirun calls it as ssh, "agent HOST command..."; a host is
+# a namespace with its own temporary directory (Open MPI's session
+# directories are named by hostname, which the two "hosts" share)
+mkdir -p "$tmp/host1" "$tmp/host2"
 cat > "$tmp/agent.sh" <<EOF
 #!/bin/sh
 h=\$1; shift
-case \$h in $net.1) ns=$nsa ;; $net.2) ns=$nsb ;; *) echo "agent: unknown host \$h" >&2; exit 1 ;; esac
+case \$h in $net.1) ns=$nsa; d=$tmp/host1 ;; $net.2) ns=$nsb; d=$tmp/host2 ;; *) echo "agent: unknown host \$h" >&2; exit 1 ;; esac
+export OMPI_MCA_orte_tmpdir_base=\$d
 exec ip netns exec \$ns sh -c "\$*"
 EOF
 chmod +x "$tmp/agent.sh"
@@ -66,7 +70,7 @@ args=(train -m "$(cd "$HF" && pwd)" --data "$tmp/d.jsonl" --ctx 48 -t 1 --seed 5
 "$FT" "${args[@]}" --quiet -o "$tmp/one" 2> "$tmp/err.txt" || fail one_process "$(cat "$tmp/err.txt")"
 tx0=$(ip netns exec "$nsa" cat /sys/class/net/ftv/statistics/tx_bytes)
 timeout 120 mpirun --hostfile "$tmp/hosts" -np 2 --mca plm_rsh_agent "$tmp/agent.sh" \
-    --mca oob_tcp_if_include "$net.0/24" --mca btl self,tcp --mca btl_tcp_if_include "$net.0/24" \
+    --mca routed direct --mca oob_tcp_if_include "$net.0/24" --mca btl self,tcp --mca btl_tcp_if_include "$net.0/24" \
     "$FT" "${args[@]}" -o "$tmp/two" > "$tmp/out.txt" 2>&1
 rc=$?
 tx1=$(ip netns exec "$nsa" cat /sys/class/net/ftv/statistics/tx_bytes)
