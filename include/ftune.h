@@ -236,8 +236,10 @@ FTUNE_API ftune_status ftune_model_merge(const ftune_model *m, const char *path,
  * run refuses an out_dir that holds anything but the lock unless it resumes
  * or overwrite is set. */
 
-/* The checkpoint format version written into trainer_state.json. */
-#define FTUNE_CHECKPOINT_VERSION 2
+/* The checkpoint format version written into trainer_state.json (3: the
+ * skipped-step count and the loss scaler's state; version 2 checkpoints
+ * still resume, with the loss scaler at its initial state). */
+#define FTUNE_CHECKPOINT_VERSION 3
 
 typedef enum {
     FTUNE_DATA_AUTO = 0,    /* from the file: .txt is plain, else the first record's fields */
@@ -273,6 +275,26 @@ typedef enum {
     FTUNE_TRUNCATE_END = 0,   /* its end (often the response) */
     FTUNE_TRUNCATE_PROMPT,    /* prompt tokens first (after a leading BOS), then the end */
 } ftune_truncate;
+
+/* Loss scaling with the semantics of PyTorch's GradScaler, for f16
+ * compute (bf16 has f32's exponent range and needs none; in f32 a
+ * power-of-two scale changes no bit unless a gradient overflows). The loss
+ * of every micro-batch is multiplied by the scale before backward; the
+ * gradients are multiplied by 1/scale and checked for inf/NaN once per
+ * optimizer step, before clipping. */
+typedef enum {
+    FTUNE_LOSS_SCALE_NONE = 0, /* no scaling; a non-finite loss or gradient stops the run (FTUNE_ERR_RANGE) */
+    FTUNE_LOSS_SCALE_DYNAMIC,  /* GradScaler: a step with a non-finite gradient is skipped (no AdamW update,
+                                * and, as in Hugging Face's Trainer, the schedule does not advance, while the
+                                * batch is consumed and the step counts towards steps) and halves the scale;
+                                * loss_scale_growth_interval finite steps in a row double it */
+    FTUNE_LOSS_SCALE_FIXED,    /* a constant scale (not a GradScaler feature, as Apex's and DeepSpeed's static
+                                * scales): nothing is skipped, a non-finite gradient stops the run */
+} ftune_loss_scale_mode;
+
+/* Parses `--loss-scale`: "none", "dynamic", or a number N > 0 (FIXED at N,
+ * *scale = N; else *scale = 0). FTUNE_ERR_ARG names the bad value. */
+FTUNE_API ftune_status ftune_loss_scale_parse(const char *s, ftune_loss_scale_mode *mode, double *scale);
 
 /* Bits of ftune_train_opts.lora_set: which LoRA settings the caller chose
  * explicitly. With init_adapter, the others are taken from that adapter and
@@ -324,6 +346,9 @@ typedef struct {
     double max_grad_norm;      /* 0: no clipping; 1 */
     ftune_schedule schedule;   /* FTUNE_SCHED_COSINE */
     int64_t warmup;            /* warmup steps; 0 */
+    ftune_loss_scale_mode loss_scale_mode; /* FTUNE_LOSS_SCALE_NONE */
+    double loss_scale;         /* FIXED: the scale; DYNAMIC: the initial scale; 0: 65536 (2^16). An f32 value */
+    int loss_scale_growth_interval; /* DYNAMIC: finite steps in a row before the scale doubles; 0: 2000 */
     int64_t steps;             /* optimizer steps; 0: from epochs */
     int epochs;                /* passes over the training set when steps is 0 (0 means 1) */
     int batch_size;            /* B, rows per micro-batch; 1 */
@@ -399,6 +424,13 @@ typedef struct {
     /* FTUNE_TRAIN_STEP */
     double loss, lr, grad_norm, tokens_per_s, elapsed_s, eta_s;
     double peak_mib;           /* the process's peak resident memory so far */
+    /* FTUNE_TRAIN_START and STEP, with loss scaling (loss_scaling true):
+     * the scale the next step uses (after this step's backoff or growth),
+     * the steps skipped so far, and whether this one was */
+    bool loss_scaling;
+    double loss_scale;
+    int64_t skipped_steps;
+    bool skipped;              /* STEP: non-finite gradients, no update (grad_norm is then inf or NaN) */
     /* FTUNE_TRAIN_EVAL (and STEP when this step was also validated) */
     bool has_val_loss;
     double val_loss;
@@ -412,6 +444,8 @@ typedef struct {
     double last_loss;
     bool has_val;
     double val_loss_first, val_loss_last; /* before training (or at resume) and at the end */
+    double loss_scale;         /* the loss scale at the end (1 without scaling) */
+    int64_t skipped_steps;     /* steps skipped for non-finite gradients (dynamic loss scaling) */
     char checkpoint[4096];     /* the last checkpoint written, or "" */
     /* The run's memory table as text lines (MiB): per lifetime class
      * (weights as stored and touched, owned copies, trainables, gradients,

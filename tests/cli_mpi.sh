@@ -136,6 +136,17 @@ if run_mpi 2 "$FT" train "${ck[@]}" --zero 1 -o "$tmp/c2" > "$tmp/out.txt" 2>&1 
         fail checkpointed_np2_zero1_is_one_process "$(cat "$tmp/err.txt")"
 else fail checkpoint_np2_zero1 "$(tail -20 "$tmp/out.txt")"; fi
 
+# 3b. with the loss scaler on (dynamic, f32: nothing overflows), across a resume from 2 ranks to 4
+ls=("${ck[@]}" --loss-scale dynamic)
+if "$FT" train "${ls[@]}" -o "$tmp/s1" 2> "$tmp/err.txt" &&
+   run_mpi 2 "$FT" train "${ls[@]}" --zero 1 -o "$tmp/s2" > "$tmp/out.txt" 2>&1 &&
+   run_mpi 4 "$FT" train "${ls[@]}" --resume "$tmp/s2/checkpoint-3" -o "$tmp/s4" >> "$tmp/out.txt" 2>&1; then
+    same_curve loss_scaler_np2_zero1_is_one_process "$tmp/s1/metrics.jsonl" "$tmp/s2/metrics.jsonl"
+    same_curve loss_scaler_resume_np2_on_np4 "$tmp/s1/metrics.jsonl" "$tmp/s4/metrics.jsonl" 4
+    grep -q '"loss_scale":65536,"skipped_steps":0' "$tmp/s4/metrics.jsonl" && pass loss_scaler_state_on_every_rank ||
+        fail loss_scaler_state_on_every_rank "$(cat "$tmp/s4/metrics.jsonl")"
+else fail loss_scaler_runs "$(cat "$tmp/err.txt"; tail -20 "$tmp/out.txt")"; fi
+
 # 4. bad launches: every rank fails (non-zero, no hang) and says which rank it is
 run_mpi 2 "$FT" train "${lora[@]}" --batch-size 3 -o "$tmp/b3" > "$tmp/out.txt" 2>&1
 rc=$?

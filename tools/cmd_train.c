@@ -32,7 +32,7 @@ static void end_line(progress_ctx *pc) {
 static void on_progress(void *ctx, const ftune_train_progress *p) {
     progress_ctx *pc = ctx;
     if (pc->quiet) return;
-    char eta[32];
+    char eta[32], scale[96];
     if (pc->data) cli_progress_end(pc->data);
     switch (p->ev) {
     case FTUNE_TRAIN_START:
@@ -52,12 +52,20 @@ static void on_progress(void *ctx, const ftune_train_progress *p) {
         fprintf(stderr, "steps: %lld (micro-batch %d x %d tokens, %d micro-batch(es) per step)\n",
                 (long long)p->total_steps, p->B, p->T, p->K);
         if (p->start_step) fprintf(stderr, "resuming after step %lld\n", (long long)p->start_step);
+        if (p->loss_scaling)
+            fprintf(stderr, "loss scale: %g (%lld step(s) skipped so far)\n", p->loss_scale, (long long)p->skipped_steps);
         break;
     case FTUNE_TRAIN_STEP:
         cli_fmt_duration(eta, sizeof eta, p->eta_s);
-        fprintf(stderr, "%sstep %lld/%lld  loss %.4f  lr %.1e  gnorm %.2f  %.0f tok/s  mem %.1f MiB  ETA %s%s",
+        scale[0] = 0;
+        if (p->loss_scaling)
+            snprintf(scale, sizeof scale, "  scale %g  skipped %lld%s", p->loss_scale, (long long)p->skipped_steps,
+                     p->skipped ? " (this step: gradients not finite, no update)" : "");
+        fprintf(stderr, "%sstep %lld/%lld  loss %.4f  lr %.1e  gnorm %.2f  %.0f tok/s  mem %.1f MiB  ETA %s%s%s",
                 pc->tty ? "\r" : "", (long long)p->step, (long long)p->total_steps, p->loss, p->lr, p->grad_norm,
-                p->tokens_per_s, p->peak_mib, eta, pc->tty ? "\033[K" : "\n");
+                p->tokens_per_s, p->peak_mib, eta, scale, pc->tty ? "\033[K" : "\n");
+        /* on a terminal a skipped step stays visible */
+        if (p->skipped && pc->tty) { fputc('\n', stderr); pc->line_open = false; break; }
         pc->line_open = pc->tty;
         if (p->has_val_loss) {
             end_line(pc);
@@ -101,7 +109,7 @@ static int train_main(int argc, char **argv, const char *me, int rank) {
     const char *beta1 = "0.9", *beta2 = "0.999", *eps = "1e-8", *max_norm = "1.0", *schedule = "cosine", *min_lr = "0";
     int warmup = 0, steps = 0, epochs = 0;
     bool full = false, quiet = false, no_shuffle = false, progress = false;
-    const char *truncate = "end", *bucket_mb = "16";
+    const char *truncate = "end", *bucket_mb = "16", *loss_scale = "none";
     cli_opt opts[] = {
         { "-m", "--model", OPT_STR, &model, "MODEL", "base model: Hugging Face directory, .gguf, or llama2.c .bin" },
         { NULL, "--data", OPT_STR, &o.data_path, "FILE", "training data: JSONL, JSON array, or .txt" },
@@ -135,6 +143,10 @@ static int train_main(int argc, char **argv, const char *me, int rank) {
         { NULL, "--beta2", OPT_STR, &beta2, "B", "AdamW beta2" },
         { NULL, "--adam-eps", OPT_STR, &eps, "E", "AdamW epsilon" },
         { NULL, "--max-grad-norm", OPT_STR, &max_norm, "N", "clip the global gradient norm; 0 = off" },
+        { NULL, "--loss-scale", OPT_STR, &loss_scale, "MODE",
+          "none, dynamic (PyTorch GradScaler: starts at 65536, a step with inf/NaN gradients is skipped and halves "
+          "it, 2000 finite steps double it), or N (a fixed scale; inf/NaN stops the run). For f16 compute; bf16 and "
+          "f32 need no scaler" },
         { NULL, "--schedule", OPT_STR, &schedule, "NAME", "cosine, linear or constant (after warmup)" },
         { NULL, "--warmup", OPT_INT, &warmup, "N", "linear warmup steps" },
         { NULL, "--min-lr", OPT_STR, &min_lr, "LR", "learning rate at the end of the decay" },
@@ -198,6 +210,7 @@ static int train_main(int argc, char **argv, const char *me, int rank) {
     if ((st = ftune_data_format_parse(format, &o.format))) return cli_fail(me, st);
     if ((st = ftune_lora_targets_parse(targets, &o.lora_targets))) return cli_fail(me, st);
     if ((st = ftune_schedule_parse(schedule, &o.schedule))) return cli_fail(me, st);
+    if ((st = ftune_loss_scale_parse(loss_scale, &o.loss_scale_mode, &o.loss_scale))) return cli_fail(me, st);
     if (strcmp(truncate, "end") == 0) o.truncate = FTUNE_TRUNCATE_END;
     else if (strcmp(truncate, "prompt") == 0) o.truncate = FTUNE_TRUNCATE_PROMPT;
     else {
@@ -251,6 +264,9 @@ static int train_main(int argc, char **argv, const char *me, int rank) {
     if (st) rc = cli_fail(me, st);
     else if (!quiet) {
         if (res.memory_table[0]) fprintf(stderr, "%speak RSS %.1f MiB\n", res.memory_table, res.peak_rss_mib);
+        if (res.skipped_steps)
+            fprintf(stderr, "%lld step(s) skipped for non-finite gradients; final loss scale %g\n",
+                    (long long)res.skipped_steps, res.loss_scale);
         if (res.has_val)
             fprintf(stderr, "val loss: %.4f before, %.4f after %lld steps\n", res.val_loss_first, res.val_loss_last,
                     (long long)res.steps_done);

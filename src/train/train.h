@@ -95,6 +95,14 @@ void ft_trainer_mem_table(const ft_trainer *tr, ft_mem_table *t);
  * the grads and returns the summed (unnormalised) loss of this batch in
  * *loss_sum. Draws fresh dropout masks each call. */
 ftune_status ft_trainer_step(ft_trainer *tr, const ft_batch *b, int64_t n_targets_total, double *loss_sum);
+/* The same with the loss multiplied by loss_scale before backward (loss
+ * scaling, train/grad_scaler.h): the gradient seed is the f32 of
+ * loss_scale / n_targets_total, which for a power-of-two scale is exactly
+ * loss_scale times ft_trainer_step's, so that in f32 every gradient is
+ * exactly loss_scale times as large unless it overflows. *loss_sum is not
+ * scaled. ft_trainer_step is this with loss_scale 1. */
+ftune_status ft_trainer_step_scaled(ft_trainer *tr, const ft_batch *b, int64_t n_targets_total, float loss_scale,
+                                    double *loss_sum);
 /* Forward only, no dropout, grads untouched: summed loss and the number of
  * targets (for validation loss). */
 ftune_status ft_trainer_eval(ft_trainer *tr, const ft_batch *b, double *loss_sum, int64_t *n_targets);

@@ -5,18 +5,20 @@
  * What a resumed run needs to replay the uninterrupted one exactly: the
  * trainable values, AdamW's moments and step, the trainer's micro-step
  * (dropout masks are seeded from it), the data cursor (epoch orders are
- * seeded from the run seed and the epoch) and the step count (the schedule).
- * The checkpoint holds all of them and the run's configuration, which must
- * match the resuming run's.
+ * seeded from the run seed and the epoch), the step count and the skipped
+ * steps (the schedule advances only on updates), and the loss scaler's
+ * scale and growth tracker. The checkpoint holds all of them and the run's
+ * configuration, which must match the resuming run's.
  *
  * Data parallelism (dist.h): every rank builds the same global micro-batches
  * and trains its own rows of each (ft_batch_shard); the step's target count
  * is summed over ranks before the loss is normalised, so the summed
  * gradients are the global batch's mean. The hooks into the step are few
  * and at fixed points: after the backward pass (sum the gradients: all-reduce,
- * or reduce-scatter under ZeRO 1), the global norm (summed over the ranks'
- * parts), the optimizer on this rank's part, and (ZeRO 1) the all-gather of
- * the updated values. Only rank 0 touches the output directory; checkpoints
+ * or reduce-scatter under ZeRO 1), the loss scaler's found-inf flag (MAX over
+ * ranks, so all skip alike), the global norm (summed over the ranks' parts),
+ * the optimizer on this rank's part, and (ZeRO 1) the all-gather of the
+ * updated values. Only rank 0 touches the output directory; checkpoints
  * hold the whole state (gathered to rank 0), so a run resumes on any number
  * of ranks. With one rank every collective is the identity and the run is
  * the single-process run, bit for bit. */
@@ -28,6 +30,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <dirent.h>
 #include <ftw.h>
 #include <sys/file.h>
@@ -50,6 +53,8 @@ _Static_assert((int)FTUNE_LORA_Q_PROJ == (int)FT_MOD_BIT(FT_MOD_Q) && (int)FTUNE
                (int)FTUNE_LORA_ALL == (int)FT_MOD_ALL, "LoRA targets");
 _Static_assert(FTUNE_SCHED_CONSTANT == (int)FT_SCHED_CONSTANT && FTUNE_SCHED_LINEAR == (int)FT_SCHED_LINEAR &&
                FTUNE_SCHED_COSINE == (int)FT_SCHED_COSINE, "schedules");
+_Static_assert(FTUNE_LOSS_SCALE_NONE == (int)FT_LOSS_SCALE_NONE && FTUNE_LOSS_SCALE_DYNAMIC == (int)FT_LOSS_SCALE_DYNAMIC &&
+               FTUNE_LOSS_SCALE_FIXED == (int)FT_LOSS_SCALE_FIXED, "loss scale modes");
 _Static_assert(FTUNE_TRUNCATE_END == (int)FT_TRUNC_END && FTUNE_TRUNCATE_PROMPT == (int)FT_TRUNC_PROMPT, "truncation");
 
 #define TRY(x) do { ftune_status st_ = (x); if (st_) return st_; } while (0)
@@ -149,7 +154,10 @@ typedef struct {
     ft_batch vb;               /* validation batch */
     ft_adapter *wrapped;       /* the trainer's LoRA as an adapter object (LoRA) */
     int64_t total_steps, total_micro; /* total_micro < 0: unbounded (steps given) */
-    int64_t step;              /* optimizer steps done */
+    int64_t step;              /* optimizer steps done, skipped ones included */
+    int64_t skipped;           /* of them, skipped (non-finite gradients): no update, no schedule step */
+    ft_grad_scaler scaler;     /* loss scaling (mode NONE: off) */
+    const ft_train_hooks *hooks; /* test faults, or NULL */
     cJSON *config;             /* the run configuration stored in checkpoints */
     FILE *metrics, *dump;
     float *init_vals;          /* --init-adapter A/B by (layer, module) */
@@ -576,15 +584,16 @@ static ftune_status checkpoint(run *r) {
 
 /* --resume: rank 0 reads and checks the checkpoint, then hands every rank
  * the values, the optimizer state (its shard under ZeRO 1), the step, the
- * dropout micro-step and the data cursor. */
+ * dropout micro-step, the data cursor, the skipped steps and the loss scaler. */
 static ftune_status resume(run *r) {
     ftune_status st = is_root(r) ? load_checkpoint(r, r->o->resume) : FTUNE_OK;
     int bad = st != FTUNE_OK;
     TRY(ft_dist_allreduce_max_i32(&bad, 1));
     if (bad) return st ? st : ft_err(FTUNE_ERR_ARG, "rank %d: rank 0 could not resume from %s (its error says why)", r->rank, r->o->resume);
     ft_data_cursor cur = ft_batch_iter_cursor(r->it);
-    int64_t v[5] = { r->step, (int64_t)ft_trainer_get_micro_step(r->tr), cur.epoch, cur.index, r->opt.step };
+    int64_t v[6] = { r->step, (int64_t)ft_trainer_get_micro_step(r->tr), cur.epoch, cur.index, r->opt.step, r->skipped };
     TRY(ft_dist_bcast(v, sizeof v, 0));
+    TRY(ft_dist_bcast(&r->scaler, sizeof r->scaler, 0)); /* its scale and growth tracker */
     TRY(ft_dist_bcast(r->vals, (size_t)r->n_flat * sizeof(float), 0));
     if (r->zero == 0) TRY(ft_dist_bcast(r->opt.state, r->opt.state_bytes, 0));
     else {
@@ -605,6 +614,7 @@ static ftune_status resume(run *r) {
         ft_trainer_set_micro_step(r->tr, (uint64_t)v[1]);
         TRY(ft_batch_iter_seek(r->it, (ft_data_cursor){ v[2], v[3] }));
         r->opt.step = v[4];
+        r->skipped = v[5];
     }
     return FTUNE_OK;
 }
@@ -673,6 +683,14 @@ static ftune_status save_checkpoint(run *r) {
         cJSON_AddStringToObject(j, "micro_step", ms);
         cJSON_AddNumberToObject(j, "data_epoch", (double)cur.epoch);
         cJSON_AddNumberToObject(j, "data_index", (double)cur.index);
+        cJSON_AddNumberToObject(j, "skipped_steps", (double)r->skipped);
+        if (ft_grad_scaler_on(&r->scaler)) {
+            cJSON *ls = cJSON_AddObjectToObject(j, "loss_scaler");
+            cJSON_AddStringToObject(ls, "mode", ft_loss_scale_mode_name(r->scaler.mode));
+            cJSON_AddNumberToObject(ls, "scale", (double)r->scaler.scale); /* an f32: exact in a double */
+            cJSON_AddNumberToObject(ls, "growth_tracker", r->scaler.growth_tracker);
+            cJSON_AddNumberToObject(ls, "growth_interval", r->scaler.growth_interval);
+        }
         if (r->o->model_path) cJSON_AddStringToObject(j, "model_path", r->o->model_path);
         cJSON_AddItemReferenceToObject(j, "config", r->config);
         /* checksums of the files as they are on disk, read back */
@@ -791,19 +809,48 @@ static ftune_status load_checkpoint(run *r, const char *dir) {
             goto done;
         }
     }
+    /* the loss scaler: a version 3 checkpoint's must be this run's kind; a
+     * version 2 one predates loss scaling and leaves this run's scaler at
+     * its initial state */
+    if (cs.version >= 3) {
+        ft_loss_scale_mode there = cs.has_scaler ? cs.scaler_mode : FT_LOSS_SCALE_NONE;
+        const ft_grad_scaler *sc = &r->scaler;
+        if (there != sc->mode) {
+            st = ft_err(FTUNE_ERR_ARG, "--resume %s: the checkpoint's run used --loss-scale %s, this run %s: give the "
+                        "same --loss-scale", dir, there == FT_LOSS_SCALE_FIXED ? "N (fixed)" : ft_loss_scale_mode_name(there),
+                        sc->mode == FT_LOSS_SCALE_FIXED ? "N (fixed)" : ft_loss_scale_mode_name(sc->mode));
+            goto done;
+        }
+        if (sc->mode == FT_LOSS_SCALE_FIXED && cs.scale != sc->scale) {
+            st = ft_err(FTUNE_ERR_ARG, "--resume %s: the checkpoint's run used --loss-scale %g, this run %g", dir,
+                        (double)cs.scale, (double)sc->scale);
+            goto done;
+        }
+        if (sc->mode == FT_LOSS_SCALE_DYNAMIC && cs.growth_interval != sc->growth_interval) {
+            st = ft_err(FTUNE_ERR_ARG, "--resume %s: the checkpoint's loss scale grows every %d finite steps, this run's "
+                        "every %d", dir, (int)cs.growth_interval, (int)sc->growth_interval);
+            goto done;
+        }
+    }
     snprintf(path, sizeof path, "%s/trainable.safetensors", dir);
     if ((st = read_trainable(r, path))) goto done;
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     if ((st = load_optimizer(r, path))) goto done;
-    if (r->opt.step != s) {
-        st = ft_err(FTUNE_ERR_FORMAT, "%s: optimizer step %lld, but the checkpoint is at step %lld", path,
-                    (long long)r->opt.step, (long long)s);
+    /* skipped steps never reached the optimizer */
+    if (r->opt.step != s - cs.skipped_steps) {
+        st = ft_err(FTUNE_ERR_FORMAT, "%s: optimizer step %lld, but the checkpoint is at step %lld with %lld skipped", path,
+                    (long long)r->opt.step, (long long)s, (long long)cs.skipped_steps);
         goto done;
     }
     ft_data_cursor cur = { cs.data_epoch, cs.data_index };
     if ((st = ft_batch_iter_seek(r->it, cur))) { st = ft_err_prefix(st, "%s", dir); goto done; }
     ft_trainer_set_micro_step(r->tr, cs.micro_step);
     r->step = s;
+    r->skipped = cs.skipped_steps;
+    if (cs.has_scaler) {
+        r->scaler.scale = cs.scale;
+        r->scaler.growth_tracker = cs.growth_tracker;
+    }
 done:
     ft_ckpt_state_free(&cs);
     return st;
@@ -898,9 +945,64 @@ static ftune_status validate(run *r, double *loss) {
     return FTUNE_OK;
 }
 
+/* The global gradient norm: under ZeRO 0 every rank holds every gradient;
+ * under ZeRO 1 the squares of the ranks' parts are summed. */
+static ftune_status global_norm(run *r, double *norm) {
+    double ss = ft_grad_sumsq(r->own, r->n_own);
+    if (r->zero > 0) TRY(ft_dist_allreduce_sum_f64(&ss, 1));
+    *norm = sqrt(ss);
+    return FTUNE_OK;
+}
+
+/* The optimizer-step half of a step, after backward of its micro-batches
+ * and the sum of the gradients over ranks: unscale and check (loss
+ * scaling), skip or clip and update this rank's part. The schedule is
+ * indexed by updates done (step - skipped), as Hugging Face's Trainer steps
+ * its scheduler only when the optimizer ran; a skipped step reports the
+ * learning rate it would have used. */
+static ftune_status optimizer_step(run *r, double loss, double *gnorm, double *lr, bool *skipped) {
+    const ft_train_hooks *h = r->hooks;
+    int64_t n = r->step + 1; /* this step, 1-based */
+    if (h && h->inf_grad_step == n) {
+        const ft_param *p = &r->params[r->n_params / 2];
+        p->grad[p->numel / 2] = INFINITY;
+    }
+    /* every rank decides alike: a non-finite gradient in any rank's part skips the step on all */
+    int found_inf = ft_grad_scaler_unscale(&r->scaler, r->own, r->n_own);
+    TRY(ft_dist_allreduce_max_i32(&found_inf, 1));
+    bool by_hand = h && h->skip_step == n;
+    *skipped = ft_grad_scaler_update(&r->scaler, found_inf || by_hand) || by_hand;
+    *lr = ft_sched_lr(&r->sched, r->step - r->skipped);
+    if (*skipped) {
+        TRY(global_norm(r, gnorm)); /* measured only, for the log */
+        r->skipped++;
+        /* PyTorch would halve on forever; a scale below f32's normal range
+         * means no scale makes these gradients finite */
+        if (r->scaler.mode == FT_LOSS_SCALE_DYNAMIC && !(r->scaler.scale >= FLT_MIN))
+            return ft_err(FTUNE_ERR_RANGE, "step %lld: the gradients are not finite even at loss scale %g (%lld steps "
+                          "skipped); the loss is %g: try a lower --lr", (long long)n, (double)r->scaler.scale * 2,
+                          (long long)r->skipped, loss);
+        return FTUNE_OK;
+    }
+    TRY(global_norm(r, gnorm));
+    if (!isfinite(loss) || !isfinite(*gnorm)) {
+        if (r->scaler.mode == FT_LOSS_SCALE_FIXED)
+            return ft_err(FTUNE_ERR_RANGE, "step %lld: the loss (%g) or gradient norm (%g) is not finite at the fixed "
+                          "loss scale %g; a fixed scale skips no step: try --loss-scale dynamic, a lower scale or a "
+                          "lower --lr", (long long)n, loss, *gnorm, (double)r->scaler.scale);
+        return ft_err(FTUNE_ERR_RANGE, "step %lld: the loss (%g) or gradient norm (%g) is not finite; try a lower --lr",
+                      (long long)n, loss, *gnorm);
+    }
+    ft_clip_grad_by_norm(r->own, r->n_own, *gnorm, r->o->max_grad_norm);
+    ft_trainer_adamw_step(r->tr, &r->opt, *lr); /* this rank's part, through the trainer's backend */
+    if (r->zero > 0) TRY(ft_dist_allgather_f32(r->vals, r->shard, r->chunk));
+    return FTUNE_OK;
+}
+
 /* One optimizer step over up to K global micro-batches, of which this rank
- * trains its rows; one round of communication per step, whatever K is. */
-static ftune_status train_step(run *r, double *loss, double *gnorm, double *lr, int64_t *n_tokens) {
+ * trains its rows, each seeded with the same loss scale; one round of
+ * communication, the finiteness check and the update once per step. */
+static ftune_status train_step(run *r, double *loss, double *gnorm, double *lr, int64_t *n_tokens, bool *skipped) {
     int kk = 0;
     *n_tokens = 0;
     /* this rank's target and token counts, then the global ones */
@@ -928,7 +1030,7 @@ static ftune_status train_step(run *r, double *loss, double *gnorm, double *lr, 
         ft_batch_shard(&v, &r->mb[k], r->rank, r->world);
         if (v.B == 0) continue; /* the short last batch of an epoch: nothing for this rank */
         double ls;
-        TRY(ft_trainer_step(r->tr, &v, ntt, &ls));
+        TRY(ft_trainer_step_scaled(r->tr, &v, ntt, r->scaler.scale, &ls));
         sum += ls;
     }
     /* after the backward pass: the loss and gradients of the global batch.
@@ -938,17 +1040,7 @@ static ftune_status train_step(run *r, double *loss, double *gnorm, double *lr, 
     if (r->zero == 0) TRY(ft_dist_allreduce_sum_f32(r->grads, r->n_flat, r->chunk));
     else TRY(ft_dist_reduce_scatter_sum_f32(r->grads, r->shard, r->chunk));
     *loss = sum / (double)ntt;
-    /* the global norm: under ZeRO 0 every rank holds every gradient */
-    double ss = ft_grad_sumsq(r->own, r->n_own);
-    if (r->zero > 0) TRY(ft_dist_allreduce_sum_f64(&ss, 1));
-    *gnorm = sqrt(ss);
-    if (!isfinite(*loss) || !isfinite(*gnorm))
-        return ft_err(FTUNE_ERR_RANGE, "step %lld: the loss (%g) or gradient norm (%g) is not finite; try a lower --lr",
-                      (long long)r->step + 1, *loss, *gnorm);
-    ft_clip_grad_by_norm(r->own, r->n_own, *gnorm, r->o->max_grad_norm);
-    *lr = ft_sched_lr(&r->sched, r->step);
-    ft_trainer_adamw_step(r->tr, &r->opt, *lr); /* this rank's part, through the trainer's backend */
-    if (r->zero > 0) TRY(ft_dist_allgather_f32(r->vals, r->shard, r->chunk));
+    TRY(optimizer_step(r, *loss, gnorm, lr, skipped));
     r->step++;
     return FTUNE_OK;
 }
@@ -1162,6 +1254,8 @@ static ftune_status setup(run *r) {
     }
     r->sched = (ft_sched){ .kind = (ft_sched_kind)o->schedule, .lr = o->lr, .min_lr = o->min_lr, .warmup_steps = o->warmup,
                            .total_steps = r->total_steps };
+    TRY(ft_grad_scaler_init(&r->scaler, (ft_loss_scale_mode)o->loss_scale_mode, o->loss_scale,
+                            o->loss_scale_growth_interval));
     r->config = make_config(r);
     if (!r->config) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     TRY(check_same_run(r));
@@ -1179,7 +1273,8 @@ static ftune_status setup(run *r) {
                             .train_tokens = r->train->stats.n_tokens, .train_targets = r->train->stats.n_targets,
                             .val_tokens = r->val ? r->val->stats.n_tokens : 0, .n_trainable = n_trainable,
                             .T = r->T, .B = r->B, .K = r->K, .data_format = ft_data_format_name(r->train->format),
-                            .step = r->step, .start_step = r->step };
+                            .step = r->step, .start_step = r->step, .loss_scaling = ft_grad_scaler_on(&r->scaler),
+                            .loss_scale = r->scaler.scale, .skipped_steps = r->skipped };
     const ft_dataset *sets[2] = { r->train, r->val };
     for (int i = 0; i < 2; i++)
         if (sets[i]) {
@@ -1213,12 +1308,15 @@ static ftune_status train(run *r) {
     while (r->step < r->total_steps) {
         double ts = ft_time_s(), loss = 0, gnorm = 0, lr = 0;
         int64_t ntok;
-        TRY(train_step(r, &loss, &gnorm, &lr, &ntok));
+        bool skipped = false;
+        TRY(train_step(r, &loss, &gnorm, &lr, &ntok, &skipped));
         double te = ft_time_s();
         r->res.last_loss = loss;
+        bool scaling = ft_grad_scaler_on(&r->scaler);
         ftune_train_progress p = { .ev = FTUNE_TRAIN_STEP, .step = r->step, .start_step = start, .loss = loss, .lr = lr,
                                 .grad_norm = gnorm, .tokens_per_s = te > ts ? (double)ntok / (te - ts) : 0,
-                                .elapsed_s = te - t0, .peak_mib = ft_peak_rss_mib() };
+                                .elapsed_s = te - t0, .peak_mib = ft_peak_rss_mib(), .loss_scaling = scaling,
+                                .loss_scale = r->scaler.scale, .skipped_steps = r->skipped, .skipped = skipped };
         p.eta_s = p.elapsed_s / (double)(r->step - start) * (double)(r->total_steps - r->step);
         bool last = r->step == r->total_steps;
         if (r->val && (last || (o->eval_every > 0 && r->step % o->eval_every == 0))) {
@@ -1227,9 +1325,16 @@ static ftune_status train(run *r) {
             r->res.val_loss_last = p.val_loss;
         }
         if (is_root(r)) {
-            fprintf(r->metrics, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f",
-                    (long long)r->step, loss, lr, gnorm, p.tokens_per_s);
+            /* JSON has no inf or NaN: a skipped step's grad norm is null */
+            char gn[32];
+            if (isfinite(gnorm)) snprintf(gn, sizeof gn, "%.9g", gnorm);
+            else snprintf(gn, sizeof gn, "null");
+            fprintf(r->metrics, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%s,\"tokens_per_s\":%.1f",
+                    (long long)r->step, loss, lr, gn, p.tokens_per_s);
             if (p.has_val_loss) fprintf(r->metrics, ",\"val_loss\":%.9g", p.val_loss);
+            if (scaling || r->skipped)
+                fprintf(r->metrics, ",\"loss_scale\":%.9g,\"skipped_steps\":%lld,\"skipped\":%s", (double)r->scaler.scale,
+                        (long long)r->skipped, skipped ? "true" : "false");
             fputs("}\n", r->metrics);
             if (fflush(r->metrics) != 0 || ferror(r->metrics))
                 return ft_err(FTUNE_ERR_IO, "%s/metrics.jsonl: write failed: %s", o->out_dir, strerror(errno));
@@ -1265,9 +1370,16 @@ static ftune_status train(run *r) {
 }
 
 ftune_status ftune_train_run(const ftune_train_opts *o, ftune_train_progress_fn progress, void *ctx, ftune_train_result *res) {
+    return ft_train_run_hooked(o, NULL, progress, ctx, res);
+}
+
+ftune_status ft_train_run_hooked(const ftune_train_opts *o, const ft_train_hooks *hooks, ftune_train_progress_fn progress,
+                                 void *ctx, ftune_train_result *res) {
     run *r = calloc(1, sizeof *r);
     if (!r) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     r->o = o;
+    r->hooks = hooks;
+    r->scaler.scale = 1.0f;
     r->cb = progress;
     r->cb_ctx = ctx;
     r->m = o->model;
@@ -1275,8 +1387,10 @@ ftune_status ftune_train_run(const ftune_train_opts *o, ftune_train_progress_fn 
     ftune_status st = train(r);
     r->res.steps_done = r->step;
     r->res.total_steps = r->total_steps;
+    r->res.loss_scale = r->scaler.scale;
+    r->res.skipped_steps = r->skipped;
     if (r->tr) {
-        ft_mem_table mt = { 0 }; /* the planners add to their rows */
+        ft_mem_table mt = { 0 }; /* ft_trainer_mem_table adds to it */
         ft_trainer_mem_table(r->tr, &mt);
         /* ZeRO 1: this rank plans (and holds) only its shard of AdamW's state */
         if (r->opt_ready && r->zero > 0) {

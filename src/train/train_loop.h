@@ -10,6 +10,8 @@
  *   initial/                   (save_initial_adapter) the adapter before step 1
  *   checkpoint-STEP/           every save_every steps and on interruption:
  *       trainer_state.json     step, dropout micro-step, data cursor, run config,
+ *                              skipped steps, the loss scaler (scale, growth
+ *                              tracker) when scaling is on,
  *                              and an FNV-1a checksum of each file beside it
  *       trainable.safetensors  every trainable tensor (f32, trainer names)
  *       optimizer.safetensors  AdamW moments and step
@@ -26,13 +28,15 @@
 #include <signal.h>
 
 #include "data/data.h"
+#include "train/grad_scaler.h"
 #include "train/optim.h"
 #include "train/train.h"
 
 /* ------------------------------------------------------------ checkpoint state */
 
 #define FT_CKPT_FORMAT "ftune-checkpoint"
-#define FT_CKPT_VERSION FTUNE_CHECKPOINT_VERSION /* 2: per-file checksums */
+#define FT_CKPT_VERSION FTUNE_CHECKPOINT_VERSION /* 2: per-file checksums; 3: skipped steps, loss scaler */
+#define FT_CKPT_VERSION_MIN 2                     /* the oldest version that resumes */
 #define FT_CKPT_MAX_FILES 8
 #define FT_FNV0 0xcbf29ce484222325ull
 
@@ -43,6 +47,14 @@ typedef struct {
     uint64_t micro_step;       /* micro-batches trained (seeds dropout) */
     int64_t data_epoch, data_index; /* the batch iterator's cursor */
     const struct cJSON *config;/* the run configuration (owned by root) */
+    int version;               /* FT_CKPT_VERSION_MIN .. FT_CKPT_VERSION */
+    int64_t skipped_steps;     /* steps whose update was skipped, in [0, step]; 0 in version 2 */
+    /* "loss_scaler" (version 3, only from a run with loss scaling) */
+    bool has_scaler;
+    ft_loss_scale_mode scaler_mode; /* DYNAMIC or FIXED */
+    float scale;               /* a positive finite f32 */
+    int32_t growth_tracker;    /* in [0, growth_interval) */
+    int32_t growth_interval;   /* >= 1 */
     int n_files;
     struct { char name[64]; uint64_t fnv; } files[FT_CKPT_MAX_FILES]; /* FNV-1a of each file */
     struct cJSON *root;
@@ -57,6 +69,22 @@ void ft_ckpt_state_free(ft_ckpt_state *s);
 uint64_t ft_fnv1a(uint64_t h, const void *p, size_t n);
 /* FNV-1a 64 of a whole file, read in chunks. */
 ftune_status ft_file_fnv1a(const char *path, uint64_t *out);
+
+/* ------------------------------------------------------------ test hooks */
+
+/* Faults a test program injects into a run through ft_train_run_hooked
+ * (never reachable from the public API or the CLI). Steps are 1-based; 0:
+ * none. */
+typedef struct {
+    int64_t inf_grad_step;     /* after backward of this step, one gradient element becomes +inf */
+    int64_t skip_step;         /* this step's update is skipped by hand, as a skipped step is: no
+                                * AdamW update, the schedule does not advance, it counts as skipped,
+                                * and a dynamic scaler backs off as after an overflow */
+} ft_train_hooks;
+
+/* ftune_train_run with hooks (NULL: none). */
+ftune_status ft_train_run_hooked(const ftune_train_opts *o, const ft_train_hooks *hooks, ftune_train_progress_fn progress,
+                                 void *ctx, ftune_train_result *res);
 
 /* Peak resident memory of this process, in MiB (getrusage). */
 double ft_peak_rss_mib(void);

@@ -671,6 +671,11 @@ static const int *positions(ft_trainer *tr, const ft_batch *b) {
 }
 
 ftune_status ft_trainer_step(ft_trainer *tr, const ft_batch *b, int64_t n_targets_total, double *loss_sum) {
+    return ft_trainer_step_scaled(tr, b, n_targets_total, 1.0f, loss_sum);
+}
+
+ftune_status ft_trainer_step_scaled(ft_trainer *tr, const ft_batch *b, int64_t n_targets_total, float loss_scale,
+                                    double *loss_sum) {
     *loss_sum = 0;
     ftune_status st = check_batch(tr, b);
     if (st) return st;
@@ -678,7 +683,7 @@ ftune_status ft_trainer_step(ft_trainer *tr, const ft_batch *b, int64_t n_target
         return ft_err(FTUNE_ERR_ARG, "the loss is normalised by %lld target tokens; it must be at least 1",
                       (long long)n_targets_total);
     const int *pos = positions(tr, b);
-    *loss_sum = forward(tr, b, pos, true, (float)(1.0 / (double)n_targets_total), NULL);
+    *loss_sum = forward(tr, b, pos, true, (float)((double)loss_scale / (double)n_targets_total), NULL);
     backward(tr, b, pos);
     tr->micro_step++;
     return FTUNE_OK;

@@ -7,6 +7,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,20 +98,25 @@ ftune_status ft_ckpt_state_parse(ft_ckpt_state *s, const char *text, size_t len,
     if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, FT_CKPT_FORMAT) != 0)
         BAD("%s: not an ftune checkpoint state (\"format\" is not \"%s\")", path, FT_CKPT_FORMAT);
     const cJSON *ver = cJSON_GetObjectItemCaseSensitive(j, "version");
-    if (!cJSON_IsNumber(ver) || ver->valuedouble != FT_CKPT_VERSION) {
-        st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: checkpoint version %s (this ftune reads version %d)", path,
+    if (!cJSON_IsNumber(ver) || !(ver->valuedouble >= FT_CKPT_VERSION_MIN && ver->valuedouble <= FT_CKPT_VERSION) ||
+        ver->valuedouble != floor(ver->valuedouble)) {
+        st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: checkpoint version %s (this ftune reads versions %d to %d)", path,
                     cJSON_IsNumber(ver) ? (ver->valuedouble == 1 ? "1, which has no checksums" : "unknown") : "missing",
-                    FT_CKPT_VERSION);
+                    FT_CKPT_VERSION_MIN, FT_CKPT_VERSION);
         goto fail;
     }
-    /* every field known, so a misspelt or foreign one is not silently ignored */
+    s->version = (int)ver->valuedouble;
+    /* every field known, so a misspelt or foreign one is not silently ignored;
+     * the last two are version 3's */
     const char *const keys[] = { "format", "version", "step", "micro_step", "data_epoch", "data_index",
-                                 "model_path", "config", "checksums" };
+                                 "model_path", "config", "checksums", "skipped_steps", "loss_scaler" };
+    size_t n_keys = sizeof keys / sizeof keys[0] - (s->version >= 3 ? 0 : 2);
     const cJSON *x;
     cJSON_ArrayForEach(x, j) {
         bool ok = false;
-        for (size_t i = 0; i < sizeof keys / sizeof keys[0] && !ok; i++) ok = x->string && strcmp(x->string, keys[i]) == 0;
-        if (!ok) BAD("%s: unknown field \"%.64s\"", path, x->string ? x->string : "");
+        for (size_t i = 0; i < n_keys && !ok; i++) ok = x->string && strcmp(x->string, keys[i]) == 0;
+        if (!ok) BAD("%s: unknown field \"%.64s\"%s", path, x->string ? x->string : "",
+                     s->version < 3 ? " (in a version 2 checkpoint)" : "");
     }
     /* 2^53: the largest range a JSON number holds exactly */
     const double MAXI = 9007199254740992.0;
@@ -136,6 +142,40 @@ ftune_status ft_ckpt_state_parse(ft_ckpt_state *s, const char *text, size_t len,
         }
         if (n == 0) BAD("%s: \"micro_step\" is empty", path);
         s->micro_step = v;
+    }
+    if (s->version >= 3) {
+        if (!int_in(cJSON_GetObjectItemCaseSensitive(j, "skipped_steps"), 0, (double)s->step, &s->skipped_steps))
+            BAD("%s: \"skipped_steps\" must be an integer in [0, step %lld]", path, (long long)s->step);
+        const cJSON *ls = cJSON_GetObjectItemCaseSensitive(j, "loss_scaler");
+        if (ls) {
+            if (!cJSON_IsObject(ls)) BAD("%s: \"loss_scaler\" must be an object", path);
+            const char *const lkeys[] = { "mode", "scale", "growth_tracker", "growth_interval" };
+            cJSON_ArrayForEach(x, ls) {
+                bool ok = false;
+                for (size_t i = 0; i < sizeof lkeys / sizeof lkeys[0] && !ok; i++)
+                    ok = x->string && strcmp(x->string, lkeys[i]) == 0;
+                if (!ok) BAD("%s: \"loss_scaler\": unknown field \"%.64s\"", path, x->string ? x->string : "");
+            }
+            const cJSON *m = cJSON_GetObjectItemCaseSensitive(ls, "mode");
+            if (cJSON_IsString(m) && strcmp(m->valuestring, "dynamic") == 0) s->scaler_mode = FT_LOSS_SCALE_DYNAMIC;
+            else if (cJSON_IsString(m) && strcmp(m->valuestring, "fixed") == 0) s->scaler_mode = FT_LOSS_SCALE_FIXED;
+            else BAD("%s: \"loss_scaler\".\"mode\" must be \"dynamic\" or \"fixed\"", path);
+            /* the scale is an f32: a positive normal one, held exactly */
+            const cJSON *sc = cJSON_GetObjectItemCaseSensitive(ls, "scale");
+            if (!cJSON_IsNumber(sc) || !(sc->valuedouble >= FLT_MIN && sc->valuedouble <= FLT_MAX) ||
+                (double)(float)sc->valuedouble != sc->valuedouble)
+                BAD("%s: \"loss_scaler\".\"scale\" must be a positive finite f32", path);
+            s->scale = (float)sc->valuedouble;
+            int64_t gi, gt;
+            if (!int_in(cJSON_GetObjectItemCaseSensitive(ls, "growth_interval"), 1, 2147483647.0, &gi))
+                BAD("%s: \"loss_scaler\".\"growth_interval\" must be an integer in [1, 2^31)", path);
+            if (!int_in(cJSON_GetObjectItemCaseSensitive(ls, "growth_tracker"), 0, (double)gi - 1, &gt))
+                BAD("%s: \"loss_scaler\".\"growth_tracker\" must be an integer in [0, growth_interval %lld)", path,
+                    (long long)gi);
+            s->growth_interval = (int32_t)gi;
+            s->growth_tracker = (int32_t)gt;
+            s->has_scaler = true;
+        }
     }
     const cJSON *mp = cJSON_GetObjectItemCaseSensitive(j, "model_path");
     if (mp && !cJSON_IsString(mp)) BAD("%s: \"model_path\" must be a string", path);

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# `ftune train --loss-scale` end to end on stories260K: the option and its
+# help, the progress line and metrics.jsonl fields (only with scaling on),
+# f32 dynamic scaling equal bit for bit to none, a CLI resume that continues
+# the scaler, and every new trainer_state.json field checked on resume.
+# (The overflow, skip and growth semantics are in test_grad_scaler.)
+set -u
+FT=${FTUNE:-build/ftune}
+D=${FTUNE_DATA:-../shared/data}
+HF=$D/models/stories260K-hf
+PY=/usr/bin/python3
+export OMP_NUM_THREADS=1
+tmp=${KEEP_TMP:-$(mktemp -d)}; [ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; }
+
+cat > "$tmp/d.jsonl" <<'EOF'
+{"text": "Once upon a time, there was a little cat named Tom. Tom liked to play with his red ball."}
+{"text": "The sun was hot. Lily went to the park with her mom. She saw a big dog and said hello."}
+{"text": "Ben had a toy car. He drove it around the room. The car was fast and blue."}
+{"text": "One day, a bird sat on a tree. The bird sang a happy song for all the kids."}
+EOF
+train() { "$FT" train -m "$HF" --data "$tmp/d.jsonl" --ctx 32 -t 1 --val-split 0 --steps 6 --grad-accum 2 \
+          --lora-dropout 0.1 --lr 1e-3 --seed 3 "$@"; }
+expect_error() {  # name, pattern, command...
+    local name=$1 pat=$2; shift 2
+    "$@" > "$tmp/out.txt" 2> "$tmp/err.txt" < /dev/null
+    local rc=$?
+    if [ $rc -eq 0 ] || [ $rc -ge 128 ]; then fail "$name" "exit $rc"; return; fi
+    if grep -qi -- "$pat" "$tmp/err.txt"; then pass "$name"; else fail "$name" "message lacks '$pat': $(cat "$tmp/err.txt")"; fi
+}
+
+# 1. --help documents the modes and that bf16 needs no scaler; a bad value is refused
+"$FT" train --help 2>&1 | grep -A3 -- "--loss-scale" | tr -s ' \n' ' ' | grep -q "dynamic.*bf16.*need no scaler" \
+    && pass help_loss_scale || fail help_loss_scale "$("$FT" train --help 2>&1 | grep -A3 -- --loss-scale)"
+expect_error bad_loss_scale 'loss-scale "sometimes": expected dynamic, none' train -o "$tmp/x" --loss-scale sometimes
+expect_error zero_loss_scale 'loss-scale "0"' train -o "$tmp/x" --loss-scale 0
+expect_error unrepresentable_loss_scale 'loss-scale 0.1: expected a positive number that is an f32' \
+    train -o "$tmp/x" --loss-scale 0.1
+
+# 2. dynamic in f32: the same bits as none; the progress line and metrics show the
+# scale only with scaling on
+train -o "$tmp/none" 2> "$tmp/none.txt" || fail run_none "$(cat "$tmp/none.txt")"
+train -o "$tmp/dyn" --loss-scale dynamic 2> "$tmp/dyn.txt" || fail run_dynamic "$(cat "$tmp/dyn.txt")"
+cmp -s "$tmp/none/adapter_model.safetensors" "$tmp/dyn/adapter_model.safetensors" && pass f32_dynamic_same_adapter \
+    || fail f32_dynamic_same_adapter "adapters differ"
+grep -q "^loss scale: 65536 (0 step(s) skipped so far)" "$tmp/dyn.txt" \
+    && grep -q "^step 6/6 .* scale 65536  skipped 0" "$tmp/dyn.txt" && ! grep -q "scale" "$tmp/none.txt" \
+    && pass progress_line_scale || fail progress_line_scale "$(cat "$tmp/dyn.txt")"
+$PY - "$tmp/none/metrics.jsonl" "$tmp/dyn/metrics.jsonl" <<'EOF' && pass metrics_fields || fail metrics_fields "see above"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(a) == len(b) == 6
+for x, y in zip(a, b):
+    assert x["loss"] == y["loss"] and x["grad_norm"] == y["grad_norm"] and x["lr"] == y["lr"], (x, y)
+    assert not any(k in x for k in ("loss_scale", "skipped_steps", "skipped")), x
+    assert y["loss_scale"] == 65536 and y["skipped_steps"] == 0 and y["skipped"] is False, y
+EOF
+
+# 3. a CLI resume continues the scaler and is bit-exact
+train -o "$tmp/r" --loss-scale dynamic --save-every 3 2> "$tmp/err.txt" || fail resume_save "$(cat "$tmp/err.txt")"
+$PY - "$tmp/r/checkpoint-3/trainer_state.json" <<'EOF' && pass checkpoint_v3_fields || fail checkpoint_v3_fields "see above"
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["version"] == 3 and s["skipped_steps"] == 0, s
+assert s["loss_scaler"] == {"mode": "dynamic", "scale": 65536, "growth_tracker": 3, "growth_interval": 2000}, s["loss_scaler"]
+EOF
+train -o "$tmp/r" --loss-scale dynamic --resume "$tmp/r/checkpoint-3" 2> "$tmp/err.txt" \
+    && cmp -s "$tmp/r/adapter_model.safetensors" "$tmp/dyn/adapter_model.safetensors" && pass resume_dynamic_bit_exact \
+    || fail resume_dynamic_bit_exact "$(cat "$tmp/err.txt")"
+expect_error resume_other_mode "checkpoint's run used --loss-scale dynamic, this run none" \
+    train -o "$tmp/r" --resume "$tmp/r/checkpoint-3"
+train -o "$tmp/f" --loss-scale 256 --save-every 3 2> "$tmp/err.txt" || fail fixed_run "$(cat "$tmp/err.txt")"
+expect_error resume_other_fixed "used --loss-scale N (fixed), this run dynamic" \
+    train -o "$tmp/f" --loss-scale dynamic --resume "$tmp/f/checkpoint-3"
+expect_error resume_other_fixed_scale "used --loss-scale 256, this run 512" \
+    train -o "$tmp/f" --loss-scale 512 --resume "$tmp/f/checkpoint-3"
+cmp -s "$tmp/f/adapter_model.safetensors" "$tmp/dyn/adapter_model.safetensors" && pass f32_fixed_same_adapter \
+    || fail f32_fixed_same_adapter "adapters differ"
+
+# 4. every new field of trainer_state.json is checked for type and range
+bad_state() {  # name, python statement editing the dict s, expected message
+    rm -rf "$tmp/bs"; cp -r "$tmp/r" "$tmp/bs"
+    $PY - "$tmp/bs/checkpoint-3/trainer_state.json" "$2" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1])); exec(sys.argv[2]); json.dump(s, open(sys.argv[1], "w"))
+EOF
+    expect_error "state_$1" "$3" train -o "$tmp/bs" --loss-scale dynamic --resume "$tmp/bs/checkpoint-3"
+}
+bad_state skipped_too_many 's["skipped_steps"] = 4' '"skipped_steps" must be an integer in \[0, step 3\]'
+bad_state skipped_missing 'del s["skipped_steps"]' '"skipped_steps" must be'
+bad_state skipped_vs_optimizer 's["skipped_steps"] = 1' 'optimizer step 3, but the checkpoint is at step 3 with 1 skipped'
+bad_state scale_negative 's["loss_scaler"]["scale"] = -2' '"scale" must be a positive finite f32'
+bad_state scale_not_f32 's["loss_scaler"]["scale"] = 0.1' '"scale" must be a positive finite f32'
+bad_state tracker_too_large 's["loss_scaler"]["growth_tracker"] = 2000' '"growth_tracker" must be an integer in \[0, growth_interval 2000)'
+bad_state interval_zero 's["loss_scaler"]["growth_interval"] = 0' '"growth_interval" must be an integer'
+bad_state mode_unknown 's["loss_scaler"]["mode"] = "static"' '"mode" must be "dynamic" or "fixed"'
+bad_state scaler_field 's["loss_scaler"]["hysteresis"] = 2' '"loss_scaler": unknown field "hysteresis"'
+bad_state scaler_not_object 's["loss_scaler"] = 65536' '"loss_scaler" must be an object'
+bad_state version_4 's["version"] = 4' 'reads versions 2 to 3'
+bad_state v2_with_v3_field 's["version"] = 2' 'unknown field "skipped_steps" (in a version 2 checkpoint)'
+# a version 2 checkpoint resumes, the scaler at its initial state
+bad_v2() { rm -rf "$tmp/v2"; cp -r "$tmp/r" "$tmp/v2"; $PY - "$tmp/v2/checkpoint-3/trainer_state.json" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1])); s["version"] = 2; del s["skipped_steps"]; del s["loss_scaler"]
+json.dump(s, open(sys.argv[1], "w"))
+EOF
+}
+bad_v2
+train -o "$tmp/v2" --loss-scale dynamic --resume "$tmp/v2/checkpoint-3" 2> "$tmp/err.txt" \
+    && grep -q "^loss scale: 65536 (0 step(s) skipped so far)" "$tmp/err.txt" \
+    && cmp -s "$tmp/v2/adapter_model.safetensors" "$tmp/dyn/adapter_model.safetensors" && pass version_2_resumes \
+    || fail version_2_resumes "$(cat "$tmp/err.txt")"
