@@ -163,6 +163,12 @@ timeout 120 "${MPI[@]}" -np 1 "$FT" train "${lora[@]}" -o "$tmp/b5" : -np 1 "$FT
 rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q 'rank 1 was started differently from rank 0: data\.' "$tmp/out.txt" &&
     pass ranks_given_different_data || fail ranks_given_different_data "exit $rc: $(cat "$tmp/out.txt")"
+# one rank alone fails (its data file is missing): its error names the rank and the file, and the job ends
+timeout 120 "${MPI[@]}" -np 1 "$FT" train "${lora[@]}" -o "$tmp/b7" : -np 1 "$FT" train "${lora[@]}" --data "$tmp/absent.jsonl" \
+    -o "$tmp/b7" > "$tmp/out.txt" 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q 'rank 1 of 2\]: error: .*absent.jsonl' "$tmp/out.txt" &&
+    pass one_rank_fails_alone || fail one_rank_fails_alone "exit $rc: $(cat "$tmp/out.txt")"
 run_mpi 2 "$FT" train "${lora[@]}" --zero 3 -o "$tmp/b6" > "$tmp/out.txt" 2>&1
 rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- '--zero 3 is not implemented yet' "$tmp/out.txt" &&
