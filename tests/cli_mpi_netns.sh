@@ -4,7 +4,8 @@
 # over TCP (Open MPI's tcp BTL, no shared memory). mpirun launches an orted
 # in each namespace through a launch agent that stands in for ssh. The
 # per-step losses equal one process's with the same global batch, and the
-# bytes on the veth are the collectives' payload plus protocol overhead. Needs root (CAP_NET_ADMIN): skipped
+# bytes on the veth are the collectives' payload plus protocol overhead, the
+# same with --grad-accum 2 (one round of communication per optimizer step). Needs root (CAP_NET_ADMIN): skipped
 # otherwise.
 set -u
 FT=${FTUNE:-build/ftune}
@@ -97,4 +98,15 @@ want=$((5 * 4 * ${n:-0}))
 echo "namespace $nsa sent $((tx1 - tx0)) bytes on its veth; the collectives' payload is $want bytes"
 [ -n "$n" ] && [ $((tx1 - tx0)) -ge $want ] && [ $((tx1 - tx0)) -le $((want + want / 10)) ] &&
     pass wire_bytes_match_the_collectives || fail wire_bytes_match_the_collectives "sent $((tx1 - tx0)) bytes, expected $want (+10%)"
+
+# --grad-accum 2 communicates once per optimizer step: the same bytes on the veth for the same steps
+tx0=$(ip netns exec "$nsa" cat /sys/class/net/ftv/statistics/tx_bytes)
+timeout 120 mpirun --hostfile "$tmp/hosts" -np 2 --mca plm_rsh_agent "$tmp/agent.sh" \
+    --mca routed direct --mca oob_tcp_if_include "$net.0/24" --mca btl self,tcp --mca btl_tcp_if_include "$net.0/24" \
+    "$FT" "${args[@]}" --grad-accum 2 -o "$tmp/accum" > "$tmp/out.txt" 2>&1
+rc=$?
+tx1=$(ip netns exec "$nsa" cat /sys/class/net/ftv/statistics/tx_bytes)
+echo "with --grad-accum 2: $((tx1 - tx0)) bytes"
+[ $rc -eq 0 ] && [ $((tx1 - tx0)) -ge $want ] && [ $((tx1 - tx0)) -le $((want + want / 10)) ] &&
+    pass grad_accum_communicates_once_per_step || fail grad_accum_communicates_once_per_step "exit $rc, sent $((tx1 - tx0)) bytes, expected $want (+10%): $(tail -5 "$tmp/out.txt")"
 exit 0
