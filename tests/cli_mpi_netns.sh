@@ -5,8 +5,8 @@
 # in each namespace through a launch agent that stands in for ssh. The
 # per-step losses equal one process's with the same global batch, and the
 # bytes on the veth are the collectives' payload plus protocol overhead, the
-# same with --grad-accum 2 (one round of communication per optimizer step). Needs root (CAP_NET_ADMIN): skipped
-# otherwise.
+# same with --grad-accum 2 (one round of communication per optimizer step).
+# Needs root (CAP_NET_ADMIN): skipped otherwise.
 set -u
 FT=${FTUNE:-build/ftune}
 case $FT in /*) ;; *) FT=$PWD/$FT ;; esac
