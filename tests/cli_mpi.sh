@@ -5,8 +5,9 @@
 # gradient accumulation; only rank 0 writes, and what it writes is the
 # one-process result; a checkpoint resumes on another rank count and stage;
 # bad launches (a batch that does not split, ranks started differently) fail
-# every rank with a message naming the rank; a rank killed with SIGKILL
-# mid-run ends the whole job within seconds.
+# every rank with a message naming the rank; SIGUSR1 to mpirun checkpoints
+# and stops every rank; a rank killed with SIGKILL mid-run ends the whole
+# job within seconds.
 set -u
 FT=${FTUNE:-build/ftune}
 D=${FTUNE_DATA:-../shared/data}
@@ -200,6 +201,22 @@ if "$FT" init --preset llama-110m --dtype bf16 "$tmp/m110" > /dev/null 2> "$tmp/
     done
     rm -f "$tmp/m110.gguf"
 else fail llama110m_model "$(cat "$tmp/err.txt")"; fi
+
+# 6. the job's Ctrl-C: SIGUSR1 to mpirun (forwarded to every rank) stops all ranks after the same step;
+#    rank 0 saves a whole checkpoint that the others wait for, and the job ends without MPI_Abort
+"${MPI[@]}" -np 2 "$FT" train "${common[@]}" --steps 100000 --lr 1e-3 --batch-size 4 --zero 1 -o "$tmp/u" > "$tmp/out.txt" 2>&1 &
+job=$!
+for _ in $(seq 100); do [ -s "$tmp/u/metrics.jsonl" ] && break; sleep 0.1; done
+kill -USR1 $job
+for _ in $(seq 300); do kill -0 $job 2> /dev/null || break; sleep 0.1; done
+if kill -0 $job 2> /dev/null; then fail sigusr1_checkpoints "still running 30 s after SIGUSR1"; kill -9 $job; wait $job
+else
+    wait $job; rc=$?
+    ck=$(ls -d "$tmp/u"/checkpoint-* 2> /dev/null | head -1)
+    [ $rc -ne 0 ] && [ -n "$ck" ] && [ -s "$ck/trainer_state.json" ] && [ -s "$ck/optimizer.safetensors" ] &&
+        grep -q 'rank 0 of 2\]: error: interrupted after step' "$tmp/out.txt" && ! grep -q MPI_ABORT "$tmp/out.txt" &&
+        pass sigusr1_checkpoints_and_stops || fail sigusr1_checkpoints_and_stops "exit $rc, $ck: $(cat "$tmp/out.txt")"
+fi
 
 # 7. kill -9 one rank mid-run: the job ends within seconds, non-zero, and says what happened
 long=("${common[@]}" --steps 100000 --lr 1e-3 --batch-size 4 --val-split 0)

@@ -101,7 +101,9 @@ static int parse_num(const char *name, const char *s, double *out) {
     return 0;
 }
 
-static int train_main(int argc, char **argv, const char *me, int rank) {
+/* *together: the run failed the same way on every rank (an interruption they
+ * agreed on), so the job can end without MPI_Abort. */
+static int train_main(int argc, char **argv, const char *me, int rank, bool *together) {
     ftune_train_opts o;
     ftune_train_opts_default(&o);
     const char *model = NULL, *tokenizer = NULL, *format = "auto", *targets = "q,k,v,o,gate,up,down";
@@ -245,6 +247,15 @@ static int train_main(int argc, char **argv, const char *me, int rank) {
     sa.sa_flags = SA_RESETHAND; /* a second Ctrl-C stops at once */
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
+    /* Under mpirun, Ctrl-C ends the job at once (mpirun sends SIGTERM, then
+     * SIGKILL a second later); mpirun forwards SIGUSR1 to every rank, so
+     * `kill -USR1 <mpirun's pid>` is the job's Ctrl-C: all ranks stop after
+     * the same step and rank 0 saves a checkpoint. SIGTERM asks the same,
+     * in the time mpirun gives before SIGKILL. */
+    if (ftune_dist_world() > 1) {
+        sigaction(SIGUSR1, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+    }
     signal(SIGXFSZ, SIG_IGN); /* a file-size limit is a write error, not a kill */
 
     cli_progress dp;
@@ -260,8 +271,16 @@ static int train_main(int argc, char **argv, const char *me, int rank) {
     cli_progress_end(&dp);
     end_line(&pc);
     signal(SIGINT, SIG_DFL);
+    if (ftune_dist_world() > 1) {
+        signal(SIGUSR1, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+    }
     int rc = 0;
-    if (st) rc = cli_fail(me, st);
+    if (st == FTUNE_ERR_INTERRUPTED) {
+        *together = true;
+        rc = 1;
+        if (rank == 0) cli_fail(me, st); /* the same message on every rank: once */
+    } else if (st) rc = cli_fail(me, st);
     else if (!quiet) {
         if (res.memory_table[0]) fprintf(stderr, "%speak RSS %.1f MiB\n", res.memory_table, res.peak_rss_mib);
         if (res.skipped_steps)
@@ -288,8 +307,9 @@ int cmd_train(int argc, char **argv) {
     int rank = ftune_dist_rank(), world = ftune_dist_world();
     char me[64] = "train";
     if (world > 1) snprintf(me, sizeof me, "train [rank %d of %d]", rank, world);
-    int rc = train_main(argc, argv, me, rank);
-    if (rc != 0 && world > 1) {
+    bool together = false;
+    int rc = train_main(argc, argv, me, rank, &together);
+    if (rc != 0 && world > 1 && !together) {
         fflush(NULL);
         ftune_dist_abort(rc);
     }

@@ -579,7 +579,13 @@ static ftune_status checkpoint(run *r) {
     else if (!st) snprintf(r->res.checkpoint, sizeof r->res.checkpoint, "%s/checkpoint-%lld", r->o->out_dir, (long long)r->step);
     free(r->full_mv);
     r->full_mv = NULL;
-    return st;
+    /* every rank waits for rank 0's save: one that went on (or stopped) and
+     * failed would abort the job while rank 0 is still writing */
+    int failed = st != FTUNE_OK;
+    ftune_status bst = ft_dist_bcast(&failed, sizeof failed, 0);
+    if (st || bst) return st ? st : bst;
+    if (failed) return ft_err(FTUNE_ERR_IO, "rank %d: rank 0 could not save checkpoint-%lld (its error says why)", r->rank, (long long)r->step);
+    return FTUNE_OK;
 }
 
 /* --resume: rank 0 reads and checks the checkpoint, then hands every rank
