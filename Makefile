@@ -6,6 +6,7 @@
 #   make debug      the same binaries with AddressSanitizer + UBSan in build-debug/
 #   make fuzz       libFuzzer targets: safetensors, GGUF, tokenizer.json, config.json, the dataset readers, trainer_state.json (clang)
 #   make bench      benchmarks; writes BENCHMARKS.md
+#   make bench-dist data-parallel training over 1/2/4 MPI ranks, ZeRO 0/1 (a Markdown table)
 #   make clean
 # Options: BUILD=dir  CC=compiler  OPT="-O2 ..."  MPI=auto|1|0 (data-parallel training over
 #          Open MPI; auto: 1 when mpicc is found; 0: a one-rank build without MPI)
@@ -57,7 +58,7 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 HELPER_SRC := $(sort $(wildcard tests/helper_*.c))
 HELPER_BIN := $(HELPER_SRC:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all test debug fuzz bench clean demo FORCE
+.PHONY: all test debug fuzz bench bench-dist clean demo FORCE
 all: $(BUILD)/libftune.a $(BUILD)/libftune-internal.a $(BUILD)/ftune $(TEST_BIN) $(HELPER_BIN)
 
 # Objects also depend on this Makefile: its flags (visibility) are part of them.
@@ -143,6 +144,10 @@ $(BUILD)/bench_train: bench/bench_train.c $(BUILD)/libftune.a
 
 bench: all $(BUILD)/bench_forward $(BUILD)/bench_train
 	BUILD=$(BUILD) bash bench/run.sh
+
+# data parallelism: llama-110m full fine-tuning over 1/2/4 MPI ranks, ZeRO 0/1 (bench/dist.sh)
+bench-dist: $(BUILD)/ftune
+	BUILD=$(BUILD) FTUNE_DATA=$(FTUNE_DATA) bash bench/dist.sh
 
 clean:
 	rm -rf build build-debug build-fuzz

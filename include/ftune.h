@@ -366,7 +366,8 @@ typedef struct {
     int n_threads;             /* 0: all cores */
     /* data parallelism (a job of ftune_dist_world() ranks; one rank: no effect) */
     int zero;                  /* ZeRO stage: 0 every rank keeps the whole optimizer state,
-                                * 1 each rank keeps and updates its shard of it; 0 */
+                                * 1 each rank keeps and updates its shard of it (2, 3: not
+                                * implemented, refused); 0 */
     double bucket_mb;          /* the most MiB one collective call moves; 0: 16 */
     /* When *stop becomes non-zero (a signal handler may set it) the run
      * finishes the current step, saves a checkpoint and returns
