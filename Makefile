@@ -6,8 +6,10 @@
 #   make debug      the same binaries with AddressSanitizer + UBSan in build-debug/
 #   make fuzz       libFuzzer targets: safetensors, GGUF, tokenizer.json, config.json, the dataset readers, trainer_state.json (clang)
 #   make bench      benchmarks; writes BENCHMARKS.md
+#   make bench-dist data-parallel training over 1/2/4 MPI ranks, ZeRO 0/1 (a Markdown table)
 #   make clean
-# Options: BUILD=dir  CC=compiler  OPT="-O2 ..."
+# Options: BUILD=dir  CC=compiler  OPT="-O2 ..."  MPI=auto|1|0 (data-parallel training over
+#          Open MPI; auto: 1 when mpicc is found; 0: a one-rank build without MPI)
 
 CC      ?= gcc
 BUILD   ?= build
@@ -25,7 +27,28 @@ DEPFLAGS := -MMD -MP
 LDLIBS  := -lpcre2-8 -lcjson -lm -lpthread
 LDFLAGS += -pthread $(EXTRA_LDFLAGS)
 
-LIB_SRC   := $(sort $(wildcard src/*/*.c))
+# MPI: src/dist/ has two implementations of one interface (dist.h); the
+# build takes dist_mpi.c with mpicc's flags, or dist_one.c (one rank).
+MPI ?= auto
+ifeq ($(MPI),auto)
+  override MPI := $(if $(shell command -v mpicc 2>/dev/null),1,0)
+endif
+ifeq ($(MPI),1)
+  MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
+  MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)
+  ifeq ($(MPI_LIBS),)
+    $(error MPI=1: `mpicc --showme:link` gave nothing; install Open MPI (libopenmpi-dev) or build with MPI=0)
+  endif
+  DIST_SKIP := src/dist/dist_one.c
+else ifeq ($(MPI),0)
+  DIST_SKIP := src/dist/dist_mpi.c
+else
+  $(error MPI=$(MPI): expected 1, 0 or auto)
+endif
+$(info ftune: MPI=$(MPI))
+LDLIBS  += $(MPI_LIBS)
+
+LIB_SRC   := $(filter-out $(DIST_SKIP),$(sort $(wildcard src/*/*.c)))
 LIB_OBJ   := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
 CLI_SRC   := $(sort $(wildcard tools/*.c))
 CLI_OBJ   := $(CLI_SRC:tools/%.c=$(BUILD)/obj/tools/%.o)
@@ -35,7 +58,7 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 HELPER_SRC := $(sort $(wildcard tests/helper_*.c))
 HELPER_BIN := $(HELPER_SRC:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all test debug fuzz bench clean demo
+.PHONY: all test debug fuzz bench bench-dist clean demo FORCE
 all: $(BUILD)/libftune.a $(BUILD)/libftune-internal.a $(BUILD)/ftune $(TEST_BIN) $(HELPER_BIN)
 
 # Objects also depend on this Makefile: its flags (visibility) are part of them.
@@ -43,22 +66,31 @@ $(BUILD)/obj/%.o: src/%.c Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LIB_CFLAGS) $(DEPFLAGS) -c $< -o $@
 
+$(BUILD)/obj/dist/dist_mpi.o: CFLAGS += $(MPI_CFLAGS)
+
+# The build's options as a file that changes only when they do, so that
+# switching MPI=1/0 relinks the libraries with the other dist object.
+$(BUILD)/build-options: FORCE
+	@mkdir -p $(BUILD)
+	@echo 'MPI=$(MPI)' | cmp -s - $@ || echo 'MPI=$(MPI)' > $@
+FORCE:
+
 $(BUILD)/obj/tools/%.o: tools/%.c Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
 
 # The tests reach into the internals: every object as it is.
-$(BUILD)/libftune-internal.a: $(LIB_OBJ)
+$(BUILD)/libftune-internal.a: $(LIB_OBJ) $(BUILD)/build-options
 	@rm -f $@
-	ar rcs $@ $^
+	ar rcs $@ $(LIB_OBJ)
 
 # The public library: the objects linked into one (ld -r) whose hidden
 # symbols are then made local, so no internal name (gguf_find_tensor, ...)
 # can collide with another library's; nm -g shows only ftune_*. link-flags
 # records what a program linking it needs after it (tests/cli_symbols.sh).
-$(BUILD)/libftune.a: $(LIB_OBJ)
+$(BUILD)/libftune.a: $(LIB_OBJ) $(BUILD)/build-options
 	@rm -f $@ $(BUILD)/obj/ftune-public.o
-	$(LD) -r -o $(BUILD)/obj/ftune-public.o $^
+	$(LD) -r -o $(BUILD)/obj/ftune-public.o $(LIB_OBJ)
 	objcopy --localize-hidden $(BUILD)/obj/ftune-public.o
 	ar rcs $@ $(BUILD)/obj/ftune-public.o
 	@echo '$(LDFLAGS) $(LDLIBS)' > $(BUILD)/link-flags
@@ -112,6 +144,10 @@ $(BUILD)/bench_train: bench/bench_train.c $(BUILD)/libftune.a
 
 bench: all $(BUILD)/bench_forward $(BUILD)/bench_train
 	BUILD=$(BUILD) bash bench/run.sh
+
+# data parallelism: llama-110m full fine-tuning over 1/2/4 MPI ranks, ZeRO 0/1 (bench/dist.sh)
+bench-dist: $(BUILD)/ftune
+	BUILD=$(BUILD) FTUNE_DATA=$(FTUNE_DATA) bash bench/dist.sh
 
 clean:
 	rm -rf build build-debug build-fuzz

@@ -397,6 +397,11 @@ typedef struct {
      * bf16/f16 is FTUNE_ERR_ARG (its weights were rounded at load). A run
      * resumes only in the dtype its checkpoint was trained in. NULL */
     const char *dtype;
+    /* data parallelism (a job of ftune_dist_world() ranks; one rank: no effect) */
+    int zero;                  /* ZeRO stage: 0 every rank keeps the whole optimizer state,
+                                * 1 each rank keeps and updates its shard of it (2, 3: not
+                                * implemented, refused); 0 */
+    double bucket_mb;          /* the most MiB one collective call moves; 0: 16 */
     /* When *stop becomes non-zero (a signal handler may set it) the run
      * finishes the current step, saves a checkpoint and returns
      * FTUNE_ERR_INTERRUPTED. NULL: never. */
@@ -404,6 +409,22 @@ typedef struct {
 } ftune_train_opts;
 
 FTUNE_API void ftune_train_opts_default(ftune_train_opts *o);
+
+/* Data parallelism. A process that mpirun (or srun) started as one of N
+ * ranks trains one run together with the others: ftune_train_run splits
+ * every global batch (batch_size rows) into N disjoint shards, sums the
+ * gradients of the global batch's mean loss across ranks, and only rank 0
+ * writes metrics, checkpoints and the final adapter or model. Any other
+ * process is a one-rank job (also in a build without MPI). Call
+ * ftune_dist_init once before training and ftune_dist_finalize at the end. */
+FTUNE_API ftune_status ftune_dist_init(void);
+FTUNE_API void ftune_dist_finalize(void);
+FTUNE_API int ftune_dist_rank(void);
+FTUNE_API int ftune_dist_world(void);
+/* Ends every rank of the job with exit code code (after this rank has
+ * reported an error the others may not share), so that none of them waits
+ * for it forever. */
+FTUNE_API _Noreturn void ftune_dist_abort(int code);
 
 /* Parsers for the names `ftune train` accepts; FTUNE_ERR_ARG names the bad
  * one. Data formats: "auto", "text", "completion", "alpaca", "chat",

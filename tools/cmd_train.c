@@ -101,7 +101,9 @@ static int parse_num(const char *name, const char *s, double *out) {
     return 0;
 }
 
-int cmd_train(int argc, char **argv) {
+/* *together: the run failed the same way on every rank (an interruption they
+ * agreed on), so the job can end without MPI_Abort. */
+static int train_main(int argc, char **argv, const char *me, int rank, bool *together) {
     ftune_train_opts o;
     ftune_train_opts_default(&o);
     const char *model = NULL, *tokenizer = NULL, *format = "auto", *targets = "q,k,v,o,gate,up,down";
@@ -109,7 +111,7 @@ int cmd_train(int argc, char **argv) {
     const char *beta1 = "0.9", *beta2 = "0.999", *eps = "1e-8", *max_norm = "1.0", *schedule = "cosine", *min_lr = "0";
     int warmup = 0, steps = 0, epochs = 0;
     bool full = false, quiet = false, no_shuffle = false, progress = false;
-    const char *truncate = "end", *loss_scale = NULL;
+    const char *truncate = "end", *bucket_mb = "16", *loss_scale = NULL;
     cli_opt opts[] = {
         { "-m", "--model", OPT_STR, &model, "MODEL", "base model: Hugging Face directory, .gguf, or llama2.c .bin" },
         { NULL, "--data", OPT_STR, &o.data_path, "FILE", "training data: JSONL, JSON array, or .txt" },
@@ -166,10 +168,15 @@ int cmd_train(int argc, char **argv) {
         { NULL, "--save-initial-adapter", OPT_FLAG, &o.save_initial_adapter, "",
           "write OUT/initial/ (the PEFT adapter before step 1)" },
         { NULL, "--dump-batches", OPT_STR, &o.dump_batches, "FILE", "write every micro-batch as a JSON line" },
-        { "-t", "--threads", OPT_INT, &o.n_threads, "N", "threads; 0 = all cores" },
+        { "-t", "--threads", OPT_INT, &o.n_threads, "N", "threads; 0 = all cores (per rank: under mpirun give "
+          "cores / ranks per host)" },
+        { NULL, "--zero", OPT_INT, &o.zero, "S", "under mpirun: ZeRO stage, 0 = every rank keeps the whole optimizer "
+          "state, 1 = each keeps and updates its shard" },
+        { NULL, "--bucket-mb", OPT_STR, &bucket_mb, "MB", "under mpirun: the most MiB one collective call moves" },
         { NULL, "--dtype", OPT_STR, &o.dtype, "T", "compute dtype: f32 (reference), bf16 or f16: bf16/f16 matrix "
           "inputs summed in f32, f32 master weights, norms, loss and optimizer. bf16 needs no loss scaling (f32's "
-          "range); f16 gradients may underflow without it. A checkpoint resumes only in its own dtype" },
+          "range); f16 would underflow without it and turns on --loss-scale dynamic. A checkpoint resumes only in its own "
+          "dtype" },
         { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
         { NULL, "--quiet", OPT_FLAG, &quiet, "", "no progress output" },
         { NULL, "--progress", OPT_FLAG, &progress, "", "show the tokenization progress even when stderr is not a terminal" },
@@ -179,7 +186,9 @@ int cmd_train(int argc, char **argv) {
                     "Fine-tunes a model with LoRA (default) or fully. Writes OUT_DIR/adapter_config.json and\n"
                     "adapter_model.safetensors (a PEFT adapter), or with --full a Hugging Face model; and\n"
                     "OUT_DIR/metrics.jsonl with one line per optimizer step. The loss of a step is normalised\n"
-                    "by the target tokens of all its micro-batches. Ctrl-C saves a checkpoint and stops.",
+                    "by the target tokens of all its micro-batches. Ctrl-C saves a checkpoint and stops.\n"
+                    "Under mpirun -np N, the N ranks train together: --batch-size is the global batch, split\n"
+                    "over the ranks; only rank 0 writes to OUT_DIR.",
                     opts, NULL, 0, 0 };
     int r = cli_parse(&cmd, argc, argv);
     if (r) return r > 0 ? 0 : 2;
@@ -190,6 +199,7 @@ int cmd_train(int argc, char **argv) {
         { "--weight-decay", wd, &o.weight_decay, NULL }, { "--beta1", beta1, &o.beta1, NULL },
         { "--beta2", beta2, &o.beta2, NULL }, { "--adam-eps", eps, &o.adam_eps, NULL },
         { "--max-grad-norm", max_norm, &o.max_grad_norm, NULL }, { "--min-lr", min_lr, &o.min_lr, NULL },
+        { "--bucket-mb", bucket_mb, &o.bucket_mb, NULL },
     };
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
         if (parse_num(nums[i].name, nums[i].s, &v)) return 2;
@@ -203,13 +213,13 @@ int cmd_train(int argc, char **argv) {
     if (strcmp(format, "prompt-completion") == 0) format = "completion";
     else if (strcmp(format, "txt") == 0) format = "plain";
     ftune_status st;
-    if ((st = ftune_data_format_parse(format, &o.format))) return cli_fail("train", st);
-    if ((st = ftune_lora_targets_parse(targets, &o.lora_targets))) return cli_fail("train", st);
-    if ((st = ftune_schedule_parse(schedule, &o.schedule))) return cli_fail("train", st);
+    if ((st = ftune_data_format_parse(format, &o.format))) return cli_fail(me, st);
+    if ((st = ftune_lora_targets_parse(targets, &o.lora_targets))) return cli_fail(me, st);
+    if ((st = ftune_schedule_parse(schedule, &o.schedule))) return cli_fail(me, st);
     /* f16's range is too small for the gradients unscaled (PyTorch pairs
      * f16 autocast with GradScaler the same way); bf16 and f32 have f32's */
     if (!loss_scale) loss_scale = o.dtype && strcmp(o.dtype, "f16") == 0 ? "dynamic" : "none";
-    if ((st = ftune_loss_scale_parse(loss_scale, &o.loss_scale_mode, &o.loss_scale))) return cli_fail("train", st);
+    if ((st = ftune_loss_scale_parse(loss_scale, &o.loss_scale_mode, &o.loss_scale))) return cli_fail(me, st);
     if (strcmp(truncate, "end") == 0) o.truncate = FTUNE_TRUNCATE_END;
     else if (strcmp(truncate, "prompt") == 0) o.truncate = FTUNE_TRUNCATE_PROMPT;
     else {
@@ -235,7 +245,7 @@ int cmd_train(int argc, char **argv) {
 
     /* full fine-tuning starts its f32 masters from the weights as stored:
      * the model is loaded in f32 and only the products round (ftune_train_opts.dtype) */
-    ftune_model *m = cli_load_model_dtype("train", model, tokenizer, 0, true, full ? NULL : o.dtype);
+    ftune_model *m = cli_load_model_dtype(me, model, tokenizer, 0, true, full ? NULL : o.dtype);
     if (full) cli_note_dtype(o.dtype);
     if (!m) return 1;
     o.model = m;
@@ -247,9 +257,19 @@ int cmd_train(int argc, char **argv) {
     sa.sa_flags = SA_RESETHAND; /* a second Ctrl-C stops at once */
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
+    /* Under mpirun, Ctrl-C ends the job at once (mpirun sends SIGTERM, then
+     * SIGKILL a second later); mpirun forwards SIGUSR1 to every rank, so
+     * `kill -USR1 <mpirun's pid>` is the job's Ctrl-C: all ranks stop after
+     * the same step and rank 0 saves a checkpoint. SIGTERM asks the same,
+     * in the time mpirun gives before SIGKILL. */
+    if (ftune_dist_world() > 1) {
+        sigaction(SIGUSR1, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+    }
     signal(SIGXFSZ, SIG_IGN); /* a file-size limit is a write error, not a kill */
 
     cli_progress dp;
+    quiet |= rank != 0; /* rank 0 speaks for the job; every rank reports its own error */
     progress_ctx pc = { .quiet = quiet, .tty = isatty(2), .truncate_end = o.truncate == FTUNE_TRUNCATE_END, .data = &dp };
     cli_progress_begin(&dp, "tokenizing the data", progress);
     if (!quiet && dp.on) {
@@ -261,8 +281,16 @@ int cmd_train(int argc, char **argv) {
     cli_progress_end(&dp);
     end_line(&pc);
     signal(SIGINT, SIG_DFL);
+    if (ftune_dist_world() > 1) {
+        signal(SIGUSR1, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+    }
     int rc = 0;
-    if (st) rc = cli_fail("train", st);
+    if (st == FTUNE_ERR_INTERRUPTED) {
+        *together = true;
+        rc = 1;
+        if (rank == 0) cli_fail(me, st); /* the same message on every rank: once */
+    } else if (st) rc = cli_fail(me, st);
     else if (!quiet) {
         if (res.memory_table[0]) fprintf(stderr, "%speak RSS %.1f MiB\n", res.memory_table, res.peak_rss_mib);
         if (res.skipped_steps)
@@ -278,5 +306,23 @@ int cmd_train(int argc, char **argv) {
                     "them in (or pass the base's tokenizer) to use it\n", o.out_dir);
     }
     ftune_model_free(m);
+    return rc;
+}
+
+/* The job: every rank runs the same command; one that fails ends them all
+ * (MPI_Abort), so that no rank waits forever in a collective for it. */
+int cmd_train(int argc, char **argv) {
+    ftune_status st = ftune_dist_init();
+    if (st) return cli_fail("train", st);
+    int rank = ftune_dist_rank(), world = ftune_dist_world();
+    char me[64] = "train";
+    if (world > 1) snprintf(me, sizeof me, "train [rank %d of %d]", rank, world);
+    bool together = false;
+    int rc = train_main(argc, argv, me, rank, &together);
+    if (rc != 0 && world > 1 && !together) {
+        fflush(NULL);
+        ftune_dist_abort(rc);
+    }
+    ftune_dist_finalize();
     return rc;
 }

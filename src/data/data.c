@@ -852,6 +852,20 @@ void ft_batch_free(ft_batch *b) {
     memset(b, 0, sizeof *b);
 }
 
+void ft_batch_shard(ft_batch *view, const ft_batch *b, int rank, int world) {
+    int r0 = (int)((int64_t)b->B * rank / world), r1 = (int)((int64_t)b->B * (rank + 1) / world);
+    size_t o = (size_t)r0 * b->T, n = (size_t)(r1 - r0) * b->T;
+    *view = (ft_batch){ .B = r1 - r0, .T = b->T, .B_max = r1 - r0, .T_max = b->T_max, .tokens = b->tokens + o,
+                        .targets = b->targets + o, .pos = b->pos + o, .doc = b->doc + o };
+    /* an example's tokens are contiguous within one row */
+    int last = -1;
+    for (size_t i = 0; i < n; i++) {
+        view->n_targets += view->targets[i] >= 0;
+        if (view->doc[i] >= 0 && view->doc[i] != last) view->n_examples++;
+        if (view->doc[i] >= 0) last = view->doc[i];
+    }
+}
+
 void ft_batch_epoch_order(int *order, int n, uint64_t seed, int64_t epoch, bool shuffle) {
     for (int i = 0; i < n; i++) order[i] = i;
     if (!shuffle) return;

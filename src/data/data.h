@@ -238,6 +238,12 @@ typedef struct {
 
 ftune_status ft_batch_init(ft_batch *b, int B_max, int T_max);
 void ft_batch_free(ft_batch *b);
+/* Data parallelism: *view is rank `rank` of `world`'s rows of b, rows
+ * [b->B*rank/world, b->B*(rank+1)/world) (contiguous, in order, so the
+ * ranks' views together are b; a view may have no rows when b is the short
+ * last batch of an epoch). It points into b (never free it) and counts its
+ * own n_targets and n_examples. */
+void ft_batch_shard(ft_batch *view, const ft_batch *b, int rank, int world);
 
 /* Where an iterator stands: the next example is order(epoch)[index]. Saved
  * in checkpoints; seeking to it replays the same batches. */

@@ -67,7 +67,7 @@ void ft_adamw_free(ft_adamw *o) {
     free(o->params);
     free(o->m);
     free(o->v);
-    ft_mem_free(FT_MEM_OPTIM, o->state, o->state_bytes);
+    if (o->state) ft_mem_free(FT_MEM_OPTIM, o->state, o->state_bytes);
     memset(o, 0, sizeof *o);
 }
 
@@ -124,7 +124,7 @@ void ft_adamw_step(ft_adamw *o, double lr) {
     }
 }
 
-double ft_clip_grad_norm(const ft_param *params, int n, double max_norm) {
+double ft_grad_sumsq(const ft_param *params, int n) {
     double ss = 0;
     for (int i = 0; i < n; i++) {
         const float *g = params[i].grad;
@@ -132,16 +132,68 @@ double ft_clip_grad_norm(const ft_param *params, int n, double max_norm) {
         for (int64_t k = 0; k < params[i].numel; k++) s += (double)g[k] * g[k];
         ss += s;
     }
-    double norm = sqrt(ss);
-    if (!isfinite(norm) || !(max_norm > 0)) return norm;
+    return ss;
+}
+
+void ft_clip_grad_by_norm(const ft_param *params, int n, double norm, double max_norm) {
+    if (!isfinite(norm) || !(max_norm > 0)) return;
     double coef = max_norm / (norm + 1e-6);
-    if (coef >= 1.0) return norm;
+    if (coef >= 1.0) return;
     float cf = (float)coef;
     for (int i = 0; i < n; i++) {
         float *g = params[i].grad;
         for (int64_t k = 0; k < params[i].numel; k++) g[k] *= cf;
     }
+}
+
+double ft_clip_grad_norm(const ft_param *params, int n, double max_norm) {
+    double norm = sqrt(ft_grad_sumsq(params, n));
+    ft_clip_grad_by_norm(params, n, norm, max_norm);
     return norm;
+}
+
+ftune_status ft_params_shard(const ft_param *params, int n, const float *base, int64_t lo, int64_t hi, ft_param **out,
+                             int *n_out) {
+    ft_param *ps = ft_calloc((size_t)(n ? n : 1), sizeof *ps);
+    if (!ps) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        const ft_param *p = &params[i];
+        int64_t a = p->data - base, b = a + p->numel;
+        int64_t s = a > lo ? a : lo, e = b < hi ? b : hi;
+        if (s >= e) continue;
+        ft_param *q = &ps[k++];
+        *q = *p;
+        q->data = p->data + (s - a);
+        q->grad = p->grad + (s - a);
+        q->numel = e - s;
+        q->ndim = 1;
+        memset(q->shape, 0, sizeof q->shape);
+        q->shape[0] = e - s;
+    }
+    *out = ps;
+    *n_out = k;
+    return FTUNE_OK;
+}
+
+ftune_status ft_adamw_view(ft_adamw *o, const ft_param *params, int n, const ft_adamw_cfg *cfg, const float *base,
+                           float *m_flat, float *v_flat) {
+    memset(o, 0, sizeof *o);
+    o->cfg = *cfg;
+    o->n = n;
+    o->params = ft_malloc((size_t)(n ? n : 1) * sizeof *o->params);
+    o->m = ft_calloc((size_t)(n ? n : 1), sizeof *o->m);
+    o->v = ft_calloc((size_t)(n ? n : 1), sizeof *o->v);
+    if (!o->params || !o->m || !o->v) {
+        ft_adamw_free(o);
+        return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    }
+    memcpy(o->params, params, (size_t)n * sizeof *params);
+    for (int i = 0; i < n; i++) {
+        o->m[i] = m_flat + (params[i].data - base);
+        o->v[i] = v_flat + (params[i].data - base);
+    }
+    return FTUNE_OK;
 }
 
 /* ------------------------------------------------------------- schedules */

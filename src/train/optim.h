@@ -54,6 +54,27 @@ void ft_adamw_step(ft_adamw *o, double lr);
  * should skip the step); max_norm <= 0 only measures. */
 double ft_clip_grad_norm(const ft_param *params, int n, double max_norm);
 
+/* The two halves of ft_clip_grad_norm, for gradients spread over ranks:
+ * the sum of squares (double, per parameter then over parameters) of a
+ * rank's part, and the scaling of that part by the global norm. */
+double ft_grad_sumsq(const ft_param *params, int n);
+void ft_clip_grad_by_norm(const ft_param *params, int n, double norm, double max_norm);
+
+/* ZeRO: the parts of params (whose data lie in one flat array starting at
+ * base, grads likewise) inside the flat range [lo, hi): 1-D pieces with
+ * their parameter's name and decay flag, in order (calloc'd, the caller
+ * frees; *n_out may be 0). AdamW on the pieces updates exactly those
+ * elements as AdamW on the whole list would. */
+ftune_status ft_params_shard(const ft_param *params, int n, const float *base, int64_t lo, int64_t hi, ft_param **out,
+                             int *n_out);
+/* An optimizer over params whose moments are not its own: m and v of
+ * parameter i are m_flat and v_flat at that parameter's offset from base
+ * (each flat array as long as the parameters' span). For saving and loading
+ * a state gathered from shards with ft_adamw_save / ft_adamw_load; free it
+ * with ft_adamw_free (the flat arrays stay the caller's); never step it. */
+ftune_status ft_adamw_view(ft_adamw *o, const ft_param *params, int n, const ft_adamw_cfg *cfg, const float *base,
+                           float *m_flat, float *v_flat);
+
 /* Learning-rate schedules: linear warmup from 0 over warmup_steps, then
  * constant, linear or half-cosine decay to min_lr at total_steps. */
 typedef enum { FT_SCHED_CONSTANT = 0, FT_SCHED_LINEAR, FT_SCHED_COSINE } ft_sched_kind;

@@ -8,10 +8,24 @@
  * seeded from the run seed and the epoch), the step count and the skipped
  * steps (the schedule advances only on updates), and the loss scaler's
  * scale and growth tracker. The checkpoint holds all of them and the run's
- * configuration, which must match the resuming run's. */
+ * configuration, which must match the resuming run's.
+ *
+ * Data parallelism (dist.h): every rank builds the same global micro-batches
+ * and trains its own rows of each (ft_batch_shard); the step's target count
+ * is summed over ranks before the loss is normalised, so the summed
+ * gradients are the global batch's mean. The hooks into the step are few
+ * and at fixed points: after the backward pass (sum the gradients: all-reduce,
+ * or reduce-scatter under ZeRO 1), the loss scaler's found-inf flag (MAX over
+ * ranks, so all skip alike), the global norm (summed over the ranks' parts),
+ * the optimizer on this rank's part, and (ZeRO 1) the all-gather of the
+ * updated values. Only rank 0 touches the output directory; checkpoints
+ * hold the whole state (gathered to rank 0), so a run resumes on any number
+ * of ranks. With one rank every collective is the identity and the run is
+ * the single-process run, bit for bit. */
 #include "train/train_loop.h"
 
 #include "adapter/adapter.h"
+#include "dist/dist.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -150,11 +164,22 @@ typedef struct {
     int64_t init_off[256 * FT_N_MODS + 1];
     int lock_fd;               /* OUT/.ftune.lock, held for the whole run; -1: none */
     ftune_train_result res;
+    /* data parallelism: this rank of world, the ZeRO stage */
+    int rank, world, zero;
+    int64_t n_flat;            /* trainable floats: the trainer's one flat array */
+    float *vals, *grads;       /* the trainer's flat values and gradients (n_flat) */
+    int64_t *shard;            /* (world + 1) rank q owns [shard[q], shard[q+1]) of them (ZeRO 1) */
+    ft_param *own;             /* what this rank's AdamW updates: params (ZeRO 0) or its pieces (ZeRO 1) */
+    int n_own;
+    int64_t chunk;             /* the most floats one collective call moves (--bucket-mb) */
+    float *full_mv;            /* (2 n_flat) rank 0, ZeRO 1: the whole AdamW state while saved or loaded */
 } run;
+
+static bool is_root(const run *r) { return r->rank == 0; }
 
 static void emit(run *r, ftune_train_progress *p) {
     p->total_steps = r->total_steps;
-    if (r->cb) r->cb(r->cb_ctx, p);
+    if (r->cb && is_root(r)) r->cb(r->cb_ctx, p);
 }
 
 /* The run configuration: everything a resumed run must share with the
@@ -416,6 +441,192 @@ static ftune_status save_full_model(run *r, const char *dir) {
     return st;
 }
 
+/* ------------------------------------------------------------ ranks */
+
+/* The trainer's flat arrays, this rank's shard of them and the parameters
+ * (or pieces of parameters) its optimizer updates. */
+static ftune_status setup_shards(run *r) {
+    r->vals = ft_trainer_values(r->tr, &r->n_flat);
+    r->grads = ft_trainer_grads(r->tr, NULL);
+    /* the parameters tile the flat arrays in order (what sharding them assumes) */
+    int64_t at = 0;
+    for (int i = 0; i < r->n_params; i++) {
+        if (r->params[i].data != r->vals + at || r->params[i].grad != r->grads + at)
+            return ft_err(FTUNE_ERR_UNSUPPORTED, "parameter \"%s\" is not where the flat trainable array has it", r->params[i].name);
+        at += r->params[i].numel;
+    }
+    if (at != r->n_flat) return ft_err(FTUNE_ERR_UNSUPPORTED, "the parameters cover %lld of %lld trainable floats", (long long)at, (long long)r->n_flat);
+    r->shard = ft_malloc((size_t)(r->world + 1) * sizeof *r->shard);
+    if (!r->shard) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    ft_dist_shard(r->n_flat, r->world, r->shard);
+    if (r->zero == 0) {
+        r->own = r->params;
+        r->n_own = r->n_params;
+        return FTUNE_OK;
+    }
+    return ft_params_shard(r->params, r->n_params, r->vals, r->shard[r->rank], r->shard[r->rank + 1], &r->own, &r->n_own);
+}
+
+/* Every rank must train the same run: rank 0's configuration (model and
+ * data fingerprints, every setting) is compared on each rank, and any
+ * difference fails every rank, naming the key and the rank. */
+static ftune_status check_same_run(run *r) {
+    if (r->world == 1) return FTUNE_OK;
+    cJSON *mine = cJSON_Duplicate(r->config, true);
+    if (!mine) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    cJSON *d = cJSON_AddObjectToObject(mine, "dist");
+    cJSON_AddNumberToObject(d, "zero", r->zero);
+    cJSON_AddNumberToObject(d, "bucket_floats", (double)r->chunk);
+    cJSON_AddStringToObject(d, "resume", r->o->resume ? r->o->resume : "");
+    char *text = cJSON_PrintUnformatted(mine);
+    int64_t len = text ? (int64_t)strlen(text) + 1 : 0;
+    ftune_status st = text ? FTUNE_OK : ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    if (!st) st = ft_dist_bcast(&len, sizeof len, 0);
+    char *root = st ? NULL : ft_malloc((size_t)len);
+    if (!st && !root) st = ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    if (!st && is_root(r)) memcpy(root, text, (size_t)len);
+    if (!st) st = ft_dist_bcast(root, (size_t)len, 0);
+    int bad = 0;
+    char key[256], *va = NULL, *vb = NULL;
+    if (!st) {
+        cJSON *theirs = cJSON_Parse(root);
+        if (!theirs) st = ft_err(FTUNE_ERR_FORMAT, "rank %d: rank 0's configuration did not arrive whole", r->rank);
+        else if (config_diff(theirs, mine, "", key, sizeof key, &va, &vb)) bad = r->rank + 1;
+        cJSON_Delete(theirs);
+    }
+    int first = bad ? bad : 1 << 30;
+    if (!st) {
+        int v[2] = { bad, -first }; /* the last and the first differing rank */
+        st = ft_dist_allreduce_max_i32(v, 2);
+        bad = v[0];
+        first = -v[1];
+    }
+    if (!st && bad) {
+        /* the first differing rank's finding, told to every rank (each
+         * reports it: a rank's own output may be cut short by the abort) */
+        char msg[1024] = "";
+        if (r->rank == first - 1)
+            snprintf(msg, sizeof msg, "rank %d was started differently from rank 0: %s is %s on rank 0 and %s on rank %d "
+                     "(every rank must be given the same model, data and options)", r->rank, key, va ? va : "?",
+                     vb ? vb : "?", r->rank);
+        st = ft_dist_bcast(msg, sizeof msg, first - 1);
+        if (!st) st = ft_err(FTUNE_ERR_ARG, "%s", msg);
+    }
+    free(va);
+    free(vb);
+    free(root);
+    free(text);
+    cJSON_Delete(mine);
+    return st;
+}
+
+/* ZeRO 1: this rank's pieces' m or v, packed as its flat range, or back. */
+static void pack_own(run *r, float *dst, bool v) {
+    int64_t lo = r->shard[r->rank];
+    for (int i = 0; i < r->n_own; i++)
+        memcpy(dst + (r->own[i].data - r->vals - lo), v ? r->opt.v[i] : r->opt.m[i], (size_t)r->own[i].numel * sizeof(float));
+}
+static void unpack_own(run *r, const float *src, bool v) {
+    int64_t lo = r->shard[r->rank];
+    for (int i = 0; i < r->n_own; i++)
+        memcpy(v ? r->opt.v[i] : r->opt.m[i], src + (r->own[i].data - r->vals - lo), (size_t)r->own[i].numel * sizeof(float));
+}
+
+/* The optimizer file: ZeRO 0 saves rank 0's whole state; ZeRO 1 the state
+ * checkpoint() gathered into full_mv, under the whole parameters' names,
+ * so that either file resumes on any number of ranks at any stage. */
+static ftune_status save_optimizer(run *r, const char *path) {
+    if (r->zero == 0) return ft_adamw_save(&r->opt, path, NULL);
+    ft_adamw view;
+    TRY(ft_adamw_view(&view, r->params, r->n_params, &r->opt.cfg, r->vals, r->full_mv, r->full_mv + r->n_flat));
+    view.step = r->opt.step;
+    ftune_status st = ft_adamw_save(&view, path, NULL);
+    ft_adamw_free(&view);
+    return st;
+}
+
+/* Rank 0 reads the whole state: ZeRO 0 into its optimizer, ZeRO 1 into
+ * full_mv (resume() scatters it). */
+static ftune_status load_optimizer(run *r, const char *path) {
+    if (r->zero == 0) return ft_adamw_load(&r->opt, path);
+    r->full_mv = ft_malloc((size_t)(2 * r->n_flat + 1) * sizeof(float));
+    if (!r->full_mv) return ft_err(FTUNE_ERR_NOMEM, "out of memory for the optimizer state of %s", path);
+    ft_adamw view;
+    TRY(ft_adamw_view(&view, r->params, r->n_params, &r->opt.cfg, r->vals, r->full_mv, r->full_mv + r->n_flat));
+    ftune_status st = ft_adamw_load(&view, path);
+    if (!st) r->opt.step = view.step;
+    ft_adamw_free(&view);
+    return st;
+}
+
+static ftune_status save_checkpoint(run *r);
+static ftune_status load_checkpoint(run *r, const char *dir);
+
+/* A checkpoint of the whole run, written by rank 0: under ZeRO 1 the
+ * optimizer shards are gathered to it first (every rank takes part). */
+static ftune_status checkpoint(run *r) {
+    ftune_status st = FTUNE_OK;
+    if (r->zero > 0) {
+        int64_t own_n = r->shard[r->rank + 1] - r->shard[r->rank];
+        float *mine = ft_malloc((size_t)(own_n + 1) * sizeof(float));
+        if (is_root(r)) r->full_mv = ft_malloc((size_t)(2 * r->n_flat + 1) * sizeof(float));
+        if (!mine || (is_root(r) && !r->full_mv)) st = ft_err(FTUNE_ERR_NOMEM, "out of memory for the optimizer state");
+        for (int k = 0; k < 2 && !st; k++) {
+            pack_own(r, mine, k == 1);
+            st = ft_dist_gather_f32(is_root(r) ? r->full_mv + k * r->n_flat : NULL, mine, r->shard, 0, r->chunk);
+        }
+        free(mine);
+    }
+    if (!st && is_root(r)) st = save_checkpoint(r);
+    else if (!st) snprintf(r->res.checkpoint, sizeof r->res.checkpoint, "%s/checkpoint-%lld", r->o->out_dir, (long long)r->step);
+    free(r->full_mv);
+    r->full_mv = NULL;
+    /* every rank waits for rank 0's save: one that went on (or stopped) and
+     * failed would abort the job while rank 0 is still writing */
+    int failed = st != FTUNE_OK;
+    ftune_status bst = ft_dist_bcast(&failed, sizeof failed, 0);
+    if (st || bst) return st ? st : bst;
+    if (failed) return ft_err(FTUNE_ERR_IO, "rank %d: rank 0 could not save checkpoint-%lld (its error says why)", r->rank, (long long)r->step);
+    return FTUNE_OK;
+}
+
+/* --resume: rank 0 reads and checks the checkpoint, then hands every rank
+ * the values, the optimizer state (its shard under ZeRO 1), the step, the
+ * dropout micro-step, the data cursor, the skipped steps and the loss scaler. */
+static ftune_status resume(run *r) {
+    ftune_status st = is_root(r) ? load_checkpoint(r, r->o->resume) : FTUNE_OK;
+    int bad = st != FTUNE_OK;
+    TRY(ft_dist_allreduce_max_i32(&bad, 1));
+    if (bad) return st ? st : ft_err(FTUNE_ERR_ARG, "rank %d: rank 0 could not resume from %s (its error says why)", r->rank, r->o->resume);
+    ft_data_cursor cur = ft_batch_iter_cursor(r->it);
+    int64_t v[6] = { r->step, (int64_t)ft_trainer_get_micro_step(r->tr), cur.epoch, cur.index, r->opt.step, r->skipped };
+    TRY(ft_dist_bcast(v, sizeof v, 0));
+    TRY(ft_dist_bcast(&r->scaler, sizeof r->scaler, 0)); /* its scale and growth tracker */
+    TRY(ft_dist_bcast(r->vals, (size_t)r->n_flat * sizeof(float), 0));
+    if (r->zero == 0) TRY(ft_dist_bcast(r->opt.state, r->opt.state_bytes, 0));
+    else {
+        int64_t own_n = r->shard[r->rank + 1] - r->shard[r->rank];
+        float *mine = ft_malloc((size_t)(own_n + 1) * sizeof(float));
+        if (!mine) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+        for (int k = 0; k < 2 && !st; k++) {
+            st = ft_dist_scatter_f32(is_root(r) ? r->full_mv + k * r->n_flat : NULL, mine, r->shard, 0, r->chunk);
+            if (!st) unpack_own(r, mine, k == 1);
+        }
+        free(mine);
+        free(r->full_mv);
+        r->full_mv = NULL;
+        if (st) return st;
+    }
+    if (!is_root(r)) {
+        r->step = v[0];
+        ft_trainer_set_micro_step(r->tr, (uint64_t)v[1]);
+        TRY(ft_batch_iter_seek(r->it, (ft_data_cursor){ v[2], v[3] }));
+        r->opt.step = v[4];
+        r->skipped = v[5];
+    }
+    return FTUNE_OK;
+}
+
 /* ------------------------------------------------------------ checkpoints */
 
 static ftune_status write_trainable(run *r, const char *path) {
@@ -467,7 +678,7 @@ static ftune_status save_checkpoint(run *r) {
     ftune_status st = rm_tree(tmp);
     if (!st) st = mkdir_p(tmp);
     if (!st) { snprintf(path, sizeof path, "%s/trainable.safetensors", tmp); st = write_trainable(r, path); }
-    if (!st) { snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp); st = ft_adamw_save(&r->opt, path, NULL); }
+    if (!st) { snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp); st = save_optimizer(r, path); }
     if (!st && r->wrapped) st = ft_adapter_save_peft(r->wrapped, tmp);
     if (!st) {
         cJSON *j = cJSON_CreateObject();
@@ -642,7 +853,7 @@ static ftune_status load_checkpoint(run *r, const char *dir) {
     snprintf(path, sizeof path, "%s/trainable.safetensors", dir);
     if ((st = read_trainable(r, path))) goto done;
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
-    if ((st = ft_adamw_load(&r->opt, path))) goto done;
+    if ((st = load_optimizer(r, path))) goto done;
     /* skipped steps never reached the optimizer */
     if (r->opt.step != s - cs.skipped_steps) {
         st = ft_err(FTUNE_ERR_FORMAT, "%s: optimizer step %lld, but the checkpoint is at step %lld with %lld skipped", path,
@@ -735,24 +946,38 @@ static ftune_status validate(run *r, double *loss) {
     TRY(ft_batch_iter_epoch_batches(r->val_it, 0, &nb));
     double sum = 0;
     int64_t nt = 0;
+    /* batch i on rank i mod world; every rank advances through all */
     for (int64_t i = 0; i < nb; i++) {
         double ls;
         int64_t n;
         TRY(ft_batch_iter_next(r->val_it, &r->vb));
+        if (i % r->world != r->rank) continue;
         TRY(ft_trainer_eval(r->tr, &r->vb, &ls, &n));
         sum += ls;
         nt += n;
     }
+    TRY(ft_dist_allreduce_sum_f64(&sum, 1));
+    TRY(ft_dist_allreduce_sum_i64(&nt, 1));
     if (nt == 0) return ft_err(FTUNE_ERR_ARG, "%s: the validation set has no target tokens", r->val->path);
     *loss = sum / (double)nt;
     return FTUNE_OK;
 }
 
-/* The optimizer-step half of a step, after backward of its micro-batches:
- * unscale and check (loss scaling), skip or clip and update. The schedule
- * is indexed by updates done (step - skipped), as Hugging Face's Trainer
- * steps its scheduler only when the optimizer ran; a skipped step reports
- * the learning rate it would have used. */
+/* The global gradient norm: under ZeRO 0 every rank holds every gradient;
+ * under ZeRO 1 the squares of the ranks' parts are summed. */
+static ftune_status global_norm(run *r, double *norm) {
+    double ss = ft_grad_sumsq(r->own, r->n_own);
+    if (r->zero > 0) TRY(ft_dist_allreduce_sum_f64(&ss, 1));
+    *norm = sqrt(ss);
+    return FTUNE_OK;
+}
+
+/* The optimizer-step half of a step, after backward of its micro-batches
+ * and the sum of the gradients over ranks: unscale and check (loss
+ * scaling), skip or clip and update this rank's part. The schedule is
+ * indexed by updates done (step - skipped), as Hugging Face's Trainer steps
+ * its scheduler only when the optimizer ran; a skipped step reports the
+ * learning rate it would have used. */
 static ftune_status optimizer_step(run *r, double loss, double *gnorm, double *lr, bool *skipped) {
     const ft_train_hooks *h = r->hooks;
     int64_t n = r->step + 1; /* this step, 1-based */
@@ -760,13 +985,14 @@ static ftune_status optimizer_step(run *r, double loss, double *gnorm, double *l
         const ft_param *p = &r->params[r->n_params / 2];
         p->grad[p->numel / 2] = INFINITY;
     }
-    bool found_inf = ft_grad_scaler_unscale(&r->scaler, r->params, r->n_params);
-    /* (data parallel: all-reduce found_inf with MAX here, so all ranks decide alike) */
+    /* every rank decides alike: a non-finite gradient in any rank's part skips the step on all */
+    int found_inf = ft_grad_scaler_unscale(&r->scaler, r->own, r->n_own);
+    TRY(ft_dist_allreduce_max_i32(&found_inf, 1));
     bool by_hand = h && h->skip_step == n;
     *skipped = ft_grad_scaler_update(&r->scaler, found_inf || by_hand) || by_hand;
     *lr = ft_sched_lr(&r->sched, r->step - r->skipped);
     if (*skipped) {
-        *gnorm = ft_clip_grad_norm(r->params, r->n_params, 0); /* measured only, for the log */
+        TRY(global_norm(r, gnorm)); /* measured only, for the log */
         r->skipped++;
         /* PyTorch would halve on forever; a scale below f32's normal range
          * means no scale makes these gradients finite */
@@ -776,7 +1002,7 @@ static ftune_status optimizer_step(run *r, double loss, double *gnorm, double *l
                           (long long)r->skipped, loss);
         return FTUNE_OK;
     }
-    *gnorm = ft_clip_grad_norm(r->params, r->n_params, r->o->max_grad_norm);
+    TRY(global_norm(r, gnorm));
     if (!isfinite(loss) || !isfinite(*gnorm)) {
         if (r->scaler.mode == FT_LOSS_SCALE_FIXED)
             return ft_err(FTUNE_ERR_RANGE, "step %lld: the loss (%g) or gradient norm (%g) is not finite at the fixed "
@@ -785,24 +1011,32 @@ static ftune_status optimizer_step(run *r, double loss, double *gnorm, double *l
         return ft_err(FTUNE_ERR_RANGE, "step %lld: the loss (%g) or gradient norm (%g) is not finite; try a lower --lr",
                       (long long)n, loss, *gnorm);
     }
-    ft_trainer_adamw_step(r->tr, &r->opt, *lr); /* through the trainer's backend */
+    ft_clip_grad_by_norm(r->own, r->n_own, *gnorm, r->o->max_grad_norm);
+    ft_trainer_adamw_step(r->tr, &r->opt, *lr); /* this rank's part, through the trainer's backend */
+    if (r->zero > 0) TRY(ft_dist_allgather_f32(r->vals, r->shard, r->chunk));
     return FTUNE_OK;
 }
 
-/* One optimizer step over up to K micro-batches, each seeded with the same
- * loss scale; the finiteness check and the update once per step. */
+/* One optimizer step over up to K global micro-batches, of which this rank
+ * trains its rows, each seeded with the same loss scale; one round of
+ * communication, the finiteness check and the update once per step. */
 static ftune_status train_step(run *r, double *loss, double *gnorm, double *lr, int64_t *n_tokens, bool *skipped) {
     int kk = 0;
-    int64_t ntt = 0;
     *n_tokens = 0;
+    /* this rank's target and token counts, then the global ones */
+    int64_t cnt[2] = { 0, 0 };
     for (; kk < r->K; kk++) {
         if (r->total_micro >= 0 && r->step * r->K + kk >= r->total_micro) break;
         TRY(ft_batch_iter_next(r->it, &r->mb[kk]));
-        ntt += r->mb[kk].n_targets;
-        const ft_batch *b = &r->mb[kk];
-        for (size_t i = 0; i < (size_t)b->B * b->T; i++) *n_tokens += b->doc[i] >= 0;
+        ft_batch v;
+        ft_batch_shard(&v, &r->mb[kk], r->rank, r->world);
+        cnt[0] += v.n_targets;
+        for (size_t i = 0; i < (size_t)v.B * v.T; i++) cnt[1] += v.doc[i] >= 0;
     }
     if (kk == 0) return ft_err(FTUNE_ERR_ARG, "no micro-batches left for step %lld", (long long)r->step + 1);
+    TRY(ft_dist_allreduce_sum_i64(cnt, 2));
+    int64_t ntt = cnt[0];
+    *n_tokens = cnt[1];
     if (ntt == 0)
         return ft_err(FTUNE_ERR_ARG, "step %lld: its %d micro-batch(es) have no target tokens", (long long)r->step + 1, kk);
     if (r->dump)
@@ -810,12 +1044,20 @@ static ftune_status train_step(run *r, double *loss, double *gnorm, double *lr, 
     ft_trainer_zero_grad(r->tr);
     double sum = 0;
     for (int k = 0; k < kk; k++) {
+        ft_batch v;
+        ft_batch_shard(&v, &r->mb[k], r->rank, r->world);
+        if (v.B == 0) continue; /* the short last batch of an epoch: nothing for this rank */
         double ls;
-        TRY(ft_trainer_step_scaled(r->tr, &r->mb[k], ntt, r->scaler.scale, &ls));
+        TRY(ft_trainer_step_scaled(r->tr, &v, ntt, r->scaler.scale, &ls));
         sum += ls;
     }
+    /* after the backward pass: the loss and gradients of the global batch.
+     * (An FP16 loss scaler's found-inf flag joins here, all-reduced with
+     * ft_dist_allreduce_max_i32, so that every rank skips the same steps.) */
+    TRY(ft_dist_allreduce_sum_f64(&sum, 1));
+    if (r->zero == 0) TRY(ft_dist_allreduce_sum_f32(r->grads, r->n_flat, r->chunk));
+    else TRY(ft_dist_reduce_scatter_sum_f32(r->grads, r->shard, r->chunk));
     *loss = sum / (double)ntt;
-    /* (data parallel: the gradient all-reduce goes here, before the unscale) */
     TRY(optimizer_step(r, *loss, gnorm, lr, skipped));
     r->step++;
     return FTUNE_OK;
@@ -947,7 +1189,20 @@ static ftune_status setup(run *r) {
         return ft_err(FTUNE_ERR_ARG, "--ctx %d is longer than the model's context length %d", r->T, c->max_T);
     r->B = o->batch_size;
     r->K = o->grad_accum;
-    TRY(claim_out_dir(r));
+    r->rank = ft_dist_rank();
+    r->world = ft_dist_world();
+    r->zero = o->zero;
+    if (o->zero < 0 || o->zero > 3) return ft_err(FTUNE_ERR_ARG, "--zero %d: expected 0, 1, 2 or 3", o->zero);
+    if (o->zero > 1)
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "--zero %d is not implemented yet: give --zero 1 (the optimizer state "
+                      "sharded) or 0", o->zero);
+    if (!(o->bucket_mb >= 0) || o->bucket_mb > 1024) return ft_err(FTUNE_ERR_ARG, "--bucket-mb %g: expected 0 to 1024", o->bucket_mb);
+    r->chunk = (int64_t)((o->bucket_mb > 0 ? o->bucket_mb : 16) * 1048576.0 / sizeof(float));
+    if (r->chunk < 1024) r->chunk = 1024;
+    if (r->B % r->world != 0)
+        return ft_err(FTUNE_ERR_ARG, "--batch-size %d (the global batch) does not split evenly over %d ranks: give a "
+                      "multiple of %d", r->B, r->world, r->world);
+    if (is_root(r)) TRY(claim_out_dir(r));
     TRY(load_data(r));
 
     ft_train_opts_default(&r->topts);
@@ -958,19 +1213,22 @@ static ftune_status setup(run *r) {
     r->topts.lora.dropout = o->lora_dropout;
     r->topts.lora.targets = o->lora_targets;
     r->topts.lora.seed = o->seed;
-    r->topts.max_B = r->B;
+    r->topts.max_B = r->B / r->world; /* this rank's rows of a micro-batch */
     r->topts.max_T = r->T;
     r->topts.n_threads = o->n_threads;
     TRY(ft_train_compute_of(r->m, o->dtype, &r->topts.compute));
     if (o->init_adapter) TRY(read_init_adapter(r));
     TRY(ft_trainer_new(&r->tr, r->m, &r->topts));
+    /* each rank's dropout masks its own (a rank's rows are numbered from 0) */
+    ft_trainer_set_mask_salt(r->tr, (uint64_t)r->rank);
     if (r->init_vals) apply_init_adapter(r);
 
     int64_t n_trainable = 0;
     TRY(ft_trainer_optim_params(r->tr, o->mode == FTUNE_TRAIN_LORA, &r->params, &r->n_params, &n_trainable));
+    TRY(setup_shards(r));
     ft_adamw_cfg ac = { .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps, .weight_decay = o->weight_decay,
                         .n_threads = o->n_threads };
-    TRY(ft_adamw_init(&r->opt, r->params, r->n_params, &ac));
+    TRY(ft_adamw_init(&r->opt, r->own, r->n_own, &ac));
     r->opt_ready = true;
 
     if (o->mode == FTUNE_TRAIN_LORA) {
@@ -993,8 +1251,9 @@ static ftune_status setup(run *r) {
         ft_batch_opts vo = bo;
         vo.pack = false;
         vo.shuffle = false;
+        vo.B = r->B / r->world; /* whole batches, spread over the ranks */
         TRY(ft_batch_iter_new(&r->val_it, r->val, &vo));
-        TRY(ft_batch_init(&r->vb, r->B, r->T));
+        TRY(ft_batch_init(&r->vb, vo.B, r->T));
     }
 
     /* how many steps */
@@ -1018,7 +1277,10 @@ static ftune_status setup(run *r) {
                             o->loss_scale_growth_interval));
     r->config = make_config(r);
     if (!r->config) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
-    if (o->resume) TRY(load_checkpoint(r, o->resume));
+    TRY(check_same_run(r));
+    if (o->resume) TRY(resume(r));
+    else if (r->world > 1) TRY(ft_dist_bcast(r->vals, (size_t)r->n_flat * sizeof(float), 0)); /* one start for all */
+    if (!is_root(r)) return FTUNE_OK; /* the rest is the outputs' */
     if (o->overwrite) TRY(clear_old_run(r));
     TRY(open_metrics(r));
     if (o->dump_batches) {
@@ -1048,7 +1310,7 @@ static ftune_status train(run *r) {
     const ftune_train_opts *o = r->o;
     TRY(setup(r));
     int64_t start = r->step;
-    if (o->save_initial_adapter && r->wrapped && start == 0) {
+    if (o->save_initial_adapter && r->wrapped && start == 0 && is_root(r)) {
         char dir[4200];
         snprintf(dir, sizeof dir, "%s/initial", o->out_dir);
         TRY(save_adapter_dir(r, dir));
@@ -1081,41 +1343,46 @@ static ftune_status train(run *r) {
             p.has_val_loss = true;
             r->res.val_loss_last = p.val_loss;
         }
-        /* JSON has no inf or NaN: a skipped step's grad norm is null */
-        char gn[32];
-        if (isfinite(gnorm)) snprintf(gn, sizeof gn, "%.9g", gnorm);
-        else snprintf(gn, sizeof gn, "null");
-        fprintf(r->metrics, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%s,\"tokens_per_s\":%.1f",
-                (long long)r->step, loss, lr, gn, p.tokens_per_s);
-        if (p.has_val_loss) fprintf(r->metrics, ",\"val_loss\":%.9g", p.val_loss);
-        if (scaling || r->skipped)
-            fprintf(r->metrics, ",\"loss_scale\":%.9g,\"skipped_steps\":%lld,\"skipped\":%s", (double)r->scaler.scale,
-                    (long long)r->skipped, skipped ? "true" : "false");
-        fputs("}\n", r->metrics);
-        if (fflush(r->metrics) != 0 || ferror(r->metrics))
-            return ft_err(FTUNE_ERR_IO, "%s/metrics.jsonl: write failed: %s", o->out_dir, strerror(errno));
+        if (is_root(r)) {
+            /* JSON has no inf or NaN: a skipped step's grad norm is null */
+            char gn[32];
+            if (isfinite(gnorm)) snprintf(gn, sizeof gn, "%.9g", gnorm);
+            else snprintf(gn, sizeof gn, "null");
+            fprintf(r->metrics, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%s,\"tokens_per_s\":%.1f",
+                    (long long)r->step, loss, lr, gn, p.tokens_per_s);
+            if (p.has_val_loss) fprintf(r->metrics, ",\"val_loss\":%.9g", p.val_loss);
+            if (scaling || r->skipped)
+                fprintf(r->metrics, ",\"loss_scale\":%.9g,\"skipped_steps\":%lld,\"skipped\":%s", (double)r->scaler.scale,
+                        (long long)r->skipped, skipped ? "true" : "false");
+            fputs("}\n", r->metrics);
+            if (fflush(r->metrics) != 0 || ferror(r->metrics))
+                return ft_err(FTUNE_ERR_IO, "%s/metrics.jsonl: write failed: %s", o->out_dir, strerror(errno));
+        }
         emit(r, &p);
         bool saved = false;
         if (o->save_every > 0 && r->step % o->save_every == 0) {
-            TRY(save_checkpoint(r));
+            TRY(checkpoint(r));
             saved = true;
         }
-        if (o->stop && *o->stop && !last) {
-            if (!saved) TRY(save_checkpoint(r));
+        /* every rank stops after the same step (a signal reaches them at different times) */
+        int stop = o->stop && *o->stop;
+        TRY(ft_dist_allreduce_max_i32(&stop, 1));
+        if (stop && !last) {
+            if (!saved) TRY(checkpoint(r));
             return ft_err(FTUNE_ERR_INTERRUPTED, "interrupted after step %lld of %lld; checkpoint saved in %s "
                           "(continue with --resume %s)", (long long)r->step, (long long)r->total_steps,
                           r->res.checkpoint, r->res.checkpoint);
         }
     }
-    /* final outputs */
-    if (o->mode == FTUNE_TRAIN_LORA) {
+    /* final outputs: whole, on rank 0 (ZeRO 1 has all-gathered the values) */
+    if (is_root(r) && o->mode == FTUNE_TRAIN_LORA) {
         TRY(save_adapter_dir(r, o->out_dir));
         if (o->export_gguf) {
             char path[4200];
             snprintf(path, sizeof path, "%s/adapter.gguf", o->out_dir);
             TRY(ft_adapter_save_gguf(r->wrapped, path));
         }
-    } else TRY(save_full_model(r, o->out_dir));
+    } else if (is_root(r)) TRY(save_full_model(r, o->out_dir));
     ftune_train_progress p = { .ev = FTUNE_TRAIN_DONE, .step = r->step, .start_step = start, .path = o->out_dir };
     emit(r, &p);
     return FTUNE_OK;
@@ -1144,6 +1411,12 @@ ftune_status ft_train_run_hooked(const ftune_train_opts *o, const ft_train_hooks
     if (r->tr) {
         ft_mem_table mt = { 0 }; /* ft_trainer_mem_table adds to the planned rows */
         ft_trainer_mem_table(r->tr, &mt);
+        /* ZeRO 1: this rank plans (and holds) only its shard of AdamW's state */
+        if (r->opt_ready && r->zero > 0) {
+            int64_t own = 0;
+            for (int i = 0; i < r->n_own; i++) own += r->own[i].numel;
+            mt.planned[FT_MEM_OPTIM] = 2 * (size_t)own * sizeof(float);
+        }
         ft_mem_table_format(&mt, r->res.memory_table, sizeof r->res.memory_table);
     }
     r->res.peak_rss_mib = ft_peak_rss_mib();
@@ -1158,6 +1431,9 @@ ftune_status ft_train_run_hooked(const ftune_train_opts *o, const ft_train_hooks
     ft_batch_iter_free(r->val_it);
     ft_adapter_free(r->wrapped);
     if (r->opt_ready) ft_adamw_free(&r->opt);
+    if (r->own != r->params) free(r->own);
+    free(r->shard);
+    free(r->full_mv);
     free(r->params);
     ft_trainer_free(r->tr);
     ft_dataset_free(r->train);

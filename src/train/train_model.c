@@ -51,6 +51,7 @@ struct ft_trainer {
     int nt;
     ft_backend be;            /* every op of a step runs through it (the CPU's, in o.compute) */
     uint64_t micro_step;
+    uint64_t mask_salt;       /* 0; a data-parallel rank's own (ft_trainer_set_mask_salt) */
     /* the trainer's view of the model */
     ft_tensor tok_embd;       /* (V, C): the model's, or the f32 trainable copy */
     float *out_norm;          /* (C) */
@@ -655,8 +656,10 @@ static ftune_status check_batch(const ft_trainer *tr, const ft_batch *b) {
 
 static uint64_t mask_seed(const ft_trainer *tr, int l, int k) {
     return tr->o.lora.seed ^ (tr->micro_step + 1) * 0x9E3779B97F4A7C15ull ^
-           (uint64_t)(l * FT_N_MODS + k + 1) * 0xC2B2AE3D27D4EB4Full;
+           (uint64_t)(l * FT_N_MODS + k + 1) * 0xC2B2AE3D27D4EB4Full ^ tr->mask_salt * 0x165667B19E3779F9ull;
 }
+
+void ft_trainer_set_mask_salt(ft_trainer *tr, uint64_t salt) { tr->mask_salt = salt; }
 
 void ft_trainer_set_hooks(ft_trainer *tr, const ft_block_hooks *h) { tr->hooks = h; }
 
