@@ -11,6 +11,7 @@
  * and its dequantizers (or WIDEN_REFERENCE_ONLY to use dtype.c's):
  *   bf16_vec, f16_vec(const uint16_t *h)   VL values, as a vector
  *   q8_0_block(float *dst, const ft_block_q8_0 *b), q4_0_block(...)  32 values
+ *   nf4_block(float *dst, const ft_block_nf4 *b)  64 values
  * A new weight dtype is a traits row in dtype.c (which every level uses
  * until it has its own) plus a case here and a dequantizer per ISA.
  * Not a header for anything else to include. */
@@ -57,6 +58,11 @@ ISA_TARGET static void widen(float *dst, const uint8_t *row, ft_dtype dt, int k0
     case FT_Q4_0:
         for (const ft_block_q4_0 *b = (const ft_block_q4_0 *)row + k0 / FT_QK; k < n; k += FT_QK, b++)
             q4_0_block(dst + k, b);
+        break;
+    case FT_NF4: /* whole blocks here; a row's padded last block through dtype.c */
+        for (const ft_block_nf4 *b = (const ft_block_nf4 *)row + k0 / FT_QK_NF4; k + FT_QK_NF4 <= n;
+             k += FT_QK_NF4, b++)
+            nf4_block(dst + k, b);
         break;
     default:
         break;
