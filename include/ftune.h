@@ -51,6 +51,10 @@ typedef struct ftune_tokenizer ftune_tokenizer;
 typedef struct {
     const char *tokenizer_path; /* llama2.c tokenizer .bin, or NULL to find one */
     int context_length;         /* override the model's context length; 0 keeps it */
+    /* NULL keeps the weights as stored; "nf4" quantizes the base weight of
+     * every layer's Linears on load (bitsandbytes' NF4 with double
+     * quantization, as QLoRA), tensor by tensor from the file */
+    const char *quant;
 } ftune_load_opts;
 
 /* Loads a model from a Hugging Face directory (config.json + safetensors),

@@ -129,11 +129,16 @@ int cli_fail(const char *cmd, ftune_status st) {
 }
 
 ftune_model *cli_load_model(const char *cmd, const char *path, const char *tokenizer, int ctx, bool need_tokenizer) {
+    return cli_load_model_quant(cmd, path, tokenizer, ctx, need_tokenizer, NULL);
+}
+
+ftune_model *cli_load_model_quant(const char *cmd, const char *path, const char *tokenizer, int ctx, bool need_tokenizer,
+                                  const char *quant) {
     if (!path) {
         fprintf(stderr, "ftune %s: no model given (-m MODEL: a Hugging Face directory, .gguf or llama2.c .bin)\n", cmd);
         return NULL;
     }
-    ftune_load_opts o = { .tokenizer_path = tokenizer, .context_length = ctx };
+    ftune_load_opts o = { .tokenizer_path = tokenizer, .context_length = ctx, .quant = quant };
     ftune_model *m = NULL;
     ftune_status st = ftune_model_load(&m, path, &o);
     if (st) { cli_fail(cmd, st); return NULL; }

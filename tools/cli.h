@@ -40,6 +40,9 @@ int cli_fail(const char *cmd, ftune_status st);
 /* Loads a model, printing the error on failure; need_tokenizer makes a
  * model without a tokenizer an error. */
 ftune_model *cli_load_model(const char *cmd, const char *path, const char *tokenizer, int ctx, bool need_tokenizer);
+/* The same with the base weights quantized on load (quant: NULL or "nf4"). */
+ftune_model *cli_load_model_quant(const char *cmd, const char *path, const char *tokenizer, int ctx, bool need_tokenizer,
+                                  const char *quant);
 /* Writes the bytes of a token piece to f, dropping control bytes other than
  * whitespace (as llama2.c does). */
 void cli_print_piece(FILE *f, const char *piece, int n);

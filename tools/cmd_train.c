@@ -101,7 +101,7 @@ int cmd_train(int argc, char **argv) {
     const char *beta1 = "0.9", *beta2 = "0.999", *eps = "1e-8", *max_norm = "1.0", *schedule = "cosine", *min_lr = "0";
     int warmup = 0, steps = 0, epochs = 0;
     bool full = false, quiet = false, no_shuffle = false, progress = false;
-    const char *truncate = "end";
+    const char *truncate = "end", *quant = NULL;
     cli_opt opts[] = {
         { "-m", "--model", OPT_STR, &model, "MODEL", "base model: Hugging Face directory, .gguf, or llama2.c .bin" },
         { NULL, "--data", OPT_STR, &o.data_path, "FILE", "training data: JSONL, JSON array, or .txt" },
@@ -156,6 +156,8 @@ int cmd_train(int argc, char **argv) {
         { NULL, "--dump-batches", OPT_STR, &o.dump_batches, "FILE", "write every micro-batch as a JSON line" },
         { "-t", "--threads", OPT_INT, &o.n_threads, "N", "threads; 0 = all cores" },
         { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
+        { NULL, "--quant", OPT_STR, &quant, "TYPE",
+          "nf4: quantize the frozen base weights on load (NF4 + double quantization, QLoRA); LoRA only" },
         { NULL, "--quiet", OPT_FLAG, &quiet, "", "no progress output" },
         { NULL, "--progress", OPT_FLAG, &progress, "", "show the tokenization progress even when stderr is not a terminal" },
         { 0 },
@@ -214,7 +216,7 @@ int cmd_train(int argc, char **argv) {
         return 2;
     }
 
-    ftune_model *m = cli_load_model("train", model, tokenizer, 0, true);
+    ftune_model *m = cli_load_model_quant("train", model, tokenizer, 0, true, quant);
     if (!m) return 1;
     o.model = m;
     o.model_path = model;
