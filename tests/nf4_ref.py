@@ -60,29 +60,37 @@ def nearest(scaled, code):
     return torch.argmin(torch.abs(scaled.view(-1, 1) - code.view(1, -1)), dim=-1).to(torch.uint8)
 
 
+def quantize(a):
+    """bitsandbytes' quantize_4bit(nf4, blocksize=64, compress_statistics=True) of a flat f32 tensor:
+    packed, absmax, qabsmax, absmax2, offset, the dequantized f32 values"""
+    n = a.numel()
+    dmap = create_dynamic_map()
+    absmax, scaled = blockwise_scale(a, 64)
+    q = nearest(scaled, NF4)
+    if n % 2:
+        q = torch.cat([q, torch.tensor([7], dtype=torch.uint8)])  # 0.0 pads to an even length
+    packed = (q[::2] << 4) | q[1::2]
+    offset = torch.tensor(absmax.double().sum().item() / absmax.numel(), dtype=torch.float32)
+    absmax2, scaled2 = blockwise_scale(absmax - offset, 256)
+    qa = nearest(scaled2, dmap)
+    nb = absmax.numel()
+    deq_absmax = (dmap[qa.long()] * absmax2.repeat_interleave(256)[:nb]) + offset
+    qq = torch.stack([packed >> 4, packed & 15], dim=1).reshape(-1)[:n].long()
+    deq = NF4[qq] * deq_absmax.repeat_interleave(64)[:n]
+    return packed, absmax, qa, absmax2, offset, deq
+
+
 def main():
     src, dst = sys.argv[1], sys.argv[2]
-    dmap = create_dynamic_map()
     with open(src, "rb") as f, open(dst, "wb") as o:
         (count,) = struct.unpack("<i", f.read(4))
         for _ in range(count):
             (n,) = struct.unpack("<q", f.read(8))
             a = torch.from_numpy(np.frombuffer(f.read(4 * n), dtype=np.float32).copy())
-            absmax, scaled = blockwise_scale(a, 64)
-            q = nearest(scaled, NF4)
-            if n % 2:
-                q = torch.cat([q, torch.tensor([7], dtype=torch.uint8)])  # 0.0 pads to an even length
-            packed = (q[::2] << 4) | q[1::2]
-            offset = torch.tensor(absmax.double().sum().item() / absmax.numel(), dtype=torch.float32)
-            absmax2, scaled2 = blockwise_scale(absmax - offset, 256)
-            qa = nearest(scaled2, dmap)
-            nb = absmax.numel()
-            deq_absmax = (dmap[qa.long()] * absmax2.repeat_interleave(256)[:nb]) + offset
-            qq = torch.stack([packed >> 4, packed & 15], dim=1).reshape(-1)[:n].long()
-            deq = NF4[qq] * deq_absmax.repeat_interleave(64)[:n]
+            packed, absmax, qa, absmax2, offset, deq = quantize(a)
             for t in (packed, absmax, qa, absmax2, offset.view(1), deq):
                 o.write(t.numpy().tobytes())
-        o.write(dmap.numpy().tobytes())
+        o.write(create_dynamic_map().numpy().tobytes())
 
 
 if __name__ == "__main__":

@@ -158,3 +158,113 @@ double ft_bnb_nf4_bits_per_param(int64_t n) {
     int64_t bytes = (n + 1) / 2 + nb + 4 * nb2 + 4;
     return 8.0 * (double)bytes / (double)n;
 }
+
+/* ------------------------------------------------ serialized checkpoints */
+
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+
+ft_dtype ft_bnb_held_dtype(int in) { return in % FT_BNB_BLOCK == 0 ? FT_NF4 : FT_F32; }
+
+static ftune_status part_check(const ft_tensor *t, const char *name, const char *suffix, ft_dtype dt, int64_t numel) {
+    if (!t) return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s%s\": missing (a bitsandbytes 4-bit weight needs it)", name, suffix);
+    if (t->dtype != dt || ft_tensor_numel(t) != numel)
+        return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s%s\": %s with %lld elements, expected %s with %lld", name, suffix,
+                      ft_types[t->dtype].name, (long long)ft_tensor_numel(t), ft_types[dt].name, (long long)numel);
+    return FTUNE_OK;
+}
+
+static float f32_at(const ft_tensor *t, int64_t i) {
+    float v;
+    memcpy(&v, (const uint8_t *)t->data + 4 * i, 4);
+    return v;
+}
+
+static ftune_status parse_state(const ft_bnb_tensors *bt, const char *name, int out, int in, bool *nested,
+                                float *offset) {
+    const ft_tensor *qs = bt->quant_state;
+    if (!qs) {
+        return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s.quant_state.bitsandbytes__nf4\": missing (a bitsandbytes 4-bit "
+                      "weight needs it)", name);
+    }
+    if (qs->dtype != FT_U8) return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\": dtype %s, expected U8 (JSON)", qs->name, ft_types[qs->dtype].name);
+    cJSON *j = cJSON_ParseWithLength((const char *)qs->data, qs->nbytes);
+    ftune_status st = FTUNE_OK;
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(j, "quant_type"), *bs = cJSON_GetObjectItemCaseSensitive(j, "blocksize");
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(j, "shape"), *nbs = cJSON_GetObjectItemCaseSensitive(j, "nested_blocksize");
+    const cJSON *nof = cJSON_GetObjectItemCaseSensitive(j, "nested_offset"), *ndt = cJSON_GetObjectItemCaseSensitive(j, "nested_dtype");
+    if (!cJSON_IsObject(j)) st = ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\": not a JSON object", qs->name);
+    else if (!cJSON_IsString(ty)) st = ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\": no \"quant_type\" string", qs->name);
+    else if (strcmp(ty->valuestring, "nf4") != 0)
+        st = ft_err(FTUNE_ERR_UNSUPPORTED, "tensor \"%s\": quant_type \"%s\" is not supported (only nf4)", name, ty->valuestring);
+    else if (!cJSON_IsNumber(bs)) st = ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\": no \"blocksize\" number", qs->name);
+    else if (bs->valuedouble != FT_BNB_BLOCK)
+        st = ft_err(FTUNE_ERR_UNSUPPORTED, "tensor \"%s\": blocksize %g is not supported (only %d)", name, bs->valuedouble, FT_BNB_BLOCK);
+    else if (!cJSON_IsArray(sh) || cJSON_GetArraySize(sh) != 2 || !cJSON_IsNumber(cJSON_GetArrayItem(sh, 0)) ||
+             !cJSON_IsNumber(cJSON_GetArrayItem(sh, 1)) || cJSON_GetArrayItem(sh, 0)->valuedouble != out ||
+             cJSON_GetArrayItem(sh, 1)->valuedouble != in)
+        st = ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\": \"shape\" is not [%d, %d] (the config's)", qs->name, out, in);
+    else {
+        *nested = nbs != NULL || nof != NULL;
+        if (*nested) {
+            if (!cJSON_IsNumber(nbs) || nbs->valuedouble != FT_BNB_NESTED_BLOCK)
+                st = ft_err(FTUNE_ERR_UNSUPPORTED, "tensor \"%s\": nested_blocksize %s is not supported (only %d)", name,
+                            cJSON_IsNumber(nbs) ? "other than 256" : "missing", FT_BNB_NESTED_BLOCK);
+            else if (!cJSON_IsNumber(nof) || !isfinite(nof->valuedouble))
+                st = ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\": no finite \"nested_offset\"", qs->name);
+            else if (ndt && (!cJSON_IsString(ndt) || strcmp(ndt->valuestring, "float32") != 0))
+                st = ft_err(FTUNE_ERR_UNSUPPORTED, "tensor \"%s\": nested_dtype is not float32", name);
+            else *offset = (float)nof->valuedouble; /* torch.tensor(float(...)): f32 */
+        }
+    }
+    cJSON_Delete(j);
+    return st;
+}
+
+ftune_status ft_bnb_read_weight(void *dst, const ft_bnb_tensors *bt, const char *name, int out, int in) {
+    bool nested = false;
+    float offset = 0;
+    ftune_status st = parse_state(bt, name, out, in, &nested, &offset);
+    if (st) return st;
+    int64_t n = (int64_t)out * in, nb = (n + FT_BNB_BLOCK - 1) / FT_BNB_BLOCK;
+    int64_t nb2 = (nb + FT_BNB_NESTED_BLOCK - 1) / FT_BNB_NESTED_BLOCK;
+    if ((st = part_check(bt->weight, name, "", FT_U8, (n + 1) / 2))) return st;
+    if ((st = part_check(bt->absmax, name, ".absmax", nested ? FT_U8 : FT_F32, nb))) return st;
+    if ((st = part_check(bt->quant_map, name, ".quant_map", FT_F32, 16))) return st;
+    for (int i = 0; i < 16; i++)
+        if (f32_at(bt->quant_map, i) != ft_nf4_code[i])
+            return ft_err(FTUNE_ERR_UNSUPPORTED, "tensor \"%s.quant_map\": entry %d is %.9g, not the NF4 code's %.9g", name,
+                          i, (double)f32_at(bt->quant_map, i), (double)ft_nf4_code[i]);
+    float *absmax = malloc((size_t)nb * sizeof(float)), code2[256];
+    if (!absmax) return ft_err(FTUNE_ERR_NOMEM, "out of memory for \"%s\"", name);
+    if (nested) {
+        if (!(st = part_check(bt->nested_absmax, name, ".nested_absmax", FT_F32, nb2)))
+            st = part_check(bt->nested_quant_map, name, ".nested_quant_map", FT_F32, 256);
+        if (st) { free(absmax); return st; }
+        float *a2 = malloc((size_t)nb2 * sizeof(float));
+        if (!a2) { free(absmax); return ft_err(FTUNE_ERR_NOMEM, "out of memory for \"%s\"", name); }
+        for (int i = 0; i < 256; i++) code2[i] = f32_at(bt->nested_quant_map, i);
+        for (int64_t i = 0; i < nb2; i++) a2[i] = f32_at(bt->nested_absmax, i);
+        ft_bnb_double_dequant(absmax, bt->absmax->data, a2, code2, offset, nb);
+        free(a2);
+    } else {
+        for (int64_t i = 0; i < nb; i++) absmax[i] = f32_at(bt->absmax, i);
+    }
+    for (int64_t i = 0; i < nb; i++)
+        if (!isfinite(absmax[i])) {
+            free(absmax);
+            return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\": block %lld's absmax is not finite", name, (long long)i);
+        }
+    const uint8_t *packed = bt->weight->data;
+    if (ft_bnb_held_dtype(in) == FT_NF4) {
+        ft_block_nf4 *b = dst;
+        for (int64_t i = 0; i < nb; i++) {
+            b[i].d = absmax[i];
+            memcpy(b[i].qs, packed + i * (FT_BNB_BLOCK / 2), FT_BNB_BLOCK / 2);
+        }
+    } else {
+        ft_bnb_dequantize_nf4(dst, packed, absmax, n);
+    }
+    free(absmax);
+    return FTUNE_OK;
+}

@@ -46,3 +46,28 @@ void ft_bnb_double_dequant(float *absmax, const uint8_t *q, const float *absmax2
 double ft_bnb_nf4_bits_per_param(int64_t n);
 
 #endif
+
+/* ------------------------------------------------ serialized checkpoints */
+
+/* The tensors transformers saves for one 4-bit Linear weight "X.weight"
+ * (QuantState.as_dict(packed=True)): "X.weight" packed U8 [(n+1)/2, 1];
+ * "X.weight.absmax" (U8 [nb] when double-quantized, else F32 [nb]);
+ * "X.weight.quant_map" F32 [16]; with double quantization
+ * "X.weight.nested_absmax" F32 [nb2] and "X.weight.nested_quant_map" F32
+ * [256]; "X.weight.quant_state.bitsandbytes__nf4" U8: JSON with quant_type,
+ * blocksize, dtype, shape and the nested_* settings. NULL where absent. */
+typedef struct {
+    const ft_tensor *weight, *absmax, *quant_map, *nested_absmax, *nested_quant_map, *quant_state;
+} ft_bnb_tensors;
+
+/* The dtype a bnb-4bit (out, in) weight is held in: nf4 rows when in % 64
+ * == 0 (bitsandbytes' flattened blocks are then ft's per-row blocks), else
+ * f32 (its blocks cross rows; dequantized exactly, 8 times the memory). */
+ft_dtype ft_bnb_held_dtype(int in);
+/* Checks every part of a bnb-4bit weight named name against (out, in):
+ * quant type nf4 and blocksize 64 (anything else is FTUNE_ERR_UNSUPPORTED
+ * naming the tensor), nested blocksize 256, shapes, sizes, the NF4 map, a
+ * finite absmax; then writes out rows of ft_bnb_held_dtype(in) to dst
+ * (out · ft_dtype_nbytes(that, in) bytes), every value bit for bit what
+ * bitsandbytes' dequantize_4bit gives in f32. */
+ftune_status ft_bnb_read_weight(void *dst, const ft_bnb_tensors *bt, const char *name, int out, int in);
