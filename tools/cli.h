@@ -72,5 +72,6 @@ int cmd_info(int argc, char **argv);
 int cmd_init(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_merge(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 
 #endif

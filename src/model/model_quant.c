@@ -11,7 +11,9 @@
 #include "adapter/adapter.h"
 #include "formats/bnb.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -94,4 +96,149 @@ ftune_status ft_model_quantize(ftune_model *m, ft_dtype q) {
     m->quantized = true;
     m->quant = q;
     return FTUNE_OK;
+}
+
+/* ------------------------------------------------ writing bnb-4bit */
+
+/* torch's name of a weight dtype, for the quant state's "dtype" */
+static const char *torch_dtype(ft_dtype t) {
+    return t == FT_BF16 ? "bfloat16" : t == FT_F16 ? "float16" : "float32";
+}
+
+/* One Linear's serialized parts, owned until the file is written. */
+typedef struct {
+    uint8_t *packed, *qa;
+    float *a2;
+    char *json;
+    char names[6][FT_NAME_MAX + 48];
+} bnb_parts;
+
+static ftune_status quantize_parts(bnb_parts *p, const st_tensor *t, int64_t *nb_out) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    int64_t nb = (n + FT_BNB_BLOCK - 1) / FT_BNB_BLOCK, nb2 = (nb + FT_BNB_NESTED_BLOCK - 1) / FT_BNB_NESTED_BLOCK;
+    float *x = malloc((size_t)n * sizeof(float)), *absmax = malloc((size_t)nb * sizeof(float));
+    p->packed = malloc((size_t)(n + 1) / 2);
+    p->qa = malloc((size_t)nb);
+    p->a2 = malloc((size_t)nb2 * sizeof(float));
+    ftune_status st = FTUNE_OK;
+    if (!x || !absmax || !p->packed || !p->qa || !p->a2) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory quantizing \"%s\"", t->name); goto done; }
+    ft_types[t->dtype].to_f32(t->data, x, n);
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) {
+            st = ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\": element %lld is %g: cannot be quantized", t->name, (long long)i,
+                        (double)x[i]);
+            goto done;
+        }
+    ft_bnb_quantize_nf4(p->packed, absmax, x, n);
+    float offset = ft_bnb_double_quant(p->qa, p->a2, absmax, nb);
+    char buf[512];
+    snprintf(buf, sizeof buf, "{\"quant_type\": \"nf4\", \"blocksize\": %d, \"dtype\": \"%s\", \"shape\": [%lld, %lld], "
+             "\"nested_blocksize\": %d, \"nested_dtype\": \"float32\", \"nested_offset\": %.17g}", FT_BNB_BLOCK,
+             torch_dtype(t->dtype), (long long)t->shape[0], (long long)t->shape[1], FT_BNB_NESTED_BLOCK, (double)offset);
+    p->json = ft_strdup(buf);
+    if (!p->json) st = ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    *nb_out = nb;
+done:
+    free(x);
+    free(absmax);
+    return st;
+}
+
+/* Whether name is a layer Linear's weight of the model's config. */
+static bool is_linear_weight(const ftune_model *m, const char *name) {
+    char want[FT_NAME_MAX];
+    int l;
+    if (sscanf(name, "model.layers.%d.", &l) != 1 || l < 0 || l >= m->cfg.L) return false;
+    for (int k = 0; k < FT_N_MODS; k++) {
+        snprintf(want, sizeof want, "model.layers.%d.%s.weight", l, ft_module_path((ft_module)k));
+        if (strcmp(name, want) == 0) return true;
+    }
+    return false;
+}
+
+static ftune_status add_quant_config(const char *dir) {
+    char path[4200], *text;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    ftune_status st = ft_read_file(path, &text, NULL);
+    if (st) return st;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(j)) { cJSON_Delete(j); return ft_err(FTUNE_ERR_FORMAT, "%s: not a JSON object", path); }
+    cJSON_DeleteItemFromObjectCaseSensitive(j, "quantization_config");
+    /* transformers' BitsAndBytesConfig.to_dict() for load_in_4bit, nf4, double quantization */
+    cJSON *q = cJSON_AddObjectToObject(j, "quantization_config");
+    cJSON_AddBoolToObject(q, "_load_in_4bit", 1);
+    cJSON_AddBoolToObject(q, "_load_in_8bit", 0);
+    cJSON_AddStringToObject(q, "bnb_4bit_compute_dtype", "float32");
+    cJSON_AddStringToObject(q, "bnb_4bit_quant_storage", "uint8");
+    cJSON_AddStringToObject(q, "bnb_4bit_quant_type", "nf4");
+    cJSON_AddBoolToObject(q, "bnb_4bit_use_double_quant", 1);
+    cJSON_AddBoolToObject(q, "llm_int8_enable_fp32_cpu_offload", 0);
+    cJSON_AddBoolToObject(q, "llm_int8_has_fp16_weight", 0);
+    cJSON_AddNullToObject(q, "llm_int8_skip_modules");
+    cJSON_AddNumberToObject(q, "llm_int8_threshold", 6.0);
+    cJSON_AddBoolToObject(q, "load_in_4bit", 1);
+    cJSON_AddBoolToObject(q, "load_in_8bit", 0);
+    cJSON_AddStringToObject(q, "quant_method", "bitsandbytes");
+    st = ft_write_json_atomic(path, j);
+    cJSON_Delete(j);
+    return st;
+}
+
+ftune_status ftune_model_save_bnb4(const ftune_model *m, const char *dir) {
+    if (!m || !dir) return ft_err(FTUNE_ERR_ARG, "ftune_model_save_bnb4: no model or directory");
+    if (m->quantized)
+        return ft_err(FTUNE_ERR_ARG, "%s: the model is already quantized (%s): write it dequantized with `ftune merge` "
+                      "first", dir, ft_types[m->quant].name);
+    /* the model in Hugging Face layout (names, q/k rows, config, tokenizer),
+     * each weight in its own dtype (f32 where it has no safetensors form) */
+    ftune_status st = ft_merge_write(m, dir, NULL);
+    if (st) return st;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    st_file f;
+    if ((st = ft_st_open(&f, path))) return st;
+    int n_out = 0, n_lin = 0;
+    for (int i = 0; i < f.n; i++) n_lin += is_linear_weight(m, f.tensors[i].name);
+    st_out_tensor *ts = ft_calloc((size_t)(f.n + 5 * n_lin), sizeof *ts);
+    bnb_parts *parts = ft_calloc((size_t)n_lin + 1, sizeof *parts);
+    float code2[256];
+    ft_bnb_dynamic_map(code2);
+    if (!ts || !parts) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
+    /* one tensor at a time from the mapping: only the quantized parts stay */
+    for (int i = 0, p = 0; i < f.n; i++) {
+        const st_tensor *t = &f.tensors[i];
+        if (!is_linear_weight(m, t->name)) {
+            ts[n_out++] = (st_out_tensor){ .name = t->name, .dtype = t->dtype, .ndim = t->ndim, .data = t->data };
+            memcpy(ts[n_out - 1].shape, t->shape, sizeof t->shape);
+            continue;
+        }
+        bnb_parts *bp = &parts[p++];
+        int64_t nb = 0, n = t->shape[0] * t->shape[1];
+        if ((st = quantize_parts(bp, t, &nb))) goto done;
+        static const char *const sfx[6] = { "", ".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map",
+                                            ".quant_state.bitsandbytes__nf4" };
+        for (int s = 0; s < 6; s++) snprintf(bp->names[s], sizeof bp->names[s], "%s%s", t->name, sfx[s]);
+        ts[n_out++] = (st_out_tensor){ .name = bp->names[0], .dtype = FT_U8, .ndim = 2, .shape = { (n + 1) / 2, 1 }, .data = bp->packed };
+        ts[n_out++] = (st_out_tensor){ .name = bp->names[1], .dtype = FT_U8, .ndim = 1, .shape = { nb }, .data = bp->qa };
+        ts[n_out++] = (st_out_tensor){ .name = bp->names[2], .dtype = FT_F32, .ndim = 1, .shape = { 16 }, .data = ft_nf4_code };
+        ts[n_out++] = (st_out_tensor){ .name = bp->names[3], .dtype = FT_F32, .ndim = 1,
+                                       .shape = { (nb + FT_BNB_NESTED_BLOCK - 1) / FT_BNB_NESTED_BLOCK }, .data = bp->a2 };
+        ts[n_out++] = (st_out_tensor){ .name = bp->names[4], .dtype = FT_F32, .ndim = 1, .shape = { 256 }, .data = code2 };
+        ts[n_out++] = (st_out_tensor){ .name = bp->names[5], .dtype = FT_U8, .ndim = 1,
+                                       .shape = { (int64_t)strlen(bp->json) }, .data = bp->json };
+        drop_pages(t->data, (size_t)(t->end - t->begin));
+    }
+    /* written beside, then renamed over the unquantized file (whose mapping stays valid until closed) */
+    if ((st = ft_st_write(path, ts, n_out, NULL))) goto done;
+    st = add_quant_config(dir);
+done:
+    for (int p = 0; parts && p < n_lin; p++) {
+        free(parts[p].packed); free(parts[p].qa); free(parts[p].a2); free(parts[p].json);
+    }
+    free(parts);
+    free(ts);
+    ft_st_close(&f);
+    return st ? ft_err_prefix(st, "%s", dir) : st;
 }
