@@ -53,7 +53,8 @@ typedef struct {
     int context_length;         /* override the model's context length; 0 keeps it */
     /* NULL keeps the weights as stored; "nf4" quantizes the base weight of
      * every layer's Linears on load (bitsandbytes' NF4 with double
-     * quantization, as QLoRA), tensor by tensor from the file */
+     * quantization, as QLoRA), tensor by tensor from the file; "int8" to
+     * int8 with an absmax per row (bitsandbytes' LLM.int8 without outliers) */
     const char *quant;
 } ftune_load_opts;
 

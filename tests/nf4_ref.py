@@ -6,7 +6,7 @@ FORMATS.md §4.2) in torch, for test_nf4. bitsandbytes itself does not run
 here: its releases that support CPU 4-bit need torch >= 2.2 (Debian has
 1.13), and the older ones raise NotImplementedError on CPU.
 
-usage: nf4_ref.py IN OUT
+usage: nf4_ref.py IN OUT, or nf4_ref.py int8 IN OUT (below)
 IN:  int32 count, then per tensor: int64 n, n float32
 OUT: per tensor: packed ((n+1)//2 u8), absmax (nb f32), qabsmax (nb u8),
      absmax2 (nb2 f32), offset (f32), dequantized with the nested absmax
@@ -80,7 +80,31 @@ def quantize(a):
     return packed, absmax, qa, absmax2, offset, deq
 
 
+def int8_rows(a):
+    """bitsandbytes' int8_vectorwise_quant (threshold 0) and int8_vectorwise_dequant of a 2-D f32
+    tensor: row_stats, q, the dequantized f32 values"""
+    row_stats = torch.max(a.abs(), dim=1).values.float()
+    q = torch.round(a * (127.0 / row_stats.unsqueeze(-1))).to(torch.int8)
+    q[row_stats == 0] = 0  # 0 * (127 / 0) is NaN: ft stores 0 for an all-zero row
+    deq = q * row_stats.view(-1, 1) * 7.874015718698502e-3
+    return row_stats, q, deq
+
+
+def main_int8(src, dst):
+    """IN: int32 count, then per matrix int64 rows, int64 cols, rows*cols f32.
+    OUT: per matrix row_stats (f32), q (int8), dequantized (f32)"""
+    with open(src, "rb") as f, open(dst, "wb") as o:
+        (count,) = struct.unpack("<i", f.read(4))
+        for _ in range(count):
+            rows, cols = struct.unpack("<qq", f.read(16))
+            a = torch.from_numpy(np.frombuffer(f.read(4 * rows * cols), dtype=np.float32).copy()).view(rows, cols)
+            for t in int8_rows(a):
+                o.write(t.contiguous().numpy().tobytes())
+
+
 def main():
+    if sys.argv[1] == "int8":
+        return main_int8(sys.argv[2], sys.argv[3])
     src, dst = sys.argv[1], sys.argv[2]
     with open(src, "rb") as f, open(dst, "wb") as o:
         (count,) = struct.unpack("<i", f.read(4))

@@ -5,7 +5,8 @@
  * block) against bitsandbytes' dequantization of the same row; every
  * level's widening against dtype.c; and the Linear's forward and dX on NF4
  * weights, which dequantize a tile at a time inside the kernels, against
- * the same products on the weight dequantized to f32 beforehand. */
+ * the same products on the weight dequantized to f32 beforehand. The same
+ * for int8 rows (bitsandbytes' row-wise LLM.int8, without outliers). */
 #include "check.h"
 #include "cpu/cpu.h"
 #include "cpu/kernels.h"
@@ -149,23 +150,23 @@ static void test_nf4_widen(void) {
  * dequantized to f32: the kernels widen a tile of the NF4 rows to exactly
  * those f32 values and sum in the same order, so the results are equal to
  * the bit (a looser match would hide a wrong tile). */
-static void test_nf4_linear(void) {
+static void check_linear(ft_dtype qt) {
     static const int shapes[][3] = { { 70, 172, 1 }, { 70, 172, 37 }, { 33, 320, 5 }, { 130, 64, 1 }, { 129, 1100, 19 } };
     ft_rng rng;
     ft_rng_seed(&rng, 3);
     for (int s = 0; s < (int)(sizeof shapes / sizeof shapes[0]); s++) {
         int OC = shapes[s][0], IC = shapes[s][1], T = shapes[s][2];
-        size_t rb = (size_t)ft_dtype_nbytes(FT_NF4, IC);
+        size_t rb = (size_t)ft_dtype_nbytes(qt, IC);
         uint8_t *q = malloc(rb * OC);
         float *w = random_tensor((int64_t)OC * IC, 0.05f, &rng), *wd = malloc((size_t)OC * IC * 4);
         for (int o = 0; o < OC; o++) {
-            ft_types[FT_NF4].from_f32(w + (size_t)o * IC, q + rb * o, IC);
-            ft_types[FT_NF4].to_f32(q + rb * o, wd + (size_t)o * IC, IC);
+            ft_types[qt].from_f32(w + (size_t)o * IC, q + rb * o, IC);
+            ft_types[qt].to_f32(q + rb * o, wd + (size_t)o * IC, IC);
         }
         float *x = random_tensor((int64_t)T * IC, 1.0f, &rng), *dy = random_tensor((int64_t)T * OC, 1.0f, &rng);
         float *y = malloc((size_t)T * OC * 4), *yr = malloc((size_t)T * OC * 4), *dx = malloc((size_t)T * IC * 4),
               *dxr = malloc((size_t)T * IC * 4);
-        ft_linear lq = { .w = { .dtype = FT_NF4, .ndim = 2, .shape = { OC, IC }, .data = q, .nbytes = rb * OC },
+        ft_linear lq = { .w = { .dtype = qt, .ndim = 2, .shape = { OC, IC }, .data = q, .nbytes = rb * OC },
                          .in = IC, .out = OC };
         ft_linear lf = { .w = { .dtype = FT_F32, .ndim = 2, .shape = { OC, IC }, .data = wd,
                                 .nbytes = (size_t)OC * IC * 4 }, .in = IC, .out = OC };
@@ -175,12 +176,12 @@ static void test_nf4_linear(void) {
                 float *scr = ft_aligned_alloc(ft_linear_train_scratch_floats(IC, 0, T, nt) * sizeof(float));
                 ft_linear_forward(y, x, &lq, NULL, T, nt, scr);
                 ft_linear_forward(yr, x, &lf, NULL, T, nt, scr);
-                CHECKF(bits_equal(y, yr, (size_t)T * OC * 4), "%s forward (%d, %d) T=%d", ft_cpu_level_name(levels[l]),
-                       OC, IC, T);
+                CHECKF(bits_equal(y, yr, (size_t)T * OC * 4), "%s %s forward (%d, %d) T=%d", ft_types[qt].name,
+                       ft_cpu_level_name(levels[l]), OC, IC, T);
                 ft_linear_backward(dx, NULL, NULL, dy, x, NULL, &lq, NULL, T, 0, false, nt, scr);
                 ft_linear_backward(dxr, NULL, NULL, dy, x, NULL, &lf, NULL, T, 0, false, nt, scr);
-                CHECKF(bits_equal(dx, dxr, (size_t)T * IC * 4), "%s dX (%d, %d) T=%d", ft_cpu_level_name(levels[l]),
-                       OC, IC, T);
+                CHECKF(bits_equal(dx, dxr, (size_t)T * IC * 4), "%s %s dX (%d, %d) T=%d", ft_types[qt].name,
+                       ft_cpu_level_name(levels[l]), OC, IC, T);
                 free(scr);
             }
         }
@@ -193,11 +194,75 @@ static void test_nf4_linear(void) {
          * below a wrong code or block (~1e-2) */
         ft_linear_forward_ref(yr, x, &lq, NULL, T);
         double e = check_max_rel_err(y, yr, (long)T * OC, 0.1);
-        printf("  (%d, %d) T=%d: forward vs reference max rel err %.3g\n", OC, IC, T, e);
+        printf("  %s (%d, %d) T=%d: forward vs reference max rel err %.3g\n", ft_types[qt].name, OC, IC, T, e);
         CHECKF(e < 1e-4, "forward vs reference: max rel err %.3g", e);
         free(q); free(w); free(wd); free(x); free(dy); free(y); free(yr); free(dx); free(dxr);
     }
 }
+
+/* int8 rows against tests/nf4_ref.py's torch implementation of
+ * bitsandbytes' int8_vectorwise_quant/dequant: absmax, codes and values
+ * bit for bit, on awkward shapes, a zero row included */
+static void test_int8_matches_bitsandbytes(void) {
+    static const int shapes[][2] = { { 1, 1 }, { 3, 17 }, { 64, 172 }, { 5, 1000 }, { 130, 64 } };
+    enum { NS = sizeof shapes / sizeof shapes[0] };
+    char in[512], out[512], cmd[1400];
+    snprintf(in, sizeof in, "%s/i8.in", tmpdir);
+    snprintf(out, sizeof out, "%s/i8.out", tmpdir);
+    ft_rng rng;
+    ft_rng_seed(&rng, 21);
+    float *x[NS];
+    FILE *f = fopen(in, "wb");
+    int32_t count = NS;
+    fwrite(&count, 4, 1, f);
+    for (int s = 0; s < NS; s++) {
+        int64_t rc[2] = { shapes[s][0], shapes[s][1] }, n = rc[0] * rc[1];
+        x[s] = random_tensor(n, s == 3 ? 40.0f : 0.05f, &rng);
+        if (rc[0] > 2) memset(x[s] + rc[1], 0, (size_t)rc[1] * 4); /* row 1 all zero */
+        fwrite(rc, 8, 2, f);
+        fwrite(x[s], 4, (size_t)n, f);
+    }
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 tests/nf4_ref.py int8 %s %s", in, out);
+    CHECK(system(cmd) == 0);
+    f = fopen(out, "rb");
+    CHECK(f != NULL);
+    if (!f) return;
+    for (int s = 0; s < NS; s++) {
+        int rows = shapes[s][0], cols = shapes[s][1];
+        size_t rb = (size_t)ft_dtype_nbytes(FT_I8ROW, cols), n = (size_t)rows * cols;
+        CHECK(rb == 4 + (size_t)cols);
+        uint8_t *q = malloc(rb * rows);
+        float *rs = malloc((size_t)rows * 4), *deq = malloc(n * 4), *y = malloc(n * 4);
+        int8_t *rq = malloc(n);
+        CHECK(fread(rs, 4, (size_t)rows, f) == (size_t)rows && fread(rq, 1, n, f) == n && fread(deq, 4, n, f) == n);
+        bool ok = true;
+        for (int r = 0; r < rows; r++) {
+            ft_types[FT_I8ROW].from_f32(x[s] + (size_t)r * cols, q + rb * r, cols);
+            ft_types[FT_I8ROW].to_f32(q + rb * r, y + (size_t)r * cols, cols);
+            ok = ok && bits_equal(q + rb * r, rs + r, 4) && bits_equal(q + rb * r + 4, rq + (size_t)r * cols, (size_t)cols);
+        }
+        CHECKF(ok, "(%d, %d): absmax or codes differ", rows, cols);
+        CHECKF(bits_equal(y, deq, n * 4), "(%d, %d): dequantized values differ", rows, cols);
+        /* every level's widen on spans of the last row */
+        for (int l = 0; l < n_levels; l++) {
+            const ft_kernel_isa *isa = ft_kernels_for_level(levels[l]);
+            for (int k0 = 0; k0 < cols; k0 += 7) {
+                int len = cols - k0 < 40 ? cols - k0 : 40;
+                float a[40], b[40];
+                ft_dtype_span_to_f32(FT_I8ROW, q + rb * (rows - 1), k0, a, len);
+                isa->widen(b, q + rb * (rows - 1), FT_I8ROW, k0, len);
+                CHECKF(bits_equal(a, b, (size_t)len * 4) && bits_equal(a, y + (size_t)(rows - 1) * cols + k0, (size_t)len * 4),
+                       "%s int8 span [%d, %d)", isa->name, k0, k0 + len);
+            }
+        }
+        free(q); free(rs); free(deq); free(y); free(rq); free(x[s]);
+    }
+    fclose(f);
+}
+
+static void test_nf4_linear(void) { check_linear(FT_NF4); }
+static void test_int8_linear(void) { check_linear(FT_I8ROW); }
 
 /* The 4.127 bits per parameter of FORMATS.md §4.2, from the sizes of the
  * tensors double quantization produces for a 4096 × 4096 weight. */
@@ -221,6 +286,8 @@ int main(void) {
     RUN(test_nf4_widen);
     RUN(test_nf4_linear);
     RUN(test_nf4_bits);
+    RUN(test_int8_matches_bitsandbytes);
+    RUN(test_int8_linear);
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd)) {}

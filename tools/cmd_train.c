@@ -157,7 +157,8 @@ int cmd_train(int argc, char **argv) {
         { "-t", "--threads", OPT_INT, &o.n_threads, "N", "threads; 0 = all cores" },
         { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
         { NULL, "--quant", OPT_STR, &quant, "TYPE",
-          "nf4: quantize the frozen base weights on load (NF4 + double quantization, QLoRA); LoRA only" },
+          "nf4: quantize the frozen base weights on load (NF4 + double quantization, QLoRA); int8: row-wise int8; "
+          "LoRA only" },
         { NULL, "--quiet", OPT_FLAG, &quiet, "", "no progress output" },
         { NULL, "--progress", OPT_FLAG, &progress, "", "show the tokenization progress even when stderr is not a terminal" },
         { 0 },

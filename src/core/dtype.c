@@ -172,6 +172,22 @@ static void nf4_from_f32(const float *s, void *dst, int64_t n) {
         ft_nf4_quantize_block(b, s + i, n - i < FT_QK_NF4 ? (int)(n - i) : FT_QK_NF4);
 }
 
+/* a whole row: the f32 absmax, then n int8 */
+static void i8row_to_f32(const void *s, float *d, int64_t n) {
+    float a;
+    memcpy(&a, s, 4);
+    const int8_t *q = (const int8_t *)s + 4;
+    for (int64_t i = 0; i < n; i++) d[i] = (float)q[i] * a * FT_I8ROW_INV127;
+}
+static void i8row_from_f32(const float *s, void *dst, int64_t n) {
+    float a = 0;
+    for (int64_t i = 0; i < n; i++) a = fmaxf(a, fabsf(s[i]));
+    float sc = 127.0f / a;
+    memcpy(dst, &a, 4);
+    int8_t *q = (int8_t *)dst + 4;
+    for (int64_t i = 0; i < n; i++) q[i] = a > 0 ? (int8_t)nearbyintf(s[i] * sc) : 0; /* |x·sc| <= 127 */
+}
+
 const ft_type_traits ft_types[FT_NTYPES] = {
     [FT_F32]  = { .name = "f32",  .block = 1,  .block_bytes = 4,  .is_float = true, .to_f32 = f32_to_f32,  .from_f32 = f32_from_f32 },
     [FT_F16]  = { .name = "f16",  .block = 1,  .block_bytes = 2,  .is_float = true, .to_f32 = f16_to_f32,  .from_f32 = f16_from_f32 },
@@ -184,6 +200,8 @@ const ft_type_traits ft_types[FT_NTYPES] = {
     [FT_F64]  = { .name = "f64",  .block = 1,  .block_bytes = 8 },
     [FT_NF4]  = { .name = "nf4",  .block = FT_QK_NF4, .block_bytes = sizeof(ft_block_nf4), .is_float = true,
                   .pad_rows = true, .to_f32 = nf4_to_f32, .from_f32 = nf4_from_f32 },
+    [FT_I8ROW] = { .name = "int8", .block = 1, .block_bytes = 1, .is_float = true, .row_header = 4,
+                   .to_f32 = i8row_to_f32, .from_f32 = i8row_from_f32 },
 };
 
 int64_t ft_dtype_nbytes(ft_dtype t, int64_t n) {
@@ -191,7 +209,7 @@ int64_t ft_dtype_nbytes(ft_dtype t, int64_t n) {
     const ft_type_traits *tr = &ft_types[t];
     if (tr->pad_rows) return (n + tr->block - 1) / tr->block * (int64_t)tr->block_bytes;
     if (n % tr->block) return -1;
-    return n / tr->block * (int64_t)tr->block_bytes;
+    return tr->row_header + n / tr->block * (int64_t)tr->block_bytes;
 }
 
 int64_t ft_tensor_numel(const ft_tensor *t) {
@@ -202,6 +220,13 @@ int64_t ft_tensor_numel(const ft_tensor *t) {
 
 void ft_dtype_span_to_f32(ft_dtype t, const void *row, int64_t k0, float *dst, int64_t n) {
     const ft_type_traits *tr = &ft_types[t];
+    if (t == FT_I8ROW) {
+        float a;
+        memcpy(&a, row, 4);
+        const int8_t *q = (const int8_t *)row + 4 + k0;
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)q[i] * a * FT_I8ROW_INV127;
+        return;
+    }
     tr->to_f32((const uint8_t *)row + k0 / tr->block * (int64_t)tr->block_bytes, dst, n);
 }
 

@@ -74,6 +74,12 @@ LOCAL void nf4_block(float *dst, const ft_block_nf4 *b) {
     }
 }
 
+/* int8 rows: q·absmax·(1/127) as two products, left to right, as dtype.c */
+LOCAL __m256 i8_vec(const int8_t *q, float a) {
+    __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+    return _mm256_mul_ps(_mm256_mul_ps(v, _mm256_set1_ps(a)), _mm256_set1_ps(FT_I8ROW_INV127));
+}
+
 #include "cpu/kernels_isa.h"
 
 #endif

@@ -12,6 +12,7 @@
  *   bf16_vec, f16_vec(const uint16_t *h)   VL values, as a vector
  *   q8_0_block(float *dst, const ft_block_q8_0 *b), q4_0_block(...)  32 values
  *   nf4_block(float *dst, const ft_block_nf4 *b)  64 values
+ *   i8_vec(const int8_t *q, float absmax)  VL values of an int8 row
  * A new weight dtype is a traits row in dtype.c (which every level uses
  * until it has its own) plus a case here and a dequantizer per ISA.
  * Not a header for anything else to include. */
@@ -64,6 +65,13 @@ ISA_TARGET static void widen(float *dst, const uint8_t *row, ft_dtype dt, int k0
              k += FT_QK_NF4, b++)
             nf4_block(dst + k, b);
         break;
+    case FT_I8ROW: { /* the row's absmax, then its int8 */
+        float a;
+        memcpy(&a, row, sizeof a);
+        const int8_t *q = (const int8_t *)(row + 4) + k0;
+        for (; k + VL <= n; k += VL) VSTORE(dst + k, (vf)i8_vec(q + k, a));
+        break;
+    }
     default:
         break;
     }

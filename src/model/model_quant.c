@@ -21,7 +21,8 @@
 
 ftune_status ft_quant_from_name(const char *name, ft_dtype *q) {
     if (name && strcmp(name, "nf4") == 0) { *q = FT_NF4; return FTUNE_OK; }
-    return ft_err(FTUNE_ERR_ARG, "quantization \"%s\" is not supported (choices: nf4)", name ? name : "");
+    if (name && strcmp(name, "int8") == 0) { *q = FT_I8ROW; return FTUNE_OK; }
+    return ft_err(FTUNE_ERR_ARG, "quantization \"%s\" is not supported (choices: nf4, int8)", name ? name : "");
 }
 
 /* Whether [p, p+n) lies in one of the model's read-only file mappings. */
@@ -45,16 +46,16 @@ static void drop_pages(const void *p, size_t n) {
     if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
-static ftune_status quantize_linear(ftune_model *m, ft_linear *lin) {
+/* Lin's weight as rows of q (nf4: then its absmax double-quantized). */
+static ftune_status quantize_linear(ftune_model *m, ft_linear *lin, ft_dtype qt) {
     const ft_tensor *src = &lin->w;
     int out = lin->out, in = lin->in;
-    int64_t rb = ft_dtype_nbytes(FT_NF4, in), nbr = (in + FT_QK_NF4 - 1) / FT_QK_NF4, nb = nbr * out;
-    ft_block_nf4 *q = ft_model_alloc(m, (size_t)(rb * out));
-    float *row = malloc((size_t)in * sizeof(float)), *absmax = malloc((size_t)nb * sizeof(float));
-    uint8_t *qa = malloc((size_t)nb);
-    float *a2 = malloc((size_t)((nb + FT_BNB_NESTED_BLOCK - 1) / FT_BNB_NESTED_BLOCK) * sizeof(float));
+    int64_t rb = ft_dtype_nbytes(qt, in), nbr = (in + FT_QK_NF4 - 1) / FT_QK_NF4, nb = nbr * out;
+    uint8_t *q = ft_model_alloc(m, (size_t)(rb * out));
+    float *row = malloc((size_t)in * sizeof(float)), *absmax = NULL, *a2 = NULL;
+    uint8_t *qa = NULL;
     ftune_status st = FTUNE_OK;
-    if (!q || !row || !absmax || !qa || !a2) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory quantizing \"%s\"", src->name); goto done; }
+    if (!q || !row) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory quantizing \"%s\"", src->name); goto done; }
     for (int o = 0; o < out; o++) {
         ft_tensor_row_f32(src, o, row);
         for (int j = 0; j < in; j++)
@@ -63,17 +64,24 @@ static ftune_status quantize_linear(ftune_model *m, ft_linear *lin) {
                             (double)row[j]);
                 goto done;
             }
-        ft_types[FT_NF4].from_f32(row, q + (int64_t)o * nbr, in);
+        ft_types[qt].from_f32(row, q + rb * o, in);
     }
-    for (int64_t b = 0; b < nb; b++) absmax[b] = q[b].d;
-    float offset = ft_bnb_double_quant(qa, a2, absmax, nb), code2[256];
-    ft_bnb_dynamic_map(code2);
-    ft_bnb_double_dequant(absmax, qa, a2, code2, offset, nb);
-    for (int64_t b = 0; b < nb; b++) q[b].d = absmax[b];
+    if (qt == FT_NF4) {
+        ft_block_nf4 *b = (ft_block_nf4 *)q;
+        absmax = malloc((size_t)nb * sizeof(float));
+        qa = malloc((size_t)nb);
+        a2 = malloc((size_t)((nb + FT_BNB_NESTED_BLOCK - 1) / FT_BNB_NESTED_BLOCK) * sizeof(float));
+        if (!absmax || !qa || !a2) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory quantizing \"%s\"", src->name); goto done; }
+        for (int64_t i = 0; i < nb; i++) absmax[i] = b[i].d;
+        float offset = ft_bnb_double_quant(qa, a2, absmax, nb), code2[256];
+        ft_bnb_dynamic_map(code2);
+        ft_bnb_double_dequant(absmax, qa, a2, code2, offset, nb);
+        for (int64_t i = 0; i < nb; i++) b[i].d = absmax[i];
+    }
     if (in_mapping(m, src->data, src->nbytes)) drop_pages(src->data, src->nbytes);
     m->weight_bytes += rb * out - (int64_t)src->nbytes;
     m->quant_bytes += rb * out;
-    lin->w.dtype = FT_NF4;
+    lin->w.dtype = qt;
     lin->w.data = q;
     lin->w.nbytes = (size_t)(rb * out);
 done:
@@ -82,13 +90,13 @@ done:
 }
 
 ftune_status ft_model_quantize(ftune_model *m, ft_dtype q) {
-    if (q != FT_NF4) return ft_err(FTUNE_ERR_ARG, "quantization to %s is not supported", ft_types[q].name);
+    if (q != FT_NF4 && q != FT_I8ROW) return ft_err(FTUNE_ERR_ARG, "quantization to %s is not supported", ft_types[q].name);
     if (m->quantized) return ft_err(FTUNE_ERR_ARG, "the model's weights are already quantized (%s)", ft_types[m->quant].name);
     for (int l = 0; l < m->cfg.L; l++)
         for (int k = 0; k < FT_N_MODS; k++) {
             ft_linear *lin = ft_model_linear(m, l, (ft_module)k);
             if (lin->w.dtype == q) continue;
-            ftune_status st = quantize_linear(m, lin);
+            ftune_status st = quantize_linear(m, lin, q);
             if (st) return st;
         }
     /* the dtypes present now: the quantized Linears', and the embedding's and head's as they were */
