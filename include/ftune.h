@@ -199,14 +199,16 @@ FTUNE_API ftune_status ftune_model_load_adapter(ftune_model *m, const char *dir)
  * or NULL to keep each weight's own. */
 FTUNE_API ftune_status ftune_model_save_merged(const ftune_model *m, const char *path, const char *dtype);
 
-/* Writes m (its default adapter, if any, folded in) as a Hugging Face bitsandbytes
- * 4-bit checkpoint in dir, as transformers saves one: every layer Linear in
- * NF4 with double quantization, bit for bit bitsandbytes' quantize_4bit
- * (weight, weight.absmax, weight.quant_map, weight.nested_absmax,
- * weight.nested_quant_map, weight.quant_state.bitsandbytes__nf4), the rest
- * as stored, and quantization_config in config.json. FTUNE_ERR_ARG for a
+/* Writes m (its default adapter, if any, folded in) as a Hugging Face
+ * bitsandbytes checkpoint in dir, as transformers saves one, with
+ * quantization_config in config.json; the embedding, LM head and norms as
+ * stored. type "nf4": every layer Linear in NF4 with double quantization,
+ * bit for bit bitsandbytes' quantize_4bit (weight, weight.absmax,
+ * weight.quant_map, weight.nested_absmax, weight.nested_quant_map,
+ * weight.quant_state.bitsandbytes__nf4); "int8": LLM.int8's row-wise int8
+ * (weight I8, SCB, weight_format). FTUNE_ERR_ARG for another type or a
  * model that is already quantized. */
-FTUNE_API ftune_status ftune_model_save_bnb4(const ftune_model *m, const char *dir);
+FTUNE_API ftune_status ftune_model_save_bnb(const ftune_model *m, const char *dir, const char *type);
 
 typedef struct {
     const char *dtype;     /* as ftune_model_save_merged's; NULL keeps each weight's own */

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # `ftune quantize`: --type nf4 writes a Hugging Face *-bnb-4bit directory
+# (and --type int8 bitsandbytes' 8-bit one, checked the same way)
 # whose every tensor is bit for bit what tests/bnb_write.py (bitsandbytes'
 # algorithm and transformers' layout, independently in Python) writes for
 # the same model, from the HF, the GGUF and the llama2.c stories260K alike
@@ -91,6 +92,37 @@ sys.exit(1)
 PYEOF
 ); then echo "$out"; pass quantize_bits_per_param; else fail quantize_bits_per_param "$(cat "$tmp/log") $out"; fi
 
+# int8: bitsandbytes' 8-bit layout (weight I8, SCB, weight_format), every
+# Linear's codes and SCB bit for bit tests/nf4_ref.py's torch implementation
+# of int8_vectorwise_quant; it loads as the same model as --quant int8
+if "$FT" quantize --type int8 "$HF" "$tmp/i8" 2> "$tmp/log" && out=$($VPY - "$HF" "$tmp/i8" <<'PYEOF' 2>&1
+import json, os, sys
+sys.path.insert(0, "tests")
+import nf4_ref
+from safetensors.torch import load_file
+src, q = (load_file(os.path.join(d, "model.safetensors")) for d in sys.argv[1:3])
+n = 0
+for k, w in src.items():
+    if ".layers." not in k or "norm" in k:
+        continue
+    p = k[: -len(".weight")]
+    stats, codes, _ = nf4_ref.int8_rows(w.float())
+    if q[k].numpy().tobytes() != codes.numpy().tobytes() or q[p + ".SCB"].numpy().tobytes() != stats.numpy().tobytes():
+        sys.exit("%s differs" % k)
+    if q[p + ".weight_format"].item() != 0:
+        sys.exit("%s.weight_format is not 0" % p)
+    n += 1
+cfg = json.load(open(os.path.join(sys.argv[2], "config.json")))["quantization_config"]
+if not (cfg["load_in_8bit"] and not cfg["load_in_4bit"] and cfg["quant_method"] == "bitsandbytes"):
+    sys.exit("quantization_config: %s" % cfg)
+print("  %d int8 Linears equal" % n)
+PYEOF
+); then echo "$out"; pass quantize_int8_matches_bitsandbytes
+else fail quantize_int8_matches_bitsandbytes "$(cat "$tmp/log") $out"; fi
+run_val() { "$FT" train "$@" -o "$tmp/v$RANDOM" --data "$tmp/d.jsonl" --steps 1 --batch-size 2 --ctx 32 -t 1 --val-split 0.25 2>&1 | sed -n 's/^val loss: \([0-9.]*\) before.*/\1/p'; }
+a=$(run_val -m "$tmp/i8"); b=$(run_val -m "$HF" --quant int8)
+if [ -n "$a" ] && [ "$a" = "$b" ]; then pass quantize_int8_loads; else fail quantize_int8_loads "int8 checkpoint val loss $a, --quant int8 $b"; fi
+
 # GGUF types
 if "$FT" quantize --type q8_0 "$HF" "$tmp/q8.gguf" 2> "$tmp/log" && "$FT" info -m "$tmp/q8.gguf" 2>&1 | grep -q "q8_0"; then
     pass quantize_gguf
@@ -103,7 +135,7 @@ expect_err() { # name, expected message, command...
     out=$("$@" 2>&1); rc=$?
     if [ $rc -ne 0 ] && grep -qF -- "$msg" <<<"$out"; then pass "$name"; else fail "$name" "rc $rc: $out"; fi
 }
-expect_err quantize_bad_type "--type int4 is not supported (nf4, q8_0, q4_0)" "$FT" quantize --type int4 "$HF" "$tmp/x"
+expect_err quantize_bad_type "--type int4 is not supported (nf4, int8, q8_0, q4_0)" "$FT" quantize --type int4 "$HF" "$tmp/x"
 expect_err quantize_nf4_to_gguf "OUT must not end in .gguf" "$FT" quantize --type nf4 "$HF" "$tmp/x.gguf"
 expect_err quantize_q8_to_dir "OUT must end in .gguf" "$FT" quantize --type q8_0 "$HF" "$tmp/x"
 expect_err quantize_twice "the model is already quantized (nf4)" "$FT" quantize --type nf4 "$tmp/hf" "$tmp/x2"

@@ -204,7 +204,7 @@ static void check_linear(ft_dtype qt) {
  * bitsandbytes' int8_vectorwise_quant/dequant: absmax, codes and values
  * bit for bit, on awkward shapes, a zero row included */
 static void test_int8_matches_bitsandbytes(void) {
-    static const int shapes[][2] = { { 1, 1 }, { 3, 17 }, { 64, 172 }, { 5, 1000 }, { 130, 64 } };
+    static const int shapes[][2] = { { 1, 1 }, { 3, 17 }, { 64, 172 }, { 5, 1000 }, { 130, 64 }, { 400, 333 } };
     enum { NS = sizeof shapes / sizeof shapes[0] };
     char in[512], out[512], cmd[1400];
     snprintf(in, sizeof in, "%s/i8.in", tmpdir);
@@ -219,6 +219,14 @@ static void test_int8_matches_bitsandbytes(void) {
         int64_t rc[2] = { shapes[s][0], shapes[s][1] }, n = rc[0] * rc[1];
         x[s] = random_tensor(n, s == 3 ? 40.0f : 0.05f, &rng);
         if (rc[0] > 2) memset(x[s] + rc[1], 0, (size_t)rc[1] * 4); /* row 1 all zero */
+        /* rows of values near the halfway points k+0.5 of the code grid,
+         * where the rounding of the scale (bitsandbytes' (1/absmax)·127,
+         * not 127/absmax) decides the code */
+        for (int64_t r = 2; r < rc[0] && rc[1] > 1; r += 3) {
+            float *row = x[s] + r * rc[1], amax = 0.01f + 0.001f * (float)r;
+            row[0] = amax;
+            for (int64_t j = 1; j < rc[1]; j++) row[j] = ((float)(j % 127) + 0.5f) / 127.0f * amax;
+        }
         fwrite(rc, 8, 2, f);
         fwrite(x[s], 4, (size_t)n, f);
     }

@@ -1,5 +1,5 @@
 /* cmd_quantize.c — `ftune quantize`: writes a model quantized, as a Hugging
- * Face bitsandbytes 4-bit checkpoint (nf4, double quantization) or as a
+ * Face bitsandbytes checkpoint (nf4 with double quantization, or int8) or as a
  * GGUF file of the types `ftune merge` writes (q8_0, q4_0), through the
  * public API only. */
 #include <stdio.h>
@@ -12,7 +12,8 @@ int cmd_quantize(int argc, char **argv) {
     cli_opt opts[] = {
         { NULL, "--type", OPT_STR, &type, "TYPE",
           "nf4: a Hugging Face *-bnb-4bit directory (bitsandbytes NF4 with double quantization, as transformers saves "
-          "it); q8_0, q4_0: a .gguf file (as ftune merge --dtype)" },
+          "it); int8: a bitsandbytes 8-bit directory (LLM.int8 row-wise); q8_0, q4_0: a .gguf file (as ftune merge "
+          "--dtype)" },
         { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
         { 0 },
     };
@@ -22,8 +23,8 @@ int cmd_quantize(int argc, char **argv) {
                     "layer Linear is quantized exactly as bitsandbytes' quantize_4bit (blocks of 64 of the\n"
                     "flattened weight, the last one padded; absmax double-quantized in blocks of 256); the\n"
                     "embedding, LM head and norms are kept as stored, as transformers does. OUT is a directory\n"
-                    "that transformers, vLLM and ftune load. q8_0 and q4_0 write OUT as GGUF (OUT must end in\n"
-                    ".gguf).",
+                    "that transformers, vLLM and ftune load. int8 writes bitsandbytes' 8-bit layout (weight int8,\n"
+                    "SCB: each row's absmax, weight_format). q8_0 and q4_0 write OUT as GGUF (OUT must end in .gguf).",
                     opts, pos, 2, 0 };
     int r = cli_parse(&cmd, argc, argv);
     if (r) return r > 0 ? 0 : 2;
@@ -32,12 +33,12 @@ int cmd_quantize(int argc, char **argv) {
         return 2;
     }
     if (!type) {
-        fprintf(stderr, "ftune quantize: --type is required (nf4, q8_0, q4_0)\n");
+        fprintf(stderr, "ftune quantize: --type is required (nf4, int8, q8_0, q4_0)\n");
         return 2;
     }
     bool gguf_type = strcmp(type, "q8_0") == 0 || strcmp(type, "q4_0") == 0;
-    if (strcmp(type, "nf4") != 0 && !gguf_type) {
-        fprintf(stderr, "ftune quantize: --type %s is not supported (nf4, q8_0, q4_0)\n", type);
+    if (strcmp(type, "nf4") != 0 && strcmp(type, "int8") != 0 && !gguf_type) {
+        fprintf(stderr, "ftune quantize: --type %s is not supported (nf4, int8, q8_0, q4_0)\n", type);
         return 2;
     }
     size_t len = strlen(pos[1]);
@@ -56,7 +57,7 @@ int cmd_quantize(int argc, char **argv) {
         st = ftune_model_merge(m, pos[1], &mo, summary, sizeof summary);
         if (!st && summary[0]) fprintf(stderr, "%s\n", summary);
     } else {
-        st = ftune_model_save_bnb4(m, pos[1]);
+        st = ftune_model_save_bnb(m, pos[1], type);
     }
     int rc = st ? cli_fail("quantize", st) : 0;
     if (!st) fprintf(stderr, "wrote %s\n", pos[1]);

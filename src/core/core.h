@@ -34,6 +34,7 @@ typedef enum {
     FT_F64,
     FT_NF4,   /* bitsandbytes NF4: blocks of 64: f32 absmax + 32 bytes of nibbles, x = code[q]*absmax */
     FT_I8ROW, /* int8 with one f32 absmax per row (bitsandbytes' LLM.int8 row-wise): a row is the absmax, then int8 */
+    FT_I8,    /* plain int8 storage (safetensors I8), not a weight type */
     FT_NTYPES
 } ft_dtype;
 
@@ -84,7 +85,7 @@ void ft_nf4_quantize_block(ft_block_nf4 *b, const float *x, int m);
 
 /* int8 rows (FT_I8ROW), as bitsandbytes' int8_vectorwise_quant /
  * int8_vectorwise_dequant compute them in f32: absmax = max|x| over the row,
- * q = round-half-even(x·(127/absmax)), x = q·absmax·(1/127) (two products,
+ * q = round-half-even(x·((1/absmax)·127)), x = q·absmax·(1/127) (two products,
  * left to right; 1/127 as bitsandbytes' f32 constant). An all-zero row is
  * absmax 0 and q 0. */
 #define FT_I8ROW_INV127 7.874015718698502e-3f

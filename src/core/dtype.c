@@ -182,7 +182,9 @@ static void i8row_to_f32(const void *s, float *d, int64_t n) {
 static void i8row_from_f32(const float *s, void *dst, int64_t n) {
     float a = 0;
     for (int64_t i = 0; i < n; i++) a = fmaxf(a, fabsf(s[i]));
-    float sc = 127.0f / a;
+    /* bitsandbytes' 127.0 / row_stats is torch's scalar / tensor, which
+     * is reciprocal(tensor) · scalar: two roundings, not one division */
+    float sc = (1.0f / a) * 127.0f;
     memcpy(dst, &a, 4);
     int8_t *q = (int8_t *)dst + 4;
     for (int64_t i = 0; i < n; i++) q[i] = a > 0 ? (int8_t)nearbyintf(s[i] * sc) : 0; /* |x·sc| <= 127 */
@@ -202,6 +204,7 @@ const ft_type_traits ft_types[FT_NTYPES] = {
                   .pad_rows = true, .to_f32 = nf4_to_f32, .from_f32 = nf4_from_f32 },
     [FT_I8ROW] = { .name = "int8", .block = 1, .block_bytes = 1, .is_float = true, .row_header = 4,
                    .to_f32 = i8row_to_f32, .from_f32 = i8row_from_f32 },
+    [FT_I8]   = { .name = "i8",   .block = 1,  .block_bytes = 1 },
 };
 
 int64_t ft_dtype_nbytes(ft_dtype t, int64_t n) {

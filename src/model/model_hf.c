@@ -130,6 +130,56 @@ static ftune_status bnb_weight(ftune_model *m, uint8_t **used, const char *name,
     return FTUNE_OK;
 }
 
+/* A bitsandbytes 8-bit weight: "P.weight" I8 (out, in) beside "P.SCB" F32
+ * (out), its rows' absmax, and "P.weight_format" (0: row-major), as
+ * Linear8bitLt saves them, becomes owned int8 rows (FT_I8ROW: the same
+ * values, q·SCB/127) in t; t is left as it is for any other tensor. */
+static ftune_status bnb8_weight(ftune_model *m, uint8_t **used, const char *name, ft_tensor *t, int out, int in) {
+    char prefix[FT_NAME_MAX], k[FT_NAME_MAX + 16];
+    size_t len = strlen(name);
+    if (t->dtype != FT_I8 || len < 7) return FTUNE_OK;
+    snprintf(prefix, sizeof prefix, "%.*s", (int)(len - 7), name); /* without ".weight" */
+    ft_tensor scb, wf;
+    bool has_scb, has_wf;
+    snprintf(k, sizeof k, "%s.SCB", prefix);
+    ftune_status st = find(m, used, k, &scb, false, &has_scb);
+    if (st || !has_scb) return st;
+    snprintf(k, sizeof k, "%s.weight_format", prefix);
+    if ((st = find(m, used, k, &wf, false, &has_wf))) return st;
+    if (has_wf && (wf.dtype != FT_U8 || ft_tensor_numel(&wf) != 1 || *(const uint8_t *)wf.data != 0))
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "tensor \"%s\": bitsandbytes weight_format is not 0 (row-major), the only "
+                      "layout supported", k);
+    if (t->ndim != 2 || t->shape[0] != out || t->shape[1] != in)
+        return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\": shape does not match the config (expected [%d, %d])", name, out, in);
+    if (scb.dtype != FT_F32 || ft_tensor_numel(&scb) != out)
+        return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s.SCB\": %s with %lld elements, expected F32 with %d", prefix,
+                      ft_types[scb.dtype].name, (long long)ft_tensor_numel(&scb), out);
+    size_t rb = (size_t)ft_dtype_nbytes(FT_I8ROW, in), nbytes = rb * (size_t)out;
+    uint8_t *dst = ft_model_alloc(m, nbytes);
+    if (!dst) return ft_err(FTUNE_ERR_NOMEM, "out of memory for tensor \"%s\"", name);
+    for (int o = 0; o < out; o++) {
+        float a;
+        memcpy(&a, (const uint8_t *)scb.data + 4 * (size_t)o, 4);
+        if (!isfinite(a) || a < 0)
+            return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s.SCB\": row %d's absmax %g is not a finite number >= 0", prefix, o,
+                          (double)a);
+        memcpy(dst + rb * o, &a, 4);
+        memcpy(dst + rb * o + 4, (const uint8_t *)t->data + (size_t)o * in, (size_t)in);
+    }
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->dtype = FT_I8ROW;
+    t->ndim = 2;
+    t->shape[0] = out;
+    t->shape[1] = in;
+    t->data = dst;
+    t->nbytes = nbytes;
+    m->quant_bytes += (int64_t)nbytes;
+    m->quantized = true;
+    m->quant = FT_I8ROW;
+    return FTUNE_OK;
+}
+
 /* Tensors the config did not ask for mean the config and the weights
  * disagree (e.g. fewer num_hidden_layers than the file holds, or biases the
  * config switches off): transformers only warns ("Some weights of the
@@ -153,9 +203,10 @@ static ftune_status check_unused(const ftune_model *m, uint8_t **used) {
                   n_unused > 1 ? "s are" : " is", m->cfg.L, names, n_unused > 3 ? ", ..." : "");
 }
 
-/* config.json's quantization_config, if any: only bitsandbytes' 4-bit
- * nf4 is read (its tensors, by bnb_weight); anything else is refused here,
- * by name, rather than by a missing tensor later. */
+/* config.json's quantization_config, if any: only bitsandbytes' 4-bit nf4
+ * and 8-bit are read (their tensors, by bnb_weight and bnb8_weight);
+ * anything else is refused here, by name, rather than by a missing tensor
+ * later. */
 static ftune_status check_quant_config(const char *path) {
     char *text;
     ftune_status st = ft_read_file(path, &text, NULL);
@@ -169,11 +220,8 @@ static ftune_status check_quant_config(const char *path) {
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(q, "bnb_4bit_quant_type");
         if (!cJSON_IsString(meth) || strcmp(meth->valuestring, "bitsandbytes") != 0)
             st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: quantization_config.quant_method %s is not supported (only "
-                        "bitsandbytes 4-bit nf4)", path, cJSON_IsString(meth) ? meth->valuestring : "(none)");
-        else if (cJSON_IsTrue(l8))
-            st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: bitsandbytes 8-bit checkpoints (load_in_8bit) are not supported "
-                        "(only 4-bit nf4)", path);
-        else if (cJSON_IsString(ty) && strcmp(ty->valuestring, "nf4") != 0)
+                        "bitsandbytes 4-bit nf4 and 8-bit)", path, cJSON_IsString(meth) ? meth->valuestring : "(none)");
+        else if (!cJSON_IsTrue(l8) && cJSON_IsString(ty) && strcmp(ty->valuestring, "nf4") != 0)
             st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: quantization_config.bnb_4bit_quant_type \"%s\" is not supported "
                         "(only nf4)", path, ty->valuestring);
     }
@@ -221,6 +269,7 @@ ftune_status ft_load_hf(ftune_model *m, const char *dir) {
             snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, lins[k].suffix);
             NEED(name);
             if ((st = bnb_weight(m, used, name, &t, lins[k].out, lins[k].in))) goto fail;
+            if ((st = bnb8_weight(m, used, name, &t, lins[k].out, lins[k].in))) goto fail;
             if ((st = ft_model_bind_linear(m, lins[k].lin, &t, lins[k].out, lins[k].in))) goto fail;
             if (c->qkv_bias && k < 3) {
                 snprintf(name, sizeof name, "model.layers.%d.%s.bias", l, lins[k].suffix);

@@ -115,11 +115,41 @@ static const char *torch_dtype(ft_dtype t) {
 
 /* One Linear's serialized parts, owned until the file is written. */
 typedef struct {
-    uint8_t *packed, *qa;
-    float *a2;
+    uint8_t *packed, *qa;     /* nf4; int8: packed holds the (out, in) int8 */
+    float *a2;                /* nf4: the nested absmax; int8: SCB, the rows' absmax */
     char *json;
     char names[6][FT_NAME_MAX + 48];
 } bnb_parts;
+
+/* bitsandbytes' 8-bit layout of one (out, in) weight: int8 codes and the
+ * rows' absmax (SCB), from the f32 rows of the traits' int8 quantizer */
+static ftune_status quantize_parts8(bnb_parts *p, const st_tensor *t) {
+    int64_t out = t->shape[0], in = t->shape[1];
+    size_t rb = (size_t)ft_dtype_nbytes(FT_I8ROW, in);
+    float *x = malloc((size_t)in * sizeof(float));
+    uint8_t *row = malloc(rb);
+    p->packed = malloc((size_t)(out * in));
+    p->a2 = malloc((size_t)out * sizeof(float));
+    ftune_status st = FTUNE_OK;
+    if (!x || !row || !p->packed || !p->a2) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory quantizing \"%s\"", t->name); goto done; }
+    size_t esz = ft_types[t->dtype].block_bytes;
+    for (int64_t o = 0; o < out; o++) {
+        ft_types[t->dtype].to_f32(t->data + (size_t)(o * in) * esz, x, in);
+        for (int64_t j = 0; j < in; j++)
+            if (!isfinite(x[j])) {
+                st = ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\": element (%lld, %lld) is %g: cannot be quantized", t->name,
+                            (long long)o, (long long)j, (double)x[j]);
+                goto done;
+            }
+        ft_types[FT_I8ROW].from_f32(x, row, in);
+        memcpy(&p->a2[o], row, 4);
+        memcpy(p->packed + o * in, row + 4, (size_t)in);
+    }
+done:
+    free(x);
+    free(row);
+    return st;
+}
 
 static ftune_status quantize_parts(bnb_parts *p, const st_tensor *t, int64_t *nb_out) {
     int64_t n = 1;
@@ -165,7 +195,7 @@ static bool is_linear_weight(const ftune_model *m, const char *name) {
     return false;
 }
 
-static ftune_status add_quant_config(const char *dir) {
+static ftune_status add_quant_config(const char *dir, bool int8) {
     char path[4200], *text;
     snprintf(path, sizeof path, "%s/config.json", dir);
     ftune_status st = ft_read_file(path, &text, NULL);
@@ -174,10 +204,11 @@ static ftune_status add_quant_config(const char *dir) {
     free(text);
     if (!cJSON_IsObject(j)) { cJSON_Delete(j); return ft_err(FTUNE_ERR_FORMAT, "%s: not a JSON object", path); }
     cJSON_DeleteItemFromObjectCaseSensitive(j, "quantization_config");
-    /* transformers' BitsAndBytesConfig.to_dict() for load_in_4bit, nf4, double quantization */
+    /* transformers' BitsAndBytesConfig.to_dict() for load_in_4bit, nf4,
+     * double quantization; or load_in_8bit */
     cJSON *q = cJSON_AddObjectToObject(j, "quantization_config");
-    cJSON_AddBoolToObject(q, "_load_in_4bit", 1);
-    cJSON_AddBoolToObject(q, "_load_in_8bit", 0);
+    cJSON_AddBoolToObject(q, "_load_in_4bit", !int8);
+    cJSON_AddBoolToObject(q, "_load_in_8bit", int8);
     cJSON_AddStringToObject(q, "bnb_4bit_compute_dtype", "float32");
     cJSON_AddStringToObject(q, "bnb_4bit_quant_storage", "uint8");
     cJSON_AddStringToObject(q, "bnb_4bit_quant_type", "nf4");
@@ -186,16 +217,19 @@ static ftune_status add_quant_config(const char *dir) {
     cJSON_AddBoolToObject(q, "llm_int8_has_fp16_weight", 0);
     cJSON_AddNullToObject(q, "llm_int8_skip_modules");
     cJSON_AddNumberToObject(q, "llm_int8_threshold", 6.0);
-    cJSON_AddBoolToObject(q, "load_in_4bit", 1);
-    cJSON_AddBoolToObject(q, "load_in_8bit", 0);
+    cJSON_AddBoolToObject(q, "load_in_4bit", !int8);
+    cJSON_AddBoolToObject(q, "load_in_8bit", int8);
     cJSON_AddStringToObject(q, "quant_method", "bitsandbytes");
     st = ft_write_json_atomic(path, j);
     cJSON_Delete(j);
     return st;
 }
 
-ftune_status ftune_model_save_bnb4(const ftune_model *m, const char *dir) {
-    if (!m || !dir) return ft_err(FTUNE_ERR_ARG, "ftune_model_save_bnb4: no model or directory");
+ftune_status ftune_model_save_bnb(const ftune_model *m, const char *dir, const char *type) {
+    if (!m || !dir) return ft_err(FTUNE_ERR_ARG, "ftune_model_save_bnb: no model or directory");
+    if (!type || (strcmp(type, "nf4") != 0 && strcmp(type, "int8") != 0))
+        return ft_err(FTUNE_ERR_ARG, "%s: bitsandbytes type \"%s\" is not supported (nf4, int8)", dir, type ? type : "");
+    bool int8 = strcmp(type, "int8") == 0;
     if (m->quantized)
         return ft_err(FTUNE_ERR_ARG, "%s: the model is already quantized (%s): write it dequantized with `ftune merge` "
                       "first", dir, ft_types[m->quant].name);
@@ -224,6 +258,20 @@ ftune_status ftune_model_save_bnb4(const ftune_model *m, const char *dir) {
         }
         bnb_parts *bp = &parts[p++];
         int64_t nb = 0, n = t->shape[0] * t->shape[1];
+        if (int8) {
+            if ((st = quantize_parts8(bp, t))) goto done;
+            size_t len = strlen(t->name) - 7; /* without ".weight" */
+            snprintf(bp->names[0], sizeof bp->names[0], "%s", t->name);
+            snprintf(bp->names[1], sizeof bp->names[1], "%.*s.SCB", (int)len, t->name);
+            snprintf(bp->names[2], sizeof bp->names[2], "%.*s.weight_format", (int)len, t->name);
+            static const uint8_t row_major = 0;
+            ts[n_out++] = (st_out_tensor){ .name = bp->names[0], .dtype = FT_I8, .ndim = 2, .shape = { t->shape[0], t->shape[1] },
+                                           .data = bp->packed };
+            ts[n_out++] = (st_out_tensor){ .name = bp->names[1], .dtype = FT_F32, .ndim = 1, .shape = { t->shape[0] }, .data = bp->a2 };
+            ts[n_out++] = (st_out_tensor){ .name = bp->names[2], .dtype = FT_U8, .ndim = 0, .data = &row_major };
+            drop_pages(t->data, (size_t)(t->end - t->begin));
+            continue;
+        }
         if ((st = quantize_parts(bp, t, &nb))) goto done;
         static const char *const sfx[6] = { "", ".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map",
                                             ".quant_state.bitsandbytes__nf4" };
@@ -240,7 +288,7 @@ ftune_status ftune_model_save_bnb4(const ftune_model *m, const char *dir) {
     }
     /* written beside, then renamed over the unquantized file (whose mapping stays valid until closed) */
     if ((st = ft_st_write(path, ts, n_out, NULL))) goto done;
-    st = add_quant_config(dir);
+    st = add_quant_config(dir, int8);
 done:
     for (int p = 0; parts && p < n_lin; p++) {
         free(parts[p].packed); free(parts[p].qa); free(parts[p].a2); free(parts[p].json);
