@@ -142,13 +142,14 @@ static void nf4_to_f32(const void *s, float *d, int64_t n) {
  * block gives absmax 0 and s = NaN there, whose argmin is index 0: kept, so
  * the codes match bitsandbytes' (both dequantize to zero). */
 uint8_t ft_nf4_nearest(float s) {
-    int best = 0;
-    float bd = fabsf(s - ft_nf4_code[0]);
-    for (int i = 1; i < 16; i++) {
-        float d = fabsf(s - ft_nf4_code[i]);
-        if (d < bd) { bd = d; best = i; }
-    }
-    return (uint8_t)best;
+    /* the code is ascending and its entries >= 0.07 apart, so the f32
+     * distances |s - code[i]| fall strictly to the last entry <= s and rise
+     * strictly after the next: the first least one is one of those two (the
+     * lower on a tie), the same index as the argmin over all 16 */
+    int lo = 0;
+    for (int i = 1; i < 16; i++) lo += s >= ft_nf4_code[i];
+    if (lo == 15 || fabsf(s - ft_nf4_code[lo]) <= fabsf(s - ft_nf4_code[lo + 1])) return (uint8_t)lo;
+    return (uint8_t)(lo + 1);
 }
 
 void ft_nf4_quantize_block(ft_block_nf4 *b, const float *x, int m) {
