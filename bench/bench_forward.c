@@ -41,13 +41,14 @@ static double read_bandwidth(int threads) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_forward MODEL [prefill=128] [decode=64] [threads=0] [runs=5]\n");
+        fprintf(stderr, "usage: bench_forward MODEL [prefill=128] [decode=64] [threads=0] [runs=5] [quant: nf4|int8]\n");
         return 2;
     }
     int n_prefill = argc > 2 ? atoi(argv[2]) : 128, n_decode = argc > 3 ? atoi(argv[3]) : 64;
     int threads = argc > 4 ? atoi(argv[4]) : 0, runs = argc > 5 ? atoi(argv[5]) : 5;
     ftune_model *m = NULL;
-    if (ftune_model_load(&m, argv[1], NULL)) {
+    ftune_load_opts lo = { .quant = argc > 6 ? argv[6] : NULL };
+    if (ftune_model_load(&m, argv[1], &lo)) {
         fprintf(stderr, "bench_forward: %s\n", ftune_last_error());
         return 1;
     }

@@ -63,6 +63,11 @@ typedef struct {
      * without BF16 instructions bf16 runs on the widening path (same
      * numbers; see ftune_dtype_is_native). */
     const char *dtype;
+    /* NULL keeps the weights as stored; "nf4" quantizes the base weight of
+     * every layer's Linears on load (bitsandbytes' NF4 with double
+     * quantization, as QLoRA), tensor by tensor from the file; "int8" to
+     * int8 with an absmax per row (bitsandbytes' LLM.int8 without outliers) */
+    const char *quant;
 } ftune_load_opts;
 
 /* Loads a model from a Hugging Face directory (config.json + safetensors),
@@ -216,6 +221,17 @@ FTUNE_API ftune_status ftune_model_load_adapter(ftune_model *m, const char *dir)
  * tokenizer files). dtype "f32", "bf16", "f16" (GGUF also "q8_0", "q4_0"),
  * or NULL to keep each weight's own. */
 FTUNE_API ftune_status ftune_model_save_merged(const ftune_model *m, const char *path, const char *dtype);
+
+/* Writes m (its default adapter, if any, folded in) as a Hugging Face
+ * bitsandbytes checkpoint in dir, as transformers saves one, with
+ * quantization_config in config.json; the embedding, LM head and norms as
+ * stored. type "nf4": every layer Linear in NF4 with double quantization,
+ * bit for bit bitsandbytes' quantize_4bit (weight, weight.absmax,
+ * weight.quant_map, weight.nested_absmax, weight.nested_quant_map,
+ * weight.quant_state.bitsandbytes__nf4); "int8": LLM.int8's row-wise int8
+ * (weight I8, SCB, weight_format). FTUNE_ERR_ARG for another type or a
+ * model that is already quantized. */
+FTUNE_API ftune_status ftune_model_save_bnb(const ftune_model *m, const char *dir, const char *type);
 
 typedef struct {
     const char *dtype;     /* as ftune_model_save_merged's; NULL keeps each weight's own */

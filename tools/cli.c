@@ -136,16 +136,26 @@ void cli_note_dtype(const char *dtype) {
 }
 
 ftune_model *cli_load_model(const char *cmd, const char *path, const char *tokenizer, int ctx, bool need_tokenizer) {
-    return cli_load_model_dtype(cmd, path, tokenizer, ctx, need_tokenizer, NULL);
+    return cli_load_model_with(cmd, path, tokenizer, ctx, need_tokenizer, NULL, NULL);
 }
 
 ftune_model *cli_load_model_dtype(const char *cmd, const char *path, const char *tokenizer, int ctx,
                                   bool need_tokenizer, const char *dtype) {
+    return cli_load_model_with(cmd, path, tokenizer, ctx, need_tokenizer, dtype, NULL);
+}
+
+ftune_model *cli_load_model_quant(const char *cmd, const char *path, const char *tokenizer, int ctx, bool need_tokenizer,
+                                  const char *quant) {
+    return cli_load_model_with(cmd, path, tokenizer, ctx, need_tokenizer, NULL, quant);
+}
+
+ftune_model *cli_load_model_with(const char *cmd, const char *path, const char *tokenizer, int ctx,
+                                 bool need_tokenizer, const char *dtype, const char *quant) {
     if (!path) {
         fprintf(stderr, "ftune %s: no model given (-m MODEL: a Hugging Face directory, .gguf or llama2.c .bin)\n", cmd);
         return NULL;
     }
-    ftune_load_opts o = { .tokenizer_path = tokenizer, .context_length = ctx, .dtype = dtype };
+    ftune_load_opts o = { .tokenizer_path = tokenizer, .context_length = ctx, .dtype = dtype, .quant = quant };
     ftune_model *m = NULL;
     ftune_status st = ftune_model_load(&m, path, &o);
     if (st) { cli_fail(cmd, st); return NULL; }

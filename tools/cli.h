@@ -48,6 +48,12 @@ ftune_model *cli_load_model(const char *cmd, const char *path, const char *token
 void cli_note_dtype(const char *dtype);
 ftune_model *cli_load_model_dtype(const char *cmd, const char *path, const char *tokenizer, int ctx,
                                   bool need_tokenizer, const char *dtype);
+/* The same with the base weights quantized on load (quant: NULL or "nf4"). */
+ftune_model *cli_load_model_quant(const char *cmd, const char *path, const char *tokenizer, int ctx, bool need_tokenizer,
+                                  const char *quant);
+/* Both: compute dtype dtype and base weights quantized on load (either NULL). */
+ftune_model *cli_load_model_with(const char *cmd, const char *path, const char *tokenizer, int ctx,
+                                 bool need_tokenizer, const char *dtype, const char *quant);
 /* Writes the bytes of a token piece to f, dropping control bytes other than
  * whitespace (as llama2.c does). */
 void cli_print_piece(FILE *f, const char *piece, int n);
@@ -77,5 +83,6 @@ int cmd_info(int argc, char **argv);
 int cmd_init(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_merge(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 
 #endif

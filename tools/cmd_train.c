@@ -111,7 +111,7 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
     const char *beta1 = "0.9", *beta2 = "0.999", *eps = "1e-8", *max_norm = "1.0", *schedule = "cosine", *min_lr = "0";
     int warmup = 0, steps = 0, epochs = 0;
     bool full = false, quiet = false, no_shuffle = false, progress = false;
-    const char *truncate = "end", *bucket_mb = "16", *loss_scale = NULL;
+    const char *truncate = "end", *bucket_mb = "16", *loss_scale = NULL, *quant = NULL;
     cli_opt opts[] = {
         { "-m", "--model", OPT_STR, &model, "MODEL", "base model: Hugging Face directory, .gguf, or llama2.c .bin" },
         { NULL, "--data", OPT_STR, &o.data_path, "FILE", "training data: JSONL, JSON array, or .txt" },
@@ -178,6 +178,9 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
           "range); f16 would underflow without it and turns on --loss-scale dynamic. A checkpoint resumes only in its own "
           "dtype" },
         { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
+        { NULL, "--quant", OPT_STR, &quant, "TYPE",
+          "nf4: quantize the frozen base weights on load (NF4 + double quantization, QLoRA); int8: row-wise int8; "
+          "LoRA only" },
         { NULL, "--quiet", OPT_FLAG, &quiet, "", "no progress output" },
         { NULL, "--progress", OPT_FLAG, &progress, "", "show the tokenization progress even when stderr is not a terminal" },
         { 0 },
@@ -245,7 +248,7 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
 
     /* full fine-tuning starts its f32 masters from the weights as stored:
      * the model is loaded in f32 and only the products round (ftune_train_opts.dtype) */
-    ftune_model *m = cli_load_model_dtype(me, model, tokenizer, 0, true, full ? NULL : o.dtype);
+    ftune_model *m = cli_load_model_with(me, model, tokenizer, 0, true, full ? NULL : o.dtype, quant);
     if (full) cli_note_dtype(o.dtype);
     if (!m) return 1;
     o.model = m;

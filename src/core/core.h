@@ -32,6 +32,9 @@ typedef enum {
     FT_I64,
     FT_U8,
     FT_F64,
+    FT_NF4,   /* bitsandbytes NF4: blocks of 64: f32 absmax + 32 bytes of nibbles, x = code[q]*absmax */
+    FT_I8ROW, /* int8 with one f32 absmax per row (bitsandbytes' LLM.int8 row-wise): a row is the absmax, then int8 */
+    FT_I8,    /* plain int8 storage (safetensors I8), not a weight type */
     FT_NTYPES
 } ft_dtype;
 
@@ -40,6 +43,13 @@ typedef struct {
     int block;               /* elements per block (1 for plain types) */
     size_t block_bytes;      /* bytes per block */
     bool is_float;           /* can be a weight (has to/from f32) */
+    /* a row may end inside a block: its last block is zero-padded (nf4,
+     * as bitsandbytes pads the last block), so a row of n elements takes
+     * ceil(n/block) blocks and to_f32 takes any n */
+    bool pad_rows;
+    /* bytes before a row's elements (int8: its f32 absmax); to_f32 and
+     * from_f32 then take one whole row, header included */
+    int row_header;
     /* n elements (a multiple of block); NULL where not a weight type */
     void (*to_f32)(const void *src, float *dst, int64_t n);
     void (*from_f32)(const float *src, void *dst, int64_t n);
@@ -57,13 +67,38 @@ typedef struct { uint16_t d; uint8_t qs[FT_QK / 2]; } ft_block_q4_0;
 _Static_assert(sizeof(ft_block_q8_0) == 34, "q8_0 block is 34 bytes");
 _Static_assert(sizeof(ft_block_q4_0) == 18, "q4_0 block is 18 bytes");
 
+/* bitsandbytes' NF4 (FORMATS.md §4.2) in memory: one block is 64
+ * elements, its absmax in f32 (for a double-quantized checkpoint, the value
+ * bitsandbytes' dequantization computes from the nested level, so that
+ * every dequantized weight is bit for bit bitsandbytes'), then 32 bytes:
+ * byte j holds element 2j in the HIGH nibble and element 2j+1 in the low
+ * one; x = ft_nf4_code[q]·absmax. 36 bytes per 64 weights: 4.5 bits per
+ * parameter in memory (a double-quantized file holds 4.127). */
+#define FT_QK_NF4 64
+typedef struct { float d; uint8_t qs[FT_QK_NF4 / 2]; } ft_block_nf4;
+_Static_assert(sizeof(ft_block_nf4) == 36, "nf4 block is 36 bytes");
+extern const float ft_nf4_code[16];
+/* The nearest code index of s in [-1, 1] (the first on a tie); one block
+ * of m <= 64 elements quantized as bitsandbytes does, padded past m. */
+uint8_t ft_nf4_nearest(float s);
+void ft_nf4_quantize_block(ft_block_nf4 *b, const float *x, int m);
+
+/* int8 rows (FT_I8ROW), as bitsandbytes' int8_vectorwise_quant /
+ * int8_vectorwise_dequant compute them in f32: absmax = max|x| over the row,
+ * q = round-half-even(x·((1/absmax)·127)), x = q·absmax·(1/127) (two products,
+ * left to right; 1/127 as bitsandbytes' f32 constant). An all-zero row is
+ * absmax 0 and q 0. */
+#define FT_I8ROW_INV127 7.874015718698502e-3f
+
 /* Elements [k0, k0+n) of a row of weight dtype t at `row` to f32 with the
- * traits' to_f32 (k0 and n whole blocks): the reference every kernel's
+ * traits' to_f32 (k0 whole blocks, and n too but at a pad_rows row's end): the reference every kernel's
  * widening is tested against, and their fallback for dtypes they do not
  * special-case. */
 void ft_dtype_span_to_f32(ft_dtype t, const void *row, int64_t k0, float *dst, int64_t n);
 
-/* Bytes for n elements of dtype t; -1 if n is not a whole number of blocks. */
+/* Bytes for n elements of dtype t; -1 if n is not a whole number of blocks
+ * (for a pad_rows dtype: the bytes of ceil(n/block) blocks). For a dtype
+ * with a row header, n is one row's length and the header is counted. */
 int64_t ft_dtype_nbytes(ft_dtype t, int64_t n);
 
 float ft_f16_to_f32(uint16_t h);

@@ -115,6 +115,82 @@ static void q4_0_from_f32(const float *s, void *dst, int64_t n) {
     }
 }
 
+/* bitsandbytes' NF4 code (functional.py create_normal_map, the CUDA
+ * dDequantizeNF4 table), FORMATS.md §4.2 */
+const float ft_nf4_code[16] = {
+    -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f, -0.28444138169288635f,
+    -0.18477343022823334f, -0.09105003625154495f, 0.0f, 0.07958029955625534f, 0.16093020141124725f,
+    0.24611230194568634f, 0.33791524171829224f, 0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f,
+    1.0f,
+};
+
+/* n elements (any n: the last block may be partial) from ceil(n/64) blocks */
+static void nf4_to_f32(const void *s, float *d, int64_t n) {
+    const ft_block_nf4 *b = s;
+    for (int64_t i = 0; i < n; i += FT_QK_NF4, b++) {
+        int m = n - i < FT_QK_NF4 ? (int)(n - i) : FT_QK_NF4;
+        for (int j = 0; j < m; j++) {
+            int q = j & 1 ? b->qs[j / 2] & 0x0F : b->qs[j / 2] >> 4;
+            d[i + j] = ft_nf4_code[q] * b->d;
+        }
+    }
+}
+
+/* bitsandbytes' quantize_4bit on one block (its PyTorch reference,
+ * backends/default/ops.py): absmax = max|x|, s = clamp(x·(1/absmax), -1, 1)
+ * in f32, q = the first index of the least |s - code[q]|. An all-zero
+ * block gives absmax 0 and s = NaN there, whose argmin is index 0: kept, so
+ * the codes match bitsandbytes' (both dequantize to zero). */
+uint8_t ft_nf4_nearest(float s) {
+    /* the code is ascending and its entries >= 0.07 apart, so the f32
+     * distances |s - code[i]| fall strictly to the last entry <= s and rise
+     * strictly after the next: the first least one is one of those two (the
+     * lower on a tie), the same index as the argmin over all 16 */
+    int lo = 0;
+    for (int i = 1; i < 16; i++) lo += s >= ft_nf4_code[i];
+    if (lo == 15 || fabsf(s - ft_nf4_code[lo]) <= fabsf(s - ft_nf4_code[lo + 1])) return (uint8_t)lo;
+    return (uint8_t)(lo + 1);
+}
+
+void ft_nf4_quantize_block(ft_block_nf4 *b, const float *x, int m) {
+    float amax = 0;
+    for (int j = 0; j < m; j++) amax = fmaxf(amax, fabsf(x[j]));
+    float inv = 1.0f / amax;
+    memset(b->qs, 0x77, sizeof b->qs); /* padding past m: code 7, an exact zero */
+    for (int j = 0; j < m; j++) {
+        float sc = fminf(fmaxf(x[j] * inv, -1.0f), 1.0f);
+        uint8_t q = isnan(x[j] * inv) ? 0 : ft_nf4_nearest(sc);
+        b->qs[j / 2] = j & 1 ? (uint8_t)((b->qs[j / 2] & 0xF0) | q) : (uint8_t)((b->qs[j / 2] & 0x0F) | (q << 4));
+    }
+    b->d = amax;
+}
+
+/* Per-block absmax in f32 (no double quantization: that is a per-tensor
+ * step, ft_nf4_double_quant in formats/bnb.h); the row's last block padded. */
+static void nf4_from_f32(const float *s, void *dst, int64_t n) {
+    ft_block_nf4 *b = dst;
+    for (int64_t i = 0; i < n; i += FT_QK_NF4, b++)
+        ft_nf4_quantize_block(b, s + i, n - i < FT_QK_NF4 ? (int)(n - i) : FT_QK_NF4);
+}
+
+/* a whole row: the f32 absmax, then n int8 */
+static void i8row_to_f32(const void *s, float *d, int64_t n) {
+    float a;
+    memcpy(&a, s, 4);
+    const int8_t *q = (const int8_t *)s + 4;
+    for (int64_t i = 0; i < n; i++) d[i] = (float)q[i] * a * FT_I8ROW_INV127;
+}
+static void i8row_from_f32(const float *s, void *dst, int64_t n) {
+    float a = 0;
+    for (int64_t i = 0; i < n; i++) a = fmaxf(a, fabsf(s[i]));
+    /* bitsandbytes' 127.0 / row_stats is torch's scalar / tensor, which
+     * is reciprocal(tensor) · scalar: two roundings, not one division */
+    float sc = (1.0f / a) * 127.0f;
+    memcpy(dst, &a, 4);
+    int8_t *q = (int8_t *)dst + 4;
+    for (int64_t i = 0; i < n; i++) q[i] = a > 0 ? (int8_t)nearbyintf(s[i] * sc) : 0; /* |x·sc| <= 127 */
+}
+
 const ft_type_traits ft_types[FT_NTYPES] = {
     [FT_F32]  = { .name = "f32",  .block = 1,  .block_bytes = 4,  .is_float = true, .to_f32 = f32_to_f32,  .from_f32 = f32_from_f32 },
     [FT_F16]  = { .name = "f16",  .block = 1,  .block_bytes = 2,  .is_float = true, .to_f32 = f16_to_f32,  .from_f32 = f16_from_f32 },
@@ -125,13 +201,19 @@ const ft_type_traits ft_types[FT_NTYPES] = {
     [FT_I64]  = { .name = "i64",  .block = 1,  .block_bytes = 8 },
     [FT_U8]   = { .name = "u8",   .block = 1,  .block_bytes = 1 },
     [FT_F64]  = { .name = "f64",  .block = 1,  .block_bytes = 8 },
+    [FT_NF4]  = { .name = "nf4",  .block = FT_QK_NF4, .block_bytes = sizeof(ft_block_nf4), .is_float = true,
+                  .pad_rows = true, .to_f32 = nf4_to_f32, .from_f32 = nf4_from_f32 },
+    [FT_I8ROW] = { .name = "int8", .block = 1, .block_bytes = 1, .is_float = true, .row_header = 4,
+                   .to_f32 = i8row_to_f32, .from_f32 = i8row_from_f32 },
+    [FT_I8]   = { .name = "i8",   .block = 1,  .block_bytes = 1 },
 };
 
 int64_t ft_dtype_nbytes(ft_dtype t, int64_t n) {
     if (t >= FT_NTYPES || n < 0) return -1;
     const ft_type_traits *tr = &ft_types[t];
+    if (tr->pad_rows) return (n + tr->block - 1) / tr->block * (int64_t)tr->block_bytes;
     if (n % tr->block) return -1;
-    return n / tr->block * (int64_t)tr->block_bytes;
+    return tr->row_header + n / tr->block * (int64_t)tr->block_bytes;
 }
 
 int64_t ft_tensor_numel(const ft_tensor *t) {
@@ -142,6 +224,13 @@ int64_t ft_tensor_numel(const ft_tensor *t) {
 
 void ft_dtype_span_to_f32(ft_dtype t, const void *row, int64_t k0, float *dst, int64_t n) {
     const ft_type_traits *tr = &ft_types[t];
+    if (t == FT_I8ROW) {
+        float a;
+        memcpy(&a, row, 4);
+        const int8_t *q = (const int8_t *)row + 4 + k0;
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)q[i] * a * FT_I8ROW_INV127;
+        return;
+    }
     tr->to_f32((const uint8_t *)row + k0 / tr->block * (int64_t)tr->block_bytes, dst, n);
 }
 

@@ -245,11 +245,12 @@ static bool rows_along_k(const ft_mat *m, bool is_b, const uint8_t **p, size_t *
     return unit == 1;
 }
 
-/* A weight-dtype operand is read along its rows in whole blocks. */
+/* A weight-dtype operand is read along its rows in whole blocks (a
+ * pad_rows dtype, nf4, may end inside its zero-padded last block). */
 static bool operand_ok(const ft_mat *m, int rows_len, bool may_t) {
     if (m->dt >= FT_NTYPES || !ft_types[m->dt].is_float) return false;
     if (m->dt == FT_F32) return true;
-    return (!m->t || may_t) && rows_len % ft_types[m->dt].block == 0;
+    return (!m->t || may_t) && (rows_len % ft_types[m->dt].block == 0 || ft_types[m->dt].pad_rows);
 }
 
 /* The GEMV path in a compute type: the vector is rounded into a copy (the

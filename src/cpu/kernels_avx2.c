@@ -54,6 +54,32 @@ LOCAL void q4_0_block(float *dst, const ft_block_q4_0 *b) {
     _mm256_storeu_ps(dst + 24, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(q1, 4)), d, m8d));
 }
 
+/* nf4: the 16-entry code in two registers, looked up with vpermps in each
+ * and a blend on bit 3 of the index; code[q]·absmax exact as in dtype.c */
+LOCAL void nf4_block(float *dst, const ft_block_nf4 *b) {
+    const __m256 c_lo = _mm256_loadu_ps(ft_nf4_code), c_hi = _mm256_loadu_ps(ft_nf4_code + 8);
+    const __m256 d = _mm256_set1_ps(b->d);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    for (int h = 0; h < 2; h++) {
+        __m128i q = _mm_loadu_si128((const __m128i *)(b->qs + 16 * h));
+        __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4), lo = _mm_and_si128(q, m4);
+        __m128i ix[2] = { _mm_unpacklo_epi8(hi, lo), _mm_unpackhi_epi8(hi, lo) };
+        for (int p = 0; p < 2; p++)
+            for (int e = 0; e < 2; e++) {
+                __m256i i = _mm256_cvtepu8_epi32(e ? _mm_srli_si128(ix[p], 8) : ix[p]);
+                __m256 sel = _mm256_castsi256_ps(_mm256_slli_epi32(i, 28)); /* bit 3 to the sign */
+                __m256 v = _mm256_blendv_ps(_mm256_permutevar8x32_ps(c_lo, i), _mm256_permutevar8x32_ps(c_hi, i), sel);
+                _mm256_storeu_ps(dst + 32 * h + 16 * p + 8 * e, _mm256_mul_ps(v, d));
+            }
+    }
+}
+
+/* int8 rows: q·absmax·(1/127) as two products, left to right, as dtype.c */
+LOCAL __m256 i8_vec(const int8_t *q, float a) {
+    __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+    return _mm256_mul_ps(_mm256_mul_ps(v, _mm256_set1_ps(a)), _mm256_set1_ps(FT_I8ROW_INV127));
+}
+
 #include "cpu/kernels_isa.h"
 
 #endif

@@ -54,6 +54,29 @@ LOCAL void q4_0_block(float *dst, const ft_block_q4_0 *b) {
     _mm512_storeu_ps(dst + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), d, m8d));
 }
 
+/* nf4: the 16-entry code is one register, so a lookup is one vpermps;
+ * code[q]·absmax is the one f32 product dtype.c computes: exact */
+LOCAL void nf4_block(float *dst, const ft_block_nf4 *b) {
+    const __m512 code = _mm512_loadu_ps(ft_nf4_code), d = _mm512_set1_ps(b->d);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    for (int h = 0; h < 2; h++) {
+        __m128i q = _mm_loadu_si128((const __m128i *)(b->qs + 16 * h));
+        __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4), lo = _mm_and_si128(q, m4);
+        /* element 2j is byte j's high nibble, 2j+1 its low one */
+        __m128i i0 = _mm_unpacklo_epi8(hi, lo), i1 = _mm_unpackhi_epi8(hi, lo);
+        __m512 v0 = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(i0), code);
+        __m512 v1 = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(i1), code);
+        _mm512_storeu_ps(dst + 32 * h, _mm512_mul_ps(v0, d));
+        _mm512_storeu_ps(dst + 32 * h + 16, _mm512_mul_ps(v1, d));
+    }
+}
+
+/* int8 rows: q·absmax·(1/127) as two products, left to right, as dtype.c */
+LOCAL __m512 i8_vec(const int8_t *q, float a) {
+    __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
+    return _mm512_mul_ps(_mm512_mul_ps(v, _mm512_set1_ps(a)), _mm512_set1_ps(FT_I8ROW_INV127));
+}
+
 #include "cpu/kernels_isa.h"
 
 #endif

@@ -11,6 +11,8 @@
  * and its dequantizers (or WIDEN_REFERENCE_ONLY to use dtype.c's):
  *   bf16_vec, f16_vec(const uint16_t *h)   VL values, as a vector
  *   q8_0_block(float *dst, const ft_block_q8_0 *b), q4_0_block(...)  32 values
+ *   nf4_block(float *dst, const ft_block_nf4 *b)  64 values
+ *   i8_vec(const int8_t *q, float absmax)  VL values of an int8 row
  * A new weight dtype is a traits row in dtype.c (which every level uses
  * until it has its own) plus a case here and a dequantizer per ISA.
  * Not a header for anything else to include. */
@@ -58,6 +60,18 @@ ISA_TARGET static void widen(float *dst, const uint8_t *row, ft_dtype dt, int k0
         for (const ft_block_q4_0 *b = (const ft_block_q4_0 *)row + k0 / FT_QK; k < n; k += FT_QK, b++)
             q4_0_block(dst + k, b);
         break;
+    case FT_NF4: /* whole blocks here; a row's padded last block through dtype.c */
+        for (const ft_block_nf4 *b = (const ft_block_nf4 *)row + k0 / FT_QK_NF4; k + FT_QK_NF4 <= n;
+             k += FT_QK_NF4, b++)
+            nf4_block(dst + k, b);
+        break;
+    case FT_I8ROW: { /* the row's absmax, then its int8 */
+        float a;
+        memcpy(&a, row, sizeof a);
+        const int8_t *q = (const int8_t *)(row + 4) + k0;
+        for (; k + VL <= n; k += VL) VSTORE(dst + k, (vf)i8_vec(q + k, a));
+        break;
+    }
     default:
         break;
     }

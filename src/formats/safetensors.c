@@ -22,9 +22,9 @@
 static const struct { const char *name; int size; ft_dtype dtype; } st_dtypes[] = {
     { "F32", 4, FT_F32 },  { "F16", 2, FT_F16 },  { "BF16", 2, FT_BF16 },
     { "I32", 4, FT_I32 },  { "I64", 8, FT_I64 },  { "U8", 1, FT_U8 },
-    { "F64", 8, FT_F64 },
+    { "F64", 8, FT_F64 },  { "I8", 1, FT_I8 },
     /* kept by name, not computed with */
-    { "I8", 1, FT_NTYPES },  { "I16", 2, FT_NTYPES }, { "U16", 2, FT_NTYPES },
+    { "I16", 2, FT_NTYPES }, { "U16", 2, FT_NTYPES },
     { "U32", 4, FT_NTYPES }, { "U64", 8, FT_NTYPES }, { "BOOL", 1, FT_NTYPES },
     { "F8_E4M3", 1, FT_NTYPES }, { "F8_E5M2", 1, FT_NTYPES }, { "F8_E8M0", 1, FT_NTYPES },
     { "C64", 8, FT_NTYPES },

@@ -39,7 +39,8 @@ void *ft_model_alloc(ftune_model *m, size_t n) {
 void ft_model_mem_plan(const ftune_model *m, ft_mem_table *t) {
     /* weight_bytes counts every bound tensor as stored, the vectors that
      * were copied included: the mapping holds them too */
-    int64_t mapped = m->weight_bytes - m->converted_bytes; /* converted matrices are read from their copies */
+    /* converted matrices are read from their copies, quantized ones from theirs (owned) */
+    int64_t mapped = m->weight_bytes - m->converted_bytes - m->quant_bytes;
     t->planned[FT_MEM_ROW_MAPPED] = mapped > 0 ? (size_t)mapped : 0;
     t->planned[FT_MEM_WEIGHTS] += m->owned_bytes;
     t->planned[FT_MEM_OTHER] += (size_t)m->cap_owned * sizeof *m->owned;
@@ -84,7 +85,7 @@ ftune_status ft_model_bind_linear(ftune_model *m, ft_linear *dst, const ft_tenso
     if (!ft_types[src->dtype].is_float)
         return ft_err(FTUNE_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s cannot be a weight", src->name,
                       ft_types[src->dtype].name);
-    if (in % ft_types[src->dtype].block)
+    if (in % ft_types[src->dtype].block && !ft_types[src->dtype].pad_rows)
         return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\": row of %d is not a whole number of %s blocks", src->name, in,
                       ft_types[src->dtype].name);
     dst->w = *src;
@@ -226,6 +227,13 @@ ftune_status ftune_model_load(ftune_model **out, const char *path, const ftune_l
     } else st = ft_load_llama2c(m, path, opts ? opts->tokenizer_path : NULL);
     if (st == FTUNE_OK && m->tok) st = check_vocab(m, path);
     if (st == FTUNE_OK && opts && opts->context_length > 0) m->cfg.max_T = opts->context_length;
+    /* quantize first: the compute conversion then leaves the quantized Linears as they are */
+    if (st == FTUNE_OK && opts && opts->quant) {
+        ft_dtype q;
+        st = ft_quant_from_name(opts->quant, &q);
+        if (st == FTUNE_OK) st = ft_model_quantize(m, q);
+        if (st) ft_err_prefix(st, "%s: --quant %s", path, opts->quant);
+    }
     ft_dtype compute = FT_F32;
     if (st == FTUNE_OK) st = ft_compute_parse(opts ? opts->dtype : NULL, "dtype", &compute);
     if (st == FTUNE_OK && compute != FT_F32) st = ft_model_set_compute(m, compute);

@@ -72,6 +72,9 @@ struct ftune_model {
     unsigned dtype_mask;      /* bit per ft_dtype present (as stored) */
     ft_dtype compute;         /* the compute type it was loaded for (ftune_load_opts.dtype): FT_F32, or
                                * FT_BF16 / FT_F16, its f32/f16/bf16 matrices then held in it */
+    bool quantized;           /* the layers' Linear bases were quantized on load, or read quantized (bnb-4bit) */
+    ft_dtype quant;           /* to which dtype, when quantized (FT_NF4, FT_I8ROW) */
+    int64_t quant_bytes;      /* of weight_bytes: the quantized copies (owned, not in a mapping) */
     void *adapter;            /* ftune_model_load_adapter's default adapter (an ft_adapter), or NULL; never bound into the Linears */
     void (*free_adapter)(void *); /* frees it */
 };
@@ -86,6 +89,17 @@ ftune_status ft_config_from_hf_text(ft_config *cfg, const char *text, size_t len
 ftune_status ft_load_hf(ftune_model *m, const char *dir);
 ftune_status ft_load_gguf(ftune_model *m, const char *path);
 ftune_status ft_load_llama2c(ftune_model *m, const char *path, const char *tokenizer_path);
+
+/* Quantizes the base weight of every layer's Linears to q (FT_NF4, with
+ * double quantization: bitsandbytes' QLoRA default, see formats/bnb.h; or
+ * FT_I8ROW, bitsandbytes' row-wise int8)
+ * one tensor at a time, row by row from its file mapping, whose pages are
+ * then dropped: the unquantized model is never all in memory. The token
+ * embedding and the LM head stay as they are (as transformers keeps
+ * them). An error names a tensor with a non-finite weight (model_quant.c). */
+ftune_status ft_model_quantize(ftune_model *m, ft_dtype q);
+/* The dtype named by a --quant value ("nf4", "int8"); an error listing the choices otherwise. */
+ftune_status ft_quant_from_name(const char *name, ft_dtype *q);
 
 /* Takes ownership of a malloc'd buffer, freed with the model (not counted
  * in the memory table: prefer ft_model_alloc). On failure p is freed. */

@@ -2,6 +2,7 @@
  * sharded model-*.safetensors with model.safetensors.index.json, and the
  * tokenizer files beside them. Weights stay in the mapped files. */
 #include "model/model.h"
+#include "formats/bnb.h"
 #include "tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
@@ -86,6 +87,99 @@ static ftune_status find(ftune_model *m, uint8_t **used, const char *name, ft_te
     return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\" is missing from the safetensors files", name);
 }
 
+/* A bitsandbytes 4-bit weight (packed U8 "name" beside "name.absmax" and
+ * the rest of bnb.h's ft_bnb_tensors) becomes owned rows in t (nf4, or
+ * f32 where its blocks cross rows: ft_bnb_held_dtype); t is left as it is
+ * for any other tensor. */
+static ftune_status bnb_weight(ftune_model *m, uint8_t **used, const char *name, ft_tensor *t, int out, int in) {
+    char k[FT_NAME_MAX + 48];
+    ft_tensor parts[6];
+    bool found[6] = { false };
+    static const char *const sfx[6] = { ".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map",
+                                        ".quant_state.bitsandbytes__nf4", ".quant_state.bitsandbytes__fp4" };
+    if (t->dtype != FT_U8) return FTUNE_OK;
+    snprintf(k, sizeof k, "%s%s", name, sfx[0]);
+    ftune_status st = find(m, used, k, &parts[0], false, &found[0]);
+    if (st || !found[0]) return st;
+    for (int i = 1; i < 6; i++) {
+        snprintf(k, sizeof k, "%s%s", name, sfx[i]);
+        if ((st = find(m, used, k, &parts[i], false, &found[i]))) return st;
+    }
+    if (found[5] && !found[4])
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "tensor \"%s\": bitsandbytes quant type fp4 is not supported (only nf4)", name);
+    ft_tensor w = *t;
+    ft_bnb_tensors bt = { .weight = &w };
+    const ft_tensor **slot[5] = { &bt.absmax, &bt.quant_map, &bt.nested_absmax, &bt.nested_quant_map, &bt.quant_state };
+    for (int i = 0; i < 5; i++) *slot[i] = found[i] ? &parts[i] : NULL;
+    ft_dtype dt = ft_bnb_held_dtype(in);
+    size_t nbytes = (size_t)out * (size_t)ft_dtype_nbytes(dt, in);
+    void *dst = ft_model_alloc(m, nbytes);
+    if (!dst) return ft_err(FTUNE_ERR_NOMEM, "out of memory for tensor \"%s\"", name);
+    if ((st = ft_bnb_read_weight(dst, &bt, name, out, in))) return st;
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->dtype = dt;
+    t->ndim = 2;
+    t->shape[0] = out;
+    t->shape[1] = in;
+    t->data = dst;
+    t->nbytes = nbytes;
+    m->quant_bytes += (int64_t)nbytes;
+    m->quantized = true;
+    m->quant = FT_NF4;
+    return FTUNE_OK;
+}
+
+/* A bitsandbytes 8-bit weight: "P.weight" I8 (out, in) beside "P.SCB" F32
+ * (out), its rows' absmax, and "P.weight_format" (0: row-major), as
+ * Linear8bitLt saves them, becomes owned int8 rows (FT_I8ROW: the same
+ * values, q·SCB/127) in t; t is left as it is for any other tensor. */
+static ftune_status bnb8_weight(ftune_model *m, uint8_t **used, const char *name, ft_tensor *t, int out, int in) {
+    char prefix[FT_NAME_MAX], k[FT_NAME_MAX + 16];
+    size_t len = strlen(name);
+    if (t->dtype != FT_I8 || len < 7) return FTUNE_OK;
+    snprintf(prefix, sizeof prefix, "%.*s", (int)(len - 7), name); /* without ".weight" */
+    ft_tensor scb, wf;
+    bool has_scb, has_wf;
+    snprintf(k, sizeof k, "%s.SCB", prefix);
+    ftune_status st = find(m, used, k, &scb, false, &has_scb);
+    if (st || !has_scb) return st;
+    snprintf(k, sizeof k, "%s.weight_format", prefix);
+    if ((st = find(m, used, k, &wf, false, &has_wf))) return st;
+    if (has_wf && (wf.dtype != FT_U8 || ft_tensor_numel(&wf) != 1 || *(const uint8_t *)wf.data != 0))
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "tensor \"%s\": bitsandbytes weight_format is not 0 (row-major), the only "
+                      "layout supported", k);
+    if (t->ndim != 2 || t->shape[0] != out || t->shape[1] != in)
+        return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\": shape does not match the config (expected [%d, %d])", name, out, in);
+    if (scb.dtype != FT_F32 || ft_tensor_numel(&scb) != out)
+        return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s.SCB\": %s with %lld elements, expected F32 with %d", prefix,
+                      ft_types[scb.dtype].name, (long long)ft_tensor_numel(&scb), out);
+    size_t rb = (size_t)ft_dtype_nbytes(FT_I8ROW, in), nbytes = rb * (size_t)out;
+    uint8_t *dst = ft_model_alloc(m, nbytes);
+    if (!dst) return ft_err(FTUNE_ERR_NOMEM, "out of memory for tensor \"%s\"", name);
+    for (int o = 0; o < out; o++) {
+        float a;
+        memcpy(&a, (const uint8_t *)scb.data + 4 * (size_t)o, 4);
+        if (!isfinite(a) || a < 0)
+            return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s.SCB\": row %d's absmax %g is not a finite number >= 0", prefix, o,
+                          (double)a);
+        memcpy(dst + rb * o, &a, 4);
+        memcpy(dst + rb * o + 4, (const uint8_t *)t->data + (size_t)o * in, (size_t)in);
+    }
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->dtype = FT_I8ROW;
+    t->ndim = 2;
+    t->shape[0] = out;
+    t->shape[1] = in;
+    t->data = dst;
+    t->nbytes = nbytes;
+    m->quant_bytes += (int64_t)nbytes;
+    m->quantized = true;
+    m->quant = FT_I8ROW;
+    return FTUNE_OK;
+}
+
 /* Tensors the config did not ask for mean the config and the weights
  * disagree (e.g. fewer num_hidden_layers than the file holds, or biases the
  * config switches off): transformers only warns ("Some weights of the
@@ -109,12 +203,39 @@ static ftune_status check_unused(const ftune_model *m, uint8_t **used) {
                   n_unused > 1 ? "s are" : " is", m->cfg.L, names, n_unused > 3 ? ", ..." : "");
 }
 
+/* config.json's quantization_config, if any: only bitsandbytes' 4-bit nf4
+ * and 8-bit are read (their tensors, by bnb_weight and bnb8_weight);
+ * anything else is refused here, by name, rather than by a missing tensor
+ * later. */
+static ftune_status check_quant_config(const char *path) {
+    char *text;
+    ftune_status st = ft_read_file(path, &text, NULL);
+    if (st) return st;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");
+    if (q && !cJSON_IsNull(q)) {
+        const cJSON *meth = cJSON_GetObjectItemCaseSensitive(q, "quant_method");
+        const cJSON *l8 = cJSON_GetObjectItemCaseSensitive(q, "load_in_8bit");
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(q, "bnb_4bit_quant_type");
+        if (!cJSON_IsString(meth) || strcmp(meth->valuestring, "bitsandbytes") != 0)
+            st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: quantization_config.quant_method %s is not supported (only "
+                        "bitsandbytes 4-bit nf4 and 8-bit)", path, cJSON_IsString(meth) ? meth->valuestring : "(none)");
+        else if (!cJSON_IsTrue(l8) && cJSON_IsString(ty) && strcmp(ty->valuestring, "nf4") != 0)
+            st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: quantization_config.bnb_4bit_quant_type \"%s\" is not supported "
+                        "(only nf4)", path, ty->valuestring);
+    }
+    cJSON_Delete(j);
+    return st;
+}
+
 ftune_status ft_load_hf(ftune_model *m, const char *dir) {
     char path[4096];
     snprintf(m->format, sizeof m->format, "hf");
     snprintf(path, sizeof path, "%s/config.json", dir);
     ftune_status st = ft_config_from_hf_json(&m->cfg, path);
     if (st) return st;
+    if ((st = check_quant_config(path))) return st;
     if ((st = open_shards(m, dir))) return st;
     ft_config *c = &m->cfg;
     m->layers = calloc((size_t)c->L, sizeof *m->layers);
@@ -147,6 +268,8 @@ ftune_status ft_load_hf(ftune_model *m, const char *dir) {
         for (size_t k = 0; k < sizeof lins / sizeof lins[0]; k++) {
             snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, lins[k].suffix);
             NEED(name);
+            if ((st = bnb_weight(m, used, name, &t, lins[k].out, lins[k].in))) goto fail;
+            if ((st = bnb8_weight(m, used, name, &t, lins[k].out, lins[k].in))) goto fail;
             if ((st = ft_model_bind_linear(m, lins[k].lin, &t, lins[k].out, lins[k].in))) goto fail;
             if (c->qkv_bias && k < 3) {
                 snprintf(name, sizeof name, "model.layers.%d.%s.bias", l, lins[k].suffix);

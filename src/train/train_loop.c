@@ -194,6 +194,8 @@ static cJSON *make_config(run *r) {
     int dims[] = { c->C, c->F, c->L, c->NH, c->NKV, c->HS, c->V };
     const char *dn[] = { "hidden_size", "intermediate_size", "layers", "heads", "kv_heads", "head_dim", "vocab" };
     for (int i = 0; i < 7; i++) cJSON_AddNumberToObject(mo, dn[i], dims[i]);
+    /* only when quantized, so that checkpoints from before it resume */
+    if (r->m->quantized) cJSON_AddStringToObject(mo, "quant", ft_types[r->m->quant].name);
     uint64_t h = FT_FNV0;
     float *row = malloc((size_t)(c->C > c->F ? c->C : c->F) * sizeof(float) + (size_t)c->NH * c->HS * sizeof(float));
     if (row) {
@@ -788,6 +790,16 @@ static ftune_status load_checkpoint(run *r, const char *dir) {
         return st;
     }
     char key[256], *va = NULL, *vb = NULL;
+    /* a different quantization changes the weights, hence the fingerprint:
+     * name the cause instead */
+    const cJSON *qa = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(cs.config, "model"), "quant");
+    const char *qs = cJSON_IsString(qa) ? qa->valuestring : "none";
+    const char *qr = r->m->quantized ? ft_types[r->m->quant].name : "none";
+    if (strcmp(qs, qr) != 0) {
+        st = ft_err(FTUNE_ERR_ARG, "--resume %s: the checkpoint's base weights were quantized as %s, this run's as %s "
+                    "(--quant must be the same)", dir, qs, qr);
+        goto done;
+    }
     if (config_diff(cs.config, r->config, "", key, sizeof key, &va, &vb)) {
         bool model = strncmp(key, "model.", 6) == 0, data = strncmp(key, "data.", 5) == 0;
         if (strcmp(key, "model.fingerprint") == 0 || strcmp(key, "data.fingerprint") == 0)
@@ -1081,6 +1093,9 @@ static ftune_status check_opts(const ftune_train_opts *o) {
         if (o->init_adapter) return ft_err(FTUNE_ERR_ARG, "--init-adapter starts a LoRA run; it does not apply to --full");
         if (o->export_gguf) return ft_err(FTUNE_ERR_ARG, "--export-gguf writes a LoRA adapter; it does not apply to --full");
         if (o->save_initial_adapter) return ft_err(FTUNE_ERR_ARG, "--save-initial-adapter does not apply to --full");
+        if (o->model && o->model->quantized)
+            return ft_err(FTUNE_ERR_ARG, "--full trains the base weights, which are quantized (%s): quantized bases are "
+                          "frozen, train a LoRA adapter on them (QLoRA)", ft_types[o->model->quant].name);
     }
     return FTUNE_OK;
 }
