@@ -6,6 +6,7 @@
 #   make debug      the same binaries with AddressSanitizer + UBSan in build-debug/
 #   make fuzz       libFuzzer targets: safetensors, GGUF, tokenizer.json, config.json, the dataset readers, trainer_state.json (clang)
 #   make bench      benchmarks; writes BENCHMARKS.md
+#   make bench-gemm the matrix products alone: peaks, ours vs oneDNN (DNNL=1) vs PyTorch
 #   make clean
 # Options: BUILD=dir  CC=compiler  OPT="-O2 ..."
 
@@ -35,7 +36,7 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 HELPER_SRC := $(sort $(wildcard tests/helper_*.c))
 HELPER_BIN := $(HELPER_SRC:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all test debug fuzz bench clean demo
+.PHONY: all test debug fuzz bench bench-gemm clean demo
 all: $(BUILD)/libftune.a $(BUILD)/libftune-internal.a $(BUILD)/ftune $(TEST_BIN) $(HELPER_BIN)
 
 # Objects also depend on this Makefile: its flags (visibility) are part of them.
@@ -112,6 +113,23 @@ $(BUILD)/bench_train: bench/bench_train.c $(BUILD)/libftune.a
 
 bench: all $(BUILD)/bench_forward $(BUILD)/bench_train
 	BUILD=$(BUILD) bash bench/run.sh
+
+# The GEMM benchmark (peaks, then the Linear/LoRA shapes; internal, so built
+# from tests/ against the internal library). DNNL=1 (the default when
+# <dnnl.h> is installed: libdnnl-dev) adds oneDNN's bf16 matmul to compare
+# with; only this benchmark links it, never the library.
+DNNL ?= $(shell echo '\#include <dnnl.h>' | $(CC) -E -x c - >/dev/null 2>&1 && echo 1 || echo 0)
+ifeq ($(filter $(DNNL),0 1),)
+$(error DNNL must be 0 or 1, not "$(DNNL)")
+endif
+BENCH_GEMM_DNNL := $(if $(filter 1,$(DNNL)),-DFT_DNNL -fopenmp,)
+BENCH_GEMM_DNNL_LIBS := $(if $(filter 1,$(DNNL)),-ldnnl -fopenmp,)
+$(BUILD)/bench_gemm: tests/bench_gemm.c $(BUILD)/libftune-internal.a Makefile
+	@echo "bench_gemm: DNNL=$(DNNL)"
+	$(CC) $(CFLAGS) $(BENCH_GEMM_DNNL) $(DEPFLAGS) -MF $(BUILD)/obj/bench_gemm.d -o $@ $< $(BUILD)/libftune-internal.a $(LDFLAGS) $(BENCH_GEMM_DNNL_LIBS) $(LDLIBS)
+
+bench-gemm: $(BUILD)/bench_gemm
+	BUILD=$(BUILD) bash bench/gemm.sh
 
 clean:
 	rm -rf build build-debug build-fuzz

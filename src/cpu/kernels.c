@@ -129,6 +129,19 @@ static void pack_b(void *vctx, int task, int thread) {
  * rows past M are zero. */
 static void pack_a(float *wp, const gemm_ctx *g, int m0, int k0, int kc) {
     const ft_mat *A = g->A;
+    if (A->dt == FT_F32 && A->rs == 1 && A->cs != 1) { /* Aᵀ stored (dW, dB): the panel's rows side by side */
+        int rows = g->M - m0 < g->mr ? g->M - m0 : g->mr;
+        for (int k = 0; k < kc; k++) {
+            const float *src = (const float *)A->p + (int64_t)(k0 + k) * A->cs + m0;
+            for (int r = 0; r < rows; r++) wp[(size_t)r * FT_GEMM_KC + k] = src[r];
+        }
+        for (int r = 0; r < g->mr; r++) {
+            float *dst = wp + (size_t)r * FT_GEMM_KC;
+            if (r >= rows) memset(dst, 0, (size_t)kc * sizeof(float));
+            else if (needs_round(A, g->compute)) round_to(dst, kc, g->compute);
+        }
+        return;
+    }
     for (int r = 0; r < g->mr; r++) {
         float *dst = wp + (size_t)r * FT_GEMM_KC;
         if (m0 + r >= g->M) {
@@ -276,6 +289,24 @@ static void pack_b16(void *vctx, int task, int thread) {
 static void pack_a16(uint32_t *wp, const gemm_ctx *g, int m0, int k0, int kc) {
     const ft_mat *A = g->A;
     int kp = (kc + 1) / 2;
+    if (A->dt == FT_F32 && A->rs == 1 && A->cs != 1) { /* Aᵀ stored: read along m, as pack_a */
+        float t[MR_MAX * FT_GEMM_KC];
+        int rows = g->M - m0 < g->mr ? g->M - m0 : g->mr;
+        for (int k = 0; k < kc; k++) {
+            const float *src = (const float *)A->p + (int64_t)(k0 + k) * A->cs + m0;
+            for (int r = 0; r < rows; r++) t[r * FT_GEMM_KC + k] = src[r];
+        }
+        for (int r = 0; r < g->mr; r++) {
+            uint32_t *dst = wp + (size_t)r * (FT_GEMM_KC / 2);
+            if (r >= rows) {
+                memset(dst, 0, (size_t)kp * sizeof(uint32_t));
+                continue;
+            }
+            g->isa->to_bf16((uint16_t *)dst, t + r * FT_GEMM_KC, kc);
+            if (kc % 2) ((uint16_t *)dst)[kc] = 0;
+        }
+        return;
+    }
     for (int r = 0; r < g->mr; r++) {
         uint32_t *dst = wp + (size_t)r * (FT_GEMM_KC / 2);
         if (m0 + r >= g->M) {
