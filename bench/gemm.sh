@@ -5,14 +5,14 @@
 # of llama-110m and llama-3.2-1b, the C and the Python programs alternating
 # round by round in one sitting; prints Markdown tables of the medians.
 #   make bench-gemm          (or: bash bench/gemm.sh, after make build/bench_gemm)
-#   env: THREADS (1 2)  ROUNDS (3)  SECONDS (0.1 per measurement)
+#   env: THREADS (1 2)  ROUNDS (3)  SECS (0.1 s per measurement)
 # A benchmark, not a test: the numbers depend on what else the machine runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 THREADS=${THREADS:-"1 2"}
 ROUNDS=${ROUNDS:-3}
-SECONDS_PER=${SECONDS:-0.1}
+SECONDS_PER=${SECS:-0.1}
 [ -x "$BUILD/bench_gemm" ] || { echo "gemm.sh: $BUILD/bench_gemm not found (make $BUILD/bench_gemm)" >&2; exit 1; }
 # oneDNN in Debian runs on OpenMP (libgomp): no spinning between calls, and
 # its thread count from omp_set_num_threads (bench_gemm sets it)

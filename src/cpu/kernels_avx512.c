@@ -16,6 +16,7 @@
 #define VL 16
 #define VFMA(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
 #define VSET1(x) ((vf)_mm512_set1_ps(x))
+#define HSUM(v) _mm512_reduce_add_ps((__m512)(v))
 /* 12 rows × 32 columns (24 of the 32 zmm registers) when N > 16, else
  * 16 × 16 (measured best with the forward's former kernels) */
 #define MR_W 12
