@@ -12,6 +12,7 @@ PKGS=(
   python3-numpy
   python3-venv        # the virtual environment for the ecosystem test packages (.venv)
   python3-yaml python3-requests python3-psutil  # their dependencies that Debian already packages
+  libdnnl-dev         # oneDNN: only make bench-gemm links it, to compare our bf16 kernels with
 )
 missing=()
 for p in "${PKGS[@]}"; do

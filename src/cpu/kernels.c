@@ -452,6 +452,19 @@ bool ft_gemm_in(ft_dtype compute, float *C, int64_t c_rs, int64_t c_cs, const ft
         return gemv_run(&v, compute, n_threads, scratch, scratch_floats);
     }
     if (!scratch || scratch_floats < FT_GEMM_SCRATCH_FLOATS) return false;
+    /* Few rows against many columns (the LoRA dA += gᵀ·x: R rows): as
+     * Cᵀ = Bᵀ·Aᵀ, so the narrow tile runs down the long side and the packed
+     * operand is the small one; B's weight rows along n cannot become A */
+    ft_mat At, Bt;
+    if (M <= 16 && N >= 4 * M && (B->dt == FT_F32 || B->t)) {
+        At = *B, Bt = *A;
+        if (At.dt == FT_F32) At.rs = B->cs, At.cs = B->rs;
+        else At.t = false;
+        if (Bt.dt == FT_F32) Bt.rs = A->cs, Bt.cs = A->rs;
+        else Bt.t = true;
+        return ft_gemm_in(compute, C, c_cs, c_rs, &At, &Bt, N, M, K, alpha, accumulate, n_threads, scratch,
+                          scratch_floats);
+    }
     /* bf16 in pairs on VDPBF16PS where the level has it; the chunk of B
      * then takes half the scratch */
     bool pairs = compute == FT_BF16 && g.isa->tile16[0];
