@@ -7,6 +7,7 @@
  * Internal (it calls the kernels directly), so built from tests/ by
  * `make bench-gemm`, not run by the test suite.
  *   build/bench_gemm [THREADS=2] [ROUNDS=3] [SECONDS_PER_MEASURE=0.1]
+ *   build/bench_gemm --dnnl-threads [THREADS=2]   oneDNN on 1 and THREADS threads: same bits?
  * Prints one line per measurement: tab-separated key=value pairs. */
 #include "../bench/bench_util.h"
 #include "core/parallel.h"
@@ -263,7 +264,38 @@ static void fill(float *p, size_t n, uint64_t *seed) {
     for (size_t i = 0; i < n; i++) p[i] = (float)bench_rand_u32(seed) / 4294967296.0f - 0.5f;
 }
 
+#ifdef FT_DNNL
+/* Whether oneDNN's result depends on its thread count: the product made
+ * and run on 1 and on nt OpenMP threads, compared bit for bit. */
+static void dnnl_thread_check(const shape *shapes, int ns, const buffers *b, int nt) {
+    size_t nc = (size_t)8192 * 2048;
+    float *c1 = ft_aligned_alloc(nc * 4), *c2 = ft_aligned_alloc(nc * 4);
+    if (!c1 || !c2) exit(1);
+    for (int i = 0; i < ns; i++) {
+        product p = make_product(&shapes[i], b);
+        size_t n = (size_t)p.M * p.N;
+        float *cs[2] = { c1, c2 };
+        for (int j = 0; j < 2; j++) {
+            omp_set_num_threads(j ? nt : 1);
+            memset(cs[j], 0, n * 4);
+            dnnl_case d;
+            dnnl_case_new(&d, &p, cs[j]);
+            dnnl_case_run(&d);
+            dnnl_case_free(&d);
+        }
+        size_t diff = 0;
+        for (size_t k = 0; k < n; k++) diff += memcmp(&c1[k], &c2[k], 4) != 0;
+        printf("dnnl_threads\tmodel=%s\tkind=%s\tT=%d\tin=%d\tout=%d\tthreads=1,%d\tdiffering=%zu/%zu\n",
+               shapes[i].model, kind_names[shapes[i].kind], shapes[i].T, shapes[i].in, shapes[i].out, nt, diff, n);
+    }
+    free(c1);
+    free(c2);
+}
+#endif
+
 int main(int argc, char **argv) {
+    bool thread_check = argc > 1 && !strcmp(argv[1], "--dnnl-threads");
+    if (thread_check) argv++, argc--;
     int nt = argc > 1 ? atoi(argv[1]) : 2, rounds = argc > 2 ? atoi(argv[2]) : 3;
     double secs = argc > 3 ? atof(argv[3]) : 0.1;
     if (nt < 1 || nt > 64 || rounds < 1 || secs <= 0) {
@@ -271,13 +303,19 @@ int main(int argc, char **argv) {
         return 2;
     }
     printf("cpu\tlevel=%s\tavx512bf16=%d\n", ft_cpu_level_name(ft_cpu_level()), ft_cpu_has_avx512bf16());
+#ifndef FT_DNNL
+    if (thread_check) {
+        fprintf(stderr, "bench_gemm: --dnnl-threads needs a build with DNNL=1\n");
+        return 2;
+    }
+#endif
     /* peaks, interleaved over rounds: 1 and nt threads */
-    size_t nbuf = (size_t)64 << 20; /* 256 MiB: far past every cache */
+    size_t nbuf = thread_check ? 64 : (size_t)64 << 20; /* 256 MiB: far past every cache */
     float *buf = ft_aligned_alloc(nbuf * sizeof(float));
     if (!buf) return 1;
     for (size_t i = 0; i < nbuf; i++) buf[i] = 1.0f;
     const char *pk[] = { "fma_f32_gflops", "dpbf16_gflops", "read_gbs" };
-    for (int r = 0; r < rounds; r++)
+    for (int r = 0; r < rounds && !thread_check; r++)
         for (int k = 0; k < 3; k++) {
             if (k == 1 && !ft_cpu_has_avx512bf16()) continue;
             if (k < 2 && !ft_cpu_has_avx512f()) continue;
@@ -328,6 +366,10 @@ int main(int argc, char **argv) {
     omp_set_num_threads(nt);
     DNNL_CHECK(dnnl_engine_create(&eng, dnnl_cpu, 0));
     DNNL_CHECK(dnnl_stream_create(&strm, eng, dnnl_stream_default_flags));
+    if (thread_check) {
+        dnnl_thread_check(shapes, ns, &b, nt);
+        return 0;
+    }
     const int n_engines = 3;
 #else
     const int n_engines = 2;
