@@ -6,7 +6,7 @@
  * f32 accumulation and output), interleaved round by round; medians.
  * Internal (it calls the kernels directly), so built from tests/ by
  * `make bench-gemm`, not run by the test suite.
- *   build/bench_gemm [THREADS=2] [ROUNDS=3] [SECONDS_PER_MEASURE=0.1]
+ *   build/bench_gemm [THREADS=2] [ROUNDS=3] [SECONDS_PER_MEASURE=0.1] [KINDS: e.g. dw,lora_dB]
  *   build/bench_gemm --dnnl-threads [THREADS=2]   oneDNN on 1 and THREADS threads: same bits?
  * Prints one line per measurement: tab-separated key=value pairs. */
 #include "../bench/bench_util.h"
@@ -374,9 +374,16 @@ int main(int argc, char **argv) {
 #else
     const int n_engines = 2;
 #endif
+    /* an optional 4th argument keeps only the products whose kind it names (e.g. "dw,lora_dB") */
+    const char *only = argc > 4 ? argv[4] : NULL;
     const char *engine_names[] = { "ours_f32", "ours_bf16", "onednn_bf16" };
     for (int r = 0; r < rounds; r++)
         for (int i = 0; i < ns; i++) {
+            if (only) {
+                const char *k = kind_names[shapes[i].kind], *f = strstr(only, k);
+                size_t kl = strlen(k);
+                if (!f || (f[kl] != 0 && f[kl] != ',')) continue;
+            }
             product p = make_product(&shapes[i], &b);
             void *dn = NULL;
 #ifdef FT_DNNL

@@ -133,6 +133,9 @@ static void pack_a(float *wp, const gemm_ctx *g, int m0, int k0, int kc) {
         int rows = g->M - m0 < g->mr ? g->M - m0 : g->mr;
         for (int k = 0; k < kc; k++) {
             const float *src = (const float *)A->p + (int64_t)(k0 + k) * A->cs + m0;
+            /* each k is another cache line, often another page: the
+             * hardware prefetchers do not follow, so ask 8 ahead */
+            if (k + 8 < kc) __builtin_prefetch(src + 8 * A->cs);
             for (int r = 0; r < rows; r++) wp[(size_t)r * FT_GEMM_KC + k] = src[r];
         }
         for (int r = 0; r < g->mr; r++) {
@@ -294,6 +297,7 @@ static void pack_a16(uint32_t *wp, const gemm_ctx *g, int m0, int k0, int kc) {
         int rows = g->M - m0 < g->mr ? g->M - m0 : g->mr;
         for (int k = 0; k < kc; k++) {
             const float *src = (const float *)A->p + (int64_t)(k0 + k) * A->cs + m0;
+            if (k + 8 < kc) __builtin_prefetch(src + 8 * A->cs); /* as in pack_a */
             for (int r = 0; r < rows; r++) t[r * FT_GEMM_KC + k] = src[r];
         }
         for (int r = 0; r < g->mr; r++) {
