@@ -94,12 +94,15 @@ LOCAL16 void tile16_body(float *cb, const uint32_t *bp, const uint32_t *ap, int6
         for (int j = 0; j < NV; j++) _mm512_storeu_ps(cb + r * NR + 16 * j, acc[r][j]);
 }
 
+/* the driver's panels are rows FT_GEMM_KC/2 words apart: constant offsets, as in kernels_isa.h */
 BF16_TARGET static void tile16_wide(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add) {
-    tile16_body(cb, bp, ap, lda, kp, add, MR16_W, NV16_W);
+    if (lda == FT_GEMM_KC / 2) tile16_body(cb, bp, ap, FT_GEMM_KC / 2, kp, add, MR16_W, NV16_W);
+    else tile16_body(cb, bp, ap, lda, kp, add, MR16_W, NV16_W);
 }
 BF16_TARGET static void tile16_narrow(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp,
                                       bool add) {
-    tile16_body(cb, bp, ap, lda, kp, add, MR16_N, NV16_N);
+    if (lda == FT_GEMM_KC / 2) tile16_body(cb, bp, ap, FT_GEMM_KC / 2, kp, add, MR16_N, NV16_N);
+    else tile16_body(cb, bp, ap, lda, kp, add, MR16_N, NV16_N);
 }
 
 /* out[r] = row r · x for r < NRW: 32 bf16 of each row per VDPBF16PS
