@@ -7,6 +7,7 @@
 #   make fuzz       libFuzzer targets: safetensors, GGUF, tokenizer.json, config.json, the dataset readers, trainer_state.json (clang)
 #   make bench      benchmarks; writes BENCHMARKS.md
 #   make bench-dist data-parallel training over 1/2/4 MPI ranks, ZeRO 0/1 (a Markdown table)
+#   make bench-gemm the matrix products alone: peaks, ours vs oneDNN (DNNL=1) vs PyTorch
 #   make clean
 # Options: BUILD=dir  CC=compiler  OPT="-O2 ..."  MPI=auto|1|0 (data-parallel training over
 #          Open MPI; auto: 1 when mpicc is found; 0: a one-rank build without MPI)
@@ -58,7 +59,7 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 HELPER_SRC := $(sort $(wildcard tests/helper_*.c))
 HELPER_BIN := $(HELPER_SRC:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all test debug fuzz bench bench-dist clean demo FORCE
+.PHONY: all test debug fuzz bench bench-dist bench-gemm clean demo FORCE
 all: $(BUILD)/libftune.a $(BUILD)/libftune-internal.a $(BUILD)/ftune $(TEST_BIN) $(HELPER_BIN)
 
 # Objects also depend on this Makefile: its flags (visibility) are part of them.
@@ -148,6 +149,23 @@ bench: all $(BUILD)/bench_forward $(BUILD)/bench_train
 # data parallelism: llama-110m full fine-tuning over 1/2/4 MPI ranks, ZeRO 0/1 (bench/dist.sh)
 bench-dist: $(BUILD)/ftune
 	BUILD=$(BUILD) FTUNE_DATA=$(FTUNE_DATA) bash bench/dist.sh
+
+# The GEMM benchmark (peaks, then the Linear/LoRA shapes; internal, so built
+# from tests/ against the internal library). DNNL=1 (the default when
+# <dnnl.h> is installed: libdnnl-dev) adds oneDNN's bf16 matmul to compare
+# with; only this benchmark links it, never the library.
+DNNL ?= $(shell echo '\#include <dnnl.h>' | $(CC) -E -x c - >/dev/null 2>&1 && echo 1 || echo 0)
+ifeq ($(filter $(DNNL),0 1),)
+$(error DNNL must be 0 or 1, not "$(DNNL)")
+endif
+BENCH_GEMM_DNNL := $(if $(filter 1,$(DNNL)),-DFT_DNNL -fopenmp,)
+BENCH_GEMM_DNNL_LIBS := $(if $(filter 1,$(DNNL)),-ldnnl -fopenmp,)
+$(BUILD)/bench_gemm: tests/bench_gemm.c $(BUILD)/libftune-internal.a Makefile
+	@echo "bench_gemm: DNNL=$(DNNL)"
+	$(CC) $(CFLAGS) $(BENCH_GEMM_DNNL) $(DEPFLAGS) -MF $(BUILD)/obj/bench_gemm.d -o $@ $< $(BUILD)/libftune-internal.a $(LDFLAGS) $(BENCH_GEMM_DNNL_LIBS) $(LDLIBS)
+
+bench-gemm: $(BUILD)/bench_gemm
+	BUILD=$(BUILD) bash bench/gemm.sh
 
 clean:
 	rm -rf build build-debug build-fuzz

@@ -48,11 +48,11 @@ static void case_free(lin_case *c) {
     free(c->w); free(c->x); free(c->bias); free(c->y); free(c->yr); free(c->scratch); free(c->q);
 }
 
-static int levels[3], n_levels;
+static int levels[FT_CPU_NLEVELS], n_levels;
 
 /* The levels this CPU has; FTUNE_CPU's cap is lifted while testing. */
 static void find_levels(void) {
-    ft_cpu_force_level(FT_CPU_AVX512);
+    ft_cpu_force_level(FT_CPU_TOP);
     int best = ft_cpu_level();
     n_levels = 0;
     for (int lv = FT_CPU_GENERIC; lv <= best; lv++) levels[n_levels++] = lv;
@@ -60,15 +60,19 @@ static void find_levels(void) {
 
 /* The dispatch level can be capped and the cap removed again. */
 static void test_cpu_levels(void) {
-    ft_cpu_force_level(FT_CPU_AVX512);
+    ft_cpu_force_level(FT_CPU_TOP);
     int best = ft_cpu_level();
-    CHECK(best >= FT_CPU_GENERIC && best <= FT_CPU_AVX512);
+    CHECK(best >= FT_CPU_GENERIC && best <= FT_CPU_TOP);
     CHECK(!ft_cpu_has_avx512f() || ft_cpu_has_avx2());
     CHECK(!ft_cpu_has_avx512bf16() || ft_cpu_has_avx512f());
-    CHECK(best == (ft_cpu_has_avx512f() ? FT_CPU_AVX512 : ft_cpu_has_avx2() ? FT_CPU_AVX2 : FT_CPU_GENERIC));
+    CHECK(best == (ft_cpu_has_avx512bf16() ? FT_CPU_AVX512BF16
+                   : ft_cpu_has_avx512f()  ? FT_CPU_AVX512
+                   : ft_cpu_has_avx2()     ? FT_CPU_AVX2
+                                           : FT_CPU_GENERIC));
+    for (int lv = FT_CPU_GENERIC; lv <= FT_CPU_TOP; lv++) CHECK(strcmp(ft_cpu_level_name(lv), "?") != 0);
     ft_cpu_force_level(FT_CPU_GENERIC);
     CHECK(ft_cpu_level() == FT_CPU_GENERIC);
-    ft_cpu_force_level(FT_CPU_AVX512 + 1); /* a cap above what the CPU has changes nothing */
+    ft_cpu_force_level(FT_CPU_TOP + 1); /* a cap above what the CPU has changes nothing */
     CHECK(ft_cpu_level() == best);
     /* -1 goes back to FTUNE_CPU's cap */
     const char *env = getenv("FTUNE_CPU");
@@ -77,7 +81,7 @@ static void test_cpu_levels(void) {
         if (!strcmp(env, ft_cpu_level_name(lv))) env_cap = lv;
     ft_cpu_force_level(-1);
     CHECK(ft_cpu_level() == env_cap);
-    ft_cpu_force_level(FT_CPU_AVX512);
+    ft_cpu_force_level(FT_CPU_TOP);
     printf("  cpu: avx2 %d, avx512 %d, avx512bf16 %d; dispatch level %s\n", ft_cpu_has_avx2(),
            ft_cpu_has_avx512f(), ft_cpu_has_avx512bf16(), ft_cpu_level_name(best));
 }
@@ -137,7 +141,7 @@ static void test_linear_kernels(void) {
                     }
         printf("  %s: max rel err %.3g\n", ft_cpu_level_name(levels[li]), worst);
     }
-    ft_cpu_force_level(FT_CPU_AVX512);
+    ft_cpu_force_level(FT_CPU_TOP);
     printf("  %d cases over %d levels\n", n_cases, n_levels);
 }
 
@@ -168,7 +172,7 @@ static void test_thread_invariance(void) {
                 free(y3); free(s3); case_free(&c);
             }
     }
-    ft_cpu_force_level(FT_CPU_AVX512);
+    ft_cpu_force_level(FT_CPU_TOP);
 }
 
 /* Non-finite inputs propagate as in the reference: a NaN or Inf in x makes
@@ -203,7 +207,7 @@ static void test_nonfinite(void) {
             case_free(&c);
         }
     }
-    ft_cpu_force_level(FT_CPU_AVX512);
+    ft_cpu_force_level(FT_CPU_TOP);
 }
 
 /* Weights at the edges of their dtype: f16 subnormals, bf16 values below
@@ -249,7 +253,7 @@ static void test_edge_weights(void) {
                 case_free(&c);
             }
     }
-    ft_cpu_force_level(FT_CPU_AVX512);
+    ft_cpu_force_level(FT_CPU_TOP);
 }
 
 /* The driver declines what it does not handle, writing nothing. */
@@ -267,7 +271,7 @@ static void test_kernels_decline(void) {
         CHECK(!ft_gemm(out, 1, 1, &Wb, &X, 0, 1, 16, 1, false, 1, scratch, 64)); /* empty */
         CHECK(out[0] == 7 && out[1] == 7 && out[2] == 7 && out[3] == 7);
     }
-    ft_cpu_force_level(FT_CPU_AVX512);
+    ft_cpu_force_level(FT_CPU_TOP);
 }
 
 /* ------------------------------------------------ the driver, every layout */
@@ -290,6 +294,23 @@ static bool operand_new(operand *o, int rows, int cols, ft_dtype dt, bool transp
     o->f = malloc(n * sizeof(float));
     if (!o->f) return false;
     for (size_t i = 0; i < n; i++) o->f[i] = ft_rng_normal(rng);
+    if (dt != FT_F32 && transposed) { /* rows of the transpose: element (i, j) is element i of row j */
+        float *t = malloc(n * sizeof(float));
+        o->q = malloc((size_t)ft_dtype_nbytes(dt, (int64_t)n));
+        if (!t || !o->q) {
+            free(t);
+            return false;
+        }
+        for (int i = 0; i < rows; i++)
+            for (int j = 0; j < cols; j++) t[(size_t)j * rows + i] = o->f[(size_t)i * cols + j];
+        ft_types[dt].from_f32(t, o->q, (int64_t)n);
+        ft_types[dt].to_f32(o->q, t, (int64_t)n);
+        for (int i = 0; i < rows; i++)
+            for (int j = 0; j < cols; j++) o->f[(size_t)i * cols + j] = t[(size_t)j * rows + i];
+        free(t);
+        o->m = ft_mat_rows_t(o->q, dt, rows);
+        return true;
+    }
     if (dt != FT_F32) {
         o->q = malloc((size_t)ft_dtype_nbytes(dt, (int64_t)n));
         if (!o->q) return false;
@@ -311,7 +332,8 @@ static bool operand_new(operand *o, int rows, int cols, ft_dtype dt, bool transp
 static void operand_free(operand *o) { free(o->f); free(o->q); }
 
 static const char *layout(const operand *o) {
-    return o->m.dt != FT_F32 ? ft_types[o->m.dt].name : o->m.cs == 1 ? "f32" : "f32ᵀ";
+    if (o->m.dt != FT_F32) return o->m.t ? "weightᵀ" : "weight";
+    return o->m.cs == 1 ? "f32" : "f32ᵀ";
 }
 
 /* C (M, N) (+)= alpha·A·B through ft_gemm at the current level on 1 and 3
@@ -415,53 +437,107 @@ static void test_gemm_layouts(void) {
                     }
         printf("  %s: max rel err %.3g\n", ft_cpu_level_name(levels[li]), worst);
     }
-    ft_cpu_force_level(FT_CPU_AVX512);
+    ft_cpu_force_level(FT_CPU_TOP);
     printf("  %d cases over %d levels\n", n_cases, n_levels);
 }
 
 /* ft_gemm_in in bf16 and f16 against the double-precision product of the
- * operands rounded to the compute type: every f32 layout, weights stored
- * in the compute type, in f32 and quantized, the GEMV paths (M = 1, N = 1)
- * included. The error is the f32 summation's alone, so the f32 bound
- * holds (1e-5 of the unit-normal products' scale sqrt(K)). */
+ * operands rounded to the compute type, at every level (avx512bf16: the
+ * VDPBF16PS pair kernels for bf16): every layout linear.c and lora.c hand
+ * the driver (f32 either way round, C transposed, weights read along k and
+ * along n) with weights stored in the compute type, in the other one, in
+ * f32 and quantized; the GEMV paths (M = 1, N = 1); sizes off every tile
+ * edge (mr 12/16, nr 16/32), odd K (the last bf16 pair padded) within a
+ * register block, across it (256) and across the K chunk (1025 = 1024 + 1).
+ * The error is the f32 summation's alone (the products of rounded values
+ * are exact, and VDPBF16PS's pair sums are f32 sums too; no denormals
+ * here), so the f32 bound holds: 1e-5 of the unit-normal products' scale
+ * sqrt(K), with the worst seen ~3e-6 on every level. */
 static void test_gemm_compute(void) {
     ft_rng rng;
     ft_rng_seed(&rng, 23);
     const ft_dtype computes[] = { FT_BF16, FT_F16 };
-    int Ms[] = { 1, 6, 45 }, Ns[] = { 1, 9, 64 }, Ks[] = { 3, 64, 1100 };
+    int Ms[] = { 1, 6, 13, 45 }, Ns[] = { 1, 9, 17, 64 }, Ks[] = { 3, 64, 301, 1025 };
     int n_cases = 0;
     for (int li = 0; li < n_levels; li++) {
         ft_cpu_force_level(levels[li]);
         double worst = 0;
         for (int ci = 0; ci < 2; ci++)
-            for (int mi = 0; mi < 3; mi++)
-                for (int ni = 0; ni < 3; ni++)
-                    for (int ki = 0; ki < 3; ki++) {
+            for (int mi = 0; mi < 4; mi++)
+                for (int ni = 0; ni < 4; ni++)
+                    for (int ki = 0; ki < 4; ki++) {
                         int M = Ms[mi], N = Ns[ni], K = Ks[ki];
-                        struct { ft_dtype adt; bool at; ft_dtype bdt; bool bt; } lay[] = {
-                            { FT_F32, false, FT_F32, false }, { FT_F32, true, FT_F32, true },
-                            { FT_F32, false, computes[ci], true }, { computes[ci], false, FT_F32, false },
-                            { FT_F32, false, computes[1 - ci], true }, { FT_Q8_0, false, FT_F32, false },
+                        if ((size_t)M * N * K > 1500000) continue; /* keep the double reference quick */
+                        ft_dtype cdt = computes[ci], other = computes[1 - ci];
+                        struct { ft_dtype adt; bool at; ft_dtype bdt; bool bt, ct; float alpha; } lay[] = {
+                            { FT_F32, false, FT_F32, false, false, 1.0f }, /* g = dout·B, dx = g·A */
+                            { FT_F32, true, FT_F32, true, true, 1.0f },    /* both transposed, C transposed */
+                            { FT_F32, false, cdt, true, false, 1.0f },     /* forward, many rows: X·Wᵀ */
+                            { cdt, false, FT_F32, true, true, 1.0f },      /* forward, few rows: W·Xᵀ into outᵀ */
+                            { cdt, false, FT_F32, false, false, 1.0f },    /* weight rows times f32 rows */
+                            { FT_F32, false, cdt, false, false, 1.0f },    /* dX = dY·W */
+                            { FT_F32, true, FT_F32, false, false, 1.0f },  /* dW += doutᵀ·X, dA, dB */
+                            { FT_F32, false, FT_F32, true, false, 0.5f },  /* LoRA u = x·Aᵀ, out += s·u·Bᵀ */
+                            { FT_F32, false, other, true, false, 1.0f },   /* weights in the other type */
+                            { FT_Q8_0, false, FT_F32, false, false, 1.0f },
+                            { FT_F32, false, FT_Q8_0, true, false, -2.0f },
                         };
-                        for (int j = 0; j < 6; j++) {
-                            if ((lay[j].adt == FT_Q8_0 && K % 32) || (lay[j].bdt != FT_F32 && K % 32 && lay[j].bt) ||
-                                (lay[j].bdt != FT_F32 && !lay[j].bt && N % 32))
+                        for (int j = 0; j < (int)(sizeof lay / sizeof lay[0]); j++) {
+                            /* quantized weights come in whole blocks along their rows */
+                            if ((ft_types[lay[j].adt].block > 1 && K % ft_types[lay[j].adt].block) ||
+                                (ft_types[lay[j].bdt].block > 1 && (lay[j].bt ? K : N) % ft_types[lay[j].bdt].block))
                                 continue;
-                            double e = gemm_case(computes[ci], M, N, K, lay[j].adt, lay[j].at, lay[j].bdt, lay[j].bt,
-                                                 j == 1, 1.0f, j % 2, &rng);
+                            double e = gemm_case(cdt, M, N, K, lay[j].adt, lay[j].at, lay[j].bdt, lay[j].bt, lay[j].ct,
+                                                 lay[j].alpha, (j + ki) % 2, &rng);
                             CHECKF(e >= 0 && e < 1e-5, "%s in %s M=%d N=%d K=%d layout %d: max rel err %.3g",
-                                   ft_cpu_level_name(levels[li]), ft_types[computes[ci]].name, M, N, K, j, e);
+                                   ft_cpu_level_name(levels[li]), ft_types[cdt].name, M, N, K, j, e);
                             if (e > worst) worst = e;
                             n_cases++;
                         }
                     }
         printf("  %s: bf16/f16 compute, max rel err %.3g\n", ft_cpu_level_name(levels[li]), worst);
     }
-    ft_cpu_force_level(FT_CPU_AVX512);
+    ft_cpu_force_level(FT_CPU_TOP);
+    /* the pair kernels are there exactly when the CPU has the instructions */
+    CHECK(!ft_kernels_for_level(FT_CPU_AVX512)->tile16[0]);
+    CHECK(!!ft_kernels_for_level(ft_cpu_level())->tile16[0] == ft_cpu_has_avx512bf16());
     float out[1];
     ft_mat a = ft_mat_f32(out, 1, 1);
     CHECK(!ft_gemm_in(FT_Q8_0, out, 1, 1, &a, &a, 1, 1, 1, 1, false, 1, NULL, 0)); /* not a compute type */
     printf("  %d compute-type cases over %d levels\n", n_cases, n_levels);
+}
+
+/* VDPBF16PS treats subnormal inputs as zero (kernels.h): at the
+ * avx512bf16 level a bf16 product of subnormals is 0 instead of the
+ * plain semantics' tiny value; every other level is exact, and a product
+ * of normal values next to them is unaffected on every level. */
+static void test_gemm_bf16_subnormal(void) {
+    enum { M = 3, N = 20, K = 33 };
+    float a[M * K], b[K * N], c[M * N];
+    float *scratch = ft_aligned_alloc(FT_GEMM_SCRATCH_FLOATS * sizeof(float));
+    if (!scratch) {
+        CHECKF(0, "out of memory");
+        return;
+    }
+    for (int i = 0; i < M * K; i++) a[i] = i < K ? 1e-39f : 1.0f; /* row 0 subnormal (exact in bf16) */
+    for (int i = 0; i < K * N; i++) b[i] = 0.5f;
+    ft_mat A = ft_mat_f32(a, K, 1), B = ft_mat_f32(b, N, 1);
+    for (int li = 0; li < n_levels; li++) {
+        ft_cpu_force_level(levels[li]);
+        CHECK(ft_gemm_in(FT_BF16, c, N, 1, &A, &B, M, N, K, 1.0f, false, 2, scratch, FT_GEMM_SCRATCH_FLOATS));
+        bool pairs = levels[li] >= FT_CPU_AVX512BF16;
+        /* every partial sum of k·0.5·bf16(1e-39) is exact in f32 (the
+         * subnormal has 7 significant bits at most), and so are the normal
+         * rows' 33·0.5; the pair kernels read the subnormal inputs as 0 */
+        float tiny = 33 * 0.5f * ft_bf16_to_f32(ft_f32_to_bf16(1e-39f));
+        for (int n = 0; n < N; n++) {
+            CHECKF(c[n] == (pairs ? 0.0f : tiny), "%s: subnormal row gives %g", ft_cpu_level_name(levels[li]), c[n]);
+            CHECKF(c[N + n] == 16.5f && c[2 * N + n] == 16.5f, "%s: normal rows give %g, %g",
+                   ft_cpu_level_name(levels[li]), c[N + n], c[2 * N + n]);
+        }
+    }
+    ft_cpu_force_level(FT_CPU_TOP);
+    free(scratch);
 }
 
 /* linear_backward for every base dtype and level, with bias and a LoRA
@@ -575,7 +651,7 @@ static void test_linear_backward(void) {
         }
         printf("  %s: max rel err %.3g\n", ft_cpu_level_name(levels[li]), worst);
     }
-    ft_cpu_force_level(FT_CPU_AVX512);
+    ft_cpu_force_level(FT_CPU_TOP);
 }
 
 int main(void) {
@@ -588,6 +664,7 @@ int main(void) {
     RUN(test_edge_weights);
     RUN(test_gemm_layouts);
     RUN(test_gemm_compute);
+    RUN(test_gemm_bf16_subnormal);
     RUN(test_linear_backward);
     CHECK_EXIT();
 }

@@ -119,7 +119,7 @@ static void test_nf4_rows(void) {
     }
 }
 
-static int levels[3], n_levels;
+static int levels[FT_CPU_NLEVELS], n_levels;
 
 /* every level's widen is dtype.c's to_f32, bit for bit, on spans of whole
  * blocks and on a row's ragged end */
@@ -185,7 +185,7 @@ static void check_linear(ft_dtype qt) {
                 free(scr);
             }
         }
-        ft_cpu_force_level(FT_CPU_AVX512);
+        ft_cpu_force_level(FT_CPU_TOP);
         /* and against the plain reference (dequantize, then plain loops):
          * only the order of the f32 sums differs, by up to ~IC·2^-24 of
          * the sum of |terms| (6.6e-5 at IC = 1100; seen: 2.4e-5). The
@@ -286,7 +286,7 @@ static void test_nf4_bits(void) {
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/ftune_test_nf4_XXXXXX");
     if (!mkdtemp(tmpdir)) return 1;
-    ft_cpu_force_level(FT_CPU_AVX512);
+    ft_cpu_force_level(FT_CPU_TOP);
     int best = ft_cpu_level();
     for (int lv = FT_CPU_GENERIC; lv <= best; lv++) levels[n_levels++] = lv;
     RUN(test_nf4_matches_bitsandbytes);

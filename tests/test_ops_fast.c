@@ -58,7 +58,7 @@ static double rel_err(const float *a, const float *b, size_t n) {
     return check_max_rel_err(a, b, (long)n, fmax(maxabs(b, n) * FLOOR_FRAC, 1e-30));
 }
 
-static int levels[3], n_levels;
+static int levels[FT_CPU_NLEVELS], n_levels;
 static void find_levels(void) {
     int top = ft_cpu_level();
     n_levels = 0;

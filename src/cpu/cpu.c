@@ -51,14 +51,14 @@ static int detect(void) {
 static int detect(void) { return 0; }
 #endif
 
-/* $FTUNE_CPU (generic, avx2, avx512) caps the level for a whole run, to
+/* $FTUNE_CPU (generic, avx2, avx512, avx512bf16) caps the level for a whole run, to
  * compare paths without rebuilding; ft_cpu_force_level overrides it. Read
  * once, with the features (the env write is ordered before the features
  * store that publishes it). */
 static int env_cap(void) {
     const char *e = getenv("FTUNE_CPU");
     if (!e || !*e) return -1;
-    for (int lv = FT_CPU_GENERIC; lv <= FT_CPU_AVX512; lv++)
+    for (int lv = FT_CPU_GENERIC; lv <= FT_CPU_TOP; lv++)
         if (!strcmp(e, ft_cpu_level_name(lv))) return lv;
     return -1;
 }
@@ -80,7 +80,10 @@ bool ft_cpu_has_avx512bf16(void) { return cpu_features() & F_AVX512BF16; }
 
 int ft_cpu_level(void) {
     int f = cpu_features();
-    int level = f & F_AVX512 ? FT_CPU_AVX512 : f & F_AVX2 ? FT_CPU_AVX2 : FT_CPU_GENERIC;
+    int level = f & F_AVX512BF16 ? FT_CPU_AVX512BF16
+              : f & F_AVX512     ? FT_CPU_AVX512
+              : f & F_AVX2       ? FT_CPU_AVX2
+                                 : FT_CPU_GENERIC;
     int cap = __atomic_load_n(&forced, __ATOMIC_RELAXED);
     if (cap < 0) cap = __atomic_load_n(&env_level, __ATOMIC_RELAXED);
     return cap >= 0 && cap < level ? cap : level;
@@ -93,6 +96,7 @@ const char *ft_cpu_level_name(int level) {
     case FT_CPU_GENERIC: return "generic";
     case FT_CPU_AVX2: return "avx2";
     case FT_CPU_AVX512: return "avx512";
+    case FT_CPU_AVX512BF16: return "avx512bf16";
     default: return "?";
     }
 }

@@ -11,7 +11,10 @@ enum {
     FT_CPU_GENERIC = 0, /* portable C */
     FT_CPU_AVX2 = 1,    /* AVX2 + FMA + F16C */
     FT_CPU_AVX512 = 2,  /* AVX-512 F, BW, VL, DQ (+ AVX2, FMA, F16C) */
+    FT_CPU_AVX512BF16 = 3, /* + AVX512_BF16: vdpbf16ps for products in bf16 */
 };
+#define FT_CPU_NLEVELS 4
+#define FT_CPU_TOP (FT_CPU_NLEVELS - 1) /* a cap that caps nothing */
 
 bool ft_cpu_has_avx2(void);       /* AVX2, FMA and F16C, with the OS saving ymm state */
 bool ft_cpu_has_avx512f(void);    /* AVX-512 F, BW, VL, DQ, with the OS saving zmm state */
@@ -19,14 +22,14 @@ bool ft_cpu_has_avx512bf16(void); /* AVX512_BF16 (vdpbf16ps) on top of ft_cpu_ha
 
 /* The level kernels dispatch on: the best the CPU supports, capped by
  * ft_cpu_force_level or else by the environment variable FTUNE_CPU
- * (generic, avx2 or avx512). */
+ * (generic, avx2, avx512 or avx512bf16). */
 int ft_cpu_level(void);
 /* Caps the dispatch level at `level` (FT_CPU_GENERIC forces the portable
  * path; a level above the CPU's lifts FTUNE_CPU's cap); a negative level
  * goes back to FTUNE_CPU's cap, if any. For tests and benchmarks; not
  * meant to be changed while kernels run on other threads. */
 void ft_cpu_force_level(int level);
-/* "generic", "avx2" or "avx512". */
+/* "generic", "avx2", "avx512" or "avx512bf16". */
 const char *ft_cpu_level_name(int level);
 
 #endif

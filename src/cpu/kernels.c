@@ -21,11 +21,12 @@
 
 extern const ft_kernel_isa ft_kernels_generic;
 #if defined(__x86_64__)
-extern const ft_kernel_isa ft_kernels_avx2, ft_kernels_avx512;
+extern const ft_kernel_isa ft_kernels_avx2, ft_kernels_avx512, ft_kernels_avx512bf16;
 #endif
 
 const ft_kernel_isa *ft_kernels_for_level(int level) {
 #if defined(__x86_64__)
+    if (level >= FT_CPU_AVX512BF16) return &ft_kernels_avx512bf16;
     if (level >= FT_CPU_AVX512) return &ft_kernels_avx512;
     if (level >= FT_CPU_AVX2) return &ft_kernels_avx2;
 #endif
@@ -128,6 +129,22 @@ static void pack_b(void *vctx, int task, int thread) {
  * rows past M are zero. */
 static void pack_a(float *wp, const gemm_ctx *g, int m0, int k0, int kc) {
     const ft_mat *A = g->A;
+    if (A->dt == FT_F32 && A->rs == 1 && A->cs != 1) { /* Aᵀ stored (dW, dB): the panel's rows side by side */
+        int rows = g->M - m0 < g->mr ? g->M - m0 : g->mr;
+        for (int k = 0; k < kc; k++) {
+            const float *src = (const float *)A->p + (int64_t)(k0 + k) * A->cs + m0;
+            /* each k is another cache line, often another page: the
+             * hardware prefetchers do not follow, so ask 8 ahead */
+            if (k + 8 < kc) __builtin_prefetch(src + 8 * A->cs);
+            for (int r = 0; r < rows; r++) wp[(size_t)r * FT_GEMM_KC + k] = src[r];
+        }
+        for (int r = 0; r < g->mr; r++) {
+            float *dst = wp + (size_t)r * FT_GEMM_KC;
+            if (r >= rows) memset(dst, 0, (size_t)kc * sizeof(float));
+            else if (needs_round(A, g->compute)) round_to(dst, kc, g->compute);
+        }
+        return;
+    }
     for (int r = 0; r < g->mr; r++) {
         float *dst = wp + (size_t)r * FT_GEMM_KC;
         if (m0 + r >= g->M) {
@@ -202,6 +219,137 @@ static void panels(void *vctx, int task, int thread) {
     }
 }
 
+/* ------------------------------------------------ bf16 pairs (tile16) */
+
+/* Elements [k0, k0+n) of a row of A or B along its contiguous direction,
+ * as bf16 bits: copied when stored in bf16, else rounded (RNE) from f32 or
+ * from the dtype's exact widening, as round_to does. */
+static void span_bf16(uint16_t *dst, const gemm_ctx *g, ft_dtype dt, const uint8_t *row, int k0, int n) {
+    if (dt == FT_BF16) {
+        memcpy(dst, (const uint16_t *)row + k0, (size_t)n * sizeof(uint16_t));
+    } else if (dt == FT_F32) {
+        g->isa->to_bf16(dst, (const float *)row + k0, n);
+    } else {
+        float tmp[FT_GEMM_NC > FT_GEMM_KCH ? FT_GEMM_NC : FT_GEMM_KCH];
+        g->isa->widen(tmp, row, dt, k0, n);
+        g->isa->to_bf16(dst, tmp, n);
+    }
+}
+
+/* n f32 elements from p, stride st, as bf16 bits */
+static void strided_bf16(uint16_t *dst, const gemm_ctx *g, const float *p, int64_t st, int n) {
+    float tmp[FT_GEMM_NC > FT_GEMM_KCH ? FT_GEMM_NC : FT_GEMM_KCH];
+    for (int i = 0; i < n; i++) tmp[i] = p[(int64_t)i * st];
+    g->isa->to_bf16(dst, tmp, n);
+}
+
+/* B's chunk in pairs: strip s at bp + s·kp·nr words, (kp, nr), kp =
+ * ceil(kc/2); tasks as in pack_b (a strip, or PACK_ROWS rows of k). */
+static void pack_b16(void *vctx, int task, int thread) {
+    (void)thread;
+    const gemm_ctx *g = vctx;
+    const ft_mat *B = g->B;
+    int nr = g->nr, kc = g->kc, kp = (kc + 1) / 2, ns = (g->nw + nr - 1) / nr;
+    uint32_t *bp = (uint32_t *)g->bp;
+    if (b_along_k(B) || (B->cs != 1 && B->rs != 1)) {
+        uint16_t h[FT_GEMM_KCH + 2];
+        uint32_t *dst = bp + (size_t)task * kp * nr;
+        int nl = g->nw - task * nr < nr ? g->nw - task * nr : nr;
+        for (int l = 0; l < nr; l++) {
+            int n = g->n0 + task * nr + l;
+            if (l >= nl) {
+                for (int p = 0; p < kp; p++) dst[(size_t)p * nr + l] = 0;
+                continue;
+            }
+            if (b_along_k(B) && B->dt != FT_F32)
+                span_bf16(h, g, B->dt, (const uint8_t *)B->p + (int64_t)n * B->rs, g->k0, kc);
+            else if (b_along_k(B))
+                span_bf16(h, g, FT_F32, (const uint8_t *)((const float *)B->p + (int64_t)n * B->cs), g->k0, kc);
+            else
+                strided_bf16(h, g, (const float *)B->p + (int64_t)n * B->cs + (int64_t)g->k0 * B->rs, B->rs, kc);
+            h[kc] = 0;
+            for (int p = 0; p < kp; p++) dst[(size_t)p * nr + l] = (uint32_t)h[2 * p] | (uint32_t)h[2 * p + 1] << 16;
+        }
+        return;
+    }
+    uint16_t h0[FT_GEMM_NC], h1[FT_GEMM_NC];
+    int p1 = (task + 1) * PACK_ROWS / 2 < kp ? (task + 1) * PACK_ROWS / 2 : kp;
+    for (int p = task * PACK_ROWS / 2; p < p1; p++) {
+        span_bf16(h0, g, B->dt, row_at(B, g->k0 + 2 * p), g->n0, g->nw);
+        if (2 * p + 1 < kc) span_bf16(h1, g, B->dt, row_at(B, g->k0 + 2 * p + 1), g->n0, g->nw);
+        else memset(h1, 0, sizeof h1);
+        for (int s = 0; s < ns; s++) {
+            uint32_t *dst = bp + ((size_t)s * kp + p) * nr;
+            int n = g->nw - s * nr < nr ? g->nw - s * nr : nr;
+            for (int l = 0; l < n; l++) dst[l] = (uint32_t)h0[s * nr + l] | (uint32_t)h1[s * nr + l] << 16;
+            for (int l = n; l < nr; l++) dst[l] = 0;
+        }
+    }
+}
+
+/* Rows [m0, m0+mr) of A, K [k0, k0+kc), in pairs: row r at wp + r·KC/2
+ * words; rows past M are zero. */
+static void pack_a16(uint32_t *wp, const gemm_ctx *g, int m0, int k0, int kc) {
+    const ft_mat *A = g->A;
+    int kp = (kc + 1) / 2;
+    if (A->dt == FT_F32 && A->rs == 1 && A->cs != 1) { /* Aᵀ stored: read along m, as pack_a */
+        float t[MR_MAX * FT_GEMM_KC];
+        int rows = g->M - m0 < g->mr ? g->M - m0 : g->mr;
+        for (int k = 0; k < kc; k++) {
+            const float *src = (const float *)A->p + (int64_t)(k0 + k) * A->cs + m0;
+            if (k + 8 < kc) __builtin_prefetch(src + 8 * A->cs); /* as in pack_a */
+            for (int r = 0; r < rows; r++) t[r * FT_GEMM_KC + k] = src[r];
+        }
+        for (int r = 0; r < g->mr; r++) {
+            uint32_t *dst = wp + (size_t)r * (FT_GEMM_KC / 2);
+            if (r >= rows) {
+                memset(dst, 0, (size_t)kp * sizeof(uint32_t));
+                continue;
+            }
+            g->isa->to_bf16((uint16_t *)dst, t + r * FT_GEMM_KC, kc);
+            if (kc % 2) ((uint16_t *)dst)[kc] = 0;
+        }
+        return;
+    }
+    for (int r = 0; r < g->mr; r++) {
+        uint32_t *dst = wp + (size_t)r * (FT_GEMM_KC / 2);
+        if (m0 + r >= g->M) {
+            memset(dst, 0, (size_t)kp * sizeof(uint32_t));
+            continue;
+        }
+        uint16_t *h = (uint16_t *)dst;
+        if (A->dt != FT_F32 || A->cs == 1)
+            span_bf16(h, g, A->dt, row_at(A, m0 + r), k0, kc);
+        else
+            strided_bf16(h, g, (const float *)A->p + (int64_t)(m0 + r) * A->rs + (int64_t)k0 * A->cs, A->cs, kc);
+        if (kc % 2) h[kc] = 0;
+    }
+}
+
+static void panels16(void *vctx, int task, int thread) {
+    (void)thread;
+    const gemm_ctx *g = vctx;
+    uint32_t wp[MR_MAX * FT_GEMM_KC / 2] __attribute__((aligned(64)));
+    float cb[MR_MAX * FT_GEMM_NC] __attribute__((aligned(64))); /* strip s at cb + s·mr·nr, (mr, nr) */
+    const uint32_t *bp = (const uint32_t *)g->bp;
+    int mr = g->mr, nr = g->nr, ns = (g->nw + nr - 1) / nr, kpc = (g->kc + 1) / 2;
+    int p1 = (task + 1) * g->group < g->n_panels ? (task + 1) * g->group : g->n_panels;
+    for (int p = task * g->group; p < p1; p++) {
+        int m0 = p * mr, rows = g->M - m0 < mr ? g->M - m0 : mr;
+        for (int kb = 0; kb < g->kc; kb += FT_GEMM_KC) {
+            int kc = g->kc - kb < FT_GEMM_KC ? g->kc - kb : FT_GEMM_KC;
+            pack_a16(wp, g, m0, g->k0 + kb, kc);
+            for (int s = 0; s < ns; s++)
+                g->isa->tile16[g->shape](cb + (size_t)s * mr * nr, bp + ((size_t)s * kpc + kb / 2) * nr, wp,
+                                         FT_GEMM_KC / 2, (kc + 1) / 2, kb > 0);
+        }
+        for (int s = 0; s < ns; s++) {
+            int cols = g->nw - s * nr < nr ? g->nw - s * nr : nr;
+            write_back(g, cb + (size_t)s * mr * nr, m0, rows, g->n0 + s * nr, cols);
+        }
+    }
+}
+
 /* The GEMV path: out[i·os] (+)= alpha · (row i of R) · v for the n rows
  * of R (rb bytes apart, dtype dt, K elements each). */
 typedef struct {
@@ -215,6 +363,7 @@ typedef struct {
     int n, K;
     float alpha;
     bool overwrite;
+    const uint32_t *v16; /* bf16 rows on dot_rows16: v as bf16 pairs, else NULL */
 } gemv_ctx;
 
 static void gemv(void *vctx, int task, int thread) {
@@ -224,7 +373,8 @@ static void gemv(void *vctx, int task, int thread) {
     for (int i = task * GEMV_ROWS; i < i1; i += 4) {
         int n = i1 - i < 4 ? i1 - i : 4;
         float out[4];
-        g->isa->dot_rows(out, g->v, g->R + (size_t)i * g->rb, g->rb, g->dt, g->K, n);
+        if (g->v16) g->isa->dot_rows16(out, g->v16, g->R + (size_t)i * g->rb, g->rb, g->K, n);
+        else g->isa->dot_rows(out, g->v, g->R + (size_t)i * g->rb, g->rb, g->dt, g->K, n);
         for (int r = 0; r < n; r++) {
             float v = g->alpha * out[r], *d = g->out + (int64_t)(i + r) * g->os;
             *d = g->overwrite ? v : *d + v;
@@ -258,7 +408,15 @@ static bool operand_ok(const ft_mat *m, int rows_len, bool may_t) {
  * there is room, else on the stack or the heap; false when none is had. */
 static bool gemv_run(gemv_ctx *v, ft_dtype compute, int n_threads, float *scratch, size_t scratch_floats) {
     float stack[1024], *vr = NULL;
-    if (compute != FT_F32) {
+    if (compute == FT_BF16 && v->dt == FT_BF16 && v->isa->dot_rows16) { /* v as bf16 pairs: K/2 + 1 floats' room */
+        size_t words = (size_t)v->K / 2 + 1;
+        vr = scratch && scratch_floats >= words ? scratch : words <= 1024 ? stack : ft_malloc(words * sizeof(float));
+        if (!vr) return false;
+        uint16_t *h = (uint16_t *)vr;
+        v->isa->to_bf16(h, v->v, v->K);
+        h[v->K] = 0;
+        v->v16 = (const uint32_t *)vr;
+    } else if (compute != FT_F32) {
         vr = scratch && scratch_floats >= (size_t)v->K ? scratch
              : v->K <= 1024                            ? stack
                                                        : ft_malloc((size_t)v->K * sizeof(float));
@@ -299,9 +457,25 @@ bool ft_gemm_in(ft_dtype compute, float *C, int64_t c_rs, int64_t c_cs, const ft
         return gemv_run(&v, compute, n_threads, scratch, scratch_floats);
     }
     if (!scratch || scratch_floats < FT_GEMM_SCRATCH_FLOATS) return false;
-    g.shape = N <= g.isa->nr[1];
-    g.mr = g.isa->mr[g.shape];
-    g.nr = g.isa->nr[g.shape];
+    /* Few rows against many columns (the LoRA dA += gᵀ·x: R rows): as
+     * Cᵀ = Bᵀ·Aᵀ, so the narrow tile runs down the long side and the packed
+     * operand is the small one; B's weight rows along n cannot become A */
+    ft_mat At, Bt;
+    if (M <= 16 && N >= 4 * M && (B->dt == FT_F32 || B->t)) {
+        At = *B, Bt = *A;
+        if (At.dt == FT_F32) At.rs = B->cs, At.cs = B->rs;
+        else At.t = false;
+        if (Bt.dt == FT_F32) Bt.rs = A->cs, Bt.cs = A->rs;
+        else Bt.t = true;
+        return ft_gemm_in(compute, C, c_cs, c_rs, &At, &Bt, N, M, K, alpha, accumulate, n_threads, scratch,
+                          scratch_floats);
+    }
+    /* bf16 in pairs on VDPBF16PS where the level has it; the chunk of B
+     * then takes half the scratch */
+    bool pairs = compute == FT_BF16 && g.isa->tile16[0];
+    g.shape = N <= (pairs ? g.isa->nr16[1] : g.isa->nr[1]);
+    g.mr = pairs ? g.isa->mr16[g.shape] : g.isa->mr[g.shape];
+    g.nr = pairs ? g.isa->nr16[g.shape] : g.isa->nr[g.shape];
     g.bp = scratch;
     g.n_panels = (M + g.mr - 1) / g.mr;
     /* a few tasks per thread, so a descheduled thread's share goes to the
@@ -316,8 +490,8 @@ bool ft_gemm_in(ft_dtype compute, float *C, int64_t c_rs, int64_t c_cs, const ft
             g.overwrite = !accumulate && g.k0 == 0;
             bool strips = b_along_k(B) || (B->cs != 1 && B->rs != 1);
             int pack_tasks = strips ? (g.nw + g.nr - 1) / g.nr : (g.kc + PACK_ROWS - 1) / PACK_ROWS;
-            ft_parallel_for(n_threads, pack_tasks, pack_b, &g);
-            ft_parallel_for(n_threads, n_tasks, panels, &g);
+            ft_parallel_for(n_threads, pack_tasks, pairs ? pack_b16 : pack_b, &g);
+            ft_parallel_for(n_threads, n_tasks, pairs ? panels16 : panels, &g);
         }
     }
     return true;

@@ -67,7 +67,10 @@ bool ft_gemm(float *C, int64_t c_rs, int64_t c_cs, const ft_mat *A, const ft_mat
  * type (round to nearest even; exact for an operand already stored in it;
  * f16 overflows to inf), then multiplied exactly and summed in f32: what a
  * mixed-precision matrix unit (AMX, VDPBF16PS) computes, up to the order of
- * the f32 sums. The same conditions and thread-count independence as
+ * the f32 sums. At the avx512bf16 level bf16 products run on VDPBF16PS,
+ * which sums pairs of products along k and treats subnormal bf16 inputs
+ * and f32 results as zero (DAZ/FTZ, whatever MXCSR says): results then
+ * differ from the plain semantics also for magnitudes below 1.2e-38. The same conditions and thread-count independence as
  * ft_gemm; on the GEMV path an f32 vector is rounded into a copy (in the
  * scratch when given, so the GEMV path may then use it). False for any
  * other compute type. */
@@ -93,6 +96,20 @@ typedef struct {
     void (*store)(float *C, int64_t ldc, const float *cb, int nr, int rows, int cols, float alpha, bool overwrite);
     /* out[r] = row r · x (K elements) for r < nrows <= 4, rows rb bytes apart */
     void (*dot_rows)(float *out, const float *x, const uint8_t *w, size_t rb, ft_dtype dt, int K, int nrows);
+
+    /* Products in bf16 (VDPBF16PS; NULL below the avx512bf16 level, where
+     * bf16 compute rounds while packing f32 and uses tile). Operands are
+     * packed as 32-bit words, each a pair of bf16 along k (element 2p in
+     * the low half, 2p+1 in the high half, an odd K padded with a zero):
+     * tile16 is tile with ap (mr, kp words; rows lda words apart) and bp
+     * (kp, nr words), kp = pairs <= FT_GEMM_KC/2; mr16/nr16 its tiles. */
+    int mr16[2], nr16[2];
+    void (*tile16[2])(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add);
+    /* out[r] = row r (K bf16, rows rb bytes apart) · x (K bf16 as pairs,
+     * zero-padded to an even count), r < nrows <= 4 */
+    void (*dot_rows16)(float *out, const uint32_t *x, const uint8_t *w, size_t rb, int K, int nrows);
+    /* dst[0..n) = src rounded to bf16 as ft_f32_to_bf16 does (RNE, NaN kept) */
+    void (*to_bf16)(uint16_t *dst, const float *src, int n);
 } ft_kernel_isa;
 
 /* The kernel set for a level (FT_CPU_*), falling back to the best one

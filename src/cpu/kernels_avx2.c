@@ -15,6 +15,7 @@
 #define VL 8
 #define VFMA(a, b, c) ((vf)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
 #define VSET1(x) ((vf)_mm256_set1_ps(x))
+#define HSUM(v) hsum8((__m256)(v))
 /* 6 rows × 16 columns (12 of the 16 ymm registers) when N > 8, else 12 × 8 */
 #define MR_W 6
 #define NV_W 2
@@ -25,6 +26,13 @@
 
 
 #define LOCAL static inline __attribute__((always_inline)) ISA_TARGET
+
+/* the 8 lanes' sum as a tree: halves, then pairs */
+LOCAL float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
 
 LOCAL __m256 bf16_vec(const uint16_t *h) {
     __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)h));

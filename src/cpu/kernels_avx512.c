@@ -2,8 +2,9 @@
  * of a weight row to f32 (bf16: a shift; f16: vcvtph2ps; q8_0 and q4_0
  * dequantized a 32-element block at a time, exactly as dtype.c does, since
  * d·q and (q-8)·d fit in an f32 mantissa), and kernels_isa.h's micro-kernel
- * and row-dot at 16 lanes. The functions carry the target attribute (no
- * global -march), so one binary runs on every x86-64. */
+ * and row-dot at 16 lanes; then the avx512bf16 level: the same plus the
+ * bf16-pair micro-kernel and row-dot on VDPBF16PS. The functions carry the
+ * target attribute (no global -march), so one binary runs on every x86-64. */
 #include "cpu/kernels.h"
 
 #include <string.h>
@@ -15,6 +16,7 @@
 #define VL 16
 #define VFMA(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
 #define VSET1(x) ((vf)_mm512_set1_ps(x))
+#define HSUM(v) _mm512_reduce_add_ps((__m512)(v))
 /* 12 rows × 32 columns (24 of the 32 zmm registers) when N > 16, else
  * 16 × 16 (measured best with the forward's former kernels) */
 #define MR_W 12
@@ -23,8 +25,6 @@
 #define NV_N 1
 #define ISA_NAME "avx512"
 #define ISA_TABLE ft_kernels_avx512
-
-#define LOCAL static inline __attribute__((always_inline)) ISA_TARGET
 
 #define LOCAL static inline __attribute__((always_inline)) ISA_TARGET
 
@@ -78,5 +78,125 @@ LOCAL __m512 i8_vec(const int8_t *q, float a) {
 }
 
 #include "cpu/kernels_isa.h"
+
+/* ------------------------------------------------ avx512bf16: VDPBF16PS */
+
+#define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
+#define LOCAL16 static inline __attribute__((always_inline)) BF16_TARGET
+/* 12 rows × 32 columns when N > 16, else 16 × 16, as for f32 (24 and 16
+ * accumulators hide the latency; the B loads and A broadcasts fit beside) */
+#define MR16_W 12
+#define NV16_W 2
+#define MR16_N 16
+#define NV16_N 1
+
+/* cb (MR, 16·NV) (+)= ap · bp: per pair of k a broadcast word of A (two
+ * bf16) against NV vectors of B's pair row, each lane summing both products */
+LOCAL16 void tile16_body(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add,
+                         const int MR, const int NV) {
+    const int NR = 16 * NV;
+    __m512 acc[16][2];
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 2
+        for (int j = 0; j < NV; j++) acc[r][j] = add ? _mm512_loadu_ps(cb + r * NR + 16 * j) : _mm512_setzero_ps();
+    for (int p = 0; p < kp; p++) {
+        __m512bh b[2];
+#pragma GCC unroll 2
+        for (int j = 0; j < NV; j++) b[j] = (__m512bh)_mm512_loadu_si512(bp + (size_t)p * NR + 16 * j);
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; r++) {
+            __m512bh a = (__m512bh)_mm512_set1_epi32((int)ap[r * lda + p]);
+#pragma GCC unroll 2
+            for (int j = 0; j < NV; j++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], a, b[j]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 2
+        for (int j = 0; j < NV; j++) _mm512_storeu_ps(cb + r * NR + 16 * j, acc[r][j]);
+}
+
+/* the driver's panels are rows FT_GEMM_KC/2 words apart: constant offsets, as in kernels_isa.h */
+BF16_TARGET static void tile16_wide(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add) {
+    if (lda == FT_GEMM_KC / 2) tile16_body(cb, bp, ap, FT_GEMM_KC / 2, kp, add, MR16_W, NV16_W);
+    else tile16_body(cb, bp, ap, lda, kp, add, MR16_W, NV16_W);
+}
+BF16_TARGET static void tile16_narrow(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp,
+                                      bool add) {
+    if (lda == FT_GEMM_KC / 2) tile16_body(cb, bp, ap, FT_GEMM_KC / 2, kp, add, MR16_N, NV16_N);
+    else tile16_body(cb, bp, ap, lda, kp, add, MR16_N, NV16_N);
+}
+
+/* out[r] = row r · x for r < NRW: 32 bf16 of each row per VDPBF16PS
+ * straight from memory (decode reads each weight once: no packing), two
+ * accumulators per row; the ragged end through masked loads. */
+LOCAL16 void dot16_body(float *out, const uint32_t *x, const uint8_t *w, size_t rb, int K, const int NRW) {
+    const uint16_t *xh = (const uint16_t *)x;
+    __m512 acc[4][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < NRW; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 64 <= K; k += 64) {
+        __m512bh x0 = (__m512bh)_mm512_loadu_si512(xh + k), x1 = (__m512bh)_mm512_loadu_si512(xh + k + 32);
+#pragma GCC unroll 4
+        for (int r = 0; r < NRW; r++) {
+            const uint16_t *h = (const uint16_t *)(w + r * rb) + k;
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)_mm512_loadu_si512(h), x0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)_mm512_loadu_si512(h + 32), x1);
+        }
+    }
+    for (; k < K; k += 32) {
+        int n = K - k < 32 ? K - k : 32;
+        __mmask32 m = n == 32 ? ~(__mmask32)0 : ((__mmask32)1 << n) - 1;
+        __m512bh x0 = (__m512bh)_mm512_maskz_loadu_epi16(m, xh + k);
+#pragma GCC unroll 4
+        for (int r = 0; r < NRW; r++) {
+            const uint16_t *h = (const uint16_t *)(w + r * rb) + k;
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)_mm512_maskz_loadu_epi16(m, h), x0);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NRW; r++) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+}
+
+BF16_TARGET static void dot_rows16(float *out, const uint32_t *x, const uint8_t *w, size_t rb, int K, int nrows) {
+    if (nrows == 4) {
+        dot16_body(out, x, w, rb, K, 4);
+        return;
+    }
+    for (int r = 0; r < nrows; r++) dot16_body(out + r, x, w + r * rb, rb, K, 1);
+}
+
+/* ft_f32_to_bf16 on 16 lanes: add 0x7FFF plus the kept lsb, keep the top
+ * half; a NaN keeps its payload's top bits and is made quiet */
+BF16_TARGET static void to_bf16(uint16_t *dst, const float *src, int n) {
+    int i = 0;
+    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
+    for (; i + 16 <= n; i += 16) {
+        __m512i u = _mm512_castps_si512(_mm512_loadu_ps(src + i));
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
+        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+        r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(r));
+    }
+    for (; i < n; i++) dst[i] = ft_f32_to_bf16(src[i]);
+}
+
+const ft_kernel_isa ft_kernels_avx512bf16 = {
+    .name = "avx512bf16",
+    .mr = { MR_W, MR_N },
+    .nr = { VL * NV_W, VL * NV_N },
+    .tile = { tile_wide, tile_narrow },
+    .widen = widen,
+    .store = store,
+    .dot_rows = dot_rows,
+    .mr16 = { MR16_W, MR16_N },
+    .nr16 = { 16 * NV16_W, 16 * NV16_N },
+    .tile16 = { tile16_wide, tile16_narrow },
+    .dot_rows16 = dot_rows16,
+    .to_bf16 = to_bf16,
+};
 
 #endif

@@ -5,6 +5,7 @@
  *   VL           floats per vector register
  *   VFMA(a,b,c)  a·b + c on vf (fused where the ISA has FMA)
  *   VSET1(x)     x in every lane (not (vf){0} + x: that costs an add, for -0)
+ *   HSUM(v)      optional: the sum of v's lanes (else VL must be 4)
  *   MR_W, NV_W   the wide register tile: MR_W rows × NV_W vectors
  *   MR_N, NV_N   the narrow one, for N of at most VL·NV_N
  *   ISA_NAME, ISA_TABLE  the level's name and the ft_kernel_isa to define
@@ -38,6 +39,17 @@ KINLINE vf vload_n(const float *p, int n) {
     return vload(buf);
 }
 #define VSTORE(p, v) do { vf vs_ = (v); memcpy((p), &vs_, sizeof vs_); } while (0)
+
+/* The sum of v's lanes as a tree (HSUM: the ISA's; else pairs of the 4
+ * lanes): log2(VL) dependent adds instead of VL (a serial sum of 16 lanes
+ * per row cost ~10% of decode, where every 4 rows end in four). */
+KINLINE float hsum(vf v) {
+#ifdef HSUM
+    return HSUM(v);
+#else
+    return (v[0] + v[2]) + (v[1] + v[3]);
+#endif
+}
 
 /* Elements [k0, k0+n) of a row of dtype dt to f32; what the ISA has no
  * dequantizer for (f32 itself, a ragged end) goes through dtype.c. */
@@ -106,11 +118,16 @@ KINLINE void tile_body(float *cb, const float *bp, const float *ap, int64_t lda,
         for (int j = 0; j < NV; j++) VSTORE(cb + r * NR + VL * j, acc[r][j]);
 }
 
+/* A packed panel (lda = FT_GEMM_KC) gets its own copy, so its row offsets
+ * are constants: a run-time lda costs a register per row, one more than
+ * the wide tile has (a spill and a reload per k, measured ~8% of prefill). */
 ISA_TARGET static void tile_wide(float *cb, const float *bp, const float *ap, int64_t lda, int kc, bool add) {
-    tile_body(cb, bp, ap, lda, kc, add, MR_W, NV_W);
+    if (lda == FT_GEMM_KC) tile_body(cb, bp, ap, FT_GEMM_KC, kc, add, MR_W, NV_W);
+    else tile_body(cb, bp, ap, lda, kc, add, MR_W, NV_W);
 }
 ISA_TARGET static void tile_narrow(float *cb, const float *bp, const float *ap, int64_t lda, int kc, bool add) {
-    tile_body(cb, bp, ap, lda, kc, add, MR_N, NV_N);
+    if (lda == FT_GEMM_KC) tile_body(cb, bp, ap, FT_GEMM_KC, kc, add, MR_N, NV_N);
+    else tile_body(cb, bp, ap, lda, kc, add, MR_N, NV_N);
 }
 
 ISA_TARGET static void store(float *C, int64_t ldc, const float *cb, int nr, int rows, int cols, float alpha,
@@ -165,10 +182,7 @@ KINLINE void dot_body(float *out, const float *x, const uint8_t *w, size_t rb, f
     }
 #pragma GCC unroll 4
     for (int r = 0; r < NRW; r++) {
-        vf s = acc[r][0] + acc[r][1];
-        float t = 0;
-        for (int i = 0; i < VL; i++) t += s[i];
-        out[r] = t;
+        out[r] = hsum(acc[r][0] + acc[r][1]);
     }
 }
 
@@ -202,10 +216,7 @@ KINLINE void dot_body_h16(float *out, const float *x, const uint8_t *w, size_t r
     }
 #pragma GCC unroll 4
     for (int r = 0; r < NRW; r++) {
-        vf s = acc[r][0] + acc[r][1];
-        float t = 0;
-        for (int i = 0; i < VL; i++) t += s[i];
-        out[r] = t;
+        out[r] = hsum(acc[r][0] + acc[r][1]);
     }
 }
 #endif

@@ -299,7 +299,7 @@ int ftune_dtype_is_native(const char *dtype) {
     if (ft_compute_parse(dtype, "dtype", &c)) { ft_err_clear(); return 0; }
     if (c == FT_F32) return 1;
     /* f16: no AVX512_FP16 / AMX-FP16 kernels exist here; F16C only widens */
-    return c == FT_BF16 && ft_cpu_has_avx512bf16() && ft_cpu_level() >= FT_CPU_AVX512;
+    return c == FT_BF16 && ft_cpu_has_avx512bf16() && ft_cpu_level() >= FT_CPU_AVX512BF16;
 }
 
 void ftune_model_get_info(const ftune_model *m, ftune_model_info *info) {
