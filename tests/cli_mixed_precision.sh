@@ -186,6 +186,11 @@ n=$(grep -c "runs on the widening path" "$tmp/err.txt")
 $PY -c "
 import json; a=json.loads('''$eb'''); b=json.loads('''$ew''')
 print('  bf16 eval loss, native level %.7f, widening (avx2) %.7f' % (a['loss'], b['loss']))
-# the same rounded products; only the kernels' f32 sum order may differ (1e-6)
-assert abs(a['loss'] - b['loss']) <= 1e-6 * a['loss']
+# the same rounded operands, but VDPBF16PS sums in another f32 order (pairs,
+# subnormals flushed): ~1e-7 per product, and where that moves an
+# activation across a bf16 rounding boundary the next layer's operand moves
+# by a whole bf16 ulp (2^-8) -- so the loss moves by more than the sums do:
+# measured 1.1e-5 relative; 5e-5 is 5x that, and well under the 1.4e-4 that
+# separates bf16 from f32 (a kernel that did not round would fail it)
+assert abs(a['loss'] - b['loss']) <= 5e-5 * a['loss']
 " && [ "$n" = 1 ] && pass bf16_widening_path || fail bf16_widening_path "note printed $n times; $eb vs $ew"
