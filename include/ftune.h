@@ -82,6 +82,10 @@ FTUNE_API const char *ftune_model_dtype(const ftune_model *m);
  * (bf16: AVX512_BF16), 0 when it widens them to f32 first (same results,
  * slower) or the name is not a compute dtype; "f32" is always 1. */
 FTUNE_API int ftune_dtype_is_native(const char *dtype);
+/* The kernel level this process's matrix products run on: "generic",
+ * "avx2", "avx512" or "avx512bf16" (the best this CPU supports, capped by
+ * the environment variable FTUNE_CPU). */
+FTUNE_API const char *ftune_kernel_level(void);
 
 typedef struct {
     char arch[32];         /* "llama", "qwen2", "mistral", ... */

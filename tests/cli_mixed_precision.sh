@@ -194,3 +194,12 @@ print('  bf16 eval loss, native level %.7f, widening (avx2) %.7f' % (a['loss'], 
 # separates bf16 from f32 (a kernel that did not round would fail it)
 assert abs(a['loss'] - b['loss']) <= 5e-5 * a['loss']
 " && [ "$n" = 1 ] && pass bf16_widening_path || fail bf16_widening_path "note printed $n times; $eb vs $ew"
+# 8. ftune info names the kernel level, which FTUNE_CPU caps, and whether bf16 is native there
+ig=$(FTUNE_CPU=generic "$FT" info -m "$HF" 2>&1 | grep '^kernels:')
+ia=$("$FT" info -m "$HF" 2>&1 | grep '^kernels:')
+[ "$ig" = "kernels:        generic (this CPU; bf16 products widened to f32)" ] && [ -n "$ia" ] &&
+    pass info_kernels || fail info_kernels "generic: '$ig', default: '$ia'"
+if grep -qw avx512_bf16 /proc/cpuinfo && grep -qw avx512f /proc/cpuinfo; then
+    [ "$ia" = "kernels:        avx512bf16 (this CPU; bf16 products native)" ] && pass info_kernels_bf16 ||
+        fail info_kernels_bf16 "$ia"
+fi

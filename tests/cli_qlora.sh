@@ -95,3 +95,19 @@ else fail quant_resume_none "rc $rc: $out"; fi
 if "$FT" train -m "$HF" -o "$tmp/ckq" $OPT --steps 4 --save-every 2 --resume "$tmp/ckq/checkpoint-2" --quant nf4 > "$tmp/r.log" 2>&1; then
     pass quant_resume_same
 else fail quant_resume_same "$(tail -3 "$tmp/r.log")"; fi
+# eval and generate quantize on load too: the nf4 base's eval loss moves from
+# the bf16 base's by what the training run's validation saw before step 1
+# (the same tolerance, 0.2%..5%), int8's by less than 0.5%
+head -c 4000 "$D/text/tinyshakespeare/input.txt" > "$tmp/ev.txt"
+e16=$("$FT" eval -m "$tmp/bf16" --text "$tmp/ev.txt" --json -t 1 2>/dev/null)
+e4=$("$FT" eval -m "$tmp/bf16" --text "$tmp/ev.txt" --json -t 1 --quant nf4 2>/dev/null)
+e8=$("$FT" eval -m "$tmp/bf16" --text "$tmp/ev.txt" --json -t 1 --quant int8 2>/dev/null)
+if $PY -c "
+import json, sys
+a, b, c = (json.loads(x)['loss'] for x in sys.argv[1:])
+print('  eval loss bf16 %.5f, nf4 %.5f, int8 %.5f' % (a, b, c))
+sys.exit(0 if 0.002 <= abs(b / a - 1) < 0.05 and abs(c / a - 1) < 0.005 and c != a else 1)" "$e16" "$e4" "$e8"; then
+    pass eval_quant
+else fail eval_quant "bf16 $e16, nf4 $e4, int8 $e8"; fi
+g=$("$FT" generate -m "$tmp/bf16" -p "ROMEO:" -n 8 --temp 0 --quiet -t 1 --quant nf4 2>&1) && [ -n "$g" ] && pass generate_quant ||
+    fail generate_quant "$g"

@@ -60,7 +60,7 @@ static int eval_doc(ftune_session *s, const ftune_tokenizer *tok, const char *te
 }
 
 int cmd_eval(int argc, char **argv) {
-    const char *model = NULL, *dtype = NULL, *text_path = NULL, *jsonl_path = NULL, *tokenizer = NULL, *field = "text";
+    const char *model = NULL, *dtype = NULL, *quant = NULL, *text_path = NULL, *jsonl_path = NULL, *tokenizer = NULL, *field = "text";
     const char *adapter = NULL;
     int threads = 0, ctx = 0;
     bool json = false, no_bos = false, progress = false;
@@ -77,6 +77,7 @@ int cmd_eval(int argc, char **argv) {
           "show progress and ETA on stderr even when it is not a terminal" },
         { "-t", "--threads", OPT_INT, &threads, "N", "threads; 0 = all cores" },
         { NULL, "--dtype", OPT_STR, &dtype, "T", "compute dtype of the matrix products: f32 (reference), bf16 or f16 (bf16/f16 inputs, f32 sums)" },
+        { NULL, "--quant", OPT_STR, &quant, "TYPE", "quantize the layers' Linear weights on load: nf4 (bitsandbytes NF4 + double quantization) or int8 (row-wise)" },
         { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
         { NULL, "--no-bos", OPT_FLAG, &no_bos, "", "do not prepend BOS to each document" },
         { 0 },
@@ -108,7 +109,7 @@ int cmd_eval(int argc, char **argv) {
     size_t len;
     char *data = slurp(path, &len);
     if (!data) { fprintf(stderr, "ftune eval: error: %s: cannot read\n", path); return 1; }
-    ftune_model *m = cli_load_model_dtype("eval", model, tokenizer, ctx, true, dtype);
+    ftune_model *m = cli_load_model_with("eval", model, tokenizer, ctx, true, dtype, quant);
     if (!m) { free(data); return 1; }
     if (adapter) {
         ftune_status sa = ftune_model_load_adapter(m, adapter);

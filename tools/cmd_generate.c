@@ -10,7 +10,7 @@
 #include "cli.h"
 
 int cmd_generate(int argc, char **argv) {
-    const char *model = NULL, *dtype = NULL, *prompt = "", *tokenizer = NULL, *adapter = NULL;
+    const char *model = NULL, *dtype = NULL, *quant = NULL, *prompt = "", *tokenizer = NULL, *adapter = NULL;
     int n_predict = -1, threads = 0, ctx = 0;
     bool no_bos = false, quiet = false;
     ftune_sampler_params sp;
@@ -30,6 +30,7 @@ int cmd_generate(int argc, char **argv) {
         { "-s", "--seed", OPT_U64, &seed, "S", "random seed (default: from the clock, printed to stderr)" },
         { "-t", "--threads", OPT_INT, &threads, "N", "threads; 0 = all cores" },
         { NULL, "--dtype", OPT_STR, &dtype, "T", "compute dtype of the matrix products: f32 (reference), bf16 or f16 (bf16/f16 inputs, f32 sums)" },
+        { NULL, "--quant", OPT_STR, &quant, "TYPE", "quantize the layers' Linear weights on load: nf4 (bitsandbytes NF4 + double quantization) or int8 (row-wise)" },
         { "-c", "--ctx-size", OPT_INT, &ctx, "N", "context length; 0 = the model's" },
         { NULL, "--ctx", OPT_INT, &ctx, "N", "the same as --ctx-size" },
         { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
@@ -61,7 +62,7 @@ int cmd_generate(int argc, char **argv) {
     if (!cli_seen(&cmd, "--seed")) seed = (uint64_t)time(NULL);
     sp.seed = seed;
 
-    ftune_model *m = cli_load_model_dtype("generate", model, tokenizer, ctx, true, dtype);
+    ftune_model *m = cli_load_model_with("generate", model, tokenizer, ctx, true, dtype, quant);
     if (!m) return 1;
     ftune_status st;
     if (adapter && (st = ftune_model_load_adapter(m, adapter))) {

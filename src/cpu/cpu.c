@@ -2,6 +2,7 @@
  * the CPU has, xgetbv for what the OS saves on a context switch: a CPU may
  * have AVX-512 while the kernel does not enable the zmm state). */
 #include "cpu/cpu.h"
+#include "ftune.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -100,3 +101,5 @@ const char *ft_cpu_level_name(int level) {
     default: return "?";
     }
 }
+
+FTUNE_API const char *ftune_kernel_level(void) { return ft_cpu_level_name(ft_cpu_level()); }
