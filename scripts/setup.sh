@@ -13,6 +13,7 @@ PKGS=(
   python3-venv        # the virtual environment for the ecosystem test packages (.venv)
   python3-yaml python3-requests python3-psutil  # their dependencies that Debian already packages
   openmpi-bin libopenmpi-dev  # data-parallel training (mpirun, mpicc); the tests run ranks on loopback
+  iproute2            # ip netns: the MPI test that runs two ranks in two network namespaces
   libdnnl-dev         # oneDNN: only make bench-gemm links it, to compare our bf16 kernels with
 )
 missing=()
