@@ -3,7 +3,8 @@
 # the option and its help, the errors (0, negative, more than the layers),
 # and short runs whose per-step losses, gradient norms and final adapter (or
 # model) are bit-identical to the run without it: LoRA with dropout in f32
-# (K omitted, 2, 3), bf16 and NF4 bases; full fine-tuning. The printed
+# (K omitted, 2, 3), bf16 and NF4 bases; full fine-tuning; a checkpoint
+# saved with it resumed without it. The printed
 # memory table plans fewer activation bytes with it.
 set -u
 FT=${FTUNE:-build/ftune}
@@ -62,6 +63,11 @@ train -o "$tmp/k3" --grad-checkpoint=3 2> "$tmp/k3.txt" || fail run_k3 "$(cat "$
 same_run lora_k1_bit_identical "$tmp/off" "$tmp/k1" adapter_model.safetensors
 same_run lora_k2_bit_identical "$tmp/off" "$tmp/k2" adapter_model.safetensors
 same_run lora_k3_bit_identical "$tmp/off" "$tmp/k3" adapter_model.safetensors
+# a checkpoint written with it resumes without it (nothing about it is saved)
+train -o "$tmp/rs" --grad-checkpoint 2 --save-every 2 2> "$tmp/err.txt" || fail run_save "$(cat "$tmp/err.txt")"
+train -o "$tmp/rs" --resume "$tmp/rs/checkpoint-2" 2> "$tmp/err.txt" \
+    && cmp -s "$tmp/rs/adapter_model.safetensors" "$tmp/off/adapter_model.safetensors" && pass resume_without_it \
+    || fail resume_without_it "$(cat "$tmp/err.txt")"
 a0=$(acts_planned "$tmp/off.txt"); a1=$(acts_planned "$tmp/k1.txt")
 awk -v a="$a0" -v b="$a1" 'BEGIN { exit !(b + 0 < a + 0) }' && pass memory_table_fewer_activations \
     || fail memory_table_fewer_activations "planned activations $a1 MiB with K=1, $a0 MiB without"

@@ -46,7 +46,9 @@ typedef struct {
                            * is kept, and a segment's forward is run again just before its backward into
                            * one segment's activation buffers. The same ops on the same inputs with the
                            * same dropout seeds: the gradients are bit-identical to K = 0. The last
-                           * segment's activations are still live after forward and are not recomputed. */
+                           * segment's activations are still live after forward and are not recomputed.
+                           * Block hooks (ft_trainer_set_hooks) see the recomputed forward calls too:
+                           * FT_BLOCK_PRE/POST_FORWARD again before that segment's backward. */
 } ft_train_opts;
 
 /* The compute type for ftune_train_opts.dtype: NULL the model's, else
