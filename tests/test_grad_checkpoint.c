@@ -6,7 +6,8 @@
  * (two sets of dropout masks) and an eval: every loss and every gradient
  * must be bit-identical (memcmp), since recomputing runs the same ops on
  * the same inputs with the same mask seeds. Also the activation plan
- * shrinks, and K outside 0..L is refused with a message naming it. */
+ * shrinks, K outside 0..L is refused with a message naming it, and the
+ * public ftune_trainer passes the option on. */
 #include "ftune.h"
 #include "core/core.h"
 #include "model/model.h"
@@ -184,6 +185,43 @@ static void test_bad_k(void) {
     ftune_model_free(m);
 }
 
+/* The public step-by-step trainer passes the option on: five optimizer
+ * steps (dropout, AdamW) give the same loss bits with K = 2 and 3 as
+ * without, and K = 6 is refused. */
+static void test_public_trainer(void) {
+    ftune_model *m = NULL;
+    CHECK_OK(ftune_model_load(&m, stories_hf, NULL));
+    if (!m) return;
+    double ref[5] = { 0 };
+    int Ks[] = { 0, 2, 3 };
+    for (size_t i = 0; i < sizeof Ks / sizeof Ks[0]; i++) {
+        ftune_train_opts o;
+        ftune_train_opts_default(&o);
+        o.ctx = 24; o.batch_size = 2; o.n_threads = 2; o.lora_dropout = 0.2f; o.grad_checkpoint = Ks[i];
+        ftune_trainer *t = NULL;
+        CHECK_OK(ftune_trainer_new(&t, m, &o));
+        if (!t) continue;
+        for (int s = 0; s < 5; s++) {
+            small_batch b;
+            make_batch(&b, 2, 24, m->cfg.V, 10 + (uint64_t)s);
+            int32_t tgt[2 * 24];
+            for (int j = 0; j < 2 * 24; j++) tgt[j] = b.tgt[j];
+            double loss = 0;
+            CHECK_OK(ftune_trainer_step(t, b.tok, tgt, 2, 24, 1e-2, &loss));
+            if (i == 0) ref[s] = loss;
+            else CHECKF(memcmp(&loss, &ref[s], sizeof loss) == 0, "K=%d step %d: loss %.17g, without %.17g", Ks[i], s,
+                        loss, ref[s]);
+        }
+        ftune_trainer_free(t);
+    }
+    ftune_train_opts o;
+    ftune_train_opts_default(&o);
+    o.ctx = 24; o.grad_checkpoint = 6;
+    ftune_trainer *t = NULL;
+    CHECK(ftune_trainer_new(&t, m, &o) == FTUNE_ERR_ARG && !t);
+    ftune_model_free(m);
+}
+
 int main(void) {
     check_data_path(stories_hf, sizeof stories_hf, "models/stories260K-hf");
     RUN(test_lora_f32);
@@ -193,5 +231,6 @@ int main(void) {
     RUN(test_full_bf16);
     RUN(test_lora_nf4);
     RUN(test_bad_k);
+    RUN(test_public_trainer);
     CHECK_EXIT();
 }
