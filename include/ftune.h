@@ -417,6 +417,14 @@ typedef struct {
      * bf16/f16 is FTUNE_ERR_ARG (its weights were rounded at load). A run
      * resumes only in the dtype its checkpoint was trained in. NULL */
     const char *dtype;
+    /* Gradient checkpointing: 0 off; K (1 ..the model's layers): keep only
+     * every K-th block's input and run each segment of K blocks forward
+     * again just before its backward, so activation memory holds one
+     * segment's blocks instead of all of them, for about one more forward
+     * of compute. Gradients, losses and results are bit-identical to 0
+     * (the same ops, dropout masks and compute dtype). K outside 0..layers
+     * is FTUNE_ERR_ARG. 0 */
+    int grad_checkpoint;
     /* data parallelism (a job of ftune_dist_world() ranks; one rank: no effect) */
     int zero;                  /* ZeRO stage: 0 every rank keeps the whole optimizer state,
                                 * 1 each rank keeps and updates its shard of it (2, 3: not
@@ -524,8 +532,8 @@ FTUNE_API ftune_status ftune_train_run(const ftune_train_opts *o, ftune_train_pr
  * schedule, validation or files. From opts it uses mode, the lora_* fields
  * (lora_set and init_adapter must be unset), seed, batch_size (the most
  * rows a step may have), ctx (the longest row; 0: min(512, the model's
- * context)), weight_decay, beta1, beta2, adam_eps, max_grad_norm and
- * n_threads; the model must outlive the trainer and is not modified. */
+ * context)), weight_decay, beta1, beta2, adam_eps, max_grad_norm,
+ * dtype, grad_checkpoint and n_threads; the model must outlive the trainer and is not modified. */
 typedef struct ftune_trainer ftune_trainer;
 FTUNE_API ftune_status ftune_trainer_new(ftune_trainer **out, const ftune_model *m, const ftune_train_opts *opts);
 FTUNE_API void ftune_trainer_free(ftune_trainer *tr);

@@ -104,7 +104,8 @@ static void fill_batch(ft_batch *b, int B, int T, int V, uint64_t seed) {
 }
 
 /* One training configuration: trainer + AdamW, one step and one update. */
-static void run_train(ft_train_mode mode, int B, int T) {
+/* K: gradient checkpointing every K blocks, 0 off. */
+static void run_train(ft_train_mode mode, int B, int T, int K) {
     size_t baseline;
     CHECK(ft_mem_rss_reset_peak());
     CHECK(ft_mem_rss(&baseline, NULL));
@@ -118,6 +119,7 @@ static void run_train(ft_train_mode mode, int B, int T) {
     o.max_B = B;
     o.max_T = T;
     o.n_threads = 2;
+    o.grad_checkpoint = K;
     ft_train_plan plan;
     CHECK_OK(ft_trainer_plan(&m->cfg, &o, &plan));
     ft_trainer *tr = NULL;
@@ -148,7 +150,7 @@ static void run_train(ft_train_mode mode, int B, int T) {
     ft_mem_table t = { 0 };
     ft_trainer_mem_table(tr, &t);
     /* the data row is this test's one batch, not something the trainer plans */
-    check_table(mode == FT_TRAIN_LORA ? "LoRA" : "full", &t, baseline);
+    check_table(K ? "LoRA, --grad-checkpoint 2" : mode == FT_TRAIN_LORA ? "LoRA" : "full", &t, baseline);
     ft_batch_free(&b);
     ft_adamw_free(&opt);
     free(ps);
@@ -223,10 +225,13 @@ static void in_child(void (*fn)(void *), void *arg) {
     CHECKF(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "child status 0x%x", ws);
 }
 
-static void lora_child(void *a) { (void)a; run_train(FT_TRAIN_LORA, 1, 256); }
-static void full_child(void *a) { (void)a; run_train(FT_TRAIN_FULL, 1, 64); }
+static void lora_child(void *a) { (void)a; run_train(FT_TRAIN_LORA, 1, 256, 0); }
+static void lora_ckpt_child(void *a) { (void)a; run_train(FT_TRAIN_LORA, 1, 256, 2); }
+static void full_child(void *a) { (void)a; run_train(FT_TRAIN_FULL, 1, 64, 0); }
 static void infer_child(void *a) { (void)a; run_infer(256); }
 static void test_table_lora(void) { in_child(lora_child, NULL); }
+/* checkpointing: the plan's smaller activation arena is what is measured */
+static void test_table_lora_grad_checkpoint(void) { in_child(lora_ckpt_child, NULL); }
 static void test_table_full(void) { in_child(full_child, NULL); }
 static void test_table_inference(void) { in_child(infer_child, NULL); }
 
@@ -421,6 +426,8 @@ int main(void) {
     if (!UNDER_ASAN) {
         t0 = ft_time_s();
         RUN(test_table_lora);
+        printf("  %.1f s\n", ft_time_s() - t0);
+        RUN(test_table_lora_grad_checkpoint);
         printf("  %.1f s\n", ft_time_s() - t0);
         RUN(test_table_full);
         printf("  %.1f s\n", ft_time_s() - t0);

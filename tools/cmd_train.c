@@ -101,6 +101,23 @@ static int parse_num(const char *name, const char *s, double *out) {
     return 0;
 }
 
+/* Whether s is a whole (signed) decimal integer. */
+static bool is_int_arg(const char *s) {
+    if (*s == '-' || *s == '+') s++;
+    if (!*s) return false;
+    for (; *s; s++)
+        if (*s < '0' || *s > '9') return false;
+    return true;
+}
+
+/* --grad-checkpoint takes an optional K: a bare one (followed by another
+ * option or by nothing) becomes --grad-checkpoint=1 for the parser. */
+static void default_grad_checkpoint(int argc, char **argv) {
+    static char one[] = "--grad-checkpoint=1";
+    for (int i = 0; i < argc; i++)
+        if (strcmp(argv[i], "--grad-checkpoint") == 0 && (i + 1 >= argc || !is_int_arg(argv[i + 1]))) argv[i] = one;
+}
+
 /* *together: the run failed the same way on every rank (an interruption they
  * agreed on), so the job can end without MPI_Abort. */
 static int train_main(int argc, char **argv, const char *me, int rank, bool *together) {
@@ -177,6 +194,10 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
           "inputs summed in f32, f32 master weights, norms, loss and optimizer. bf16 needs no loss scaling (f32's "
           "range); f16 would underflow without it and turns on --loss-scale dynamic. A checkpoint resumes only in its own "
           "dtype" },
+        { NULL, "--grad-checkpoint", OPT_INT, &o.grad_checkpoint, "[K]",
+          "gradient checkpointing: keep only every K-th block's input and recompute each segment of K blocks "
+          "before its backward (K omitted: 1, every block, as Hugging Face's gradient_checkpointing). Less "
+          "activation memory for about one more forward; bit-identical results; 0 = off" },
         { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
         { NULL, "--quant", OPT_STR, &quant, "TYPE",
           "nf4: quantize the frozen base weights on load (NF4 + double quantization, QLoRA); int8: row-wise int8; "
@@ -193,8 +214,14 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
                     "Under mpirun -np N, the N ranks train together: --batch-size is the global batch, split\n"
                     "over the ranks; only rank 0 writes to OUT_DIR.",
                     opts, NULL, 0, 0 };
+    default_grad_checkpoint(argc, argv);
     int r = cli_parse(&cmd, argc, argv);
     if (r) return r > 0 ? 0 : 2;
+    if (cli_seen(&cmd, "--grad-checkpoint") && o.grad_checkpoint < 1) {
+        fprintf(stderr, "ftune train: --grad-checkpoint %d: K must be at least 1 (keep every K-th block's input, up "
+                "to the model's layer count; without the option checkpointing is off)\n", o.grad_checkpoint);
+        return 2;
+    }
     double v;
     struct { const char *name, *s; double *d; float *f; } nums[] = {
         { "--val-split", val_split, &o.val_split, NULL }, { "--lora-alpha", lora_alpha, NULL, &o.lora_alpha },

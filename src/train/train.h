@@ -41,6 +41,14 @@ typedef struct {
                              * instead of compute copies (the same numbers; for tests) */
     bool f32_acts;        /* bf16/f16: keep the Linears' inputs ln1, ln2, atty saved in f32 instead
                            * of the compute type (the same numbers; for tests) */
+    int grad_checkpoint;  /* gradient checkpointing: 0 off; K in 1..L: the blocks run in segments of K
+                           * (the last may be shorter), only each segment's input (the residual stream)
+                           * is kept, and a segment's forward is run again just before its backward into
+                           * one segment's activation buffers. The same ops on the same inputs with the
+                           * same dropout seeds: the gradients are bit-identical to K = 0. The last
+                           * segment's activations are still live after forward and are not recomputed.
+                           * Block hooks (ft_trainer_set_hooks) see the recomputed forward calls too:
+                           * FT_BLOCK_PRE/POST_FORWARD again before that segment's backward. */
 } ft_train_opts;
 
 /* The compute type for ftune_train_opts.dtype: NULL the model's, else

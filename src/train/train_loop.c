@@ -1231,6 +1231,7 @@ static ftune_status setup(run *r) {
     r->topts.max_B = r->B / r->world; /* this rank's rows of a micro-batch */
     r->topts.max_T = r->T;
     r->topts.n_threads = o->n_threads;
+    r->topts.grad_checkpoint = o->grad_checkpoint;
     TRY(ft_train_compute_of(r->m, o->dtype, &r->topts.compute));
     if (o->init_adapter) TRY(read_init_adapter(r));
     TRY(ft_trainer_new(&r->tr, r->m, &r->topts));

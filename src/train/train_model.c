@@ -28,7 +28,16 @@
  * rounded input (lora.c), so no result changes. The residual stream (read
  * by rmsnorm's backward), q, k, v and lse (attention's backward), gate and
  * up (SwiGLU's backward), rstd stay f32: f32 ops read them, and rounding
- * them would change the gradients. */
+ * them would change the gradients.
+ *
+ * Gradient checkpointing (o.grad_checkpoint = K > 0): the L blocks run in
+ * segments of K; res keeps only each segment's input and the last block's
+ * output, plus K-1 rows for the inputs inside one segment, and la holds K
+ * blocks' activations (block l uses slot l % K). Backward re-runs each
+ * segment's forward (ft_block_forward, the same io and mask seeds) before
+ * backpropagating through it, except the last segment, whose activations
+ * are still those of the forward. Forward is a pure function of (x,
+ * weights, io), so the gradients are bit-identical to K = 0. */
 #include "train/train.h"
 #include "nn/block.h"
 #include "nn/lm_loss.h"
@@ -70,8 +79,9 @@ struct ft_trainer {
     layer_grads *lg;          /* (L) */
     /* activations */
     float *act_arena;
-    float *res;               /* (L+1, BT, C) residual stream: block inputs, then the last output */
-    layer_acts *la;           /* (L) */
+    float *res;               /* (L+1, BT, C) residual stream: block inputs, then the last output;
+                               * checkpointing: (n_seg + K, BT, C), see block_in */
+    layer_acts *la;           /* (L) or, checkpointing, (K): see acts_slot */
     float *lnf, *rstdf;       /* (BT, C), (BT) */
     /* scratch */
     float *scr_arena;
@@ -239,10 +249,26 @@ static int max_in(const ft_config *c) {
 
 static int ce_rows(const ft_config *c, size_t BT) { return ft_lm_loss_chunk_rows(c->V, (int)BT); }
 
+/* Checkpointing with K: segments of K blocks, the last one shorter when K
+ * does not divide L. */
+static int n_segments(const ft_config *c, const ft_train_opts *o) {
+    return o->grad_checkpoint ? (c->L + o->grad_checkpoint - 1) / o->grad_checkpoint : c->L;
+}
+/* Rows of the residual arena: every block input and the last output; or,
+ * checkpointing, each segment's input, the last output and the K-1 inputs
+ * inside the segment being run. */
+static int res_rows(const ft_config *c, const ft_train_opts *o) {
+    return o->grad_checkpoint ? n_segments(c, o) + o->grad_checkpoint : c->L + 1;
+}
+/* Blocks whose activations are held at once. */
+static int act_slots(const ft_config *c, const ft_train_opts *o) {
+    return o->grad_checkpoint ? o->grad_checkpoint : c->L;
+}
+
 static void carve_acts(ft_trainer *tr, carver *cv, const ft_config *c, const ft_train_opts *o) {
     size_t BT = (size_t)o->max_B * o->max_T, C = c->C, F = c->F, qd = (size_t)c->NH * c->HS,
            kvd = (size_t)c->NKV * c->HS;
-    float *res = carve(cv, (size_t)(c->L + 1) * BT * C);
+    float *res = carve(cv, (size_t)res_rows(c, o) * BT * C);
     if (tr) tr->res = res;
     /* bf16/f16: ln1, atty and ln2 are saved in the compute type (half the
      * bytes; they feed only products, which round them anyway) and pass
@@ -250,7 +276,7 @@ static void carve_acts(ft_trainer *tr, carver *cv, const ft_config *c, const ft_
     bool small = o->compute != FT_F32 && !o->f32_acts;
     float *shared = small ? carve(cv, BT * (C > qd ? C : qd)) : NULL;
 #define CARVE_C(n) ((void *)carve(cv, ((size_t)ft_dtype_nbytes(o->compute, (int64_t)(n)) + 3) / 4))
-    for (int l = 0; l < c->L; l++) {
+    for (int l = 0; l < act_slots(c, o); l++) {
         layer_acts a = { 0 };
         a.rstd1 = carve(cv, BT);
         a.q = carve(cv, BT * qd); a.k = carve(cv, BT * kvd); a.v = carve(cv, BT * kvd);
@@ -300,6 +326,11 @@ static ftune_status check_opts(const ft_config *c, const ft_train_opts *o) {
         return ft_err(FTUNE_ERR_ARG, "compute dtype %d is not f32, bf16 or f16", (int)o->compute);
     if (o->max_B < 1 || o->max_T < 1 || (int64_t)o->max_B * o->max_T > (1 << 24))
         return ft_err(FTUNE_ERR_ARG, "micro-batch of %d x %d tokens is not a valid size", o->max_B, o->max_T);
+    if (o->grad_checkpoint < 0 || o->grad_checkpoint > c->L)
+        return ft_err(FTUNE_ERR_ARG,
+                      "gradient checkpointing every %d blocks (--grad-checkpoint %d): K must be in 1..%d, the "
+                      "model's layer count (0: off)",
+                      o->grad_checkpoint, o->grad_checkpoint, c->L);
     if (o->mode == FT_TRAIN_LORA) {
         if (o->lora.r < 1 || o->lora.r > 65536) return ft_err(FTUNE_ERR_ARG, "LoRA rank %d is not in 1..65536", o->lora.r);
         if (!(o->lora.targets & FT_MOD_ALL) || (o->lora.targets & ~(unsigned)FT_MOD_ALL))
@@ -334,7 +365,7 @@ static void other_sizes(const ft_config *c, const ft_train_opts *o, int n_params
     sz[O_LORAS] = (size_t)c->L * FT_N_MODS * sizeof(ft_lora);
     sz[O_SET] = (size_t)c->L * FT_N_MODS * sizeof(ft_adapter_inst *);
     sz[O_LG] = (size_t)c->L * sizeof(layer_grads);
-    sz[O_LA] = (size_t)c->L * sizeof(layer_acts);
+    sz[O_LA] = (size_t)act_slots(c, o) * sizeof(layer_acts);
     sz[O_INV_FREQ] = (size_t)c->HS / 2 * sizeof(float);
     sz[O_IDX] = (size_t)o->max_T * sizeof(int);
     sz[O_POS0] = (size_t)o->max_B * o->max_T * sizeof(int);
@@ -556,7 +587,7 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
     carver ca = { tr->act_arena, 0 }, cs = { tr->scr_arena, 0 };
     carve_acts(tr, &ca, c, o);
     carve_scratch(tr, &cs, c, o, tr->nt);
-    for (int l = 0; l < c->L; l++) tr->la[l].h = tr->hbuf;
+    for (int l = 0; l < act_slots(c, o); l++) tr->la[l].h = tr->hbuf;
     ft_rope_setup(tr->inv_freq, c, m->rope_freq_factors);
     for (int t = 0; t < o->max_T; t++) tr->idx[t] = t;
     if (o->mode == FT_TRAIN_FULL) bind_full(tr);
@@ -695,12 +726,30 @@ static ft_block_env block_env(const ft_trainer *tr) {
                            .hooks = tr->hooks, .adapters = tr->set };
 }
 
+/* Block l's activations: its own, or checkpointing its slot l % K. */
+static layer_acts *acts_slot(const ft_trainer *tr, int l) {
+    return &tr->la[tr->o.grad_checkpoint ? l % tr->o.grad_checkpoint : l];
+}
+
+/* Block l's input, l = L the last block's output, rows of BTC floats.
+ * Checkpointing with K: row s holds segment s's input (block sK), row
+ * n_seg the last output, rows n_seg + j (j = 1..K-1) the input of block
+ * sK + j of the segment being run. */
+static float *block_in(const ft_trainer *tr, int l, size_t BTC) {
+    int K = tr->o.grad_checkpoint, L = tr->cfg.L;
+    if (!K) return tr->res + (size_t)l * BTC;
+    int n_seg = n_segments(&tr->cfg, &tr->o);
+    int row = l == L ? n_seg : l % K == 0 ? l / K : n_seg + l % K;
+    return tr->res + (size_t)row * BTC;
+}
+
 /* Block l's call: its own keys/values (no cache), causal over the row. */
 static ft_block_io block_io(const ft_trainer *tr, const ft_batch *b, const int *pos, int l, bool train,
                             uint64_t *seeds) {
     for (int k = 0; k < FT_N_MODS; k++) seeds[k] = mask_seed(tr, l, k);
-    ft_block_io io = { .B = b->B, .T = b->T, .pos = pos, .q_pos = tr->idx, .keys = tr->la[l].k,
-                       .values = tr->la[l].v, .Tk = b->T, .doc = b->doc, .train = train, .mask_seed = seeds };
+    const layer_acts *a = acts_slot(tr, l);
+    ft_block_io io = { .B = b->B, .T = b->T, .pos = pos, .q_pos = tr->idx, .keys = a->k,
+                       .values = a->v, .Tk = b->T, .doc = b->doc, .train = train, .mask_seed = seeds };
     if (tr->P > 0) {
         size_t off = (size_t)l * tr->P * tr->cfg.NKV * tr->cfg.HS;
         io.P = tr->P;
@@ -729,16 +778,16 @@ static double forward(ft_trainer *tr, const ft_batch *b, const int *pos, bool tr
     ft_block_env e = block_env(tr);
     const ft_backend *be = &tr->be;
     if (tr->n_copies && (tr->copies_stale || !train)) refresh_copies(tr);
-    be->embedding_forward(be, tr->res, b->tokens, &tr->tok_embd, BT);
+    size_t BTC = (size_t)BT * C;
+    be->embedding_forward(be, block_in(tr, 0, BTC), b->tokens, &tr->tok_embd, BT);
     for (int l = 0; l < c->L; l++) {
         uint64_t seeds[FT_N_MODS];
         ft_block_io io = block_io(tr, b, pos, l, train, seeds);
-        ft_block_acts a = tr->la[l];
+        ft_block_acts a = *acts_slot(tr, l);
         if (!train) a.lse = NULL; /* nothing is saved for backward */
-        ft_block_forward(&e, &tr->layers[l], l, &a, tr->res + (size_t)(l + 1) * BT * C, tr->res + (size_t)l * BT * C,
-                         &io);
+        ft_block_forward(&e, &tr->layers[l], l, &a, block_in(tr, l + 1, BTC), block_in(tr, l, BTC), &io);
     }
-    be->rmsnorm_forward(be, tr->lnf, tr->rstdf, tr->res + (size_t)c->L * BT * C, tr->out_norm, BT, C, c->norm_eps);
+    be->rmsnorm_forward(be, tr->lnf, tr->rstdf, block_in(tr, c->L, BTC), tr->out_norm, BT, C, c->norm_eps);
     ft_lm_loss_env le = lm_env(tr);
     if (train) return ft_lm_loss_backward(&le, tr->dln, tr->d_lm_head, n_targets, tr->lnf, b->targets, BT, dloss_scale);
     return ft_lm_loss_forward(&le, n_targets, tr->lnf, b->targets, BT);
@@ -751,14 +800,30 @@ static void backward(ft_trainer *tr, const ft_batch *b, const int *pos) {
     const ft_backend *be = &tr->be;
     ft_block_scratch s = { .dln = tr->dln, .dq = tr->dq, .datty = tr->datty, .dk = tr->dk, .dv = tr->dv,
                            .h = tr->hbuf, .dh = tr->dh, .dgate = tr->dgate, .dup = tr->dup };
-    be->zero(be, tr->dres, (size_t)BT * C * sizeof(float));
-    be->rmsnorm_backward(be, tr->dres, tr->d_out_norm, tr->dln, tr->res + (size_t)c->L * BT * C, tr->out_norm,
-                         tr->rstdf, BT, C);
-    for (int l = c->L - 1; l >= 0; l--) {
-        uint64_t seeds[FT_N_MODS];
-        ft_block_io io = block_io(tr, b, pos, l, true, seeds);
-        ft_block_backward(&e, &tr->layers[l], l, &tr->lg[l], tr->dres, tr->res + (size_t)l * BT * C, &tr->la[l], &io,
-                          &s);
+    size_t BTC = (size_t)BT * C;
+    be->zero(be, tr->dres, BTC * sizeof(float));
+    be->rmsnorm_backward(be, tr->dres, tr->d_out_norm, tr->dln, block_in(tr, c->L, BTC), tr->out_norm, tr->rstdf, BT,
+                         C);
+    /* without checkpointing: one segment of L blocks, all saved by forward */
+    int K = tr->o.grad_checkpoint ? tr->o.grad_checkpoint : c->L, n_seg = (c->L + K - 1) / K;
+    for (int sg = n_seg - 1; sg >= 0; sg--) {
+        int l0 = sg * K, l1 = l0 + K < c->L ? l0 + K : c->L;
+        /* the segment's forward again (the last one's is still there); the
+         * last block's output overwrites the next segment's input, which
+         * its backward no longer needs, with the same values */
+        if (sg < n_seg - 1)
+            for (int l = l0; l < l1; l++) {
+                uint64_t seeds[FT_N_MODS];
+                ft_block_io io = block_io(tr, b, pos, l, true, seeds);
+                ft_block_forward(&e, &tr->layers[l], l, acts_slot(tr, l), block_in(tr, l + 1, BTC),
+                                 block_in(tr, l, BTC), &io);
+            }
+        for (int l = l1 - 1; l >= l0; l--) {
+            uint64_t seeds[FT_N_MODS];
+            ft_block_io io = block_io(tr, b, pos, l, true, seeds);
+            ft_block_backward(&e, &tr->layers[l], l, &tr->lg[l], tr->dres, block_in(tr, l, BTC), acts_slot(tr, l),
+                              &io, &s);
+        }
     }
     if (tr->d_tok_embd) be->embedding_backward(be, tr->d_tok_embd, tr->dres, b->tokens, BT, C, c->V);
 }
