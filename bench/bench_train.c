@@ -1,8 +1,8 @@
 /* bench_train.c — ftune's side of the training benchmark: a trainer with
  * rank-R LoRA on all seven Linears (dropout 0) and AdamW over the adapters,
  * or full fine-tuning (AdamW over every weight), in a compute dtype (f32,
- * bf16: the model is loaded for it), timed on optimizer steps over random (B, T) token batches whose
- * targets are the next tokens. A step is zero-grad, forward + backward,
+ * bf16: the model is loaded for it), timed on optimizer steps over random
+ * (B, T) token batches whose targets are the next tokens. A step is zero-grad, forward + backward,
  * global-norm clipping to 1 and the AdamW update, as one step of
  * `ftune train` with no accumulation. Prints one JSON line: median step
  * time, tokens/s = B·T / step, peak RSS. bench/torch_train_bench.py does
@@ -91,10 +91,12 @@ int main(int argc, char **argv) {
     double step_s = bench_median(dt, steps);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    printf("{\"engine\":\"ftune\",\"model\":\"%s\",\"dtype\":\"%s\",\"mode\":\"%s\",\"lora_r\":%d,\"B\":%d,\"T\":%d,\"steps\":%d,\"threads\":%d,"
+    printf("{\"engine\":\"ftune\",\"model\":\"%s\",\"dtype\":\"%s\",\"mode\":\"%s\",\"lora_r\":%d,"
+           "\"B\":%d,\"T\":%d,\"steps\":%d,\"threads\":%d,"
            "\"n_trainable\":%lld,\"step_s\":%.4f,\"tok_s\":%.2f,\"peak_rss_mb\":%.1f,"
            "\"first_loss\":%.4f,\"last_loss\":%.4f}\n",
-           argv[1], ftune_model_dtype(m), mode, o.mode == FTUNE_TRAIN_LORA ? R : 0, B, T, steps, ftune_trainer_n_threads(tr), (long long)ftune_trainer_n_trainable(tr), step_s,
+           argv[1], ftune_model_dtype(m), mode, o.mode == FTUNE_TRAIN_LORA ? R : 0, B, T, steps,
+           ftune_trainer_n_threads(tr), (long long)ftune_trainer_n_trainable(tr), step_s,
            (double)B * T / step_s, ru.ru_maxrss / 1024.0, first_loss, last_loss);
     free(dt);
     free(tok);

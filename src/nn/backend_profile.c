@@ -38,7 +38,9 @@ static void pr_download(const ft_backend *be, void *dst, const void *src, size_t
 static void pr_copy(const ft_backend *be, void *dst, const void *src, size_t bytes) {
     TIMED(FT_PROF_ELEMWISE, IN(be)->copy(IN(be), dst, src, bytes));
 }
-static void pr_zero(const ft_backend *be, void *p, size_t bytes) { TIMED(FT_PROF_ELEMWISE, IN(be)->zero(IN(be), p, bytes)); }
+static void pr_zero(const ft_backend *be, void *p, size_t bytes) {
+    TIMED(FT_PROF_ELEMWISE, IN(be)->zero(IN(be), p, bytes));
+}
 static void pr_sync(const ft_backend *be) { IN(be)->sync(IN(be)); }
 static size_t pr_linear_scratch(const ft_backend *be, int in, int R, int T, bool train) {
     return IN(be)->linear_scratch_floats(IN(be), in, R, T, train);
@@ -195,5 +197,5 @@ void ft_prof_print(const ft_prof *p, long long steps, FILE *f) {
                     span > 0 ? 100 * p->sec[k] / span : 0, p->calls[k] / steps);
     fprintf(f, "  %-22s %10.1f %5.1f%%\n", "ops total", 1e3 * sum / steps, span > 0 ? 100 * sum / span : 0);
     fprintf(f, "  %-22s %10.1f %5.1f%%\n", "outside the ops", 1e3 * (span - sum) / steps,
-            span > 0 ? 100 * (span - sum) / span : 0);
+            span > 0 ? 100 * (span - sum) / span : 0); /* clipping, the caller's loop */
 }
