@@ -143,7 +143,7 @@ $(BUILD)/bench_forward: bench/bench_forward.c $(BUILD)/libftune.a
 $(BUILD)/bench_train: bench/bench_train.c $(BUILD)/libftune.a
 	$(CC) $(CFLAGS) $(DEPFLAGS) -MF $(BUILD)/obj/bench_train.d -o $@ $< $(BUILD)/libftune.a $(LDFLAGS) $(LDLIBS)
 
-bench: all $(BUILD)/bench_forward $(BUILD)/bench_train
+bench: all $(BUILD)/bench_forward $(BUILD)/bench_train $(BUILD)/bench_gemm
 	BUILD=$(BUILD) bash bench/run.sh
 
 # data parallelism: llama-110m full fine-tuning over 1/2/4 MPI ranks, ZeRO 0/1 (bench/dist.sh)

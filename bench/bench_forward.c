@@ -41,13 +41,15 @@ static double read_bandwidth(int threads) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_forward MODEL [prefill=128] [decode=64] [threads=0] [runs=5] [quant: nf4|int8]\n");
+        fprintf(stderr, "usage: bench_forward MODEL [prefill=128] [decode=64] [threads=0] [runs=5] "
+                        "[quant: nf4|int8|none] [dtype: f32|bf16|f16]\n");
         return 2;
     }
     int n_prefill = argc > 2 ? atoi(argv[2]) : 128, n_decode = argc > 3 ? atoi(argv[3]) : 64;
     int threads = argc > 4 ? atoi(argv[4]) : 0, runs = argc > 5 ? atoi(argv[5]) : 5;
     ftune_model *m = NULL;
-    ftune_load_opts lo = { .quant = argc > 6 ? argv[6] : NULL };
+    ftune_load_opts lo = { .quant = argc > 6 && strcmp(argv[6], "none") ? argv[6] : NULL,
+                           .dtype = argc > 7 ? argv[7] : NULL }; /* the compute dtype; NULL: f32 */
     if (ftune_model_load(&m, argv[1], &lo)) {
         fprintf(stderr, "bench_forward: %s\n", ftune_last_error());
         return 1;
@@ -75,9 +77,11 @@ int main(int argc, char **argv) {
     }
     double p = bench_median(pre, runs), d = bench_median(dec, runs);
     double bw = read_bandwidth(threads > 0 ? threads : 2);
-    printf("{\"engine\":\"ftune\",\"model\":\"%s\",\"dtypes\":\"%s\",\"params\":%lld,\"weight_bytes\":%lld,"
+    printf("{\"engine\":\"ftune\",\"model\":\"%s\",\"compute\":\"%s\",\"dtypes\":\"%s\",\"prefill\":%d,"
+           "\"decode\":%d,\"params\":%lld,\"weight_bytes\":%lld,"
            "\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.2f,\"decode_weight_gb_s\":%.2f,\"read_bw_gb_s\":%.2f}\n",
-           argv[1], info.dtypes, (long long)info.n_params, (long long)info.weight_bytes, p, d,
+           argv[1], ftune_model_dtype(m), info.dtypes, n_prefill, n_decode, (long long)info.n_params,
+           (long long)info.weight_bytes, p, d,
            d * (double)info.weight_bytes / 1e9, bw);
     free(ids); free(logits); free(pre); free(dec);
     ftune_session_free(s);

@@ -1,7 +1,8 @@
-/* bench_train.c — ftune's side of the LoRA training benchmark: a trainer
- * with rank-8 LoRA on all seven Linears (dropout 0) and AdamW over the
- * adapters, timed on optimizer steps over random (B, T) token batches whose
- * targets are the next tokens. A step is zero-grad, forward + backward,
+/* bench_train.c — ftune's side of the training benchmark: a trainer with
+ * rank-R LoRA on all seven Linears (dropout 0) and AdamW over the adapters,
+ * or full fine-tuning (AdamW over every weight), in a compute dtype (f32,
+ * bf16: the model is loaded for it), timed on optimizer steps over random
+ * (B, T) token batches whose targets are the next tokens. A step is zero-grad, forward + backward,
  * global-norm clipping to 1 and the AdamW update, as one step of
  * `ftune train` with no accumulation. Prints one JSON line: median step
  * time, tokens/s = B·T / step, peak RSS. bench/torch_train_bench.py does
@@ -13,6 +14,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <time.h>
 
@@ -36,23 +38,34 @@ static int fail(const char *what) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_train MODEL [B=4] [T=128] [steps=5] [threads=0] [warmup=1]\n");
+        fprintf(stderr, "usage: bench_train MODEL [B=4] [T=128] [steps=5] [threads=0] [warmup=1] [dtype=f32] "
+                        "[mode=lora|full] [R=16]\n");
         return 2;
     }
     int B = argc > 2 ? atoi(argv[2]) : 4, T = argc > 3 ? atoi(argv[3]) : 128;
     int steps = argc > 4 ? atoi(argv[4]) : 5, threads = argc > 5 ? atoi(argv[5]) : 0;
     int warmup = argc > 6 ? atoi(argv[6]) : 1;
-    if (B < 1 || T < 1 || steps < 1 || threads < 0 || warmup < 0) {
-        fprintf(stderr, "bench_train: B, T and steps must be positive, threads and warmup not negative\n");
+    const char *dtype = argc > 7 ? argv[7] : "f32", *mode = argc > 8 ? argv[8] : "lora";
+    int R = argc > 9 ? atoi(argv[9]) : 16;
+    if (B < 1 || T < 1 || steps < 1 || threads < 0 || warmup < 0 || R < 1) {
+        fprintf(stderr, "bench_train: B, T, steps and R must be positive, threads and warmup not negative\n");
+        return 2;
+    }
+    if (strcmp(mode, "lora") && strcmp(mode, "full")) {
+        fprintf(stderr, "bench_train: mode must be lora or full, not \"%s\"\n", mode);
         return 2;
     }
     ftune_model *m = NULL;
-    if (ftune_model_load(&m, argv[1], NULL)) return fail(argv[1]);
+    ftune_load_opts lo = { .dtype = dtype };
+    if (ftune_model_load(&m, argv[1], &lo)) return fail(argv[1]);
     ftune_model_info info;
     ftune_model_get_info(m, &info);
 
     ftune_train_opts o;
-    ftune_train_opts_default(&o); /* LoRA r 8, alpha 16, all seven targets, AdamW 0.9/0.999/1e-8, clip 1 */
+    ftune_train_opts_default(&o); /* LoRA, alpha 16, all seven targets, AdamW 0.9/0.999/1e-8, clip 1 */
+    o.mode = strcmp(mode, "full") ? FTUNE_TRAIN_LORA : FTUNE_TRAIN_FULL;
+    o.lora_r = R;
+    o.dtype = dtype;
     o.lora_dropout = 0;
     o.weight_decay = 0;
     o.max_grad_norm = 1.0;
@@ -78,10 +91,12 @@ int main(int argc, char **argv) {
     double step_s = bench_median(dt, steps);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    printf("{\"engine\":\"ftune\",\"model\":\"%s\",\"B\":%d,\"T\":%d,\"steps\":%d,\"threads\":%d,"
+    printf("{\"engine\":\"ftune\",\"model\":\"%s\",\"dtype\":\"%s\",\"mode\":\"%s\",\"lora_r\":%d,"
+           "\"B\":%d,\"T\":%d,\"steps\":%d,\"threads\":%d,"
            "\"n_trainable\":%lld,\"step_s\":%.4f,\"tok_s\":%.2f,\"peak_rss_mb\":%.1f,"
            "\"first_loss\":%.4f,\"last_loss\":%.4f}\n",
-           argv[1], B, T, steps, ftune_trainer_n_threads(tr), (long long)ftune_trainer_n_trainable(tr), step_s,
+           argv[1], ftune_model_dtype(m), mode, o.mode == FTUNE_TRAIN_LORA ? R : 0, B, T, steps,
+           ftune_trainer_n_threads(tr), (long long)ftune_trainer_n_trainable(tr), step_s,
            (double)B * T / step_s, ru.ru_maxrss / 1024.0, first_loss, last_loss);
     free(dt);
     free(tok);

@@ -54,9 +54,10 @@ for r in $(seq "$ROUNDS"); do
     for run in "${runs[@]}"; do
         read -r preset B T steps warmup <<< "$run"
         model=$tmp/f32; [ "$preset" = llama-110m ] || model=$tmp/$preset
+        # f32, LoRA r 8: what bench_train did before it took them (an older one ignores them)
         for b in $order; do
             dir=$OLD; [ $b = new ] && dir=$NEW
-            "$dir/bench_train" "$model" "$B" "$T" "$steps" "$THREADS" "$warmup" | tag $b "$r" "LoRA train $preset ${B}x$T"
+            "$dir/bench_train" "$model" "$B" "$T" "$steps" "$THREADS" "$warmup" f32 lora 8 | tag $b "$r" "LoRA train $preset ${B}x$T"
         done
     done
 done

@@ -1,13 +1,16 @@
 #!/usr/bin/python3
-"""torch_train_bench.py — the PyTorch side of the LoRA training benchmark: a
-random-weight Llama of a preset shape in float32, base weights frozen, LoRA
+"""torch_train_bench.py — the PyTorch side of the training benchmark: a
+random-weight Llama of a preset shape in float32 (f32 master weights; with
+--dtype bfloat16 the step runs under torch.autocast("cpu", bfloat16), as
+mixed-precision training does), base weights frozen, LoRA
 on all seven Linears as PEFT computes it (y = W·x + B·A·x · alpha/r, A
 Kaiming-uniform, B zero, no dropout), AdamW on the adapters, timed on
 optimizer steps over random (B, T) token batches whose targets are the next
 tokens. A step is zero-grad, forward, cross-entropy, backward, global-norm
 clipping to 1 and the AdamW update — what bench/bench_train.c times in ftune.
+With --full every weight trains (no adapters).
 
-  torch_train_bench.py --preset llama-110m --batch 4 --ctx 128 --steps 5 --threads 2 --json
+  torch_train_bench.py --preset llama-110m --dtype bfloat16 --batch 4 --ctx 128 --steps 5 --threads 2 --json
 
 Prints one JSON line: median step time, tokens/s = B·T / step, peak RSS.
 """
@@ -24,6 +27,9 @@ import time
 PRESETS = {
     "llama-110m": dict(dim=768, n_layers=12, n_heads=12, n_kv_heads=12, hidden=2048, vocab=32000, ctx=1024),
     "stories260K": dict(dim=64, n_layers=5, n_heads=8, n_kv_heads=4, hidden=172, vocab=512, ctx=512),
+    # rope theta 500000 (its llama3 frequency scaling changes no shape or FLOP)
+    "llama-3.2-1b": dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, hidden=8192, vocab=128256, ctx=4096,
+                         theta=500000.0),
 }
 
 
@@ -34,7 +40,10 @@ def parse():
     ap.add_argument("--ctx", type=int, default=128, help="tokens per row (T)")
     ap.add_argument("--steps", type=int, default=5, help="timed optimizer steps (median reported)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps first")
-    ap.add_argument("--lora-r", type=int, default=8)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="bfloat16: the step under torch.autocast('cpu', torch.bfloat16)")
+    ap.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
+    ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--lora-alpha", type=float, default=16.0)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--threads", type=int, default=2)
@@ -62,6 +71,9 @@ class LoraLinear(nn.Module):
     def __init__(self, i, o, r, alpha):
         super().__init__()
         self.base = nn.Linear(i, o, bias=False)
+        self.r = r
+        if r == 0:   # full fine-tuning: a plain trainable Linear
+            return
         self.base.weight.requires_grad_(False)
         self.lora_A = nn.Linear(i, r, bias=False)
         self.lora_B = nn.Linear(r, o, bias=False)
@@ -70,6 +82,8 @@ class LoraLinear(nn.Module):
         self.scaling = alpha / r
 
     def forward(self, x):
+        if self.r == 0:
+            return self.base(x)
         return self.base(x) + self.lora_B(self.lora_A(x)) * self.scaling
 
 
@@ -92,8 +106,8 @@ class Block(nn.Module):
         self.q_proj, self.k_proj, self.v_proj = mk(NH * HS, C), mk(NKV * HS, C), mk(NKV * HS, C)
         self.o_proj = mk(C, NH * HS)
         self.gate_proj, self.up_proj, self.down_proj = mk(p["hidden"], C), mk(p["hidden"], C), mk(C, p["hidden"])
-        self.n1 = nn.Parameter(torch.ones(C), requires_grad=False)
-        self.n2 = nn.Parameter(torch.ones(C), requires_grad=False)
+        self.n1 = nn.Parameter(torch.ones(C), requires_grad=r == 0)
+        self.n2 = nn.Parameter(torch.ones(C), requires_grad=r == 0)
 
     def forward(self, x, cos, sin, mask):
         """x (B, T, C) -> (B, T, C), causal attention within each row."""
@@ -121,10 +135,10 @@ class Model(nn.Module):
         super().__init__()
         self.emb = nn.Embedding(p["vocab"], p["dim"])
         self.blocks = nn.ModuleList(Block(p, r, alpha) for _ in range(p["n_layers"]))
-        self.norm = nn.Parameter(torch.ones(p["dim"]), requires_grad=False)
-        self.emb.weight.requires_grad_(False)   # the head is tied to it, as in both presets
+        self.norm = nn.Parameter(torch.ones(p["dim"]), requires_grad=r == 0)
+        self.emb.weight.requires_grad_(r == 0)   # the head is tied to it, as in the presets
         HS = p["dim"] // p["n_heads"]
-        inv = 1.0 / 10000.0 ** (torch.arange(0, HS, 2, dtype=torch.float64) / HS)
+        inv = 1.0 / p.get("theta", 10000.0) ** (torch.arange(0, HS, 2, dtype=torch.float64) / HS)
         ang = torch.arange(p["ctx"], dtype=torch.float64)[:, None] * inv[None]
         ang = torch.cat([ang, ang], -1)
         self.register_buffer("cos", ang.cos().float(), persistent=False)
@@ -167,7 +181,7 @@ def main():
     B, T = args.batch, args.ctx
     if B < 1 or T < 1 or T > p["ctx"] or args.steps < 1 or args.warmup < 0:
         sys.exit(f"torch_train_bench: need B >= 1, 1 <= T <= {p['ctx']}, steps >= 1")
-    model = Model(p, args.lora_r, args.lora_alpha)
+    model = Model(p, 0 if args.full else args.lora_r, args.lora_alpha)
     with torch.no_grad():   # random base weights of the scale `ftune init` writes
         for name, t in model.named_parameters():
             if "lora_" in name:
@@ -187,8 +201,9 @@ def main():
         tokens, targets = seq[:, :-1], seq[:, 1:]
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        logits = model(tokens)
-        loss = F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bfloat16"):
+            logits = model(tokens)
+        loss = F.cross_entropy(logits.float().reshape(B * T, -1), targets.reshape(B * T))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
@@ -201,6 +216,9 @@ def main():
     res = {
         "engine": "pytorch",
         "preset": args.preset,
+        "dtype": args.dtype,
+        "mode": "full" if args.full else "lora",
+        "lora_r": 0 if args.full else args.lora_r,
         "B": B,
         "T": T,
         "steps": args.steps,

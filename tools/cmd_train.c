@@ -127,7 +127,7 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
     const char *val_split = "0.05", *lora_alpha = "16", *lora_dropout = "0.05", *lr = "2e-4", *wd = "0.0";
     const char *beta1 = "0.9", *beta2 = "0.999", *eps = "1e-8", *max_norm = "1.0", *schedule = "cosine", *min_lr = "0";
     int warmup = 0, steps = 0, epochs = 0;
-    bool full = false, quiet = false, no_shuffle = false, progress = false;
+    bool full = false, quiet = false, no_shuffle = false, progress = false, profile = false;
     const char *truncate = "end", *bucket_mb = "16", *loss_scale = NULL, *quant = NULL;
     cli_opt opts[] = {
         { "-m", "--model", OPT_STR, &model, "MODEL", "base model: Hugging Face directory, .gguf, or llama2.c .bin" },
@@ -198,6 +198,8 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
           "gradient checkpointing: keep only every K-th block's input and recompute each segment of K blocks "
           "before its backward (K omitted: 1, every block, as Hugging Face's gradient_checkpointing). Less "
           "activation memory for about one more forward; bit-identical results; 0 = off" },
+        { NULL, "--profile", OPT_FLAG, &profile, "", "print, at the end, the time per optimizer step in each op class "
+          "(Linear forward/dX/dW, LoRA, attention, norms, loss, AdamW) to stderr; the same as FTUNE_PROFILE=1" },
         { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
         { NULL, "--quant", OPT_STR, &quant, "TYPE",
           "nf4: quantize the frozen base weights on load (NF4 + double quantization, QLoRA); int8: row-wise int8; "
@@ -276,6 +278,7 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
     /* full fine-tuning starts its f32 masters from the weights as stored:
      * the model is loaded in f32 and only the products round (ftune_train_opts.dtype) */
     ftune_model *m = cli_load_model_with(me, model, tokenizer, 0, true, full ? NULL : o.dtype, quant);
+    if (profile) setenv("FTUNE_PROFILE", "1", 1); /* read when the trainer is made */
     if (full) cli_note_dtype(o.dtype);
     if (!m) return 1;
     o.model = m;

@@ -41,6 +41,7 @@
 #include "train/train.h"
 #include "nn/block.h"
 #include "nn/lm_loss.h"
+#include "nn/backend_profile.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -59,6 +60,7 @@ struct ft_trainer {
     ft_train_opts o;
     int nt;
     ft_backend be;            /* every op of a step runs through it (the CPU's, in o.compute) */
+    ft_prof *prof;            /* FTUNE_PROFILE: be times the CPU backend's ops (printed at free); else NULL */
     uint64_t micro_step;
     uint64_t mask_salt;       /* 0; a data-parallel rank's own (ft_trainer_set_mask_salt) */
     /* the trainer's view of the model */
@@ -537,6 +539,12 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
     tr->o = *o;
     tr->nt = ft_num_threads(o->n_threads);
     tr->be = ft_backend_cpu_in(o->compute, tr->nt);
+    const char *prof = getenv("FTUNE_PROFILE");
+    if (prof && *prof && strcmp(prof, "0") && (tr->prof = ft_mem_calloc(FT_MEM_OTHER, sizeof *tr->prof))) {
+        tr->prof->inner = tr->be;
+        tr->prof->head_rows = c->V;
+        tr->be = ft_backend_profiled(tr->prof);
+    }
     tr->tok_embd = m->tok_embd;
     tr->out_norm = m->out_norm;
     tr->lm_head = m->lm_head;
@@ -619,6 +627,10 @@ void ft_trainer_free(ft_trainer *tr) {
     tr->be.free(&tr->be, FT_MEM_ACTS, tr->act_arena, pl->activation_bytes);
     tr->be.free(&tr->be, FT_MEM_SCRATCH, tr->scr_arena, pl->scratch_bytes);
     free_kv_prefix(tr);
+    if (tr->prof) {
+        ft_prof_print(tr->prof, tr->prof->calls[FT_PROF_OPTIM], stderr);
+        ft_mem_free(FT_MEM_OTHER, tr->prof, sizeof *tr->prof);
+    }
     ft_mem_free(FT_MEM_OTHER, tr, sizeof *tr);
 }
 
@@ -868,7 +880,11 @@ ftune_status ft_trainer_eval(ft_trainer *tr, const ft_batch *b, double *loss_sum
     *n_targets = 0;
     ftune_status st = check_batch(tr, b);
     if (st) return st;
+    /* validation is not part of a step: the profile (when on) times only steps */
+    ft_backend be = tr->be;
+    if (tr->prof) tr->be = tr->prof->inner;
     *loss_sum = forward(tr, b, positions(tr, b), false, 0, n_targets);
+    tr->be = be;
     return FTUNE_OK;
 }
 
