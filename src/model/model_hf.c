@@ -87,6 +87,24 @@ static ftune_status find(ftune_model *m, uint8_t **used, const char *name, ft_te
     return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\" is missing from the safetensors files", name);
 }
 
+/* t becomes the owned quantized weight (out, in) of dtype dt at dst
+ * (nbytes), counted as the model's quantized bytes; quant is what the
+ * model records as its base quantization. */
+static void bind_quantized(ftune_model *m, ft_tensor *t, const char *name, ft_dtype dt, ft_dtype quant, int out, int in,
+                           void *dst, size_t nbytes) {
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->dtype = dt;
+    t->ndim = 2;
+    t->shape[0] = out;
+    t->shape[1] = in;
+    t->data = dst;
+    t->nbytes = nbytes;
+    m->quant_bytes += (int64_t)nbytes;
+    m->quantized = true;
+    m->quant = quant;
+}
+
 /* A bitsandbytes 4-bit weight (packed U8 "name" beside "name.absmax" and
  * the rest of bnb.h's ft_bnb_tensors) becomes owned rows in t (nf4, or
  * f32 where its blocks cross rows: ft_bnb_held_dtype); t is left as it is
@@ -116,17 +134,7 @@ static ftune_status bnb_weight(ftune_model *m, uint8_t **used, const char *name,
     void *dst = ft_model_alloc(m, nbytes);
     if (!dst) return ft_err(FTUNE_ERR_NOMEM, "out of memory for tensor \"%s\"", name);
     if ((st = ft_bnb_read_weight(dst, &bt, name, out, in))) return st;
-    memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->dtype = dt;
-    t->ndim = 2;
-    t->shape[0] = out;
-    t->shape[1] = in;
-    t->data = dst;
-    t->nbytes = nbytes;
-    m->quant_bytes += (int64_t)nbytes;
-    m->quantized = true;
-    m->quant = FT_NF4;
+    bind_quantized(m, t, name, dt, FT_NF4, out, in, dst, nbytes);
     return FTUNE_OK;
 }
 
@@ -166,17 +174,7 @@ static ftune_status bnb8_weight(ftune_model *m, uint8_t **used, const char *name
         memcpy(dst + rb * o, &a, 4);
         memcpy(dst + rb * o + 4, (const uint8_t *)t->data + (size_t)o * in, (size_t)in);
     }
-    memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->dtype = FT_I8ROW;
-    t->ndim = 2;
-    t->shape[0] = out;
-    t->shape[1] = in;
-    t->data = dst;
-    t->nbytes = nbytes;
-    m->quant_bytes += (int64_t)nbytes;
-    m->quantized = true;
-    m->quant = FT_I8ROW;
+    bind_quantized(m, t, name, FT_I8ROW, FT_I8ROW, out, in, dst, nbytes);
     return FTUNE_OK;
 }
 
