@@ -347,6 +347,14 @@ enum { FTUNE_SET_LORA_R = 1, FTUNE_SET_LORA_ALPHA = 2, FTUNE_SET_LORA_TARGETS = 
 /* Tokenization progress: done of total input bytes of one data file. */
 typedef void (*ftune_data_progress_fn)(void *ctx, size_t done, size_t total);
 
+/* The optimizer's state: FTUNE_OPTIM_ADAMW keeps AdamW's m and v in f32
+ * (8 bytes per trainable); FTUNE_OPTIM_ADAMW8BIT as bitsandbytes'
+ * AdamW8bit, blockwise 8-bit m and v (about 2 bytes per trainable; tensors
+ * of fewer than 4096 elements keep f32 state). */
+typedef enum { FTUNE_OPTIM_ADAMW = 0, FTUNE_OPTIM_ADAMW8BIT = 1 } ftune_optim;
+/* Parses "adamw" or "adamw8bit" (FTUNE_ERR_ARG otherwise). */
+FTUNE_API ftune_status ftune_optim_parse(const char *s, ftune_optim *out);
+
 /* A training run. Fill it with ftune_train_opts_default, then set model,
  * data_path and out_dir (required) and whatever else differs. The defaults
  * are those of `ftune train --help`; they are given after each field. */
@@ -387,6 +395,9 @@ typedef struct {
     double beta1, beta2;       /* 0.9, 0.999 */
     double adam_eps;           /* 1e-8 */
     double max_grad_norm;      /* 0: no clipping; 1 */
+    ftune_optim optim;         /* FTUNE_OPTIM_ADAMW */
+    bool paged_optim;          /* optimizer state in a file-backed mapping the kernel can page out; false */
+    const char *paged_dir;     /* where that file is made (unlinked at once); NULL: out_dir */
     ftune_schedule schedule;   /* FTUNE_SCHED_COSINE */
     int64_t warmup;            /* warmup steps; 0 */
     ftune_loss_scale_mode loss_scale_mode; /* FTUNE_LOSS_SCALE_NONE */
@@ -533,7 +544,7 @@ FTUNE_API ftune_status ftune_train_run(const ftune_train_opts *o, ftune_train_pr
  * (lora_set and init_adapter must be unset), seed, batch_size (the most
  * rows a step may have), ctx (the longest row; 0: min(512, the model's
  * context)), weight_decay, beta1, beta2, adam_eps, max_grad_norm,
- * dtype, grad_checkpoint and n_threads; the model must outlive the trainer and is not modified. */
+ * dtype, grad_checkpoint, n_threads, optim, paged_optim and paged_dir (required when paged); the model must outlive the trainer and is not modified. */
 typedef struct ftune_trainer ftune_trainer;
 FTUNE_API ftune_status ftune_trainer_new(ftune_trainer **out, const ftune_model *m, const ftune_train_opts *opts);
 FTUNE_API void ftune_trainer_free(ftune_trainer *tr);

@@ -128,7 +128,7 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
     const char *beta1 = "0.9", *beta2 = "0.999", *eps = "1e-8", *max_norm = "1.0", *schedule = "cosine", *min_lr = "0";
     int warmup = 0, steps = 0, epochs = 0;
     bool full = false, quiet = false, no_shuffle = false, progress = false, profile = false;
-    const char *truncate = "end", *bucket_mb = "16", *loss_scale = NULL, *quant = NULL;
+    const char *truncate = "end", *bucket_mb = "16", *loss_scale = NULL, *quant = NULL, *optim = "adamw";
     cli_opt opts[] = {
         { "-m", "--model", OPT_STR, &model, "MODEL", "base model: Hugging Face directory, .gguf, or llama2.c .bin" },
         { NULL, "--data", OPT_STR, &o.data_path, "FILE", "training data: JSONL, JSON array, or .txt" },
@@ -162,6 +162,11 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
         { NULL, "--beta2", OPT_STR, &beta2, "B", "AdamW beta2" },
         { NULL, "--adam-eps", OPT_STR, &eps, "E", "AdamW epsilon" },
         { NULL, "--max-grad-norm", OPT_STR, &max_norm, "N", "clip the global gradient norm; 0 = off" },
+        { NULL, "--optim", OPT_STR, &optim, "NAME", "adamw (f32 m and v, 8 bytes per trainable) or adamw8bit "
+          "(bitsandbytes' blockwise 8-bit m and v, about 2 bytes; tensors under 4096 elements keep f32 state)" },
+        { NULL, "--paged-optim", OPT_FLAG, &o.paged_optim, "", "keep the optimizer state in a file-backed mapping "
+          "(an unlinked file in --paged-dir) that the kernel can page out under memory pressure; same results" },
+        { NULL, "--paged-dir", OPT_STR, &o.paged_dir, "DIR", "where --paged-optim makes its file (default: OUT_DIR)" },
         { NULL, "--loss-scale", OPT_STR, &loss_scale, "MODE",
           "none, dynamic (PyTorch GradScaler: starts at 65536, a step with inf/NaN gradients is skipped and halves "
           "it, 2000 finite steps double it), or N (a fixed scale; inf/NaN stops the run). Default: dynamic with "
@@ -248,6 +253,12 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
     if ((st = ftune_data_format_parse(format, &o.format))) return cli_fail(me, st);
     if ((st = ftune_lora_targets_parse(targets, &o.lora_targets))) return cli_fail(me, st);
     if ((st = ftune_schedule_parse(schedule, &o.schedule))) return cli_fail(me, st);
+    if ((st = ftune_optim_parse(optim, &o.optim))) return cli_fail(me, st);
+    if (o.paged_dir && !o.paged_optim) {
+        fprintf(stderr, "ftune train: --paged-dir %s: it is where --paged-optim puts its file; give --paged-optim too\n",
+                o.paged_dir);
+        return 2;
+    }
     /* f16's range is too small for the gradients unscaled (PyTorch pairs
      * f16 autocast with GradScaler the same way); bf16 and f32 have f32's */
     if (!loss_scale) loss_scale = o.dtype && strcmp(o.dtype, "f16") == 0 ? "dynamic" : "none";

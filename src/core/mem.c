@@ -39,6 +39,14 @@ static void count_add(ft_mem_class c, size_t n) {
     while (now > pk && !atomic_compare_exchange_weak(&peak[c], &pk, now)) {}
 }
 
+void ft_mem_count(ft_mem_class c, size_t n) {
+    if ((unsigned)c < FT_MEM_N_CLASSES) count_add(c, n);
+}
+
+void ft_mem_uncount(ft_mem_class c, size_t n) {
+    if ((unsigned)c < FT_MEM_N_CLASSES) atomic_fetch_sub(&cur[c], n);
+}
+
 /* The hook sees at least one byte: n = 0 still gives a distinct pointer. */
 void *ft_mem_alloc(ft_mem_class c, size_t n) {
     if ((unsigned)c >= FT_MEM_N_CLASSES) return NULL;
@@ -80,7 +88,8 @@ void ft_mem_reset_peaks(void) {
 const char *ft_mem_class_name(ft_mem_class c) {
     static const char *names[FT_MEM_N_CLASSES] = {
         [FT_MEM_WEIGHTS] = "weights", [FT_MEM_TRAINABLE] = "trainables", [FT_MEM_GRADS] = "gradients",
-        [FT_MEM_OPTIM] = "optimizer state", [FT_MEM_ACTS] = "activations", [FT_MEM_SCRATCH] = "scratch",
+        [FT_MEM_OPTIM] = "optimizer state", [FT_MEM_OPTIM_PAGED] = "optimizer state (paged)",
+        [FT_MEM_ACTS] = "activations", [FT_MEM_SCRATCH] = "scratch",
         [FT_MEM_KV] = "KV cache", [FT_MEM_DATA] = "data", [FT_MEM_OTHER] = "other",
     };
     return (unsigned)c < FT_MEM_N_CLASSES ? names[c] : "?";
@@ -213,10 +222,12 @@ int ft_mem_table_format(const ft_mem_table *t, char *buf, size_t n) {
     } while (0)
     PUT("%-28s %12s %12s %12s\n", "memory (MiB)", "planned", "now", "peak");
     static const int order[FT_MEM_N_ROWS] = { FT_MEM_ROW_MAPPED, FT_MEM_WEIGHTS, FT_MEM_TRAINABLE, FT_MEM_GRADS,
-                                              FT_MEM_OPTIM, FT_MEM_ACTS, FT_MEM_SCRATCH, FT_MEM_KV, FT_MEM_DATA,
+                                              FT_MEM_OPTIM, FT_MEM_OPTIM_PAGED, FT_MEM_ACTS, FT_MEM_SCRATCH, FT_MEM_KV, FT_MEM_DATA,
                                               FT_MEM_OTHER };
     for (int i = 0; i < FT_MEM_N_ROWS; i++) {
         int r = order[i];
+        /* the paged row only for a run that pages */
+        if (r == FT_MEM_OPTIM_PAGED && !t->planned[r] && !t->current[r] && !t->peak[r]) continue;
         if (t->has_plan[r]) PUT("%-28s %12.1f %12.1f %12.1f\n", ft_mem_row_name(r), t->planned[r] / M, t->current[r] / M, t->peak[r] / M);
         else PUT("%-28s %12s %12.1f %12.1f\n", ft_mem_row_name(r), "-", t->current[r] / M, t->peak[r] / M);
     }

@@ -17,6 +17,7 @@ typedef enum {
     FT_MEM_TRAINABLE, /* trainable parameters (LoRA A/B, or full-model master weights) */
     FT_MEM_GRADS,     /* their gradients */
     FT_MEM_OPTIM,     /* optimizer state (AdamW m, v) */
+    FT_MEM_OPTIM_PAGED, /* optimizer state in a file-backed mapping the kernel may page out */
     FT_MEM_ACTS,      /* activations saved for backward */
     FT_MEM_SCRATCH,   /* per-step workspaces */
     FT_MEM_KV,        /* KV caches */
@@ -36,6 +37,10 @@ void *ft_mem_calloc(ft_mem_class c, size_t n);
 void *ft_mem_realloc(ft_mem_class c, void *p, size_t old_n, size_t new_n);
 /* Frees p (may be NULL) that ft_mem_alloc(c, n) returned, with the same c and n. */
 void ft_mem_free(ft_mem_class c, void *p, size_t n);
+/* Counts n bytes against class c that did not come from ft_mem_alloc (a
+ * file-backed mapping), and uncounts them when they are released. */
+void ft_mem_count(ft_mem_class c, size_t n);
+void ft_mem_uncount(ft_mem_class c, size_t n);
 /* Bytes currently held, and the most ever held at once, in class c. */
 size_t ft_mem_current(ft_mem_class c);
 size_t ft_mem_peak(ft_mem_class c);

@@ -1,17 +1,23 @@
-/* optim.c — AdamW, gradient clipping, learning-rate schedules and the
- * optimizer state's checkpoint file. The update follows torch.optim.AdamW's
- * single-tensor path operation by operation, with the scalars computed in
- * double and rounded to float where torch rounds them, so that results
- * agree with PyTorch to float rounding. */
+/* optim.c — AdamW (f32 or 8-bit moments, in memory or paged), gradient
+ * clipping, learning-rate schedules and the optimizer state's checkpoint
+ * file. The update follows torch.optim.AdamW's single-tensor path operation
+ * by operation, with the scalars computed in double and rounded to float
+ * where torch rounds them, so that results agree with PyTorch to float
+ * rounding; the 8-bit form runs the same arithmetic on dequantized moments
+ * (optim8.c). */
 #include "train/optim.h"
 #include "core/parallel.h"
 #include "formats/safetensors.h"
+#include "train/optim8.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 void ft_adamw_defaults(ft_adamw_cfg *c) {
     c->beta1 = 0.9;
@@ -19,6 +25,103 @@ void ft_adamw_defaults(ft_adamw_cfg *c) {
     c->eps = 1e-8;
     c->weight_decay = 0.0;
     c->n_threads = 1;
+    c->kind = FT_OPTIM_ADAMW;
+    c->block = FT_ADAM8_BLOCK;
+    c->reference = false;
+    c->paged = false;
+    c->paged_dir = NULL;
+}
+
+ftune_status ft_optim_kind_parse(const char *s, ft_optim_kind *out) {
+    if (strcmp(s, "adamw") == 0) *out = FT_OPTIM_ADAMW;
+    else if (strcmp(s, "adamw8bit") == 0) *out = FT_OPTIM_ADAMW8BIT;
+    else return ft_err(FTUNE_ERR_ARG, "unknown optimizer \"%s\" (adamw, adamw8bit)", s);
+    return FTUNE_OK;
+}
+
+const char *ft_optim_kind_name(ft_optim_kind k) { return k == FT_OPTIM_ADAMW8BIT ? "adamw8bit" : "adamw"; }
+
+static bool is_8bit(ft_optim_kind kind, int64_t numel) { return kind == FT_OPTIM_ADAMW8BIT && numel >= FT_ADAM8_MIN_SIZE; }
+static int64_t n_blocks(int64_t numel, int block) { return (numel + block - 1) / block; }
+
+static size_t page_round(size_t n) {
+    long pg = sysconf(_SC_PAGESIZE);
+    size_t p = pg > 0 ? (size_t)pg : 4096;
+    return (n + p - 1) / p * p;
+}
+
+/* Layout of the one state allocation: every f32 part (m, v of f32
+ * parameters; absmax of 8-bit ones) in parameter order, then the codes. */
+size_t ft_optim_state_bytes(const int64_t *numel, int n, ft_optim_kind kind, int block, bool paged) {
+    size_t floats = 0, codes = 0;
+    for (int i = 0; i < n; i++) {
+        if (is_8bit(kind, numel[i])) {
+            floats += 2 * (size_t)n_blocks(numel[i], block);
+            codes += 2 * (size_t)numel[i];
+        } else floats += 2 * (size_t)numel[i];
+    }
+    size_t b = floats * sizeof(float) + codes;
+    return paged ? page_round(b ? b : 1) : b;
+}
+
+/* The paged state: a MAP_SHARED mapping of a temporary file in dir,
+ * unlinked at once (nothing is left behind however the process ends). Its
+ * blocks are reserved up front where the file system can (posix_fallocate),
+ * so that a full disk is this error rather than a SIGBUS mid-run. */
+static ftune_status paged_map(void **out, size_t n, const char *dir) {
+    *out = NULL;
+    if (!dir || !*dir) return ft_err(FTUNE_ERR_ARG, "paged optimizer state: no directory given for its file");
+    char path[4200];
+    if (snprintf(path, sizeof path, "%s/.ftune-optim-XXXXXX", dir) >= (int)sizeof path)
+        return ft_err(FTUNE_ERR_ARG, "%s: path too long", dir);
+    int fd = mkstemp(path);
+    if (fd < 0) return ft_err(FTUNE_ERR_IO, "paged optimizer state: cannot create a file in %s: %s", dir, strerror(errno));
+    unlink(path);
+    int e = posix_fallocate(fd, 0, (off_t)n);
+    if (e == EINVAL || e == EOPNOTSUPP) e = ftruncate(fd, (off_t)n) == 0 ? 0 : errno;
+    if (e) {
+        close(fd);
+        return ft_err(FTUNE_ERR_IO, "paged optimizer state: cannot reserve %.1f MiB in %s: %s", n / 1048576.0, dir, strerror(e));
+    }
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    e = errno;
+    close(fd); /* the mapping keeps the file */
+    if (p == MAP_FAILED)
+        return ft_err(FTUNE_ERR_IO, "paged optimizer state: cannot map %.1f MiB of a file in %s: %s", n / 1048576.0, dir, strerror(e));
+    *out = p;
+    return FTUNE_OK;
+}
+
+/* Points m/v (or qm/qv/am/av) of every parameter into o->state. */
+static void carve_state(ft_adamw *o) {
+    float *f = o->state;
+    for (int i = 0; i < o->n; i++) {
+        int64_t ne = o->params[i].numel;
+        if (is_8bit(o->cfg.kind, ne)) {
+            o->am[i] = f; f += n_blocks(ne, o->cfg.block);
+            o->av[i] = f; f += n_blocks(ne, o->cfg.block);
+        } else {
+            o->m[i] = f; f += ne;
+            o->v[i] = f; f += ne;
+        }
+    }
+    uint8_t *c = (uint8_t *)f;
+    for (int i = 0; i < o->n; i++) {
+        int64_t ne = o->params[i].numel;
+        if (!is_8bit(o->cfg.kind, ne)) continue;
+        o->qm[i] = c; c += ne;
+        o->qv[i] = c; c += ne;
+    }
+}
+
+static ftune_status check_cfg(const ft_adamw_cfg *cfg) {
+    if (cfg->kind != FT_OPTIM_ADAMW && cfg->kind != FT_OPTIM_ADAMW8BIT)
+        return ft_err(FTUNE_ERR_ARG, "adamw: unknown optimizer kind %d", (int)cfg->kind);
+    if (cfg->kind == FT_OPTIM_ADAMW8BIT &&
+        (cfg->block < 64 || cfg->block > FT_ADAM8_MAX_BLOCK || (cfg->block & (cfg->block - 1))))
+        return ft_err(FTUNE_ERR_ARG, "adamw8bit: block size %d: expected a power of two in 64..%d", cfg->block,
+                      FT_ADAM8_MAX_BLOCK);
+    return FTUNE_OK;
 }
 
 ftune_status ft_adamw_init(ft_adamw *o, const ft_param *params, int n, const ft_adamw_cfg *cfg) {
@@ -28,6 +131,8 @@ ftune_status ft_adamw_init(ft_adamw *o, const ft_param *params, int n, const ft_
         !(cfg->weight_decay >= 0))
         return ft_err(FTUNE_ERR_ARG, "adamw: betas must be in [0, 1), eps and weight_decay non-negative");
     if (cfg->n_threads < 0) return ft_err(FTUNE_ERR_ARG, "adamw: n_threads must be >= 0, not %d", cfg->n_threads);
+    ftune_status st = check_cfg(cfg);
+    if (st) return st;
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         const ft_param *p = &params[i];
@@ -41,24 +146,42 @@ ftune_status ft_adamw_init(ft_adamw *o, const ft_param *params, int n, const ft_
         total += (size_t)p->numel;
     }
     o->cfg = *cfg;
+    o->cfg.paged_dir = NULL; /* the caller's string need not outlive init */
     o->n = n;
-    o->params = ft_malloc((size_t)(n ? n : 1) * sizeof *o->params);
-    o->m = ft_calloc((size_t)(n ? n : 1), sizeof *o->m);
-    o->v = ft_calloc((size_t)(n ? n : 1), sizeof *o->v);
-    o->state_bytes = 2 * total * sizeof(float);
-    o->state = ft_mem_alloc(FT_MEM_OPTIM, o->state_bytes);
-    if (!o->params || !o->m || !o->v || !o->state) {
+    size_t nn = (size_t)(n ? n : 1);
+    o->params = ft_malloc(nn * sizeof *o->params);
+    o->m = ft_calloc(nn, sizeof *o->m);
+    o->v = ft_calloc(nn, sizeof *o->v);
+    o->qm = ft_calloc(nn, sizeof *o->qm);
+    o->qv = ft_calloc(nn, sizeof *o->qv);
+    o->am = ft_calloc(nn, sizeof *o->am);
+    o->av = ft_calloc(nn, sizeof *o->av);
+    int64_t *ne = ft_malloc(nn * sizeof *ne);
+    for (int i = 0; ne && i < n; i++) ne[i] = params[i].numel;
+    o->state_bytes = ne ? ft_optim_state_bytes(ne, n, cfg->kind, cfg->block, cfg->paged) : 0;
+    free(ne);
+    if (!o->params || !o->m || !o->v || !o->qm || !o->qv || !o->am || !o->av || !ne) {
         ft_adamw_free(o);
-        return ft_err(FTUNE_ERR_NOMEM, "adamw: out of memory for the state of %zu parameters (%.1f MiB)", total,
-                      8.0 * total / 1048576.0);
+        return ft_err(FTUNE_ERR_NOMEM, "adamw: out of memory");
+    }
+    if (cfg->paged) {
+        if ((st = paged_map(&o->state, o->state_bytes, cfg->paged_dir))) {
+            ft_adamw_free(o);
+            return st;
+        }
+        ft_mem_count(FT_MEM_OPTIM_PAGED, o->state_bytes); /* a new file's pages read as zeros */
+    } else {
+        o->state = ft_mem_alloc(FT_MEM_OPTIM, o->state_bytes);
+        if (!o->state) {
+            ft_adamw_free(o);
+            return ft_err(FTUNE_ERR_NOMEM, "adamw: out of memory for the state of %zu parameters (%.1f MiB)", total,
+                          o->state_bytes / 1048576.0);
+        }
+        memset(o->state, 0, o->state_bytes);
     }
     memcpy(o->params, params, (size_t)n * sizeof *params);
-    memset(o->state, 0, 2 * total * sizeof(float));
-    float *s = o->state;
-    for (int i = 0; i < n; i++) {
-        o->m[i] = s; s += params[i].numel;
-        o->v[i] = s; s += params[i].numel;
-    }
+    carve_state(o);
+    if (cfg->kind == FT_OPTIM_ADAMW8BIT) ft_adam8_prepare();
     return FTUNE_OK;
 }
 
@@ -67,7 +190,14 @@ void ft_adamw_free(ft_adamw *o) {
     free(o->params);
     free(o->m);
     free(o->v);
-    if (o->state) ft_mem_free(FT_MEM_OPTIM, o->state, o->state_bytes);
+    free(o->qm);
+    free(o->qv);
+    free(o->am);
+    free(o->av);
+    if (o->state && o->cfg.paged) {
+        munmap(o->state, o->state_bytes);
+        ft_mem_uncount(FT_MEM_OPTIM_PAGED, o->state_bytes);
+    } else if (o->state) ft_mem_free(FT_MEM_OPTIM, o->state, o->state_bytes);
     memset(o, 0, sizeof *o);
 }
 
@@ -99,6 +229,17 @@ static void adamw_task(void *vctx, int task, int thread) {
     }
 }
 
+/* An 8-bit parameter's blocks, ADAM8_TASK_BLOCKS per task (blocks are
+ * independent, so any split gives the same bits). */
+typedef struct { const ft_adam8_job *j; int64_t n_blocks, per_task; } adam8_split;
+
+static void adam8_task(void *vctx, int task, int thread) {
+    (void)thread;
+    const adam8_split *s = vctx;
+    int64_t b0 = (int64_t)task * s->per_task, b1 = b0 + s->per_task < s->n_blocks ? b0 + s->per_task : s->n_blocks;
+    ft_adam8_blocks(s->j, b0, b1);
+}
+
 void ft_adamw_step(ft_adamw *o, double lr) {
     o->step++;
     const ft_adamw_cfg *c = &o->cfg;
@@ -118,6 +259,16 @@ void ft_adamw_step(ft_adamw *o, double lr) {
         j.g = p->grad;
         j.wd = p->decay && c->weight_decay != 0;
         j.N = p->numel;
+        if (o->qm[i]) {
+            ft_adam8_job q = { .w = p->data, .g = p->grad, .qm = o->qm[i], .qv = o->qv[i], .am = o->am[i],
+                               .av = o->av[i], .N = p->numel, .block = c->block, .wd = j.wd,
+                               .reference = c->reference, .decay = j.decay, .b1 = j.b1, .omb1 = j.omb1, .b2 = j.b2,
+                               .omb2 = j.omb2, .neg_step = j.neg_step, .bc2_sqrt = j.bc2_sqrt, .eps = j.eps };
+            adam8_split sp = { &q, n_blocks(p->numel, c->block), (ADAMW_CHUNK + c->block - 1) / c->block };
+            int n_tasks = (int)((sp.n_blocks + sp.per_task - 1) / sp.per_task);
+            ft_parallel_for(n_tasks > 4 ? nt : 1, n_tasks, adam8_task, &sp);
+            continue;
+        }
         int64_t n_tasks = (p->numel + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
         /* up to 4 chunks (64K elements) are not worth waking a thread for */
         ft_parallel_for(n_tasks > 4 ? nt : 1, (int)n_tasks, adamw_task, &j);
@@ -184,9 +335,17 @@ ftune_status ft_adamw_view(ft_adamw *o, const ft_param *params, int n, const ft_
     o->params = ft_malloc((size_t)(n ? n : 1) * sizeof *o->params);
     o->m = ft_calloc((size_t)(n ? n : 1), sizeof *o->m);
     o->v = ft_calloc((size_t)(n ? n : 1), sizeof *o->v);
-    if (!o->params || !o->m || !o->v) {
+    o->qm = ft_calloc((size_t)(n ? n : 1), sizeof *o->qm);
+    o->qv = ft_calloc((size_t)(n ? n : 1), sizeof *o->qv);
+    o->am = ft_calloc((size_t)(n ? n : 1), sizeof *o->am);
+    o->av = ft_calloc((size_t)(n ? n : 1), sizeof *o->av);
+    if (!o->params || !o->m || !o->v || !o->qm || !o->qv || !o->am || !o->av) {
         ft_adamw_free(o);
         return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    }
+    if (cfg->kind != FT_OPTIM_ADAMW) {
+        ft_adamw_free(o);
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "adamw: a view of flat moments holds f32 AdamW state only");
     }
     memcpy(o->params, params, (size_t)n * sizeof *params);
     for (int i = 0; i < n; i++) {
@@ -225,44 +384,79 @@ double ft_sched_lr(const ft_sched *s, int64_t step) {
 
 /* ------------------------------------------------------------- checkpoint */
 
+/* The file's tensors for parameter i: 2 (f32 m, v) or 4 (codes and absmax
+ * of m, v), as (prefix, dtype, data, numel or 0 for the parameter's shape). */
+typedef struct { const char *prefix; ft_dtype dtype; void *data; int64_t flat; } opt_part;
+
+static int opt_parts(const ft_adamw *o, int i, opt_part out[4]) {
+    if (!o->qm[i]) {
+        out[0] = (opt_part){ "opt.m.", FT_F32, o->m[i], 0 };
+        out[1] = (opt_part){ "opt.v.", FT_F32, o->v[i], 0 };
+        return 2;
+    }
+    int64_t nb = n_blocks(o->params[i].numel, o->cfg.block);
+    out[0] = (opt_part){ "opt.m8.", FT_U8, o->qm[i], 0 };
+    out[1] = (opt_part){ "opt.v8.", FT_U8, o->qv[i], 0 };
+    out[2] = (opt_part){ "opt.m8.absmax.", FT_F32, o->am[i], nb };
+    out[3] = (opt_part){ "opt.v8.absmax.", FT_F32, o->av[i], nb };
+    return 4;
+}
+
+/* The parameter name an optimizer tensor's name is for, or NULL. */
+static const char *opt_param_name(const char *nm) {
+    static const char *const pre[] = { "opt.m8.absmax.", "opt.v8.absmax.", "opt.m8.", "opt.v8.", "opt.m.", "opt.v." };
+    for (size_t k = 0; k < sizeof pre / sizeof pre[0]; k++)
+        if (strncmp(nm, pre[k], strlen(pre[k])) == 0) return nm + strlen(pre[k]);
+    return NULL;
+}
+
 ftune_status ft_adamw_save(const ft_adamw *o, const char *path, const char *const *extra_meta) {
-    st_out_tensor *ts = ft_calloc((size_t)(2 * o->n + 1), sizeof *ts);
-    char **names = ft_calloc((size_t)(2 * o->n + 1), sizeof *names);
-    int n_extra = 0;
+    st_out_tensor *ts = ft_calloc((size_t)(4 * o->n + 1), sizeof *ts);
+    char **names = ft_calloc((size_t)(4 * o->n + 1), sizeof *names);
+    int n_extra = 0, nt = 0;
     while (extra_meta && extra_meta[2 * n_extra]) n_extra++;
-    const char **meta = ft_calloc((size_t)(2 * n_extra + 16), sizeof *meta);
+    const char **meta = ft_calloc((size_t)(2 * n_extra + 20), sizeof *meta);
     ftune_status st = FTUNE_OK;
     if (!ts || !names || !meta) { st = ft_err(FTUNE_ERR_NOMEM, "%s: out of memory", path); goto done; }
     for (int i = 0; i < o->n; i++) {
         const ft_param *p = &o->params[i];
-        for (int k = 0; k < 2; k++) {
-            size_t len = strlen(p->name) + 8;
-            char *nm = names[2 * i + k] = ft_malloc(len);
+        opt_part parts[4];
+        int np = opt_parts(o, i, parts);
+        for (int k = 0; k < np; k++) {
+            size_t len = strlen(p->name) + strlen(parts[k].prefix) + 1;
+            char *nm = names[nt] = ft_malloc(len);
             if (!nm) { st = ft_err(FTUNE_ERR_NOMEM, "%s: out of memory", path); goto done; }
-            snprintf(nm, len, "opt.%c.%s", k ? 'v' : 'm', p->name);
-            st_out_tensor *t = &ts[2 * i + k];
+            snprintf(nm, len, "%s%s", parts[k].prefix, p->name);
+            st_out_tensor *t = &ts[nt++];
             t->name = nm;
-            t->dtype = FT_F32;
-            t->ndim = p->ndim;
-            memcpy(t->shape, p->shape, sizeof t->shape);
-            t->data = k ? o->v[i] : o->m[i];
+            t->dtype = parts[k].dtype;
+            if (parts[k].flat) {
+                t->ndim = 1;
+                t->shape[0] = parts[k].flat;
+            } else {
+                t->ndim = p->ndim;
+                memcpy(t->shape, p->shape, sizeof t->shape);
+            }
+            t->data = parts[k].data;
         }
     }
-    char step[32], b1[32], b2[32], eps[32], wd[32];
+    char step[32], b1[32], b2[32], eps[32], wd[32], blk[32];
     snprintf(step, sizeof step, "%lld", (long long)o->step);
     snprintf(b1, sizeof b1, "%.17g", o->cfg.beta1);
     snprintf(b2, sizeof b2, "%.17g", o->cfg.beta2);
     snprintf(eps, sizeof eps, "%.17g", o->cfg.eps);
     snprintf(wd, sizeof wd, "%.17g", o->cfg.weight_decay);
+    snprintf(blk, sizeof blk, "%d", o->cfg.block);
     int k = 0;
-    const char *fixed[] = { "format", "pt", "opt.kind", "adamw", "opt.step", step, "opt.beta1", b1,
-                            "opt.beta2", b2, "opt.eps", eps, "opt.weight_decay", wd };
+    const char *fixed[] = { "format", "pt", "opt.kind", ft_optim_kind_name(o->cfg.kind), "opt.step", step,
+                            "opt.beta1", b1, "opt.beta2", b2, "opt.eps", eps, "opt.weight_decay", wd };
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) meta[k++] = fixed[i];
+    if (o->cfg.kind == FT_OPTIM_ADAMW8BIT) { meta[k++] = "opt.block"; meta[k++] = blk; }
     for (int i = 0; i < 2 * n_extra; i++) meta[k++] = extra_meta[i];
     meta[k] = NULL;
-    st = ft_st_write(path, ts, 2 * o->n, meta);
+    st = ft_st_write(path, ts, nt, meta);
 done:
-    for (int i = 0; names && i < 2 * o->n; i++) free(names[i]);
+    for (int i = 0; names && i < nt; i++) free(names[i]);
     free(names);
     free(ts);
     free(meta);
@@ -281,6 +475,7 @@ ftune_status ft_adamw_load(ft_adamw *o, const char *path) {
     if (st) return st;
     const char *kind = ft_st_meta(&f, "opt.kind");
     const char *step_s = ft_st_meta(&f, "opt.step");
+    const char *want_kind = ft_optim_kind_name(o->cfg.kind);
     char *end = NULL;
     long long step = -1;
     if (step_s) {
@@ -288,10 +483,26 @@ ftune_status ft_adamw_load(ft_adamw *o, const char *path) {
         step = strtoll(step_s, &end, 10);
         if (errno || end == step_s || *end || step < 0) step = -1;
     }
-    if (!kind || strcmp(kind, "adamw") != 0) {
-        st = ft_err(FTUNE_ERR_FORMAT, "%s: metadata \"opt.kind\" is %s%s%s, expected \"adamw\"", path, kind ? "\"" : "",
-                    kind ? kind : "missing", kind ? "\"" : "");
+    ft_optim_kind there = FT_OPTIM_ADAMW;
+    if (!kind || ft_optim_kind_parse(kind, &there) != FTUNE_OK) {
+        st = ft_err(FTUNE_ERR_FORMAT, "%s: metadata \"opt.kind\" is %s%s%s, expected \"adamw\" or \"adamw8bit\"", path,
+                    kind ? "\"" : "", kind ? kind : "missing", kind ? "\"" : "");
         goto done;
+    }
+    if (there != o->cfg.kind) {
+        st = ft_err(FTUNE_ERR_ARG, "%s: the optimizer state was saved by --optim %s, this run uses --optim %s: resume "
+                    "with --optim %s", path, kind, want_kind, kind);
+        goto done;
+    }
+    if (o->cfg.kind == FT_OPTIM_ADAMW8BIT) {
+        const char *blk = ft_st_meta(&f, "opt.block");
+        char want[32];
+        snprintf(want, sizeof want, "%d", o->cfg.block);
+        if (!blk || strcmp(blk, want) != 0) {
+            st = ft_err(FTUNE_ERR_FORMAT, "%s: metadata \"opt.block\" is %s%s%s, this optimizer's block is %d", path,
+                        blk ? "\"" : "", blk ? blk : "missing", blk ? "\"" : "", o->cfg.block);
+            goto done;
+        }
     }
     if (step < 0) {
         st = ft_err(FTUNE_ERR_FORMAT, "%s: metadata \"opt.step\" is %s, expected a non-negative integer", path,
@@ -300,51 +511,72 @@ ftune_status ft_adamw_load(ft_adamw *o, const char *path) {
     }
     /* every optimizer tensor in the file must belong to one of our parameters */
     for (int i = 0; i < f.n; i++) {
-        const char *nm = f.tensors[i].name;
-        if (strncmp(nm, "opt.m.", 6) != 0 && strncmp(nm, "opt.v.", 6) != 0) continue;
+        const char *nm = f.tensors[i].name, *pn = opt_param_name(nm);
+        if (!pn) continue;
         int j = 0;
-        while (j < o->n && strcmp(o->params[j].name, nm + 6) != 0) j++;
+        while (j < o->n && strcmp(o->params[j].name, pn) != 0) j++;
         if (j == o->n) {
             st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\" is for a parameter \"%s\" that is not being trained "
-                        "(different adapter targets or rank?)", path, nm, nm + 6);
+                        "(different adapter targets or rank?)", path, nm, pn);
             goto done;
         }
     }
-    const st_tensor **found = ft_calloc((size_t)(2 * o->n + 1), sizeof *found);
+    const st_tensor **found = ft_calloc((size_t)(4 * o->n + 1), sizeof *found);
     if (!found) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
-    char name[FT_NAME_MAX * 2 + 8];
+    char name[FT_NAME_MAX * 2 + 16];
     for (int i = 0; i < o->n && !st; i++) {
         const ft_param *p = &o->params[i];
-        for (int k = 0; k < 2 && !st; k++) {
-            snprintf(name, sizeof name, "opt.%c.%s", k ? 'v' : 'm', p->name);
+        opt_part parts[4];
+        int np = opt_parts(o, i, parts);
+        for (int k = 0; k < np && !st; k++) {
+            snprintf(name, sizeof name, "%s%s", parts[k].prefix, p->name);
             const st_tensor *t = ft_st_find(&f, name);
             char want[96], got[96];
             if (!t) {
                 st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\" is missing", path, name);
                 break;
             }
-            bool same = t->ndim == p->ndim;
-            for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
+            int64_t flat[1] = { parts[k].flat };
+            int wnd = parts[k].flat ? 1 : p->ndim;
+            const int64_t *wsh = parts[k].flat ? flat : p->shape;
+            bool same = t->ndim == wnd;
+            for (int d = 0; same && d < wnd; d++) same = t->shape[d] == wsh[d];
             if (!same) {
-                shape_str(want, sizeof want, p->ndim, p->shape);
+                shape_str(want, sizeof want, wnd, wsh);
                 shape_str(got, sizeof got, t->ndim, t->shape);
-                st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": shape %s but the parameter has shape %s", path, name,
-                            got, want);
+                st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": shape %s but the parameter's state has shape %s", path,
+                            name, got, want);
                 break;
             }
-            if (t->dtype != FT_F32) {
-                st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": dtype %s, expected F32", path, name, t->dtype_name);
+            if (t->dtype != parts[k].dtype) {
+                st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": dtype %s, expected %s", path, name, t->dtype_name,
+                            parts[k].dtype == FT_U8 ? "U8" : "F32");
                 break;
             }
-            found[2 * i + k] = t;
+            /* an absmax is a block's largest |moment|: finite and >= 0 */
+            if (parts[k].flat) {
+                const float *a = (const float *)t->data;
+                for (int64_t b = 0; b < parts[k].flat; b++) {
+                    float x;
+                    memcpy(&x, a + b, sizeof x);
+                    if (!(x >= 0) || !isfinite(x)) {
+                        st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": element %lld is %g, not a finite absmax >= 0",
+                                    path, name, (long long)b, (double)x);
+                        break;
+                    }
+                }
+            }
+            found[4 * i + k] = t;
         }
     }
     if (!st) {
         for (int i = 0; i < o->n; i++) {
-            size_t nb = (size_t)o->params[i].numel * sizeof(float);
-            if (nb) {
-                memcpy(o->m[i], found[2 * i]->data, nb);
-                memcpy(o->v[i], found[2 * i + 1]->data, nb);
+            opt_part parts[4];
+            int np = opt_parts(o, i, parts);
+            for (int k = 0; k < np; k++) {
+                size_t nb = (size_t)(parts[k].flat ? parts[k].flat : o->params[i].numel) *
+                            (parts[k].dtype == FT_U8 ? 1 : sizeof(float));
+                if (nb) memcpy(parts[k].data, found[4 * i + k]->data, nb);
             }
         }
         o->step = step;

@@ -1,7 +1,10 @@
-/* optim.h — AdamW with decoupled weight decay (as torch.optim.AdamW), global
- * gradient-norm clipping (as torch.nn.utils.clip_grad_norm_), learning-rate
- * schedules with linear warmup (as Hugging Face transformers' get_*_schedule_
- * with_warmup), and the optimizer state in a safetensors checkpoint. */
+/* optim.h — AdamW with decoupled weight decay (as torch.optim.AdamW) and its
+ * 8-bit form (as bitsandbytes' AdamW8bit: blockwise dynamic-map m and v),
+ * the state optionally in a file-backed mapping the kernel can page out,
+ * global gradient-norm clipping (as torch.nn.utils.clip_grad_norm_),
+ * learning-rate schedules with linear warmup (as Hugging Face transformers'
+ * get_*_schedule_with_warmup), and the optimizer state in a safetensors
+ * checkpoint. */
 #ifndef FT_OPTIM_H
 #define FT_OPTIM_H
 
@@ -20,6 +23,34 @@ typedef struct {
     bool decay;                 /* weight decay applies (false for biases, norms) */
 } ft_param;
 
+/* What holds AdamW's moments. ADAMW: f32 m and v. ADAMW8BIT: as
+ * bitsandbytes' blockwise 8-bit AdamW, for each parameter of at least
+ * FT_ADAM8_MIN_SIZE elements m is one byte per element into the signed
+ * dynamic map and v into the unsigned one, each block of `block` elements
+ * (counted from the parameter's first) with one f32 absmax; every step
+ * dequantizes a block, updates it in f32 exactly as ADAMW does, and
+ * requantizes it to the nearest map entry (no stochastic rounding, as
+ * bitsandbytes' optimizers). Smaller parameters keep f32 m and v, as
+ * bitsandbytes' min_8bit_size. */
+typedef enum { FT_OPTIM_ADAMW = 0, FT_OPTIM_ADAMW8BIT = 1 } ft_optim_kind;
+#define FT_ADAM8_MIN_SIZE 4096   /* bitsandbytes' min_8bit_size */
+#define FT_ADAM8_BLOCK 256       /* bitsandbytes' blockwise optimizers since 0.44 (2048 before) */
+#define FT_ADAM8_MAX_BLOCK 4096
+
+/* Parses "adamw" or "adamw8bit"; the name of a kind. */
+ftune_status ft_optim_kind_parse(const char *s, ft_optim_kind *out);
+const char *ft_optim_kind_name(ft_optim_kind k);
+
+/* The 256 entries of bitsandbytes' create_dynamic_map(signed) (sorted, in
+ * [-1, 1] or [0, 1]). */
+const float *ft_dynamic_map(bool is_signed);
+/* Index of the map entry nearest x (clamped to [-1, 1]) as torch.bucketize
+ * over the midpoints of neighbours: a tie goes to the lower entry. The
+ * plain version counts the midpoints below x; the fast one (what the
+ * optimizer uses) looks it up in a table over x's float bits. */
+uint8_t ft_dynamic_quantize_ref(bool is_signed, float x);
+uint8_t ft_dynamic_quantize(bool is_signed, float x);
+
 typedef struct {
     /* doubles, as the Python floats torch computes its scalars from */
     double beta1, beta2;        /* 0.9, 0.999 */
@@ -27,7 +58,24 @@ typedef struct {
     double weight_decay;        /* decoupled: p -= lr * wd * p before the Adam update */
     int n_threads;              /* threads for the update (1 by default; 0: all cores); the
                                  * result is the same bits for any count (elementwise) */
+    ft_optim_kind kind;         /* FT_OPTIM_ADAMW */
+    int block;                  /* ADAMW8BIT: elements per absmax, a power of two in 64..4096;
+                                 * FT_ADAM8_BLOCK */
+    bool reference;             /* ADAMW8BIT: quantize with ft_dynamic_quantize_ref (for tests) */
+    /* paged: the state lives in a MAP_SHARED mapping of an unlinked temporary
+     * file in paged_dir, so that under memory pressure the kernel writes its
+     * pages back to the file and drops them instead of holding them in RAM.
+     * The numbers are the same bits as unpaged. */
+    bool paged;
+    const char *paged_dir;      /* required when paged */
 } ft_adamw_cfg;
+
+/* Bytes of optimizer state for n parameters of numel[i] elements: what
+ * ft_adamw_init allocates (paged: rounded up to whole pages). For planners
+ * (`ftune plan`): ADAMW 8 bytes per element; ADAMW8BIT 2 bytes per element
+ * plus 8 per block of `block` of each parameter of at least
+ * FT_ADAM8_MIN_SIZE, 8 bytes per element of the smaller ones. */
+size_t ft_optim_state_bytes(const int64_t *numel, int n, ft_optim_kind kind, int block, bool paged);
 
 void ft_adamw_defaults(ft_adamw_cfg *c);
 
@@ -35,13 +83,16 @@ typedef struct {
     ft_adamw_cfg cfg;
     int n;
     ft_param *params;           /* (n) copies of the caller's descriptors */
-    float **m, **v;             /* (n) first/second moments, each (numel) */
-    float *state;               /* one allocation holding every m and v */
-    size_t state_bytes;         /* its size, counted as FT_MEM_OPTIM */
+    float **m, **v;             /* (n) first/second moments, each (numel); NULL where 8-bit */
+    uint8_t **qm, **qv;         /* (n) ADAMW8BIT: codes of m and v, each (numel); NULL where f32 */
+    float **am, **av;           /* (n) ADAMW8BIT: their absmax per block, each (ceil(numel / block)) */
+    void *state;                /* one allocation holding all of it: the f32 parts, then the codes */
+    size_t state_bytes;         /* its size, counted as FT_MEM_OPTIM (paged: FT_MEM_OPTIM_PAGED) */
     int64_t step;               /* updates done so far */
 } ft_adamw;
 
-/* Allocates zeroed moments for n parameters. Names must be distinct. */
+/* Allocates zeroed moments for n parameters. Names must be distinct. Paged:
+ * FTUNE_ERR_IO naming paged_dir when the file or its mapping cannot be made. */
 ftune_status ft_adamw_init(ft_adamw *o, const ft_param *params, int n, const ft_adamw_cfg *cfg);
 void ft_adamw_free(ft_adamw *o);
 /* One update of every parameter from its grad with learning rate lr (the
@@ -94,14 +145,18 @@ ftune_status ft_sched_kind_parse(const char *s, ft_sched_kind *out);
 double ft_sched_lr(const ft_sched *s, int64_t step);
 
 /* Optimizer state in a safetensors file: tensors "opt.m.<name>" and
- * "opt.v.<name>" (F32, each parameter's shape), metadata "opt.step",
- * "opt.kind" = "adamw" and the hyperparameters. extra_meta (NULL-terminated
+ * "opt.v.<name>" (F32, each parameter's shape) for f32 moments; for 8-bit
+ * ones "opt.m8.<name>" and "opt.v8.<name>" (U8, the parameter's shape) with
+ * "opt.m8.absmax.<name>" and "opt.v8.absmax.<name>" (F32, one per block);
+ * metadata "opt.step", "opt.kind" ("adamw", "adamw8bit"), "opt.block"
+ * (adamw8bit) and the hyperparameters. extra_meta (NULL-terminated
  * key,value pairs or NULL) is added to the metadata. */
 ftune_status ft_adamw_save(const ft_adamw *o, const char *path, const char *const *extra_meta);
 /* Restores step, m and v into an optimizer initialised with the same
- * parameters. Every parameter must have both tensors with its shape and
- * dtype F32, and the file must hold no optimizer tensor for a parameter
- * the optimizer does not have. On failure the optimizer is unchanged. */
+ * parameters, kind and block. Every parameter must have its tensors with
+ * its shape and dtype, and the file must hold no optimizer tensor for a
+ * parameter the optimizer does not have; another kind is FTUNE_ERR_ARG
+ * naming both. On failure the optimizer is unchanged. */
 ftune_status ft_adamw_load(ft_adamw *o, const char *path);
 
 #endif

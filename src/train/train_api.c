@@ -92,7 +92,16 @@ ftune_status ftune_trainer_new(ftune_trainer **out, const ftune_model *m, const 
     if ((st = ft_trainer_optim_params(t->tr, o->mode == FTUNE_TRAIN_LORA, &t->params, &t->n_params, &t->n_trainable)))
         goto fail;
     ft_adamw_cfg ac = { .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps, .weight_decay = o->weight_decay,
-                        .n_threads = o->n_threads };
+                        .n_threads = o->n_threads, .kind = (ft_optim_kind)o->optim, .block = FT_ADAM8_BLOCK,
+                        .paged = o->paged_optim, .paged_dir = o->paged_dir };
+    if (o->optim != FTUNE_OPTIM_ADAMW && o->optim != FTUNE_OPTIM_ADAMW8BIT) {
+        st = ft_err(FTUNE_ERR_ARG, "optim %d: expected FTUNE_OPTIM_ADAMW or FTUNE_OPTIM_ADAMW8BIT", (int)o->optim);
+        goto fail;
+    }
+    if (o->paged_optim && !o->paged_dir) {
+        st = ft_err(FTUNE_ERR_ARG, "paged_optim: give paged_dir, the directory for the state's file");
+        goto fail;
+    }
     if ((st = ft_adamw_init(&t->opt, t->params, t->n_params, &ac))) goto fail;
     t->opt_ready = true;
     if ((st = ft_batch_init(&t->b, o->batch_size, T))) goto fail;

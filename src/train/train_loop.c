@@ -55,6 +55,7 @@ _Static_assert(FTUNE_SCHED_CONSTANT == (int)FT_SCHED_CONSTANT && FTUNE_SCHED_LIN
                FTUNE_SCHED_COSINE == (int)FT_SCHED_COSINE, "schedules");
 _Static_assert(FTUNE_LOSS_SCALE_NONE == (int)FT_LOSS_SCALE_NONE && FTUNE_LOSS_SCALE_DYNAMIC == (int)FT_LOSS_SCALE_DYNAMIC &&
                FTUNE_LOSS_SCALE_FIXED == (int)FT_LOSS_SCALE_FIXED, "loss scale modes");
+_Static_assert(FTUNE_OPTIM_ADAMW == (int)FT_OPTIM_ADAMW && FTUNE_OPTIM_ADAMW8BIT == (int)FT_OPTIM_ADAMW8BIT, "optimizers");
 _Static_assert(FTUNE_TRUNCATE_END == (int)FT_TRUNC_END && FTUNE_TRUNCATE_PROMPT == (int)FT_TRUNC_PROMPT, "truncation");
 
 #define TRY(x) do { ftune_status st_ = (x); if (st_) return st_; } while (0)
@@ -80,6 +81,13 @@ void ftune_train_opts_default(ftune_train_opts *o) {
     o->schedule = FTUNE_SCHED_COSINE;
     o->batch_size = 1;
     o->grad_accum = 1;
+}
+
+ftune_status ftune_optim_parse(const char *s, ftune_optim *out) {
+    ft_optim_kind k;
+    ftune_status st = ft_optim_kind_parse(s ? s : "", &k);
+    if (!st) *out = (ftune_optim)k;
+    return st;
 }
 
 double ft_peak_rss_mib(void) {
@@ -479,6 +487,8 @@ static ftune_status check_same_run(run *r) {
     cJSON *d = cJSON_AddObjectToObject(mine, "dist");
     cJSON_AddNumberToObject(d, "zero", r->zero);
     cJSON_AddNumberToObject(d, "bucket_floats", (double)r->chunk);
+    /* not in the stored configuration: the optimizer file names its kind */
+    cJSON_AddStringToObject(d, "optim", ft_optim_kind_name(r->opt.cfg.kind));
     cJSON_AddStringToObject(d, "resume", r->o->resume ? r->o->resume : "");
     char *text = cJSON_PrintUnformatted(mine);
     int64_t len = text ? (int64_t)strlen(text) + 1 : 0;
@@ -1089,6 +1099,13 @@ static ftune_status check_opts(const ftune_train_opts *o) {
     if (!(o->lr >= 0) || !(o->min_lr >= 0)) return ft_err(FTUNE_ERR_ARG, "--lr and --min-lr must not be negative");
     if (!(o->max_grad_norm >= 0)) return ft_err(FTUNE_ERR_ARG, "--max-grad-norm must not be negative");
     if (!(o->val_split >= 0 && o->val_split < 1)) return ft_err(FTUNE_ERR_ARG, "--val-split %g: expected a fraction in [0, 1)", o->val_split);
+    if (o->optim != FTUNE_OPTIM_ADAMW && o->optim != FTUNE_OPTIM_ADAMW8BIT)
+        return ft_err(FTUNE_ERR_ARG, "optim %d: expected FTUNE_OPTIM_ADAMW or FTUNE_OPTIM_ADAMW8BIT", (int)o->optim);
+    /* ZeRO 1 cuts parameters at flat-range boundaries, which 8-bit state's
+     * blocks (counted from each parameter's start) would have to follow */
+    if (o->optim == FTUNE_OPTIM_ADAMW8BIT && o->zero > 0)
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "--optim adamw8bit with --zero %d is not implemented: the 8-bit state is "
+                      "not sharded; give --zero 0 (every rank keeps the whole 8-bit state) or --optim adamw", o->zero);
     if (o->mode == FTUNE_TRAIN_FULL) {
         if (o->init_adapter) return ft_err(FTUNE_ERR_ARG, "--init-adapter starts a LoRA run; it does not apply to --full");
         if (o->export_gguf) return ft_err(FTUNE_ERR_ARG, "--export-gguf writes a LoRA adapter; it does not apply to --full");
@@ -1243,7 +1260,8 @@ static ftune_status setup(run *r) {
     TRY(ft_trainer_optim_params(r->tr, o->mode == FTUNE_TRAIN_LORA, &r->params, &r->n_params, &n_trainable));
     TRY(setup_shards(r));
     ft_adamw_cfg ac = { .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps, .weight_decay = o->weight_decay,
-                        .n_threads = o->n_threads };
+                        .n_threads = o->n_threads, .kind = (ft_optim_kind)o->optim, .block = FT_ADAM8_BLOCK,
+                        .paged = o->paged_optim, .paged_dir = o->paged_dir ? o->paged_dir : o->out_dir };
     TRY(ft_adamw_init(&r->opt, r->own, r->n_own, &ac));
     r->opt_ready = true;
 
@@ -1427,11 +1445,16 @@ ftune_status ft_train_run_hooked(const ftune_train_opts *o, const ft_train_hooks
     if (r->tr) {
         ft_mem_table mt = { 0 }; /* ft_trainer_mem_table adds to the planned rows */
         ft_trainer_mem_table(r->tr, &mt);
-        /* ZeRO 1: this rank plans (and holds) only its shard of AdamW's state */
-        if (r->opt_ready && r->zero > 0) {
-            int64_t own = 0;
-            for (int i = 0; i < r->n_own; i++) own += r->own[i].numel;
-            mt.planned[FT_MEM_OPTIM] = 2 * (size_t)own * sizeof(float);
+        /* the optimizer's rows from its kind and paging (the trainer plans f32
+         * AdamW); under ZeRO 1 this rank plans (and holds) only its shard */
+        if (r->opt_ready) {
+            int64_t *ne = malloc((size_t)(r->n_own + 1) * sizeof *ne);
+            for (int i = 0; ne && i < r->n_own; i++) ne[i] = r->own[i].numel;
+            size_t ob = ne ? ft_optim_state_bytes(ne, r->n_own, r->opt.cfg.kind, r->opt.cfg.block, r->opt.cfg.paged) : 0;
+            free(ne);
+            mt.planned[FT_MEM_OPTIM] = r->opt.cfg.paged ? 0 : ob;
+            mt.planned[FT_MEM_OPTIM_PAGED] = r->opt.cfg.paged ? ob : 0;
+            mt.has_plan[FT_MEM_OPTIM_PAGED] = true;
         }
         ft_mem_table_format(&mt, r->res.memory_table, sizeof r->res.memory_table);
     }

@@ -1,0 +1,211 @@
+/* optim8.c — the pieces of 8-bit AdamW (bitsandbytes' blockwise AdamW8bit):
+ * the dynamic quantization maps, nearest-entry quantization (a plain
+ * reference and a table-driven fast path that gives the same index), and
+ * the blockwise step: dequantize a block of m and v, update in f32 as
+ * AdamW does, take the block's new absmax and requantize. */
+#include "train/optim8.h"
+#include "formats/bnb.h"
+
+#include <stdlib.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+/* ------------------------------------------------------------- the maps */
+
+/* bitsandbytes' create_dynamic_map(signed=False) ("udynamic", the map of
+ * state2): for each exponent i of 0..6 the midpoints of neighbours of
+ * torch.linspace(0.1, 1, 2^(i+1) + 1) times 10^(i-6), then 0 and 1, sorted.
+ * The signed map ("dynamic", of state1) is formats/bnb.c's, NF4's nested
+ * map. As there, the values are kept as torch (1.13, x86-64) gave them:
+ * its f32 linspace rounds with the vector width it was built for
+ * (tests/adam8_ref.py rebuilds both; test_optim8 compares). */
+static const float udynamic_map[256] = {
+    0.0f, 0x1.5cf754p-22f, 0x1.a0133p-21f, 0x1.1d367p-19f,
+    0x1.2599ecp-18f, 0x1.bc98a2p-18f, 0x1.29cbaap-17f, 0x1.0624dcp-16f,
+    0x1.c2e34p-16f, 0x1.3fd0dp-15f, 0x1.9e3p-15f, 0x1.fc8f34p-15f,
+    0x1.2d7732p-14f, 0x1.5ca6c8p-14f, 0x1.8bd662p-14f, 0x1.0cb296p-13f,
+    0x1.82a994p-13f, 0x1.f8a09p-13f, 0x1.374bc8p-12f, 0x1.724744p-12f,
+    0x1.ad42c4p-12f, 0x1.e83e44p-12f, 0x1.119ce2p-11f, 0x1.2f1aap-11f,
+    0x1.4c986p-11f, 0x1.6a162p-11f, 0x1.8793dep-11f, 0x1.a511ap-11f,
+    0x1.c28f5ep-11f, 0x1.e00d1cp-11f, 0x1.fd8adcp-11f, 0x1.2b020cp-10f,
+    0x1.74bc6ap-10f, 0x1.be76c8p-10f, 0x1.041892p-9f, 0x1.28f5c2p-9f,
+    0x1.4dd2fp-9f, 0x1.72b01ep-9f, 0x1.978d4ep-9f, 0x1.bc6a7cp-9f,
+    0x1.e147aep-9f, 0x1.03126ep-8f, 0x1.158104p-8f, 0x1.27ef9ep-8f,
+    0x1.3a5e34p-8f, 0x1.4cccccp-8f, 0x1.5f3b64p-8f, 0x1.71a9fap-8f,
+    0x1.841894p-8f, 0x1.968728p-8f, 0x1.a8f5c2p-8f, 0x1.bb645cp-8f,
+    0x1.cdd2fp-8f, 0x1.e0418ap-8f, 0x1.f2b01ep-8f, 0x1.028f5cp-7f,
+    0x1.0bc6a6p-7f, 0x1.14fdf2p-7f, 0x1.1e354p-7f, 0x1.276c8ap-7f,
+    0x1.30a3d6p-7f, 0x1.39db2p-7f, 0x1.43126ep-7f, 0x1.5eb854p-7f,
+    0x1.8ccccep-7f, 0x1.bae146p-7f, 0x1.e8f5c4p-7f, 0x1.0b851ep-6f,
+    0x1.228f5cp-6f, 0x1.39999ap-6f, 0x1.50a3d6p-6f, 0x1.67ae16p-6f,
+    0x1.7eb854p-6f, 0x1.95c29p-6f, 0x1.accccep-6f, 0x1.c3d70ep-6f,
+    0x1.dae146p-6f, 0x1.f1eb86p-6f, 0x1.047aep-5f, 0x1.1p-5f,
+    0x1.1b851ep-5f, 0x1.270a3ep-5f, 0x1.328f5ep-5f, 0x1.3e147ap-5f,
+    0x1.49999ap-5f, 0x1.551eb6p-5f, 0x1.60a3d6p-5f, 0x1.6c28f6p-5f,
+    0x1.77ae14p-5f, 0x1.833334p-5f, 0x1.8eb854p-5f, 0x1.9a3d7p-5f,
+    0x1.a5c29p-5f, 0x1.b147aep-5f, 0x1.bccccep-5f, 0x1.c851eep-5f,
+    0x1.d3d70ep-5f, 0x1.df5c2ap-5f, 0x1.eae146p-5f, 0x1.f66666p-5f,
+    0x1.00f5c4p-4f, 0x1.06b852p-4f, 0x1.0c7ae2p-4f, 0x1.123d72p-4f,
+    0x1.18p-4f, 0x1.1dc29p-4f, 0x1.23852p-4f, 0x1.2947aep-4f,
+    0x1.2f0a3ep-4f, 0x1.34cccep-4f, 0x1.3a8f5ep-4f, 0x1.4051ecp-4f,
+    0x1.46147ap-4f, 0x1.4bd70ap-4f, 0x1.51999ap-4f, 0x1.575c28p-4f,
+    0x1.5d1eb8p-4f, 0x1.62e146p-4f, 0x1.68a3d6p-4f, 0x1.6e6666p-4f,
+    0x1.7428f6p-4f, 0x1.79eb86p-4f, 0x1.7fae14p-4f, 0x1.8570a4p-4f,
+    0x1.8b3334p-4f, 0x1.90f5c2p-4f, 0x1.96b852p-4f, 0x1.a8p-4f,
+    0x1.c4ccccp-4f, 0x1.e1999ap-4f, 0x1.fe6666p-4f, 0x1.0d9998p-3f,
+    0x1.1cp-3f, 0x1.2a6668p-3f, 0x1.38ccccp-3f, 0x1.473334p-3f,
+    0x1.559998p-3f, 0x1.64p-3f, 0x1.726668p-3f, 0x1.80ccccp-3f,
+    0x1.8f3334p-3f, 0x1.9d9998p-3f, 0x1.acp-3f, 0x1.ba6668p-3f,
+    0x1.c8ccccp-3f, 0x1.d73334p-3f, 0x1.e5999cp-3f, 0x1.f4p-3f,
+    0x1.013334p-2f, 0x1.086666p-2f, 0x1.0f999ap-2f, 0x1.16cccep-2f,
+    0x1.1ep-2f, 0x1.253334p-2f, 0x1.2c6668p-2f, 0x1.33999ap-2f,
+    0x1.3acccep-2f, 0x1.42p-2f, 0x1.493334p-2f, 0x1.506666p-2f,
+    0x1.579998p-2f, 0x1.5eccccp-2f, 0x1.66p-2f, 0x1.6d3332p-2f,
+    0x1.746666p-2f, 0x1.7b9998p-2f, 0x1.82ccccp-2f, 0x1.8ap-2f,
+    0x1.913334p-2f, 0x1.986666p-2f, 0x1.9f9998p-2f, 0x1.a6ccccp-2f,
+    0x1.aep-2f, 0x1.b53332p-2f, 0x1.bc6666p-2f, 0x1.c3999ap-2f,
+    0x1.caccccp-2f, 0x1.d2p-2f, 0x1.d93334p-2f, 0x1.e06666p-2f,
+    0x1.e7999ap-2f, 0x1.eeccccp-2f, 0x1.f6p-2f, 0x1.fd3332p-2f,
+    0x1.023334p-1f, 0x1.05ccccp-1f, 0x1.096664p-1f, 0x1.0dp-1f,
+    0x1.109998p-1f, 0x1.143334p-1f, 0x1.17ccccp-1f, 0x1.1b6668p-1f,
+    0x1.1fp-1f, 0x1.22999ap-1f, 0x1.263334p-1f, 0x1.29ccccp-1f,
+    0x1.2d6668p-1f, 0x1.31p-1f, 0x1.34999ap-1f, 0x1.383334p-1f,
+    0x1.3bccccp-1f, 0x1.3f6666p-1f, 0x1.43p-1f, 0x1.469998p-1f,
+    0x1.4a3334p-1f, 0x1.4dccccp-1f, 0x1.516668p-1f, 0x1.55p-1f,
+    0x1.58999cp-1f, 0x1.5c3334p-1f, 0x1.5fccccp-1f, 0x1.636668p-1f,
+    0x1.67p-1f, 0x1.6a999cp-1f, 0x1.6e3334p-1f, 0x1.71ccccp-1f,
+    0x1.756668p-1f, 0x1.79p-1f, 0x1.7c9998p-1f, 0x1.803334p-1f,
+    0x1.83ccccp-1f, 0x1.876668p-1f, 0x1.8bp-1f, 0x1.8e9998p-1f,
+    0x1.923334p-1f, 0x1.95ccccp-1f, 0x1.996664p-1f, 0x1.9dp-1f,
+    0x1.a09998p-1f, 0x1.a43334p-1f, 0x1.a7ccccp-1f, 0x1.ab6668p-1f,
+    0x1.afp-1f, 0x1.b2999ap-1f, 0x1.b63334p-1f, 0x1.b9ccccp-1f,
+    0x1.bd6668p-1f, 0x1.c1p-1f, 0x1.c4999ap-1f, 0x1.c83334p-1f,
+    0x1.cbccccp-1f, 0x1.cf6666p-1f, 0x1.d3p-1f, 0x1.d69998p-1f,
+    0x1.da3334p-1f, 0x1.ddccccp-1f, 0x1.e16668p-1f, 0x1.e5p-1f,
+    0x1.e8999cp-1f, 0x1.ec3334p-1f, 0x1.efccccp-1f, 0x1.f36668p-1f,
+    0x1.f7p-1f, 0x1.fa999cp-1f, 0x1.fe3334p-1f, 0x1p+0f,
+};
+
+/* The maps, their 255 midpoints (torch: (code[:-1] + code[1:]) / 2 in
+ * float32) and the fast path's tables, built once. */
+#define QT_SHIFT 15                                 /* a table slot spans 2^15 floats: 1/256 of an octave */
+#define QT_SLOTS ((0x3f800000u >> QT_SHIFT) + 1)    /* |x| in [0, 1] */
+static struct {
+    float map[2][256];
+    float mid[2][255];
+    uint8_t pos[2][QT_SLOTS]; /* x >= 0 in slot s: the index for the slot's smallest x */
+    uint8_t neg[QT_SLOTS];    /* signed, x < 0 with |x| in slot s: the index for the slot's largest |x| */
+} Q;
+static pthread_once_t q_once = PTHREAD_ONCE_INIT;
+
+static uint8_t count_below(const float *mid, float x) {
+    int i = 0;
+    while (i < 255 && mid[i] < x) i++;
+    return (uint8_t)i;
+}
+
+static float bits_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static void q_build(void) {
+    for (int s = 0; s < 2; s++) {
+        if (s) ft_bnb_dynamic_map(Q.map[s]);
+        else memcpy(Q.map[s], udynamic_map, sizeof udynamic_map);
+        for (int i = 0; i < 255; i++) Q.mid[s][i] = (Q.map[s][i] + Q.map[s][i + 1]) / 2.0f;
+        for (uint32_t k = 0; k < QT_SLOTS; k++) Q.pos[s][k] = count_below(Q.mid[s], bits_float(k << QT_SHIFT));
+    }
+    for (uint32_t k = 0; k < QT_SLOTS; k++) {
+        uint32_t top = ((k + 1) << QT_SHIFT) - 1;
+        if (top > 0x3f800000u) top = 0x3f800000u;
+        Q.neg[k] = count_below(Q.mid[1], -bits_float(top));
+    }
+}
+
+const float *ft_dynamic_map(bool is_signed) {
+    pthread_once(&q_once, q_build);
+    return Q.map[is_signed];
+}
+
+static float clamp_unit(bool is_signed, float x) {
+    float lo = is_signed ? -1.0f : 0.0f;
+    /* torch.clamp(x, -1, 1) (unsigned inputs are never negative; 0 keeps them in the map) */
+    return x < lo ? lo : x > 1.0f ? 1.0f : x;
+}
+
+/* torch.bucketize(x, mid) (right=False): the number of midpoints < x. */
+uint8_t ft_dynamic_quantize_ref(bool is_signed, float x) {
+    pthread_once(&q_once, q_build);
+    return count_below(Q.mid[is_signed], clamp_unit(is_signed, x));
+}
+
+/* The index is non-decreasing in x and each table entry is the index at
+ * one end of its slot that no x of the slot is below, so walking up over
+ * the midpoints still below x finds the same index as counting them all;
+ * a slot is narrower than the map's gaps, so the walk is 0 or 1 steps. */
+static inline uint8_t quantize_fast(bool is_signed, float x) {
+    x = clamp_unit(is_signed, x);
+    const float *mid = Q.mid[is_signed];
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    /* a sign bit on an unsigned map's input is -0 (negatives were clamped): index 0 */
+    int i = (u >> 31) ? (is_signed ? Q.neg[(u & 0x7fffffffu) >> QT_SHIFT] : 0) : Q.pos[is_signed][u >> QT_SHIFT];
+    while (i < 255 && mid[i] < x) i++;
+    return (uint8_t)i;
+}
+
+uint8_t ft_dynamic_quantize(bool is_signed, float x) {
+    pthread_once(&q_once, q_build);
+    return quantize_fast(is_signed, x);
+}
+
+void ft_adam8_prepare(void) { pthread_once(&q_once, q_build); }
+
+/* ------------------------------------------------------------- the step */
+
+/* Blocks [b0, b1) of one 8-bit parameter: as adamw_task element by element
+ * on the dequantized moments, then each block's absmax and codes anew.
+ * bitsandbytes' CPU path: dequantize code[q] * absmax; absmax = max |.| of
+ * the updated block; scaled = x * (1 / max(absmax, 1e-38)) clamped to
+ * [-1, 1]; the nearest entry. */
+void ft_adam8_blocks(const ft_adam8_job *j, int64_t b0, int64_t b1) {
+    const float *smap = Q.map[1], *umap = Q.map[0];
+    float mt[FT_ADAM8_MAX_BLOCK], vt[FT_ADAM8_MAX_BLOCK];
+    for (int64_t b = b0; b < b1; b++) {
+        int64_t k0 = b * j->block, k1 = k0 + j->block < j->N ? k0 + j->block : j->N;
+        float *w = j->w + k0;
+        const float *g = j->g + k0;
+        uint8_t *qm = j->qm + k0, *qv = j->qv + k0;
+        float am = j->am[b], av = j->av[b], nm = 0, nv = 0;
+        int n = (int)(k1 - k0);
+        for (int k = 0; k < n; k++) {
+            float x = j->wd ? w[k] * j->decay : w[k];
+            float gk = g[k];
+            float mk = smap[qm[k]] * am * j->b1 + gk * j->omb1;
+            float vk = umap[qv[k]] * av * j->b2 + gk * gk * j->omb2;
+            float denom = sqrtf(vk) / j->bc2_sqrt + j->eps;
+            w[k] = x + j->neg_step * mk / denom;
+            mt[k] = mk;
+            vt[k] = vk;
+            nm = fmaxf(nm, fabsf(mk));
+            nv = fmaxf(nv, fabsf(vk));
+        }
+        j->am[b] = nm;
+        j->av[b] = nv;
+        float im = 1.0f / fmaxf(nm, 1e-38f), iv = 1.0f / fmaxf(nv, 1e-38f);
+        if (j->reference)
+            for (int k = 0; k < n; k++) {
+                qm[k] = ft_dynamic_quantize_ref(true, mt[k] * im);
+                qv[k] = ft_dynamic_quantize_ref(false, vt[k] * iv);
+            }
+        else
+            for (int k = 0; k < n; k++) {
+                qm[k] = quantize_fast(true, mt[k] * im);
+                qv[k] = quantize_fast(false, vt[k] * iv);
+            }
+    }
+}
