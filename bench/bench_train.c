@@ -39,7 +39,7 @@ static int fail(const char *what) {
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: bench_train MODEL [B=4] [T=128] [steps=5] [threads=0] [warmup=1] [dtype=f32] "
-                        "[mode=lora|full] [R=16]\n");
+                        "[mode=lora|full] [R=16] [optim=adamw|adamw8bit]\n");
         return 2;
     }
     int B = argc > 2 ? atoi(argv[2]) : 4, T = argc > 3 ? atoi(argv[3]) : 128;
@@ -47,6 +47,7 @@ int main(int argc, char **argv) {
     int warmup = argc > 6 ? atoi(argv[6]) : 1;
     const char *dtype = argc > 7 ? argv[7] : "f32", *mode = argc > 8 ? argv[8] : "lora";
     int R = argc > 9 ? atoi(argv[9]) : 16;
+    const char *optim = argc > 10 ? argv[10] : "adamw";
     if (B < 1 || T < 1 || steps < 1 || threads < 0 || warmup < 0 || R < 1) {
         fprintf(stderr, "bench_train: B, T, steps and R must be positive, threads and warmup not negative\n");
         return 2;
@@ -72,6 +73,7 @@ int main(int argc, char **argv) {
     o.batch_size = B;
     o.ctx = T;
     o.n_threads = threads;
+    if (ftune_optim_parse(optim, &o.optim)) return fail("optim");
     ftune_trainer *tr = NULL;
     if (ftune_trainer_new(&tr, m, &o)) return fail("trainer");
 
@@ -94,10 +96,10 @@ int main(int argc, char **argv) {
     printf("{\"engine\":\"ftune\",\"model\":\"%s\",\"dtype\":\"%s\",\"mode\":\"%s\",\"lora_r\":%d,"
            "\"B\":%d,\"T\":%d,\"steps\":%d,\"threads\":%d,"
            "\"n_trainable\":%lld,\"step_s\":%.4f,\"tok_s\":%.2f,\"peak_rss_mb\":%.1f,"
-           "\"first_loss\":%.4f,\"last_loss\":%.4f}\n",
+           "\"first_loss\":%.4f,\"last_loss\":%.4f,\"optim\":\"%s\"}\n",
            argv[1], ftune_model_dtype(m), mode, o.mode == FTUNE_TRAIN_LORA ? R : 0, B, T, steps,
            ftune_trainer_n_threads(tr), (long long)ftune_trainer_n_trainable(tr), step_s,
-           (double)B * T / step_s, ru.ru_maxrss / 1024.0, first_loss, last_loss);
+           (double)B * T / step_s, ru.ru_maxrss / 1024.0, first_loss, last_loss, optim);
     free(dt);
     free(tok);
     free(tgt);

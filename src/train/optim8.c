@@ -97,6 +97,7 @@ static struct {
     float mid[2][255];
     uint8_t pos[2][QT_SLOTS]; /* x >= 0 in slot s: the index for the slot's smallest x */
     uint8_t neg[QT_SLOTS];    /* signed, x < 0 with |x| in slot s: the index for the slot's largest |x| */
+    bool one_step;            /* every slot's indices span at most two entries (checked when built) */
 } Q;
 static pthread_once_t q_once = PTHREAD_ONCE_INIT;
 
@@ -119,10 +120,14 @@ static void q_build(void) {
         for (int i = 0; i < 255; i++) Q.mid[s][i] = (Q.map[s][i] + Q.map[s][i + 1]) / 2.0f;
         for (uint32_t k = 0; k < QT_SLOTS; k++) Q.pos[s][k] = count_below(Q.mid[s], bits_float(k << QT_SHIFT));
     }
+    Q.one_step = true;
     for (uint32_t k = 0; k < QT_SLOTS; k++) {
         uint32_t top = ((k + 1) << QT_SHIFT) - 1;
         if (top > 0x3f800000u) top = 0x3f800000u;
         Q.neg[k] = count_below(Q.mid[1], -bits_float(top));
+        /* the index is monotone in x, so a slot's ends bound its indices */
+        for (int s = 0; s < 2; s++) Q.one_step &= count_below(Q.mid[s], bits_float(top)) <= Q.pos[s][k] + 1;
+        Q.one_step &= count_below(Q.mid[1], -bits_float(k << QT_SHIFT)) <= Q.neg[k] + 1;
     }
 }
 
@@ -146,7 +151,8 @@ uint8_t ft_dynamic_quantize_ref(bool is_signed, float x) {
 /* The index is non-decreasing in x and each table entry is the index at
  * one end of its slot that no x of the slot is below, so walking up over
  * the midpoints still below x finds the same index as counting them all;
- * a slot is narrower than the map's gaps, so the walk is 0 or 1 steps. */
+ * a slot is narrower than the map's gaps, so the walk is 0 or 1 steps
+ * (q_build checks it, and the walk is a loop if it were not). */
 static inline uint8_t quantize_fast(bool is_signed, float x) {
     x = clamp_unit(is_signed, x);
     const float *mid = Q.mid[is_signed];
@@ -154,6 +160,7 @@ static inline uint8_t quantize_fast(bool is_signed, float x) {
     memcpy(&u, &x, sizeof u);
     /* a sign bit on an unsigned map's input is -0 (negatives were clamped): index 0 */
     int i = (u >> 31) ? (is_signed ? Q.neg[(u & 0x7fffffffu) >> QT_SHIFT] : 0) : Q.pos[is_signed][u >> QT_SHIFT];
+    if (Q.one_step) return (uint8_t)(i + (i < 255 && mid[i] < x));
     while (i < 255 && mid[i] < x) i++;
     return (uint8_t)i;
 }
