@@ -396,7 +396,9 @@ typedef struct {
     double adam_eps;           /* 1e-8 */
     double max_grad_norm;      /* 0: no clipping; 1 */
     ftune_optim optim;         /* FTUNE_OPTIM_ADAMW */
-    bool paged_optim;          /* optimizer state in a file-backed mapping the kernel can page out; false */
+    bool paged_optim;          /* optimizer state (and in full mode with a bf16/f16 dtype the f32 masters,
+                                * which only the optimizer reads) in a file-backed mapping the kernel
+                                * can page out; the same numbers; false */
     const char *paged_dir;     /* where that file is made (unlinked at once); NULL: out_dir */
     ftune_schedule schedule;   /* FTUNE_SCHED_COSINE */
     int64_t warmup;            /* warmup steps; 0 */

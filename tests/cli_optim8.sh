@@ -84,10 +84,34 @@ train -o "$tmp/pg" --steps 20 --optim adamw8bit "${lora[@]}" 2> "$tmp/err.txt" \
         --optim adamw8bit "${lora[@]}" --paged-optim -o "$tmp/pg2" > "$tmp/out.txt" 2>&1 \
     && [ "$(losses "$tmp/pg/metrics.jsonl")" = "$(losses "$tmp/pg2/metrics.jsonl")" ] \
     && cmp -s "$tmp/pg/adapter_model.safetensors" "$tmp/pg2/adapter_model.safetensors" \
-    && grep -q '^optimizer state (paged) ' "$tmp/out.txt" \
+    && grep -q '^paged (file-backed) ' "$tmp/out.txt" \
     && pass paged_same_bits || fail paged_same_bits "$(cat "$tmp/err.txt" "$tmp/out.txt" | tail -20)"
-ls -A "$tmp/pg2" | grep -q ftune-optim && fail paged_file_unlinked "a state file was left in the output" \
+ls -A "$tmp/pg2" | grep -q ftune-paged && fail paged_file_unlinked "a state file was left in the output" \
     || pass paged_file_unlinked
+
+# 4b. full fine-tuning in bf16: the f32 masters, which only the optimizer
+# and the bf16 copies' refresh read, are paged too (in f32 the forward reads
+# the masters themselves, so they stay in memory); the same bits
+full_bf16() { "$FT" train -m "$HF" --data "$tmp/train.txt" --val-split 0 --ctx 64 --batch-size 4 -t 1 --steps 10 \
+              --full --dtype bf16 --lr 1e-3 --optim adamw8bit "$@"; }
+full_bf16 -o "$tmp/fb" > "$tmp/fb.txt" 2>&1 && full_bf16 --paged-optim -o "$tmp/fb2" > "$tmp/fb2.txt" 2>&1 \
+    && cmp -s "$tmp/fb/model.safetensors" "$tmp/fb2/model.safetensors" \
+    && $PY - "$tmp/fb.txt" "$tmp/fb2.txt" <<'EOF' && pass paged_masters_bf16 || fail paged_masters_bf16 "$(tail -16 "$tmp/fb2.txt")"
+import sys
+def rows(path):  # the memory table's planned column, by row name
+    out = {}
+    for l in open(path):
+        name, rest = l[:28].strip(), l[28:].split()
+        if name and len(rest) == 3:
+            try: out[name] = float(rest[0])
+            except ValueError: pass
+    return out
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+print(f"full bf16, planned MiB: in memory: trainables {a['trainables']}, optimizer {a['optimizer state']}; "
+      f"paged: trainables {b['trainables']}, optimizer {b['optimizer state']}, paged {b['paged (file-backed)']}")
+sys.exit(0 if b['trainables'] == 0 and b['optimizer state'] == 0 and
+         abs(b['paged (file-backed)'] - a['trainables'] - a['optimizer state']) <= 0.1 else 1)
+EOF
 
 # 5. resume is bit-exact with 8-bit state (LoRA and full): 10 steps against
 # 5, a checkpoint, and 5 more

@@ -164,8 +164,9 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
         { NULL, "--max-grad-norm", OPT_STR, &max_norm, "N", "clip the global gradient norm; 0 = off" },
         { NULL, "--optim", OPT_STR, &optim, "NAME", "adamw (f32 m and v, 8 bytes per trainable) or adamw8bit "
           "(bitsandbytes' blockwise 8-bit m and v, about 2 bytes; tensors under 4096 elements keep f32 state)" },
-        { NULL, "--paged-optim", OPT_FLAG, &o.paged_optim, "", "keep the optimizer state in a file-backed mapping "
-          "(an unlinked file in --paged-dir) that the kernel can page out under memory pressure; same results" },
+        { NULL, "--paged-optim", OPT_FLAG, &o.paged_optim, "", "keep the optimizer state (and, in --full with "
+          "--dtype bf16/f16, the f32 master weights) in a file-backed mapping (an unlinked file in --paged-dir) that "
+          "the kernel can page out under memory pressure; same results" },
         { NULL, "--paged-dir", OPT_STR, &o.paged_dir, "DIR", "where --paged-optim makes its file (default: OUT_DIR)" },
         { NULL, "--loss-scale", OPT_STR, &loss_scale, "MODE",
           "none, dynamic (PyTorch GradScaler: starts at 65536, a step with inf/NaN gradients is skipped and halves "

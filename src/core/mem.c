@@ -1,6 +1,11 @@
 /* mem.c — counted allocation by lifetime class, the allocator hook, the
  * registry of weight mappings and the memory table (see mem.h). */
 #include "core/mem.h"
+#include "core/core.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -39,12 +44,40 @@ static void count_add(ft_mem_class c, size_t n) {
     while (now > pk && !atomic_compare_exchange_weak(&peak[c], &pk, now)) {}
 }
 
-void ft_mem_count(ft_mem_class c, size_t n) {
-    if ((unsigned)c < FT_MEM_N_CLASSES) count_add(c, n);
+ftune_status ft_mem_map_paged(void **out, size_t n, const char *dir) {
+    *out = NULL;
+    if (!dir || !*dir) return ft_err(FTUNE_ERR_ARG, "paged memory: no directory given for its file");
+    char path[4200];
+    if (snprintf(path, sizeof path, "%s/.ftune-paged-XXXXXX", dir) >= (int)sizeof path)
+        return ft_err(FTUNE_ERR_ARG, "%s: path too long", dir);
+    long pg = sysconf(_SC_PAGESIZE);
+    size_t ps = pg > 0 ? (size_t)pg : 4096, len = (n + ps - 1) / ps * ps;
+    if (!len) len = ps;
+    int fd = mkstemp(path);
+    if (fd < 0) return ft_err(FTUNE_ERR_IO, "paged memory: cannot create a file in %s: %s", dir, strerror(errno));
+    unlink(path);
+    int e = posix_fallocate(fd, 0, (off_t)len);
+    if (e == EINVAL || e == EOPNOTSUPP) e = ftruncate(fd, (off_t)len) == 0 ? 0 : errno;
+    if (e) {
+        close(fd);
+        return ft_err(FTUNE_ERR_IO, "paged memory: cannot reserve %.1f MiB in %s: %s", len / 1048576.0, dir, strerror(e));
+    }
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    e = errno;
+    close(fd); /* the mapping keeps the file */
+    if (p == MAP_FAILED)
+        return ft_err(FTUNE_ERR_IO, "paged memory: cannot map %.1f MiB of a file in %s: %s", len / 1048576.0, dir, strerror(e));
+    count_add(FT_MEM_PAGED, n);
+    *out = p; /* a new file reads as zeros */
+    return FTUNE_OK;
 }
 
-void ft_mem_uncount(ft_mem_class c, size_t n) {
-    if ((unsigned)c < FT_MEM_N_CLASSES) atomic_fetch_sub(&cur[c], n);
+void ft_mem_unmap_paged(void *p, size_t n) {
+    if (!p) return;
+    long pg = sysconf(_SC_PAGESIZE);
+    size_t ps = pg > 0 ? (size_t)pg : 4096, len = (n + ps - 1) / ps * ps;
+    munmap(p, len ? len : ps);
+    atomic_fetch_sub(&cur[FT_MEM_PAGED], n);
 }
 
 /* The hook sees at least one byte: n = 0 still gives a distinct pointer. */
@@ -88,7 +121,7 @@ void ft_mem_reset_peaks(void) {
 const char *ft_mem_class_name(ft_mem_class c) {
     static const char *names[FT_MEM_N_CLASSES] = {
         [FT_MEM_WEIGHTS] = "weights", [FT_MEM_TRAINABLE] = "trainables", [FT_MEM_GRADS] = "gradients",
-        [FT_MEM_OPTIM] = "optimizer state", [FT_MEM_OPTIM_PAGED] = "optimizer state (paged)",
+        [FT_MEM_OPTIM] = "optimizer state", [FT_MEM_PAGED] = "paged (file-backed)",
         [FT_MEM_ACTS] = "activations", [FT_MEM_SCRATCH] = "scratch",
         [FT_MEM_KV] = "KV cache", [FT_MEM_DATA] = "data", [FT_MEM_OTHER] = "other",
     };
@@ -222,12 +255,12 @@ int ft_mem_table_format(const ft_mem_table *t, char *buf, size_t n) {
     } while (0)
     PUT("%-28s %12s %12s %12s\n", "memory (MiB)", "planned", "now", "peak");
     static const int order[FT_MEM_N_ROWS] = { FT_MEM_ROW_MAPPED, FT_MEM_WEIGHTS, FT_MEM_TRAINABLE, FT_MEM_GRADS,
-                                              FT_MEM_OPTIM, FT_MEM_OPTIM_PAGED, FT_MEM_ACTS, FT_MEM_SCRATCH, FT_MEM_KV, FT_MEM_DATA,
+                                              FT_MEM_OPTIM, FT_MEM_PAGED, FT_MEM_ACTS, FT_MEM_SCRATCH, FT_MEM_KV, FT_MEM_DATA,
                                               FT_MEM_OTHER };
     for (int i = 0; i < FT_MEM_N_ROWS; i++) {
         int r = order[i];
         /* the paged row only for a run that pages */
-        if (r == FT_MEM_OPTIM_PAGED && !t->planned[r] && !t->current[r] && !t->peak[r]) continue;
+        if (r == FT_MEM_PAGED && !t->planned[r] && !t->current[r] && !t->peak[r]) continue;
         if (t->has_plan[r]) PUT("%-28s %12.1f %12.1f %12.1f\n", ft_mem_row_name(r), t->planned[r] / M, t->current[r] / M, t->peak[r] / M);
         else PUT("%-28s %12s %12.1f %12.1f\n", ft_mem_row_name(r), "-", t->current[r] / M, t->peak[r] / M);
     }

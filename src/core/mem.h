@@ -12,12 +12,14 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "ftune.h" /* ftune_status */
+
 typedef enum {
     FT_MEM_WEIGHTS,   /* model weights the library owns (converted or dequantized copies) */
     FT_MEM_TRAINABLE, /* trainable parameters (LoRA A/B, or full-model master weights) */
     FT_MEM_GRADS,     /* their gradients */
     FT_MEM_OPTIM,     /* optimizer state (AdamW m, v) */
-    FT_MEM_OPTIM_PAGED, /* optimizer state in a file-backed mapping the kernel may page out */
+    FT_MEM_PAGED,     /* paged: optimizer state (and full mode's f32 masters) in a file-backed mapping */
     FT_MEM_ACTS,      /* activations saved for backward */
     FT_MEM_SCRATCH,   /* per-step workspaces */
     FT_MEM_KV,        /* KV caches */
@@ -37,10 +39,14 @@ void *ft_mem_calloc(ft_mem_class c, size_t n);
 void *ft_mem_realloc(ft_mem_class c, void *p, size_t old_n, size_t new_n);
 /* Frees p (may be NULL) that ft_mem_alloc(c, n) returned, with the same c and n. */
 void ft_mem_free(ft_mem_class c, void *p, size_t n);
-/* Counts n bytes against class c that did not come from ft_mem_alloc (a
- * file-backed mapping), and uncounts them when they are released. */
-void ft_mem_count(ft_mem_class c, size_t n);
-void ft_mem_uncount(ft_mem_class c, size_t n);
+/* n zeroed bytes (page-aligned) in a MAP_SHARED mapping of a temporary
+ * file in dir, unlinked at once, so that under memory pressure the kernel
+ * writes the pages back to the file and drops them instead of keeping them
+ * in RAM; counted as FT_MEM_PAGED. The file's blocks are reserved up front
+ * where the file system can, so that a full disk is an error here rather
+ * than a SIGBUS later. FTUNE_ERR_IO names dir. Free with ft_mem_unmap_paged. */
+ftune_status ft_mem_map_paged(void **out, size_t n, const char *dir);
+void ft_mem_unmap_paged(void *p, size_t n);
 /* Bytes currently held, and the most ever held at once, in class c. */
 size_t ft_mem_current(ft_mem_class c);
 size_t ft_mem_peak(ft_mem_class c);

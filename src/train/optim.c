@@ -11,12 +11,10 @@
 #include "train/optim8.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 void ft_adamw_defaults(ft_adamw_cfg *c) {
@@ -62,34 +60,6 @@ size_t ft_optim_state_bytes(const int64_t *numel, int n, ft_optim_kind kind, int
     }
     size_t b = floats * sizeof(float) + codes;
     return paged ? page_round(b ? b : 1) : b;
-}
-
-/* The paged state: a MAP_SHARED mapping of a temporary file in dir,
- * unlinked at once (nothing is left behind however the process ends). Its
- * blocks are reserved up front where the file system can (posix_fallocate),
- * so that a full disk is this error rather than a SIGBUS mid-run. */
-static ftune_status paged_map(void **out, size_t n, const char *dir) {
-    *out = NULL;
-    if (!dir || !*dir) return ft_err(FTUNE_ERR_ARG, "paged optimizer state: no directory given for its file");
-    char path[4200];
-    if (snprintf(path, sizeof path, "%s/.ftune-optim-XXXXXX", dir) >= (int)sizeof path)
-        return ft_err(FTUNE_ERR_ARG, "%s: path too long", dir);
-    int fd = mkstemp(path);
-    if (fd < 0) return ft_err(FTUNE_ERR_IO, "paged optimizer state: cannot create a file in %s: %s", dir, strerror(errno));
-    unlink(path);
-    int e = posix_fallocate(fd, 0, (off_t)n);
-    if (e == EINVAL || e == EOPNOTSUPP) e = ftruncate(fd, (off_t)n) == 0 ? 0 : errno;
-    if (e) {
-        close(fd);
-        return ft_err(FTUNE_ERR_IO, "paged optimizer state: cannot reserve %.1f MiB in %s: %s", n / 1048576.0, dir, strerror(e));
-    }
-    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    e = errno;
-    close(fd); /* the mapping keeps the file */
-    if (p == MAP_FAILED)
-        return ft_err(FTUNE_ERR_IO, "paged optimizer state: cannot map %.1f MiB of a file in %s: %s", n / 1048576.0, dir, strerror(e));
-    *out = p;
-    return FTUNE_OK;
 }
 
 /* Points m/v (or qm/qv/am/av) of every parameter into o->state. */
@@ -165,11 +135,10 @@ ftune_status ft_adamw_init(ft_adamw *o, const ft_param *params, int n, const ft_
         return ft_err(FTUNE_ERR_NOMEM, "adamw: out of memory");
     }
     if (cfg->paged) {
-        if ((st = paged_map(&o->state, o->state_bytes, cfg->paged_dir))) {
+        if ((st = ft_mem_map_paged(&o->state, o->state_bytes, cfg->paged_dir))) {
             ft_adamw_free(o);
-            return st;
+            return ft_err_prefix(st, "optimizer state");
         }
-        ft_mem_count(FT_MEM_OPTIM_PAGED, o->state_bytes); /* a new file's pages read as zeros */
     } else {
         o->state = ft_mem_alloc(FT_MEM_OPTIM, o->state_bytes);
         if (!o->state) {
@@ -194,10 +163,8 @@ void ft_adamw_free(ft_adamw *o) {
     free(o->qv);
     free(o->am);
     free(o->av);
-    if (o->state && o->cfg.paged) {
-        munmap(o->state, o->state_bytes);
-        ft_mem_uncount(FT_MEM_OPTIM_PAGED, o->state_bytes);
-    } else if (o->state) ft_mem_free(FT_MEM_OPTIM, o->state, o->state_bytes);
+    if (o->state && o->cfg.paged) ft_mem_unmap_paged(o->state, o->state_bytes);
+    else if (o->state) ft_mem_free(FT_MEM_OPTIM, o->state, o->state_bytes);
     memset(o, 0, sizeof *o);
 }
 

@@ -50,6 +50,8 @@ const float *ft_dynamic_map(bool is_signed);
  * optimizer uses) looks it up in a table over x's float bits. */
 uint8_t ft_dynamic_quantize_ref(bool is_signed, float x);
 uint8_t ft_dynamic_quantize(bool is_signed, float x);
+/* Whether the fast path's tables checked out when built (else it counts). */
+bool ft_dynamic_quantize_fast_ok(void);
 
 typedef struct {
     /* doubles, as the Python floats torch computes its scalars from */
@@ -87,7 +89,7 @@ typedef struct {
     uint8_t **qm, **qv;         /* (n) ADAMW8BIT: codes of m and v, each (numel); NULL where f32 */
     float **am, **av;           /* (n) ADAMW8BIT: their absmax per block, each (ceil(numel / block)) */
     void *state;                /* one allocation holding all of it: the f32 parts, then the codes */
-    size_t state_bytes;         /* its size, counted as FT_MEM_OPTIM (paged: FT_MEM_OPTIM_PAGED) */
+    size_t state_bytes;         /* its size, counted as FT_MEM_OPTIM (paged: FT_MEM_PAGED) */
     int64_t step;               /* updates done so far */
 } ft_adamw;
 

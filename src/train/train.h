@@ -49,6 +49,10 @@ typedef struct {
                            * segment's activations are still live after forward and are not recomputed.
                            * Block hooks (ft_trainer_set_hooks) see the recomputed forward calls too:
                            * FT_BLOCK_PRE/POST_FORWARD again before that segment's backward. */
+    const char *paged_dir; /* full mode with compute copies (bf16/f16): the f32 masters, which only the
+                            * optimizer and the copies' refresh read, in a file-backed mapping there that
+                            * the kernel can page out (ft_mem_map_paged); NULL, or any other mode: in
+                            * memory. The same numbers either way. */
 } ft_train_opts;
 
 /* The compute type for ftune_train_opts.dtype: NULL the model's, else
@@ -91,6 +95,7 @@ typedef struct {
     size_t copy_bytes;    /* full mode in bf16/f16: compute copies of the Linears' and an untied
                            * head's masters (FT_MEM_WEIGHTS), refreshed from them before a
                            * forward that follows an optimizer step or zero_grad; else 0 */
+    bool masters_paged;   /* trainable_bytes are FT_MEM_PAGED (opts paged_dir with compute copies) */
 } ft_train_plan;
 
 typedef struct ft_trainer ft_trainer;

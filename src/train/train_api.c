@@ -85,6 +85,7 @@ ftune_status ftune_trainer_new(ftune_trainer **out, const ftune_model *m, const 
     to.max_T = T;
     to.n_threads = o->n_threads;
     to.grad_checkpoint = o->grad_checkpoint;
+    to.paged_dir = o->paged_optim ? o->paged_dir : NULL;
     t->n_threads = ft_num_threads(o->n_threads);
     ftune_status st = ft_train_compute_of(m, o->dtype, &to.compute);
     if (!st) st = ft_trainer_new(&t->tr, m, &to);

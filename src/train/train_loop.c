@@ -1249,6 +1249,7 @@ static ftune_status setup(run *r) {
     r->topts.max_T = r->T;
     r->topts.n_threads = o->n_threads;
     r->topts.grad_checkpoint = o->grad_checkpoint;
+    if (o->paged_optim) r->topts.paged_dir = o->paged_dir ? o->paged_dir : o->out_dir;
     TRY(ft_train_compute_of(r->m, o->dtype, &r->topts.compute));
     if (o->init_adapter) TRY(read_init_adapter(r));
     TRY(ft_trainer_new(&r->tr, r->m, &r->topts));
@@ -1453,8 +1454,8 @@ ftune_status ft_train_run_hooked(const ftune_train_opts *o, const ft_train_hooks
             size_t ob = ne ? ft_optim_state_bytes(ne, r->n_own, r->opt.cfg.kind, r->opt.cfg.block, r->opt.cfg.paged) : 0;
             free(ne);
             mt.planned[FT_MEM_OPTIM] = r->opt.cfg.paged ? 0 : ob;
-            mt.planned[FT_MEM_OPTIM_PAGED] = r->opt.cfg.paged ? ob : 0;
-            mt.has_plan[FT_MEM_OPTIM_PAGED] = true;
+            mt.planned[FT_MEM_PAGED] += r->opt.cfg.paged ? ob : 0; /* with the masters, where paged */
+            mt.has_plan[FT_MEM_PAGED] = true;
         }
         ft_mem_table_format(&mt, r->res.memory_table, sizeof r->res.memory_table);
     }

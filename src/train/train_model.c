@@ -384,6 +384,7 @@ static void plan_fill(const ft_config *c, const ft_train_opts *o, int nt, ft_tra
     plan->n_trainable = total;
     plan->trainable_bytes = plan->grad_bytes = (size_t)total * sizeof(float);
     plan->optim_bytes = 2 * (size_t)total * sizeof(float);
+    plan->masters_paged = o->paged_dir && has_copies(o);
     carver a = { 0 }, s = { 0 };
     carve_acts(NULL, &a, c, o);
     carve_scratch(NULL, &s, c, o, nt);
@@ -412,7 +413,8 @@ ftune_status ft_trainer_plan(const ft_config *c, const ft_train_opts *o, ft_trai
 }
 
 void ft_train_plan_table(const ft_train_plan *p, ft_mem_table *t) {
-    t->planned[FT_MEM_TRAINABLE] += p->trainable_bytes;
+    t->planned[p->masters_paged ? FT_MEM_PAGED : FT_MEM_TRAINABLE] += p->trainable_bytes;
+    if (p->masters_paged) t->has_plan[FT_MEM_PAGED] = true;
     t->planned[FT_MEM_GRADS] += p->grad_bytes;
     t->planned[FT_MEM_OPTIM] += p->optim_bytes;
     t->planned[FT_MEM_ACTS] += p->activation_bytes;
@@ -569,7 +571,13 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
         tr->copy_arena = tr->be.alloc(&tr->be, FT_MEM_WEIGHTS, pl->copy_bytes);
     }
     /* the four arenas are backend buffers (on the CPU backend: ft_mem_alloc by class) */
-    tr->values = tr->be.alloc(&tr->be, FT_MEM_TRAINABLE, pl->trainable_bytes);
+    ftune_status pst = FTUNE_OK;
+    if (pl->masters_paged) pst = ft_mem_map_paged((void **)&tr->values, pl->trainable_bytes, o->paged_dir);
+    else tr->values = tr->be.alloc(&tr->be, FT_MEM_TRAINABLE, pl->trainable_bytes);
+    if (pst) {
+        ft_trainer_free(tr);
+        return ft_err_prefix(pst, "f32 master weights");
+    }
     tr->grads = tr->be.alloc(&tr->be, FT_MEM_GRADS, pl->grad_bytes);
     tr->act_arena = tr->be.alloc(&tr->be, FT_MEM_ACTS, pl->activation_bytes);
     tr->scr_arena = tr->be.alloc(&tr->be, FT_MEM_SCRATCH, pl->scratch_bytes);
@@ -622,7 +630,8 @@ void ft_trainer_free(ft_trainer *tr) {
     ft_mem_free(FT_MEM_OTHER, tr->pos0, sz[O_POS0]); ft_mem_free(FT_MEM_OTHER, tr->params, sz[O_PARAMS]);
     ft_mem_free(FT_MEM_OTHER, tr->copies, tr->copies ? sz[O_COPIES] : 0);
     tr->be.free(&tr->be, FT_MEM_WEIGHTS, tr->copy_arena, tr->copy_arena ? pl->copy_bytes : 0);
-    tr->be.free(&tr->be, FT_MEM_TRAINABLE, tr->values, pl->trainable_bytes);
+    if (pl->masters_paged) ft_mem_unmap_paged(tr->values, pl->trainable_bytes);
+    else tr->be.free(&tr->be, FT_MEM_TRAINABLE, tr->values, pl->trainable_bytes);
     tr->be.free(&tr->be, FT_MEM_GRADS, tr->grads, pl->grad_bytes);
     tr->be.free(&tr->be, FT_MEM_ACTS, tr->act_arena, pl->activation_bytes);
     tr->be.free(&tr->be, FT_MEM_SCRATCH, tr->scr_arena, pl->scratch_bytes);
