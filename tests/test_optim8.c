@@ -1,12 +1,14 @@
 /* test_optim8.c — 8-bit AdamW and paged optimizer state: the dynamic maps,
  * quantization and several 8-bit steps bit for bit against an independent
  * torch implementation of bitsandbytes' blockwise AdamW (tests/adam8_ref.py);
- * the table-driven quantizer and the step against their plain references;
+ * the table-driven quantizer and the step (portable and AVX-512) against
+ * their plain references;
  * thread counts; small tensors on f32 state; the state's size formula;
  * paged state bit-identical to unpaged and file-backed (/proc/self/maps);
  * checkpoints of 8-bit state resuming bit for bit, and their errors. */
 #include "check.h"
 #include "core/mem.h"
+#include "cpu/cpu.h"
 #include "formats/bnb.h"
 #include "formats/safetensors.h"
 #include "train/optim.h"
@@ -250,25 +252,32 @@ static void test_fast_quantizer_is_the_reference(void) {
     CHECK(ft_dynamic_quantize_fast_ok()); /* else the "fast" path was the count itself */
 }
 
+/* The step on the plain quantizer against the one the CPU dispatches to
+ * (AVX-512 where there is one), the portable fast path, and 3 threads. */
 static void test_step_fast_is_reference_any_threads(void) {
+    enum { NV = 4 };
+    static const char *const what[NV] = { "reference", "dispatched", "dispatched, 3 threads", "portable fast path" };
     problem p;
     make_problem(&p, 6);
-    ft_adamw o[3];
-    run_params r[3];
-    for (int v = 0; v < 3; v++) {
+    ft_adamw o[NV];
+    run_params r[NV];
+    for (int v = 0; v < NV; v++) {
         ft_adamw_cfg c = cfg8();
         c.reference = v == 0;
         c.n_threads = v == 2 ? 3 : 1;
         params_from(&r[v], &p);
         CHECK_OK(ft_adamw_init(&o[v], r[v].ps, NT, &c));
+        if (v == 3) ft_cpu_force_level(FT_CPU_GENERIC);
         steps(&o[v], &r[v], &p, 0, STEPS);
+        ft_cpu_force_level(-1);
     }
-    for (int v = 1; v < 3; v++) {
-        CHECKF(same_state(&o[0], &o[v]), "%s: state differs from the reference step", v == 1 ? "fast" : "fast, 3 threads");
+    printf("  dispatched at cpu level %s\n", ft_cpu_level_name(ft_cpu_level()));
+    for (int v = 1; v < NV; v++) {
+        CHECKF(same_state(&o[0], &o[v]), "%s: state differs from the reference step", what[v]);
         for (int t = 0; t < NT; t++)
-            CHECKF(bits_equal(r[0].w[t], r[v].w[t], (size_t)SIZES[t] * 4), "variant %d: tensor %d's weights differ", v, t);
+            CHECKF(bits_equal(r[0].w[t], r[v].w[t], (size_t)SIZES[t] * 4), "%s: tensor %d's weights differ", what[v], t);
     }
-    for (int v = 0; v < 3; v++) { ft_adamw_free(&o[v]); params_free(&r[v]); }
+    for (int v = 0; v < NV; v++) { ft_adamw_free(&o[v]); params_free(&r[v]); }
     free_problem(&p);
 }
 

@@ -8,6 +8,9 @@
 
 #include <stdlib.h>
 
+#include "cpu/cpu.h"
+
+#include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
@@ -96,9 +99,10 @@ static const float udynamic_map[256] = {
 #define QT_SLOTS (((0x3f800000u - QT_FLOOR) >> QT_SHIFT) + 1) /* |x| in [2^-24, 1]: 6 KiB a table */
 static struct {
     float map[2][256];
-    float mid[2][255];
-    uint8_t pos[2][QT_SLOTS]; /* x >= 0 in slot s: the index for the slot's smallest x */
-    uint8_t neg[QT_SLOTS];    /* signed, x < 0 with |x| in slot s: the index for the slot's largest |x| */
+    float mid[2][256];        /* the 255 midpoints, then +inf (no x is above it) */
+    /* 3 bytes past each table for the AVX-512 path's 4-byte gathers */
+    uint8_t pos[2][QT_SLOTS + 3]; /* x >= 0 in slot s: the index for the slot's smallest x */
+    uint8_t neg[QT_SLOTS + 3];    /* signed, x < 0 with |x| in slot s: the index for the slot's largest |x| */
     bool fast;                /* the tables hold what the fast path assumes (checked when built) */
 } Q;
 static pthread_once_t q_once = PTHREAD_ONCE_INIT;
@@ -127,6 +131,7 @@ static void q_build(void) {
         if (s) ft_bnb_dynamic_map(Q.map[s]);
         else memcpy(Q.map[s], udynamic_map, sizeof udynamic_map);
         for (int i = 0; i < 255; i++) Q.mid[s][i] = (Q.map[s][i] + Q.map[s][i + 1]) / 2.0f;
+        Q.mid[s][255] = INFINITY;
         for (uint32_t k = 0; k < QT_SLOTS; k++) Q.pos[s][k] = count_below(Q.mid[s], bits_float(slot_lo(k)));
     }
     for (uint32_t k = 0; k < QT_SLOTS; k++) Q.neg[k] = count_below(Q.mid[1], -bits_float(slot_hi(k)));
@@ -192,12 +197,100 @@ void ft_adam8_prepare(void) { pthread_once(&q_once, q_build); }
 
 /* ------------------------------------------------------------- the step */
 
+/* 16 elements of adamw_task's update on dequantized moments, as the scalar
+ * loop below computes each (the same IEEE operations in the same order;
+ * no fused multiply-add), returning the new m and v. */
+#define ISA_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+
+ISA_TARGET static inline __m512i quantize16(bool is_signed, __m512 x) {
+    const float *mid = Q.mid[is_signed];
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(is_signed ? -1.0f : 0.0f)), _mm512_set1_ps(1.0f));
+    __m512i u = _mm512_castps_si512(x);
+    __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+    __m512i k = _mm512_srli_epi32(_mm512_sub_epi32(_mm512_max_epu32(a, _mm512_set1_epi32((int)QT_FLOOR)),
+                                                   _mm512_set1_epi32((int)QT_FLOOR)), QT_SHIFT);
+    __m512i bytes = _mm512_set1_epi32(0xff);
+    __m512i i = _mm512_and_si512(_mm512_i32gather_epi32(k, (const void *)Q.pos[is_signed], 1), bytes);
+    if (is_signed) {
+        /* the max above turned an unsigned -0 into +0 (index 0 either way); signed negatives use neg */
+        __mmask16 neg = _mm512_cmplt_epi32_mask(u, _mm512_setzero_si512());
+        __m512i in = _mm512_and_si512(_mm512_i32gather_epi32(k, (const void *)Q.neg, 1), bytes);
+        i = _mm512_mask_mov_epi32(i, neg, in);
+    }
+    __m512 m = _mm512_i32gather_ps(i, mid, 4);
+    __mmask16 up = _mm512_cmp_ps_mask(m, x, _CMP_LT_OQ);
+    return _mm512_mask_add_epi32(i, up, i, _mm512_set1_epi32(1));
+}
+
+ISA_TARGET static void adam8_blocks_avx512(const ft_adam8_job *j, int64_t b0, int64_t b1) {
+    const float *smap = Q.map[1], *umap = Q.map[0];
+    float mt[FT_ADAM8_MAX_BLOCK], vt[FT_ADAM8_MAX_BLOCK];
+    const __m512 decay = _mm512_set1_ps(j->decay), b1v = _mm512_set1_ps(j->b1), omb1 = _mm512_set1_ps(j->omb1),
+                 b2v = _mm512_set1_ps(j->b2), omb2 = _mm512_set1_ps(j->omb2), ns = _mm512_set1_ps(j->neg_step),
+                 bc2 = _mm512_set1_ps(j->bc2_sqrt), eps = _mm512_set1_ps(j->eps);
+    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (int64_t b = b0; b < b1; b++) {
+        int64_t k0 = b * j->block, k1 = k0 + j->block < j->N ? k0 + j->block : j->N;
+        float *w = j->w + k0;
+        const float *g = j->g + k0;
+        uint8_t *qm = j->qm + k0, *qv = j->qv + k0;
+        float am = j->am[b], av = j->av[b], nm = 0, nv = 0;
+        int n = (int)(k1 - k0), k = 0;
+        __m512 amv = _mm512_set1_ps(am), avv = _mm512_set1_ps(av), nmv = _mm512_setzero_ps(), nvv = _mm512_setzero_ps();
+        for (; k + 16 <= n; k += 16) {
+            __m512 wk = _mm512_loadu_ps(w + k), gk = _mm512_loadu_ps(g + k);
+            __m512 x = j->wd ? _mm512_mul_ps(wk, decay) : wk;
+            __m512 dm = _mm512_i32gather_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const void *)(qm + k))), smap, 4);
+            __m512 dv = _mm512_i32gather_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const void *)(qv + k))), umap, 4);
+            __m512 mk = _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(dm, amv), b1v), _mm512_mul_ps(gk, omb1));
+            __m512 vk = _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(dv, avv), b2v),
+                                      _mm512_mul_ps(_mm512_mul_ps(gk, gk), omb2));
+            __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vk), bc2), eps);
+            _mm512_storeu_ps(w + k, _mm512_add_ps(x, _mm512_div_ps(_mm512_mul_ps(ns, mk), denom)));
+            _mm512_storeu_ps(mt + k, mk);
+            _mm512_storeu_ps(vt + k, vk);
+            nmv = _mm512_max_ps(nmv, _mm512_and_ps(mk, absmask));
+            nvv = _mm512_max_ps(nvv, _mm512_and_ps(vk, absmask));
+        }
+        for (; k < n; k++) {
+            float xk = j->wd ? w[k] * j->decay : w[k];
+            float gs = g[k];
+            float mk = smap[qm[k]] * am * j->b1 + gs * j->omb1;
+            float vk = umap[qv[k]] * av * j->b2 + gs * gs * j->omb2;
+            float denom = sqrtf(vk) / j->bc2_sqrt + j->eps;
+            w[k] = xk + j->neg_step * mk / denom;
+            mt[k] = mk;
+            vt[k] = vk;
+            nm = fmaxf(nm, fabsf(mk));
+            nv = fmaxf(nv, fabsf(vk));
+        }
+        nm = fmaxf(nm, _mm512_reduce_max_ps(nmv));
+        nv = fmaxf(nv, _mm512_reduce_max_ps(nvv));
+        j->am[b] = nm;
+        j->av[b] = nv;
+        float im = 1.0f / fmaxf(nm, 1e-38f), iv = 1.0f / fmaxf(nv, 1e-38f);
+        __m512 imv = _mm512_set1_ps(im), ivv = _mm512_set1_ps(iv);
+        for (k = 0; k + 16 <= n; k += 16) {
+            _mm_storeu_si128((void *)(qm + k), _mm512_cvtepi32_epi8(quantize16(true, _mm512_mul_ps(_mm512_loadu_ps(mt + k), imv))));
+            _mm_storeu_si128((void *)(qv + k), _mm512_cvtepi32_epi8(quantize16(false, _mm512_mul_ps(_mm512_loadu_ps(vt + k), ivv))));
+        }
+        for (; k < n; k++) {
+            qm[k] = quantize_fast(true, mt[k] * im);
+            qv[k] = quantize_fast(false, vt[k] * iv);
+        }
+    }
+}
+
 /* Blocks [b0, b1) of one 8-bit parameter: as adamw_task element by element
  * on the dequantized moments, then each block's absmax and codes anew.
  * bitsandbytes' CPU path: dequantize code[q] * absmax; absmax = max |.| of
  * the updated block; scaled = x * (1 / max(absmax, 1e-38)) clamped to
  * [-1, 1]; the nearest entry. */
 void ft_adam8_blocks(const ft_adam8_job *j, int64_t b0, int64_t b1) {
+    if (!j->reference && Q.fast && ft_cpu_level() >= FT_CPU_AVX512) {
+        adam8_blocks_avx512(j, b0, b1);
+        return;
+    }
     const float *smap = Q.map[1], *umap = Q.map[0];
     float mt[FT_ADAM8_MAX_BLOCK], vt[FT_ADAM8_MAX_BLOCK];
     for (int64_t b = b0; b < b1; b++) {
