@@ -47,7 +47,8 @@ const float *ft_dynamic_map(bool is_signed);
 /* Index of the map entry nearest x (clamped to [-1, 1]) as torch.bucketize
  * over the midpoints of neighbours: a tie goes to the lower entry. The
  * plain version counts the midpoints below x; the fast one (what the
- * optimizer uses) looks it up in a table over x's float bits. */
+ * optimizer uses, also as AVX-512 gathers) looks it up in a table over x's
+ * float bits. */
 uint8_t ft_dynamic_quantize_ref(bool is_signed, float x);
 uint8_t ft_dynamic_quantize(bool is_signed, float x);
 /* Whether the fast path's tables checked out when built (else it counts). */
@@ -65,9 +66,9 @@ typedef struct {
                                  * FT_ADAM8_BLOCK */
     bool reference;             /* ADAMW8BIT: quantize with ft_dynamic_quantize_ref (for tests) */
     /* paged: the state lives in a MAP_SHARED mapping of an unlinked temporary
-     * file in paged_dir, so that under memory pressure the kernel writes its
-     * pages back to the file and drops them instead of holding them in RAM.
-     * The numbers are the same bits as unpaged. */
+     * file in paged_dir (ft_mem_map_paged), so that under memory pressure the
+     * kernel writes its pages back to the file and drops them instead of
+     * holding them in RAM. The numbers are the same bits as unpaged. */
     bool paged;
     const char *paged_dir;      /* required when paged */
 } ft_adamw_cfg;
