@@ -29,7 +29,10 @@
  * and the embedding's output rows are rounded to it (the table is a frozen
  * weight held in the compute type; rounding here gives the same numbers
  * whether the model converted it at load or not). Norms, RoPE, attention
- * (its products included), SwiGLU, the loss and the optimizer run in f32.
+ * (its products included), SwiGLU, the loss and the optimizer run in f32
+ * (on the CPU backend in a compute type, SwiGLU and RMSNorm take the vector
+ * paths of ops_elem.c: f32 maths within a few ulps of the references; with
+ * FT_F32 they are the references bit for bit).
  * The element type of every argument stays f32; weights may be stored in
  * any dtype.
  */

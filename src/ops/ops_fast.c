@@ -23,72 +23,13 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
-#define VL 16
-
-#define INLINE static inline __attribute__((always_inline))
-#if defined(__x86_64__)
-#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
-#define T256 __attribute__((target("avx2,fma")))
-#else
-#define T512
-#define T256
-#endif
+#include "ops/ops_vec.h"
 
 /* query rows per tile: the probabilities of a tile (BQ × Tk floats) stay
  * in cache while dK/dV accumulate over them */
 #define BQ 32
 
-INLINE vf vload(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
-/* (macros, not functions: passing 64-byte vectors by value draws ABI notes
- * from GCC in the portable instantiation) */
-#define vstore(p, v) do { vf vs_ = (v); memcpy((p), &vs_, sizeof vs_); } while (0)
-INLINE vf vset1(float x) { return (vf){ 0 } + x; }
-#define vsel(m, a, b) ((vf)(((m) & (vi)(a)) | (~(m) & (vi)(b)))) /* m ? a : b */
-INLINE float vhmax(const vf *v) {
-    float m = (*v)[0];
-    for (int i = 1; i < VL; i++) m = (*v)[i] > m ? (*v)[i] : m;
-    return m;
-}
-INLINE double vhsum_d(const vf *v) {
-    double s = 0;
-    for (int i = 0; i < VL; i++) s += (*v)[i];
-    return s;
-}
 static size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
-
-/* exp(x) for x <= 88.7 (inf above), to ~1 ulp: x = n·ln2 + r with
- * |r| <= ln2/2 (Cody-Waite, ln2 split so n·LN2_HI is exact), a degree-7
- * Taylor polynomial in r (truncation 5e-9 relative), times 2^n formed as
- * 2^a·2^(n-a) so that gradual underflow down to 2^-149 works. Exactly 0
- * below -103.9 (and for -inf); NaN stays NaN. */
-INLINE vf vexp(const vf *px) {
-    vf x = *px;
-    const float LOG2E = 1.44269504088896341f, MAGIC = 12582912.0f; /* 1.5·2^23: round to nearest */
-    const float LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f;
-    vi under = x < -103.9f;
-    vi over = x > 88.8f;
-    x = vsel(under, vset1(-103.9f), x);
-    x = vsel(over, vset1(88.8f), x);
-    vf t = x * LOG2E + MAGIC;
-    vf n = t - MAGIC;
-    vi ni = (vi)t - (vi)vset1(MAGIC);
-    vf r = x - n * LN2_HI;
-    r = r - n * LN2_LO;
-    vf p = vset1(1.0f / 5040);
-    p = p * r + 1.0f / 720;
-    p = p * r + 1.0f / 120;
-    p = p * r + 1.0f / 24;
-    p = p * r + 1.0f / 6;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    vi a = ni >> 1, b = ni - a;
-    vf pa = (vf)((a + 127) << 23), pb = (vf)((b + 127) << 23);
-    vf res = p * pa * pb;
-    return (vf)((vi)res & ~under);
-}
 
 /* ------------------------------------------------------------- exp */
 
