@@ -70,14 +70,15 @@ static void cpu_rope_backward(const ft_backend *be, float *dx, const int *pos, c
 static void cpu_attention_forward(const ft_backend *be, float *out, float *lse, const float *q, const float *k,
                                   const float *v, const int *q_pos, const int *doc, int B, int T, int Tk, int NH,
                                   int NKV, int HS, int kv_stride, float *scratch) {
-    ft_attention_forward_fast(out, lse, q, k, v, q_pos, doc, B, T, Tk, NH, NKV, HS, kv_stride, be->n_threads, scratch);
+    ft_attention_forward_fast_in(be->compute, out, lse, q, k, v, q_pos, doc, B, T, Tk, NH, NKV, HS, kv_stride,
+                                 be->n_threads, scratch);
 }
 static void cpu_attention_backward(const ft_backend *be, float *dq, float *dk, float *dv, const float *dout,
                                    const float *lse, const float *q, const float *k, const float *v,
                                    const int *q_pos, const int *doc, int B, int T, int Tk, int NH, int NKV, int HS,
                                    float *scratch) {
-    ft_attention_backward_fast(dq, dk, dv, dout, lse, q, k, v, q_pos, doc, B, T, Tk, NH, NKV, HS, be->n_threads,
-                            scratch);
+    ft_attention_backward_fast_in(be->compute, dq, dk, dv, dout, lse, q, k, v, q_pos, doc, B, T, Tk, NH, NKV, HS,
+                                  be->n_threads, scratch);
 }
 static void cpu_swiglu_forward(const ft_backend *be, float *out, const float *gate, const float *up, int T, int F) {
     /* f32: the reference, bit for bit; a compute type: the vector exp */

@@ -130,6 +130,21 @@ void ft_attention_backward_fast(float *dq, float *dk, float *dv, const float *do
                              const float *k, const float *v, const int *q_pos, const int *doc, int B, int T, int Tk,
                              int NH, int NKV, int HS, int n_threads, float *scratch);
 
+/* The same two in a compute type: FT_F32 is exactly the two above; FT_BF16
+ * rounds every operand of the attention's products to bf16 (RNE: q, k, v
+ * and dout; the probabilities before P·V and dV; the score gradients before
+ * dQ and dK), multiplies exactly and sums in f32, as PyTorch's bf16 SDPA
+ * does (on VDPBF16PS at the avx512bf16 level, which treats subnormal bf16
+ * as zero; the plain f32 kernels on the rounded values below it). The
+ * softmax, the lse and the backward's Σ p·dp stay f32. Other types: f32. */
+void ft_attention_forward_fast_in(ft_dtype compute, float *out, float *lse, const float *q, const float *k,
+                                  const float *v, const int *q_pos, const int *doc, int B, int T, int Tk, int NH,
+                                  int NKV, int HS, int kv_stride, int n_threads, float *scratch);
+void ft_attention_backward_fast_in(ft_dtype compute, float *dq, float *dk, float *dv, const float *dout,
+                                   const float *lse, const float *q, const float *k, const float *v,
+                                   const int *q_pos, const int *doc, int B, int T, int Tk, int NH, int NKV, int HS,
+                                   int n_threads, float *scratch);
+
 /* crossentropy_forward_backward on n_threads threads: exp once per logit
  * (float), the log-sum-exp in double per row, rows summed in order. */
 double ft_crossentropy_fast(float *dlogits, const float *logits, const int *targets, int T, int V, float dloss_scale,

@@ -22,9 +22,6 @@
 
 #include "ops/ops_vec.h"
 
-typedef uint32_t vu __attribute__((vector_size(64)));
-typedef uint16_t vh __attribute__((vector_size(32)));
-
 /* Elementwise work below this many elements runs on the calling thread
  * (a decode step's rows): waking a worker costs more than it saves. */
 #define PAR_MIN 32768
@@ -39,15 +36,6 @@ static int threads_for(size_t work, int n_threads) { return work < PAR_MIN ? 1 :
 
 /* ------------------------------------------------------------- bf16 */
 /* (no fp-contract here: nothing below is a multiply-add) */
-
-/* ft_f32_to_bf16 on 16 lanes: add 0x7FFF plus the kept lsb and keep the
- * top half; a NaN keeps its top half with the quiet bit set. */
-INLINE vu bf16_bits(vf x) {
-    vu u = (vu)x;
-    vu nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
-    vu r = (u + (0x7FFFu + ((u >> 16) & 1u))) >> 16;
-    return (nan & ((u >> 16) | 0x40u)) | (~nan & r);
-}
 
 typedef enum { CV_TO_BF16, CV_FROM_BF16, CV_ROUND } cv_kind;
 

@@ -68,8 +68,20 @@ typedef struct {
     float *o, *lse, *dq, *dk, *dv;
     const int *q_pos, *doc;
     int T, Tk, NH, NKV, HS, kv_stride, kvh;
+    int cmode;                 /* products: ATT_F32, ATT_BF16 (rounded operands, f32 FMA), ATT_DPBF16 */
     float scale;
 } att_unit;
+
+/* How the products run. ATT_F32: f32 operands (today's path, --dtype f32).
+ * In bf16 both of the others compute the same maths: every operand of a
+ * product (q, k, v, dout; the probabilities P before P·V and dV, the score
+ * gradients dS before dQ and dK) rounded to bf16 (RNE), exact products, f32
+ * sums, as PyTorch's bf16 SDPA does; the softmax, its lse and
+ * D = Σ p·dp stay f32. ATT_BF16 feeds bf16-valued floats to the f32
+ * kernels (any level); ATT_DPBF16 (avx512bf16) runs QKᵀ, dout·Vᵀ, P·V and
+ * dS·K on VDPBF16PS (bf16 pairs, DAZ/FTZ as kernels.h says), dV and dK on
+ * the f32 kernels with the rounded operands. */
+enum { ATT_F32, ATT_BF16, ATT_DPBF16 };
 
 /* The per-thread scratch, in floats (see attention_fast_scratch_floats). */
 typedef struct {
@@ -79,12 +91,19 @@ typedef struct {
     float *P, *dP;             /* (BQ, Tkp) */
     float *acc;                /* (BQ, HSp) */
     int *docp;                 /* (Tkp) */
+    /* bf16 modes: a tile's q and dout rows rounded (BQ, HSp) floats; as
+     * bf16 pairs (BQ, HSp/2) words; P or dS as pairs (BQ, Tkp/2) words.
+     * ATT_DPBF16 keeps K and V as pairs in Kt/Vt ((HSp/2, Tkp) words:
+     * pairs along d) and Kp/Vp ((Tkp/2, HSp) words: pairs along keys). */
+    float *qf, *dyf;
+    uint32_t *q16, *dy16, *p16;
 } att_scr;
 
 static size_t scr_floats(int Tk, int HS, bool bwd) {
     size_t Tkp = round16((size_t)(Tk > 0 ? Tk : 1)), HSp = round16((size_t)HS);
     size_t n = 2 * (size_t)HS * Tkp + Tkp * HSp + 2 * BQ * Tkp + BQ * HSp + Tkp;
     if (bwd) n += Tkp * HSp + 2 * (size_t)HS * Tkp;
+    n += 3 * BQ * HSp + BQ * Tkp / 2; /* the bf16 modes' tiles */
     return round16(n);
 }
 
@@ -107,8 +126,13 @@ static att_scr scr_carve(float *base, int Tk, int HS, bool bwd) {
     if (bwd) {
         s.Kp = p; p += Tkp * HSp;
         s.dKt = p; p += (size_t)HS * Tkp;
-        s.dVt = p;
+        s.dVt = p; p += (size_t)HS * Tkp;
     }
+    s.qf = p; p += BQ * HSp;
+    s.dyf = p; p += BQ * HSp;
+    s.q16 = (uint32_t *)p; p += BQ * HSp / 2;
+    s.dy16 = (uint32_t *)p; p += BQ * HSp / 2;
+    s.p16 = (uint32_t *)p;
     return s;
 }
 
@@ -252,23 +276,215 @@ INLINE void k_rows_p(float *O, size_t ldo, const float *P, size_t ldp, const flo
     }
 }
 
+/* x rounded to bf16 (RNE), as a float */
+INLINE float bf16r(float x) { return ft_bf16_to_f32(ft_f32_to_bf16(x)); }
+/* the bf16 pair (lo, hi) as one word: lo in the low half */
+INLINE uint32_t bf16_pair(float lo, float hi) {
+    return (uint32_t)ft_f32_to_bf16(lo) | (uint32_t)ft_f32_to_bf16(hi) << 16;
+}
+
 /* Keys (and values) of one kv head packed: transposed (HS, Tkp) and/or as
- * padded rows (Tkp, HSp); zeros past Tk. */
-INLINE void pack_t(float *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS) {
+ * padded rows (Tkp, HSp); zeros past Tk; rounded to bf16 when rnd. */
+INLINE void pack_t(float *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS, bool rnd) {
     for (int d = 0; d < HS; d++) {
         float *row = Xt + (size_t)d * Tkp;
         for (int j = 0; j < Tk; j++) row[j] = x[(size_t)j * stride + d];
         for (int j = Tk; j < Tkp; j++) row[j] = 0;
+        if (rnd)
+            for (int j = 0; j < Tk; j++) row[j] = bf16r(row[j]);
     }
 }
-INLINE void pack_p(float *Xp, const float *x, size_t stride, int Tk, int Tkp, int HS, int HSp) {
+INLINE void pack_p(float *Xp, const float *x, size_t stride, int Tk, int Tkp, int HS, int HSp, bool rnd) {
     for (int j = 0; j < Tkp; j++) {
         float *row = Xp + (size_t)j * HSp;
         int n = j < Tk ? HS : 0;
         if (n) memcpy(row, x + (size_t)j * stride, (size_t)HS * sizeof(float));
         for (int d = n; d < HSp; d++) row[d] = 0;
+        if (rnd)
+            for (int d = 0; d < n; d++) row[d] = bf16r(row[d]);
     }
 }
+/* nr rows of n floats (lda apart) rounded into dst (rows ldd apart) as
+ * floats, and/or as bf16 pairs (rows ldw words apart, n padded to even);
+ * dst may be a. */
+INLINE void tile_round(float *dst, size_t ldd, uint32_t *w, size_t ldw, const float *a, size_t lda, int nr, int n) {
+    for (int r = 0; r < nr; r++) {
+        const float *x = a + (size_t)r * lda;
+        float *dr = dst ? dst + (size_t)r * ldd : NULL;
+        uint32_t *wr = w ? w + (size_t)r * ldw : NULL;
+        int d = 0;
+        for (; d + VL <= n; d += VL) {
+            vu b = bf16_bits(vload(x + d));
+            if (wr) {
+                vh h = __builtin_convertvector(b, vh);
+                memcpy(wr + d / 2, &h, sizeof h);
+            }
+            if (dr) vstore(dr + d, (vf)(b << 16));
+        }
+        for (; d < n; d += 2) {
+            float x0 = x[d], x1 = d + 1 < n ? x[d + 1] : 0.0f;
+            if (wr) wr[d / 2] = bf16_pair(x0, x1);
+            if (dr) {
+                dr[d] = bf16r(x0);
+                if (d + 1 < n) dr[d + 1] = bf16r(x1);
+            }
+        }
+    }
+}
+/* As bf16 pairs along d: word (p, j) = (x[j][2p], x[j][2p+1]), (HSp/2, Tkp):
+ * each key's row rounded to pairs, then its words dealt down a column. */
+INLINE void pack_pairs_t(uint32_t *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS) {
+    int HSh = (HS + 1) / 2;
+    uint32_t tmp[512];
+    for (int j = 0; j < Tk; j++) {
+        for (int d0 = 0; d0 < HS; d0 += 1024) {
+            int n = HS - d0 < 1024 ? HS - d0 : 1024;
+            tile_round(NULL, 0, tmp, 0, x + (size_t)j * stride + d0, 0, 1, n);
+            for (int p = 0; p < (n + 1) / 2; p++) Xt[(size_t)(d0 / 2 + p) * Tkp + j] = tmp[p];
+        }
+    }
+    for (int p = 0; p < HSh; p++)
+        for (int j = Tk; j < Tkp; j++) Xt[(size_t)p * Tkp + j] = 0;
+}
+/* As bf16 pairs along keys: word (jp, d) = (x[2jp][d], x[2jp+1][d]), (Tkp/2, HSp) */
+INLINE void pack_pairs_p(uint32_t *Xp, const float *x, size_t stride, int Tk, int Tkp, int HS, int HSp) {
+    for (int jp = 0; jp < Tkp / 2; jp++) {
+        uint32_t *row = Xp + (size_t)jp * HSp;
+        int j = 2 * jp;
+        const float *x0 = j < Tk ? x + (size_t)j * stride : NULL, *x1 = j + 1 < Tk ? x + (size_t)(j + 1) * stride : NULL;
+        int d = 0;
+        if (x0 && x1)
+            for (; d + VL <= HS; d += VL) {
+                vu w = bf16_bits(vload(x0 + d)) | bf16_bits(vload(x1 + d)) << 16;
+                memcpy(row + d, &w, sizeof w);
+            }
+        for (; d < HS; d++) row[d] = bf16_pair(x0 ? x0[d] : 0.0f, x1 ? x1[d] : 0.0f);
+        for (d = HS; d < HSp; d++) row[d] = 0;
+    }
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define TBF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
+#define DP(c, a, b) ((c) = _mm512_dpbf16_ps((c), (a), (b)))
+#define LOADBH(p) ((__m512bh)_mm512_loadu_si512(p))
+#define SETBH(w) ((__m512bh)_mm512_set1_epi32((int)(w)))
+
+/* k_rows_t on bf16 pairs: C[r][j] = alpha · Σ_p A[r][p]·Bt[p][j] (pair
+ * dot products), A (nr, np words, rows lda apart), Bt (np, J words). */
+TBF16 static void k_rows_t16(float *C, size_t ldc, const uint32_t *A, size_t lda, float alpha, const uint32_t *Bt,
+                             size_t ldb, int np, int nr, const int *jr) {
+    __m512 al = _mm512_set1_ps(alpha);
+    int r = 0;
+    for (; r + 4 <= nr; r += 4) {
+        int J = jr[r] > jr[r + 1] ? jr[r] : jr[r + 1];
+        J = J > jr[r + 2] ? J : jr[r + 2];
+        J = J > jr[r + 3] ? J : jr[r + 3];
+        const uint32_t *a0 = A + r * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
+        int j = 0;
+        for (; j + 32 <= J; j += 32) {
+            __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
+                   c31 = c00;
+            for (int p = 0; p < np; p++) {
+                __m512bh b0 = LOADBH(Bt + p * ldb + j), b1 = LOADBH(Bt + p * ldb + j + 16);
+                __m512bh x0 = SETBH(a0[p]), x1 = SETBH(a1[p]), x2 = SETBH(a2[p]), x3 = SETBH(a3[p]);
+                DP(c00, x0, b0); DP(c01, x0, b1);
+                DP(c10, x1, b0); DP(c11, x1, b1);
+                DP(c20, x2, b0); DP(c21, x2, b1);
+                DP(c30, x3, b0); DP(c31, x3, b1);
+            }
+            float *c = C + r * ldc + j;
+            _mm512_storeu_ps(c, _mm512_mul_ps(c00, al)); _mm512_storeu_ps(c + 16, _mm512_mul_ps(c01, al)); c += ldc;
+            _mm512_storeu_ps(c, _mm512_mul_ps(c10, al)); _mm512_storeu_ps(c + 16, _mm512_mul_ps(c11, al)); c += ldc;
+            _mm512_storeu_ps(c, _mm512_mul_ps(c20, al)); _mm512_storeu_ps(c + 16, _mm512_mul_ps(c21, al)); c += ldc;
+            _mm512_storeu_ps(c, _mm512_mul_ps(c30, al)); _mm512_storeu_ps(c + 16, _mm512_mul_ps(c31, al));
+        }
+        for (; j < J; j += 16) {
+            __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+            for (int p = 0; p < np; p++) {
+                __m512bh b0 = LOADBH(Bt + p * ldb + j);
+                DP(c0, SETBH(a0[p]), b0); DP(c1, SETBH(a1[p]), b0);
+                DP(c2, SETBH(a2[p]), b0); DP(c3, SETBH(a3[p]), b0);
+            }
+            float *c = C + r * ldc + j;
+            _mm512_storeu_ps(c, _mm512_mul_ps(c0, al)); _mm512_storeu_ps(c + ldc, _mm512_mul_ps(c1, al));
+            _mm512_storeu_ps(c + 2 * ldc, _mm512_mul_ps(c2, al)); _mm512_storeu_ps(c + 3 * ldc, _mm512_mul_ps(c3, al));
+        }
+    }
+    for (; r < nr; r++) {
+        const uint32_t *a0 = A + r * lda;
+        for (int j = 0; j < jr[r]; j += 16) {
+            __m512 c0 = _mm512_setzero_ps();
+            for (int p = 0; p < np; p++) DP(c0, SETBH(a0[p]), LOADBH(Bt + p * ldb + j));
+            _mm512_storeu_ps(C + r * ldc + j, _mm512_mul_ps(c0, al));
+        }
+    }
+}
+
+/* k_rows_p on bf16 pairs: O[r][:] = Σ_jp P[r][jp]·Bp[jp][:] over the pairs
+ * of keys below jr[r] (P zero past a row's end), HSp/16 vectors. */
+TBF16 static void k_rows_p16(float *O, size_t ldo, const uint32_t *P, size_t ldp, const uint32_t *Bp, int HSp, int nr,
+                             const int *jr) {
+    int nv = HSp / 16;
+    for (int r = 0; r < nr; r += 4) {
+        int rr = nr - r < 4 ? nr - r : 4;
+        int J = 0;
+        for (int i = 0; i < rr; i++) J = jr[r + i] > J ? jr[r + i] : J;
+        int JP = (J + 1) / 2;
+        for (int v0 = 0; v0 < nv; v0 += 4) {
+            int vv = nv - v0 < 4 ? nv - v0 : 4;
+            __m512 c[4][4];
+            for (int i = 0; i < 4; i++)
+                for (int w = 0; w < 4; w++) c[i][w] = _mm512_setzero_ps();
+            if (rr == 4 && vv == 4) {
+                for (int jp = 0; jp < JP; jp++) {
+                    const uint32_t *b = Bp + (size_t)jp * HSp + v0 * 16;
+                    __m512bh b0 = LOADBH(b), b1 = LOADBH(b + 16), b2 = LOADBH(b + 32), b3 = LOADBH(b + 48);
+                    for (int i = 0; i < 4; i++) {
+                        __m512bh x = SETBH(P[(r + i) * ldp + jp]);
+                        DP(c[i][0], x, b0); DP(c[i][1], x, b1); DP(c[i][2], x, b2); DP(c[i][3], x, b3);
+                    }
+                }
+            } else {
+                for (int jp = 0; jp < JP; jp++) {
+                    const uint32_t *b = Bp + (size_t)jp * HSp + v0 * 16;
+                    for (int i = 0; i < rr; i++) {
+                        __m512bh x = SETBH(P[(r + i) * ldp + jp]);
+                        for (int w = 0; w < vv; w++) DP(c[i][w], x, LOADBH(b + w * 16));
+                    }
+                }
+            }
+            for (int i = 0; i < rr; i++)
+                for (int w = 0; w < vv; w++) _mm512_storeu_ps(O + (r + i) * ldo + (v0 + w) * 16, c[i][w]);
+        }
+    }
+}
+#else
+/* the same pair products in plain C, for a build without the intrinsics
+ * (ATT_DPBF16 is only chosen at the avx512bf16 level, so unused there) */
+static float pair_dot(uint32_t a, uint32_t b) {
+    return ft_bf16_to_f32((uint16_t)a) * ft_bf16_to_f32((uint16_t)b) +
+           ft_bf16_to_f32((uint16_t)(a >> 16)) * ft_bf16_to_f32((uint16_t)(b >> 16));
+}
+static void k_rows_t16(float *C, size_t ldc, const uint32_t *A, size_t lda, float alpha, const uint32_t *Bt,
+                       size_t ldb, int np, int nr, const int *jr) {
+    for (int r = 0; r < nr; r++)
+        for (int j = 0; j < jr[r]; j++) {
+            float c = 0;
+            for (int p = 0; p < np; p++) c += pair_dot(A[r * lda + p], Bt[p * ldb + j]);
+            C[r * ldc + j] = c * alpha;
+        }
+}
+static void k_rows_p16(float *O, size_t ldo, const uint32_t *P, size_t ldp, const uint32_t *Bp, int HSp, int nr,
+                       const int *jr) {
+    for (int r = 0; r < nr; r++)
+        for (int d = 0; d < HSp; d++) {
+            float c = 0;
+            for (int jp = 0; jp < (jr[r] + 1) / 2; jp++) c += pair_dot(P[r * ldp + jp], Bp[(size_t)jp * HSp + d]);
+            O[r * ldo + d] = c;
+        }
+}
+#endif
 
 /* The visible key count of query t: keys 0..last, last = min(q_pos, Tk-1). */
 INLINE int n_keys(const att_unit *u, int t) {
@@ -345,8 +561,14 @@ INLINE void unit_fwd_body(const att_unit *u, float *scratch) {
     size_t qs = (size_t)u->NH * HS;
     att_scr s = scr_carve(scratch, Tk, HS, false);
     const float *kh = u->k + (size_t)u->kvh * HS, *vh = u->v + (size_t)u->kvh * HS;
-    pack_t(s.Kt, kh, u->kv_stride, Tk, Tkp, HS);
-    pack_p(s.Vp, vh, u->kv_stride, Tk, Tkp, HS, HSp);
+    const int cm = u->cmode, HSh = (HS + 1) / 2, Tkh = Tkp / 2;
+    if (cm == ATT_DPBF16) {
+        pack_pairs_t((uint32_t *)s.Kt, kh, u->kv_stride, Tk, Tkp, HS);
+        pack_pairs_p((uint32_t *)s.Vp, vh, u->kv_stride, Tk, Tkp, HS, HSp);
+    } else {
+        pack_t(s.Kt, kh, u->kv_stride, Tk, Tkp, HS, cm == ATT_BF16);
+        pack_p(s.Vp, vh, u->kv_stride, Tk, Tkp, HS, HSp, cm == ATT_BF16);
+    }
     if (u->doc) {
         memcpy(s.docp, u->doc, (size_t)Tk * sizeof(int));
         for (int j = Tk; j < Tkp; j++) s.docp[j] = 0;
@@ -357,9 +579,25 @@ INLINE void unit_fwd_body(const att_unit *u, float *scratch) {
             int nq = u->T - t0 < BQ ? u->T - t0 : BQ;
             tile_rows(u, t0, nq, Tkp, nk, jr, &Jmax);
             const float *qt = u->q + (size_t)t0 * qs + (size_t)h * HS;
-            k_rows_t(s.P, Tkp, qt, qs, u->scale, s.Kt, Tkp, HS, nq, jr);
+            if (cm == ATT_F32) {
+                k_rows_t(s.P, Tkp, qt, qs, u->scale, s.Kt, Tkp, HS, nq, jr);
+            } else if (cm == ATT_BF16) {
+                tile_round(s.qf, HSp, NULL, 0, qt, qs, nq, HS);
+                k_rows_t(s.P, Tkp, s.qf, HSp, u->scale, s.Kt, Tkp, HS, nq, jr);
+            } else {
+                tile_round(NULL, 0, s.q16, HSh, qt, qs, nq, HS);
+                k_rows_t16(s.P, Tkp, s.q16, HSh, u->scale, (const uint32_t *)s.Kt, Tkp, HSh, nq, jr);
+            }
             tile_softmax(u, &s, Tkp, t0, nq, nk, jr, Jmax, NULL, u->lse ? u->lse + (size_t)h * u->T : NULL);
-            k_rows_p(s.acc, HSp, s.P, Tkp, s.Vp, HSp, nq, nk);
+            if (cm == ATT_F32) {
+                k_rows_p(s.acc, HSp, s.P, Tkp, s.Vp, HSp, nq, nk);
+            } else if (cm == ATT_BF16) {
+                tile_round(s.P, Tkp, NULL, 0, s.P, Tkp, nq, Jmax);
+                k_rows_p(s.acc, HSp, s.P, Tkp, s.Vp, HSp, nq, nk);
+            } else {
+                tile_round(NULL, 0, s.p16, Tkh, s.P, Tkp, nq, Jmax);
+                k_rows_p16(s.acc, HSp, s.p16, Tkh, (const uint32_t *)s.Vp, HSp, nq, nk);
+            }
             for (int r = 0; r < nq; r++)
                 memcpy(u->o + (size_t)(t0 + r) * qs + (size_t)h * HS, s.acc + (size_t)r * HSp,
                        (size_t)HS * sizeof(float));
@@ -373,9 +611,16 @@ INLINE void unit_bwd_body(const att_unit *u, float *scratch) {
     size_t qs = (size_t)u->NH * HS, ks = (size_t)u->NKV * HS;
     att_scr s = scr_carve(scratch, Tk, HS, true);
     const float *kh = u->k + (size_t)u->kvh * HS, *vh = u->v + (size_t)u->kvh * HS;
-    pack_t(s.Kt, kh, ks, Tk, Tkp, HS);
-    pack_t(s.Vt, vh, ks, Tk, Tkp, HS);
-    pack_p(s.Kp, kh, ks, Tk, Tkp, HS, HSp);
+    const int cm = u->cmode, HSh = (HS + 1) / 2, Tkh = Tkp / 2;
+    if (cm == ATT_DPBF16) {
+        pack_pairs_t((uint32_t *)s.Kt, kh, ks, Tk, Tkp, HS);
+        pack_pairs_t((uint32_t *)s.Vt, vh, ks, Tk, Tkp, HS);
+        pack_pairs_p((uint32_t *)s.Kp, kh, ks, Tk, Tkp, HS, HSp);
+    } else {
+        pack_t(s.Kt, kh, ks, Tk, Tkp, HS, cm == ATT_BF16);
+        pack_t(s.Vt, vh, ks, Tk, Tkp, HS, cm == ATT_BF16);
+        pack_p(s.Kp, kh, ks, Tk, Tkp, HS, HSp, cm == ATT_BF16);
+    }
     memset(s.dKt, 0, (size_t)HS * Tkp * sizeof(float));
     memset(s.dVt, 0, (size_t)HS * Tkp * sizeof(float));
     if (u->doc) {
@@ -389,10 +634,22 @@ INLINE void unit_bwd_body(const att_unit *u, float *scratch) {
             tile_rows(u, t0, nq, Tkp, nk, jr, &Jmax);
             const float *qt = u->q + (size_t)t0 * qs + (size_t)h * HS;
             const float *dy = u->dout + (size_t)t0 * qs + (size_t)h * HS;
-            k_rows_t(s.P, Tkp, qt, qs, u->scale, s.Kt, Tkp, HS, nq, jr);
+            /* the A operands of the products below: qa, dya (rows lda apart) */
+            const float *qa = qt, *dya = dy;
+            size_t lda = qs;
+            if (cm == ATT_F32) {
+                k_rows_t(s.P, Tkp, qt, qs, u->scale, s.Kt, Tkp, HS, nq, jr);
+            } else {
+                tile_round(s.qf, HSp, cm == ATT_DPBF16 ? s.q16 : NULL, HSh, qt, qs, nq, HS);
+                tile_round(s.dyf, HSp, cm == ATT_DPBF16 ? s.dy16 : NULL, HSh, dy, qs, nq, HS);
+                qa = s.qf, dya = s.dyf, lda = HSp;
+                if (cm == ATT_BF16) k_rows_t(s.P, Tkp, qa, lda, u->scale, s.Kt, Tkp, HS, nq, jr);
+                else k_rows_t16(s.P, Tkp, s.q16, HSh, u->scale, (const uint32_t *)s.Kt, Tkp, HSh, nq, jr);
+            }
             tile_softmax(u, &s, Tkp, t0, nq, nk, jr, Jmax, u->lse_in + (size_t)h * u->T, NULL);
             /* dp_j = dy·v_j; ds_j = p_j (dp_j - Σ_i p_i dp_i) · scale */
-            k_rows_t(s.dP, Tkp, dy, qs, 1.0f, s.Vt, Tkp, HS, nq, jr);
+            if (cm == ATT_DPBF16) k_rows_t16(s.dP, Tkp, s.dy16, HSh, 1.0f, (const uint32_t *)s.Vt, Tkp, HSh, nq, jr);
+            else k_rows_t(s.dP, Tkp, dya, lda, 1.0f, s.Vt, Tkp, HS, nq, jr);
             for (int r = 0; r < nq; r++) {
                 float *p = s.P + r * Tkp, *dp = s.dP + r * Tkp;
                 vf acc = { 0 };
@@ -401,9 +658,15 @@ INLINE void unit_bwd_body(const att_unit *u, float *scratch) {
                 for (int j = 0; j < jr[r]; j += VL) vstore(dp + j, vload(p + j) * (vload(dp + j) - D) * u->scale);
                 if (jr[r] < Jmax) memset(dp + jr[r], 0, (size_t)(Jmax - jr[r]) * sizeof(float));
             }
-            k_acc_t(s.dVt, Tkp, dy, qs, s.P, Tkp, HS, nq, Jmax);
-            k_acc_t(s.dKt, Tkp, qt, qs, s.dP, Tkp, HS, nq, Jmax);
-            k_rows_p(s.acc, HSp, s.dP, Tkp, s.Kp, HSp, nq, nk);
+            if (cm != ATT_F32) { /* P and dS as the products see them */
+                if (cm == ATT_DPBF16) tile_round(NULL, 0, s.p16, Tkh, s.dP, Tkp, nq, Jmax);
+                tile_round(s.P, Tkp, NULL, 0, s.P, Tkp, nq, Jmax);
+                tile_round(s.dP, Tkp, NULL, 0, s.dP, Tkp, nq, Jmax);
+            }
+            k_acc_t(s.dVt, Tkp, dya, lda, s.P, Tkp, HS, nq, Jmax);
+            k_acc_t(s.dKt, Tkp, qa, lda, s.dP, Tkp, HS, nq, Jmax);
+            if (cm == ATT_DPBF16) k_rows_p16(s.acc, HSp, s.p16, Tkh, (const uint32_t *)s.Kp, HSp, nq, nk);
+            else k_rows_p(s.acc, HSp, s.dP, Tkp, s.Kp, HSp, nq, nk);
             for (int r = 0; r < nq; r++)
                 memcpy(u->dq + (size_t)(t0 + r) * qs + (size_t)h * HS, s.acc + (size_t)r * HSp,
                        (size_t)HS * sizeof(float));
@@ -470,12 +733,26 @@ static void att_bwd_task(void *vctx, int i, int thread) {
     j->fn(&u, j->scratch + (size_t)thread * j->per);
 }
 
+/* the product mode for a compute type at this CPU's level */
+static int att_cmode(ft_dtype compute) {
+    if (compute != FT_BF16) return ATT_F32;
+    return ft_cpu_level() >= FT_CPU_AVX512BF16 ? ATT_DPBF16 : ATT_BF16;
+}
+
 void ft_attention_forward_fast(float *out, float *lse, const float *q, const float *k, const float *v,
                             const int *q_pos, const int *doc, int B, int T, int Tk, int NH, int NKV, int HS,
                             int kv_stride, int n_threads, float *scratch) {
+    ft_attention_forward_fast_in(FT_F32, out, lse, q, k, v, q_pos, doc, B, T, Tk, NH, NKV, HS, kv_stride, n_threads,
+                                 scratch);
+}
+
+void ft_attention_forward_fast_in(ft_dtype compute, float *out, float *lse, const float *q, const float *k,
+                                  const float *v, const int *q_pos, const int *doc, int B, int T, int Tk, int NH,
+                                  int NKV, int HS, int kv_stride, int n_threads, float *scratch) {
     int lv = ft_cpu_level();
     att_job j = { .fn = lv >= FT_CPU_AVX512 ? unit_fwd_avx512 : lv >= FT_CPU_AVX2 ? unit_fwd_avx2 : unit_fwd_generic,
                   .proto = { .q_pos = q_pos, .T = T, .Tk = Tk, .NH = NH, .NKV = NKV, .HS = HS,
+                             .cmode = att_cmode(compute),
                              .kv_stride = kv_stride, .scale = (float)(1.0 / sqrt((double)HS)) },
                   .out = out, .lse = lse, .q = q, .k = k, .v = v, .doc = doc,
                   .per = scr_floats(Tk, HS, false), .qd = (size_t)NH * HS, .kvs = (size_t)kv_stride,
@@ -486,10 +763,19 @@ void ft_attention_forward_fast(float *out, float *lse, const float *q, const flo
 void ft_attention_backward_fast(float *dq, float *dk, float *dv, const float *dout, const float *lse, const float *q,
                              const float *k, const float *v, const int *q_pos, const int *doc, int B, int T, int Tk,
                              int NH, int NKV, int HS, int n_threads, float *scratch) {
+    ft_attention_backward_fast_in(FT_F32, dq, dk, dv, dout, lse, q, k, v, q_pos, doc, B, T, Tk, NH, NKV, HS, n_threads,
+                                  scratch);
+}
+
+void ft_attention_backward_fast_in(ft_dtype compute, float *dq, float *dk, float *dv, const float *dout,
+                                   const float *lse, const float *q, const float *k, const float *v,
+                                   const int *q_pos, const int *doc, int B, int T, int Tk, int NH, int NKV, int HS,
+                                   int n_threads, float *scratch) {
     int lv = ft_cpu_level();
     size_t kvd = (size_t)NKV * HS;
     att_job j = { .fn = lv >= FT_CPU_AVX512 ? unit_bwd_avx512 : lv >= FT_CPU_AVX2 ? unit_bwd_avx2 : unit_bwd_generic,
                   .proto = { .q_pos = q_pos, .T = T, .Tk = Tk, .NH = NH, .NKV = NKV, .HS = HS,
+                             .cmode = att_cmode(compute),
                              .kv_stride = (int)kvd, .scale = (float)(1.0 / sqrt((double)HS)) },
                   .dq = dq, .dk = dk, .dv = dv, .dout = dout, .lse_in = lse, .q = q, .k = k, .v = v, .doc = doc,
                   .per = scr_floats(Tk, HS, true), .qd = (size_t)NH * HS, .kvs = kvd, .scratch = scratch };

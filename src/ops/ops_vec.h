@@ -20,7 +20,19 @@ typedef int32_t vi __attribute__((vector_size(64)));
 #else
 #define T512
 #define T256
+/* ft_f32_to_bf16 on 16 lanes (in the low halves): add 0x7FFF plus the
+ * kept lsb and keep the top half; a NaN keeps its top half, made quiet. */
+INLINE vu bf16_bits(vf x) {
+    vu u = (vu)x;
+    vu nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+    vu r = (u + (0x7FFFu + ((u >> 16) & 1u))) >> 16;
+    return (nan & ((u >> 16) | 0x40u)) | (~nan & r);
+}
+
 #endif
+
+typedef uint32_t vu __attribute__((vector_size(64)));
+typedef uint16_t vh __attribute__((vector_size(32)));
 
 INLINE vf vload(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
 /* (macros, not functions: passing 64-byte vectors by value draws ABI notes
@@ -69,6 +81,15 @@ INLINE vf vexp(const vf *px) {
     vf pa = (vf)((a + 127) << 23), pb = (vf)((b + 127) << 23);
     vf res = p * pa * pb;
     return (vf)((vi)res & ~under);
+}
+
+/* ft_f32_to_bf16 on 16 lanes (in the low halves): add 0x7FFF plus the
+ * kept lsb and keep the top half; a NaN keeps its top half, made quiet. */
+INLINE vu bf16_bits(vf x) {
+    vu u = (vu)x;
+    vu nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+    vu r = (u + (0x7FFFu + ((u >> 16) & 1u))) >> 16;
+    return (nan & ((u >> 16) | 0x40u)) | (~nan & r);
 }
 
 #endif
