@@ -78,9 +78,9 @@ typedef struct {
  * gradients dS before dQ and dK) rounded to bf16 (RNE), exact products, f32
  * sums, as PyTorch's bf16 SDPA does; the softmax, its lse and
  * D = Σ p·dp stay f32. ATT_BF16 feeds bf16-valued floats to the f32
- * kernels (any level); ATT_DPBF16 (avx512bf16) runs QKᵀ, dout·Vᵀ, P·V and
- * dS·K on VDPBF16PS (bf16 pairs, DAZ/FTZ as kernels.h says), dV and dK on
- * the f32 kernels with the rounded operands. */
+ * kernels (any level); ATT_DPBF16 (avx512bf16) runs all six products on
+ * VDPBF16PS (bf16 pairs along the summed index: d, keys or query rows;
+ * DAZ/FTZ as kernels.h says). */
 enum { ATT_F32, ATT_BF16, ATT_DPBF16 };
 
 /* The per-thread scratch, in floats (see attention_fast_scratch_floats). */
@@ -331,6 +331,21 @@ INLINE void tile_round(float *dst, size_t ldd, uint32_t *w, size_t ldw, const fl
         }
     }
 }
+/* Rows in pairs: word (rp, d) = (a[2rp][d], a[2rp+1][d]) for rp < ceil(nr/2),
+ * d < n (rows lda apart; the words ldw apart; an odd last row pairs with 0) */
+INLINE void pack_rpairs(uint32_t *w, size_t ldw, const float *a, size_t lda, int nr, int n) {
+    for (int rp = 0; rp < (nr + 1) / 2; rp++) {
+        const float *x0 = a + (size_t)(2 * rp) * lda, *x1 = 2 * rp + 1 < nr ? x0 + lda : NULL;
+        uint32_t *row = w + (size_t)rp * ldw;
+        int d = 0;
+        if (x1)
+            for (; d + VL <= n; d += VL) {
+                vu v = bf16_bits(vload(x0 + d)) | bf16_bits(vload(x1 + d)) << 16;
+                memcpy(row + d, &v, sizeof v);
+            }
+        for (; d < n; d++) row[d] = bf16_pair(x0[d], x1 ? x1[d] : 0.0f);
+    }
+}
 /* As bf16 pairs along d: word (p, j) = (x[j][2p], x[j][2p+1]), (HSp/2, Tkp):
  * each key's row rounded to pairs, then its words dealt down a column. */
 INLINE void pack_pairs_t(uint32_t *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS) {
@@ -421,6 +436,57 @@ TBF16 static void k_rows_t16(float *C, size_t ldc, const uint32_t *A, size_t lda
     }
 }
 
+/* k_acc_t on bf16 pairs of rows: Ct[d][j] += Σ_rp A[rp][d]·B[rp][j] for
+ * d < HS, j < J (a multiple of 16); A (nrp, HS words), B (nrp, J words). */
+TBF16 static void k_acc_t16(float *Ct, size_t ldc, const uint32_t *A, size_t lda, const uint32_t *B, size_t ldb, int HS,
+                            int nrp, int J) {
+    int d = 0;
+    for (; d + 4 <= HS; d += 4) {
+        int j = 0;
+        for (; j + 32 <= J; j += 32) {
+            float *c = Ct + d * ldc + j;
+            __m512 c00 = _mm512_loadu_ps(c), c01 = _mm512_loadu_ps(c + 16), c10 = _mm512_loadu_ps(c + ldc),
+                   c11 = _mm512_loadu_ps(c + ldc + 16), c20 = _mm512_loadu_ps(c + 2 * ldc),
+                   c21 = _mm512_loadu_ps(c + 2 * ldc + 16), c30 = _mm512_loadu_ps(c + 3 * ldc),
+                   c31 = _mm512_loadu_ps(c + 3 * ldc + 16);
+            for (int r = 0; r < nrp; r++) {
+                __m512bh b0 = LOADBH(B + r * ldb + j), b1 = LOADBH(B + r * ldb + j + 16);
+                const uint32_t *a = A + r * lda + d;
+                __m512bh x0 = SETBH(a[0]), x1 = SETBH(a[1]), x2 = SETBH(a[2]), x3 = SETBH(a[3]);
+                DP(c00, x0, b0); DP(c01, x0, b1);
+                DP(c10, x1, b0); DP(c11, x1, b1);
+                DP(c20, x2, b0); DP(c21, x2, b1);
+                DP(c30, x3, b0); DP(c31, x3, b1);
+            }
+            _mm512_storeu_ps(c, c00); _mm512_storeu_ps(c + 16, c01);
+            _mm512_storeu_ps(c + ldc, c10); _mm512_storeu_ps(c + ldc + 16, c11);
+            _mm512_storeu_ps(c + 2 * ldc, c20); _mm512_storeu_ps(c + 2 * ldc + 16, c21);
+            _mm512_storeu_ps(c + 3 * ldc, c30); _mm512_storeu_ps(c + 3 * ldc + 16, c31);
+        }
+        for (; j < J; j += 16) {
+            float *c = Ct + d * ldc + j;
+            __m512 c0 = _mm512_loadu_ps(c), c1 = _mm512_loadu_ps(c + ldc), c2 = _mm512_loadu_ps(c + 2 * ldc),
+                   c3 = _mm512_loadu_ps(c + 3 * ldc);
+            for (int r = 0; r < nrp; r++) {
+                __m512bh b0 = LOADBH(B + r * ldb + j);
+                const uint32_t *a = A + r * lda + d;
+                DP(c0, SETBH(a[0]), b0); DP(c1, SETBH(a[1]), b0);
+                DP(c2, SETBH(a[2]), b0); DP(c3, SETBH(a[3]), b0);
+            }
+            _mm512_storeu_ps(c, c0); _mm512_storeu_ps(c + ldc, c1);
+            _mm512_storeu_ps(c + 2 * ldc, c2); _mm512_storeu_ps(c + 3 * ldc, c3);
+        }
+    }
+    for (; d < HS; d++) {
+        for (int j = 0; j < J; j += 16) {
+            float *c = Ct + d * ldc + j;
+            __m512 c0 = _mm512_loadu_ps(c);
+            for (int r = 0; r < nrp; r++) DP(c0, SETBH(A[r * lda + d]), LOADBH(B + r * ldb + j));
+            _mm512_storeu_ps(c, c0);
+        }
+    }
+}
+
 /* k_rows_p on bf16 pairs: O[r][:] = Σ_jp P[r][jp]·Bp[jp][:] over the pairs
  * of keys below jr[r] (P zero past a row's end), HSp/16 vectors. */
 TBF16 static void k_rows_p16(float *O, size_t ldo, const uint32_t *P, size_t ldp, const uint32_t *Bp, int HSp, int nr,
@@ -473,6 +539,15 @@ static void k_rows_t16(float *C, size_t ldc, const uint32_t *A, size_t lda, floa
             float c = 0;
             for (int p = 0; p < np; p++) c += pair_dot(A[r * lda + p], Bt[p * ldb + j]);
             C[r * ldc + j] = c * alpha;
+        }
+}
+static void k_acc_t16(float *Ct, size_t ldc, const uint32_t *A, size_t lda, const uint32_t *B, size_t ldb, int HS,
+                      int nrp, int J) {
+    for (int d = 0; d < HS; d++)
+        for (int j = 0; j < J; j++) {
+            float c = Ct[d * ldc + j];
+            for (int r = 0; r < nrp; r++) c += pair_dot(A[r * lda + d], B[r * ldb + j]);
+            Ct[d * ldc + j] = c;
         }
 }
 static void k_rows_p16(float *O, size_t ldo, const uint32_t *P, size_t ldp, const uint32_t *Bp, int HSp, int nr,
@@ -639,12 +714,15 @@ INLINE void unit_bwd_body(const att_unit *u, float *scratch) {
             size_t lda = qs;
             if (cm == ATT_F32) {
                 k_rows_t(s.P, Tkp, qt, qs, u->scale, s.Kt, Tkp, HS, nq, jr);
-            } else {
-                tile_round(s.qf, HSp, cm == ATT_DPBF16 ? s.q16 : NULL, HSh, qt, qs, nq, HS);
-                tile_round(s.dyf, HSp, cm == ATT_DPBF16 ? s.dy16 : NULL, HSh, dy, qs, nq, HS);
+            } else if (cm == ATT_BF16) {
+                tile_round(s.qf, HSp, NULL, 0, qt, qs, nq, HS);
+                tile_round(s.dyf, HSp, NULL, 0, dy, qs, nq, HS);
                 qa = s.qf, dya = s.dyf, lda = HSp;
-                if (cm == ATT_BF16) k_rows_t(s.P, Tkp, qa, lda, u->scale, s.Kt, Tkp, HS, nq, jr);
-                else k_rows_t16(s.P, Tkp, s.q16, HSh, u->scale, (const uint32_t *)s.Kt, Tkp, HSh, nq, jr);
+                k_rows_t(s.P, Tkp, qa, lda, u->scale, s.Kt, Tkp, HS, nq, jr);
+            } else {
+                tile_round(NULL, 0, s.q16, HSh, qt, qs, nq, HS);
+                tile_round(NULL, 0, s.dy16, HSh, dy, qs, nq, HS);
+                k_rows_t16(s.P, Tkp, s.q16, HSh, u->scale, (const uint32_t *)s.Kt, Tkp, HSh, nq, jr);
             }
             tile_softmax(u, &s, Tkp, t0, nq, nk, jr, Jmax, u->lse_in + (size_t)h * u->T, NULL);
             /* dp_j = dy·v_j; ds_j = p_j (dp_j - Σ_i p_i dp_i) · scale */
@@ -658,15 +736,28 @@ INLINE void unit_bwd_body(const att_unit *u, float *scratch) {
                 for (int j = 0; j < jr[r]; j += VL) vstore(dp + j, vload(p + j) * (vload(dp + j) - D) * u->scale);
                 if (jr[r] < Jmax) memset(dp + jr[r], 0, (size_t)(Jmax - jr[r]) * sizeof(float));
             }
-            if (cm != ATT_F32) { /* P and dS as the products see them */
-                if (cm == ATT_DPBF16) tile_round(NULL, 0, s.p16, Tkh, s.dP, Tkp, nq, Jmax);
-                tile_round(s.P, Tkp, NULL, 0, s.P, Tkp, nq, Jmax);
-                tile_round(s.dP, Tkp, NULL, 0, s.dP, Tkp, nq, Jmax);
+            if (cm == ATT_DPBF16) {
+                /* dQ = dS·K over pairs of keys; then dV += Pᵀ·dout and
+                 * dK += dSᵀ·q over pairs of query rows, each operand
+                 * re-packed into the buffers the previous product is done with */
+                int nqh = (nq + 1) / 2;
+                tile_round(NULL, 0, s.p16, Tkh, s.dP, Tkp, nq, Jmax);
+                k_rows_p16(s.acc, HSp, s.p16, Tkh, (const uint32_t *)s.Kp, HSp, nq, nk);
+                pack_rpairs(s.q16, HS, qt, qs, nq, HS);
+                pack_rpairs(s.dy16, HS, dy, qs, nq, HS);
+                pack_rpairs(s.p16, Jmax, s.P, Tkp, nq, Jmax);
+                k_acc_t16(s.dVt, Tkp, s.dy16, HS, s.p16, Jmax, HS, nqh, Jmax);
+                pack_rpairs(s.p16, Jmax, s.dP, Tkp, nq, Jmax);
+                k_acc_t16(s.dKt, Tkp, s.q16, HS, s.p16, Jmax, HS, nqh, Jmax);
+            } else {
+                if (cm == ATT_BF16) { /* P and dS as the products see them */
+                    tile_round(s.P, Tkp, NULL, 0, s.P, Tkp, nq, Jmax);
+                    tile_round(s.dP, Tkp, NULL, 0, s.dP, Tkp, nq, Jmax);
+                }
+                k_acc_t(s.dVt, Tkp, dya, lda, s.P, Tkp, HS, nq, Jmax);
+                k_acc_t(s.dKt, Tkp, qa, lda, s.dP, Tkp, HS, nq, Jmax);
+                k_rows_p(s.acc, HSp, s.dP, Tkp, s.Kp, HSp, nq, nk);
             }
-            k_acc_t(s.dVt, Tkp, dya, lda, s.P, Tkp, HS, nq, Jmax);
-            k_acc_t(s.dKt, Tkp, qa, lda, s.dP, Tkp, HS, nq, Jmax);
-            if (cm == ATT_DPBF16) k_rows_p16(s.acc, HSp, s.p16, Tkh, (const uint32_t *)s.Kp, HSp, nq, nk);
-            else k_rows_p(s.acc, HSp, s.dP, Tkp, s.Kp, HSp, nq, nk);
             for (int r = 0; r < nq; r++)
                 memcpy(u->dq + (size_t)(t0 + r) * qs + (size_t)h * HS, s.acc + (size_t)r * HSp,
                        (size_t)HS * sizeof(float));
