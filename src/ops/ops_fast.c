@@ -331,53 +331,6 @@ INLINE void tile_round(float *dst, size_t ldd, uint32_t *w, size_t ldw, const fl
         }
     }
 }
-/* Rows in pairs: word (rp, d) = (a[2rp][d], a[2rp+1][d]) for rp < ceil(nr/2),
- * d < n (rows lda apart; the words ldw apart; an odd last row pairs with 0) */
-INLINE void pack_rpairs(uint32_t *w, size_t ldw, const float *a, size_t lda, int nr, int n) {
-    for (int rp = 0; rp < (nr + 1) / 2; rp++) {
-        const float *x0 = a + (size_t)(2 * rp) * lda, *x1 = 2 * rp + 1 < nr ? x0 + lda : NULL;
-        uint32_t *row = w + (size_t)rp * ldw;
-        int d = 0;
-        if (x1)
-            for (; d + VL <= n; d += VL) {
-                vu v = bf16_bits(vload(x0 + d)) | bf16_bits(vload(x1 + d)) << 16;
-                memcpy(row + d, &v, sizeof v);
-            }
-        for (; d < n; d++) row[d] = bf16_pair(x0[d], x1 ? x1[d] : 0.0f);
-    }
-}
-/* As bf16 pairs along d: word (p, j) = (x[j][2p], x[j][2p+1]), (HSp/2, Tkp):
- * each key's row rounded to pairs, then its words dealt down a column. */
-INLINE void pack_pairs_t(uint32_t *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS) {
-    int HSh = (HS + 1) / 2;
-    uint32_t tmp[512];
-    for (int j = 0; j < Tk; j++) {
-        for (int d0 = 0; d0 < HS; d0 += 1024) {
-            int n = HS - d0 < 1024 ? HS - d0 : 1024;
-            tile_round(NULL, 0, tmp, 0, x + (size_t)j * stride + d0, 0, 1, n);
-            for (int p = 0; p < (n + 1) / 2; p++) Xt[(size_t)(d0 / 2 + p) * Tkp + j] = tmp[p];
-        }
-    }
-    for (int p = 0; p < HSh; p++)
-        for (int j = Tk; j < Tkp; j++) Xt[(size_t)p * Tkp + j] = 0;
-}
-/* As bf16 pairs along keys: word (jp, d) = (x[2jp][d], x[2jp+1][d]), (Tkp/2, HSp) */
-INLINE void pack_pairs_p(uint32_t *Xp, const float *x, size_t stride, int Tk, int Tkp, int HS, int HSp) {
-    for (int jp = 0; jp < Tkp / 2; jp++) {
-        uint32_t *row = Xp + (size_t)jp * HSp;
-        int j = 2 * jp;
-        const float *x0 = j < Tk ? x + (size_t)j * stride : NULL, *x1 = j + 1 < Tk ? x + (size_t)(j + 1) * stride : NULL;
-        int d = 0;
-        if (x0 && x1)
-            for (; d + VL <= HS; d += VL) {
-                vu w = bf16_bits(vload(x0 + d)) | bf16_bits(vload(x1 + d)) << 16;
-                memcpy(row + d, &w, sizeof w);
-            }
-        for (; d < HS; d++) row[d] = bf16_pair(x0 ? x0[d] : 0.0f, x1 ? x1[d] : 0.0f);
-        for (d = HS; d < HSp; d++) row[d] = 0;
-    }
-}
-
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define TBF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
@@ -432,6 +385,44 @@ TBF16 static void k_rows_t16(float *C, size_t ldc, const uint32_t *A, size_t lda
             __m512 c0 = _mm512_setzero_ps();
             for (int p = 0; p < np; p++) DP(c0, SETBH(a0[p]), LOADBH(Bt + p * ldb + j));
             _mm512_storeu_ps(C + r * ldc + j, _mm512_mul_ps(c0, al));
+        }
+    }
+}
+
+/* The packers of ATT_DPBF16, converting with VCVTNE(2)PS2BF16 (RNE; it
+ * takes subnormal inputs as zero, as VDPBF16PS does with what it is fed).
+ * rows_to_pairs16: nr rows of n floats (lda apart) to words of
+ * consecutive pairs (rows ldw words apart, an odd n padded with 0).
+ * rpairs16: rows in pairs, word (rp, d) = (a[2rp][d], a[2rp+1][d]) (an odd
+ * last row paired with 0). */
+TBF16 static void rows_to_pairs16(uint32_t *w, size_t ldw, const float *a, size_t lda, int nr, int n) {
+    for (int r = 0; r < nr; r++) {
+        const float *x = a + (size_t)r * lda;
+        uint32_t *wr = w + (size_t)r * ldw;
+        int d = 0;
+        for (; d + 32 <= n; d += 32)
+            _mm512_storeu_si512(wr + d / 2, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + d + 16),
+                                                                          _mm512_loadu_ps(x + d)));
+        if (d < n) {
+            int m = n - d;
+            __m512 lo = _mm512_maskz_loadu_ps((__mmask16)(m >= 16 ? 0xFFFF : (1u << m) - 1), x + d);
+            __m512 hi = m > 16 ? _mm512_maskz_loadu_ps((__mmask16)((1u << (m - 16)) - 1), x + d + 16)
+                               : _mm512_setzero_ps();
+            _mm512_mask_storeu_epi32(wr + d / 2, (__mmask16)((1u << ((m + 1) / 2)) - 1),
+                                     (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+    }
+}
+TBF16 static void rpairs16(uint32_t *w, size_t ldw, const float *a, size_t lda, int nr, int n) {
+    for (int rp = 0; rp < (nr + 1) / 2; rp++) {
+        const float *x0 = a + (size_t)(2 * rp) * lda, *x1 = 2 * rp + 1 < nr ? x0 + lda : NULL;
+        uint32_t *row = w + (size_t)rp * ldw;
+        for (int d = 0; d < n; d += 16) {
+            __mmask16 m = (__mmask16)(n - d >= 16 ? 0xFFFF : (1u << (n - d)) - 1);
+            __m512i h0 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x0 + d)));
+            __m512i h1 = x1 ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x1 + d)))
+                            : _mm512_setzero_si512();
+            _mm512_mask_storeu_epi32(row + d, m, _mm512_or_si512(h0, _mm512_slli_epi32(h1, 16)));
         }
     }
 }
@@ -541,6 +532,15 @@ static void k_rows_t16(float *C, size_t ldc, const uint32_t *A, size_t lda, floa
             C[r * ldc + j] = c * alpha;
         }
 }
+static void rows_to_pairs16(uint32_t *w, size_t ldw, const float *a, size_t lda, int nr, int n) {
+    for (int r = 0; r < nr; r++)
+        for (int d = 0; d < n; d += 2) w[r * ldw + d / 2] = bf16_pair(a[r * lda + d], d + 1 < n ? a[r * lda + d + 1] : 0.0f);
+}
+static void rpairs16(uint32_t *w, size_t ldw, const float *a, size_t lda, int nr, int n) {
+    for (int rp = 0; rp < (nr + 1) / 2; rp++)
+        for (int d = 0; d < n; d++)
+            w[rp * ldw + d] = bf16_pair(a[2 * rp * lda + d], 2 * rp + 1 < nr ? a[(2 * rp + 1) * lda + d] : 0.0f);
+}
 static void k_acc_t16(float *Ct, size_t ldc, const uint32_t *A, size_t lda, const uint32_t *B, size_t ldb, int HS,
                       int nrp, int J) {
     for (int d = 0; d < HS; d++)
@@ -560,6 +560,29 @@ static void k_rows_p16(float *O, size_t ldo, const uint32_t *P, size_t ldp, cons
         }
 }
 #endif
+
+/* K or V of one kv head as bf16 pairs along d, word (p, j) = (x[j][2p],
+ * x[j][2p+1]) in (HSp/2, Tkp): each key's row converted, then its words
+ * dealt down a column; zeros past Tk. */
+static void pack_pairs_t(uint32_t *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS) {
+    int HSh = (HS + 1) / 2;
+    uint32_t tmp[256];
+    for (int j = 0; j < Tk; j++)
+        for (int d0 = 0; d0 < HS; d0 += 512) {
+            int n = HS - d0 < 512 ? HS - d0 : 512;
+            rows_to_pairs16(tmp, 0, x + (size_t)j * stride + d0, 0, 1, n);
+            for (int p = 0; p < (n + 1) / 2; p++) Xt[(size_t)(d0 / 2 + p) * Tkp + j] = tmp[p];
+        }
+    for (int p = 0; p < HSh; p++)
+        for (int j = Tk; j < Tkp; j++) Xt[(size_t)p * Tkp + j] = 0;
+}
+/* As bf16 pairs along keys, word (jp, d) = (x[2jp][d], x[2jp+1][d]) in
+ * (Tkp/2, HSp); zeros past Tk and HS. */
+static void pack_pairs_p(uint32_t *Xp, const float *x, size_t stride, int Tk, int Tkp, int HS, int HSp) {
+    rpairs16(Xp, HSp, x, stride, Tk, HS);
+    for (int jp = 0; jp < Tkp / 2; jp++)
+        for (int d = jp < (Tk + 1) / 2 ? HS : 0; d < HSp; d++) Xp[(size_t)jp * HSp + d] = 0;
+}
 
 /* The visible key count of query t: keys 0..last, last = min(q_pos, Tk-1). */
 INLINE int n_keys(const att_unit *u, int t) {
@@ -660,7 +683,7 @@ INLINE void unit_fwd_body(const att_unit *u, float *scratch) {
                 tile_round(s.qf, HSp, NULL, 0, qt, qs, nq, HS);
                 k_rows_t(s.P, Tkp, s.qf, HSp, u->scale, s.Kt, Tkp, HS, nq, jr);
             } else {
-                tile_round(NULL, 0, s.q16, HSh, qt, qs, nq, HS);
+                rows_to_pairs16(s.q16, HSh, qt, qs, nq, HS);
                 k_rows_t16(s.P, Tkp, s.q16, HSh, u->scale, (const uint32_t *)s.Kt, Tkp, HSh, nq, jr);
             }
             tile_softmax(u, &s, Tkp, t0, nq, nk, jr, Jmax, NULL, u->lse ? u->lse + (size_t)h * u->T : NULL);
@@ -670,7 +693,7 @@ INLINE void unit_fwd_body(const att_unit *u, float *scratch) {
                 tile_round(s.P, Tkp, NULL, 0, s.P, Tkp, nq, Jmax);
                 k_rows_p(s.acc, HSp, s.P, Tkp, s.Vp, HSp, nq, nk);
             } else {
-                tile_round(NULL, 0, s.p16, Tkh, s.P, Tkp, nq, Jmax);
+                rows_to_pairs16(s.p16, Tkh, s.P, Tkp, nq, Jmax);
                 k_rows_p16(s.acc, HSp, s.p16, Tkh, (const uint32_t *)s.Vp, HSp, nq, nk);
             }
             for (int r = 0; r < nq; r++)
@@ -720,8 +743,8 @@ INLINE void unit_bwd_body(const att_unit *u, float *scratch) {
                 qa = s.qf, dya = s.dyf, lda = HSp;
                 k_rows_t(s.P, Tkp, qa, lda, u->scale, s.Kt, Tkp, HS, nq, jr);
             } else {
-                tile_round(NULL, 0, s.q16, HSh, qt, qs, nq, HS);
-                tile_round(NULL, 0, s.dy16, HSh, dy, qs, nq, HS);
+                rows_to_pairs16(s.q16, HSh, qt, qs, nq, HS);
+                rows_to_pairs16(s.dy16, HSh, dy, qs, nq, HS);
                 k_rows_t16(s.P, Tkp, s.q16, HSh, u->scale, (const uint32_t *)s.Kt, Tkp, HSh, nq, jr);
             }
             tile_softmax(u, &s, Tkp, t0, nq, nk, jr, Jmax, u->lse_in + (size_t)h * u->T, NULL);
@@ -741,13 +764,13 @@ INLINE void unit_bwd_body(const att_unit *u, float *scratch) {
                  * dK += dSᵀ·q over pairs of query rows, each operand
                  * re-packed into the buffers the previous product is done with */
                 int nqh = (nq + 1) / 2;
-                tile_round(NULL, 0, s.p16, Tkh, s.dP, Tkp, nq, Jmax);
+                rows_to_pairs16(s.p16, Tkh, s.dP, Tkp, nq, Jmax);
                 k_rows_p16(s.acc, HSp, s.p16, Tkh, (const uint32_t *)s.Kp, HSp, nq, nk);
-                pack_rpairs(s.q16, HS, qt, qs, nq, HS);
-                pack_rpairs(s.dy16, HS, dy, qs, nq, HS);
-                pack_rpairs(s.p16, Jmax, s.P, Tkp, nq, Jmax);
+                rpairs16(s.q16, HS, qt, qs, nq, HS);
+                rpairs16(s.dy16, HS, dy, qs, nq, HS);
+                rpairs16(s.p16, Jmax, s.P, Tkp, nq, Jmax);
                 k_acc_t16(s.dVt, Tkp, s.dy16, HS, s.p16, Jmax, HS, nqh, Jmax);
-                pack_rpairs(s.p16, Jmax, s.dP, Tkp, nq, Jmax);
+                rpairs16(s.p16, Jmax, s.dP, Tkp, nq, Jmax);
                 k_acc_t16(s.dKt, Tkp, s.q16, HS, s.p16, Jmax, HS, nqh, Jmax);
             } else {
                 if (cm == ATT_BF16) { /* P and dS as the products see them */
@@ -763,12 +786,16 @@ INLINE void unit_bwd_body(const att_unit *u, float *scratch) {
                        (size_t)HS * sizeof(float));
         }
     }
-    for (int j = 0; j < Tk; j++) {
-        float *dkj = u->dk + (size_t)j * ks + (size_t)u->kvh * HS, *dvj = u->dv + (size_t)j * ks + (size_t)u->kvh * HS;
-        for (int d = 0; d < HS; d++) {
-            dkj[d] = s.dKt[(size_t)d * Tkp + j];
-            dvj[d] = s.dVt[(size_t)d * Tkp + j];
-        }
+    /* dK, dV back from (HS, Tkp) to rows, 16 keys at a time: each d reads
+     * one cache line of a row and the 16 rows' lines stay in cache */
+    for (int j0 = 0; j0 < Tk; j0 += 16) {
+        int j1 = j0 + 16 < Tk ? j0 + 16 : Tk;
+        for (int d = 0; d < HS; d++)
+            for (int j = j0; j < j1; j++) {
+                size_t o = (size_t)j * ks + (size_t)u->kvh * HS + d;
+                u->dk[o] = s.dKt[(size_t)d * Tkp + j];
+                u->dv[o] = s.dVt[(size_t)d * Tkp + j];
+            }
     }
 }
 
