@@ -210,6 +210,197 @@ static void test_attention_cache(void) {
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_attention(&cs[i]);
 }
 
+/* ------------------------------------------------------------- bf16 attention */
+
+static double bf(double x) { return ft_bf16_to_f32(ft_f32_to_bf16((float)x)); }
+
+/* The bf16 maths of ft_attention_*_fast_in(FT_BF16) in double: q, k, v,
+ * dout rounded to bf16; scores, softmax, lse, dp, D and ds in double;
+ * the probabilities rounded (to float, then bf16) before P·V and dV, the
+ * score gradients before dQ and dK. One batch row; k, v rows ks apart. */
+static void att_bf16_ref(double *out, double *lse, double *dq, double *dk, double *dv, double *sz, const float *q,
+                         const float *k, const float *v, const float *dout, const int *pos, const int *doc, int T,
+                         int NH, int NKV, int HS, int ks) {
+    /* sz: the size of each output's terms (out, dq, dk, dv in turn): Σ of
+     * |p·v|, |ds|·|k|, |ds|·|q|, |p·dy| with |ds| taken as p·(|dp| + |D|)·scale */
+    size_t nqo = (size_t)T * NH * HS, nko = (size_t)(pos[T - 1] + 1) * NKV * HS;
+    double *so = sz, *sq = sz + nqo, *sk = sq + nqo, *sv = sk + nko;
+    size_t qd = (size_t)NH * HS, kvd = (size_t)NKV * HS;
+    double scale = (float)(1.0 / sqrt((double)HS)), *p = malloc(4096 * sizeof(double)), *dp = malloc(4096 * sizeof(double));
+    for (int h = 0; h < NH; h++) {
+        int kh = h / (NH / NKV);
+        for (int t = 0; t < T; t++) {
+            const float *qt = q + (size_t)t * qd + (size_t)h * HS, *dyt = dout + (size_t)t * qd + (size_t)h * HS;
+            int last = pos[t];
+            double m = -INFINITY, sum = 0;
+            for (int j = 0; j <= last; j++) {
+                p[j] = -INFINITY;
+                if (doc && doc[j] != doc[last]) continue;
+                double d = 0;
+                for (int e = 0; e < HS; e++) d += bf(qt[e]) * bf(k[(size_t)j * ks + (size_t)kh * HS + e]);
+                p[j] = d * scale;
+                m = fmax(m, p[j]);
+            }
+            for (int j = 0; j <= last; j++) sum += exp(p[j] - m);
+            double l = m + log(sum), D = 0;
+            lse[(size_t)h * T + t] = l;
+            for (int j = 0; j <= last; j++) {
+                p[j] = exp(p[j] - l);
+                double d = 0;
+                for (int e = 0; e < HS; e++) d += bf(dyt[e]) * bf(v[(size_t)j * ks + (size_t)kh * HS + e]);
+                dp[j] = d;
+                D += p[j] * d;
+            }
+            size_t ot = (size_t)t * qd + (size_t)h * HS;
+            double *o = out + ot, *g = dq + ot;
+            for (int e = 0; e < HS; e++) o[e] = g[e] = so[ot + e] = sq[ot + e] = 0;
+            for (int j = 0; j <= last; j++) {
+                double pr = bf(p[j]), ds = bf(p[j] * (dp[j] - D) * scale), dsz = p[j] * (fabs(dp[j]) + fabs(D)) * scale;
+                for (int e = 0; e < HS; e++) {
+                    size_t kj = (size_t)j * ks + (size_t)kh * HS + e, pj = (size_t)j * kvd + (size_t)kh * HS + e;
+                    o[e] += pr * bf(v[kj]);
+                    g[e] += ds * bf(k[kj]);
+                    dv[pj] += pr * bf(dyt[e]);
+                    dk[pj] += ds * bf(qt[e]);
+                    so[ot + e] += p[j] * fabs(bf(v[kj]));
+                    sq[ot + e] += dsz * fabs(bf(k[kj]));
+                    sv[pj] += p[j] * fabs(bf(dyt[e]));
+                    sk[pj] += dsz * fabs(bf(qt[e]));
+                }
+            }
+        }
+    }
+    free(p);
+    free(dp);
+}
+
+static double rel_err_d(const float *a, const double *b, size_t n) {
+    float *bf_ = to_f(b, n);
+    double e = rel_err(a, bf_, n);
+    free(bf_);
+    return e;
+}
+/* max |a - b| / size, the size of each element's terms */
+static double term_err(const float *a, const double *b, const double *size, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs(a[i] - b[i]) / fmax(size[i], 1e-30);
+        m = isnan(e) || e > m ? (isnan(e) ? INFINITY : e) : m;
+    }
+    return m;
+}
+
+/* bf16 attention against att_bf16_ref. Both sides round the same operands;
+ * they differ where a probability or score gradient, computed in float on
+ * one side and double on the other, lies so near a bf16 rounding boundary
+ * that the two round apart: one term changes by one bf16 ulp (2^-8 of it
+ * at most), and where the terms cancel (dq, dk sum ds of both signs) that
+ * is a large part of a small result. So each output is judged against the
+ * size of its terms (Σ|term|, with |ds| as p·(|dp| + |D|)·scale, which
+ * also covers the float error of the cancelling dp - D): within 2^-7 =
+ * 7.8e-3, one flip of the largest term (a bf16 ulp is 2^-8..2^-7 of the
+ * value; observed: 5e-3 on the smallest case, below 5e-4 elsewhere); float
+ * sums add ~1e-6. And against
+ * the result, with the usual floor: the f32 path (nothing rounded) is
+ * 0.1-0.5 away from the bf16 maths on these inputs, and the bf16 path must
+ * be at least 4x closer (observed: 5x on the worst small case, 100x and
+ * more elsewhere), which a missing rounding of q, k or P does not meet. */
+#define ATT_BF16_TOL 7.8e-3
+#define ATT_BF16_GAIN 4.0
+
+static void run_attention_bf16(const att_case *c) {
+    int B = c->B, T = c->T, Tk = c->Tk, NH = c->NH, NKV = c->NKV, HS = c->HS, ks = c->kv_stride;
+    size_t qd = (size_t)NH * HS, kvd = (size_t)NKV * HS, nq = (size_t)B * T * qd, nk = (size_t)B * Tk * kvd;
+    float *q = rand_f(nq, 1.5f), *k = rand_f((size_t)B * Tk * ks, 1.5f), *v = rand_f((size_t)B * Tk * ks, 1.0f);
+    float *dout = rand_f(nq, 1.0f);
+    int *pos = malloc((size_t)T * sizeof(int)), *doc = malloc((size_t)B * Tk * sizeof(int));
+    for (int t = 0; t < T; t++) pos[t] = Tk - T + t;
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < Tk; j++) doc[(size_t)b * Tk + j] = (j + b) / 5;
+    const int *dp = c->with_doc ? doc : NULL;
+    float *kp = malloc(nk * sizeof(float)), *vp = malloc(nk * sizeof(float));
+    for (size_t j = 0; j < (size_t)B * Tk; j++) {
+        memcpy(kp + j * kvd, k + j * ks, kvd * sizeof(float));
+        memcpy(vp + j * kvd, v + j * ks, kvd * sizeof(float));
+    }
+    double *oR = calloc(nq, sizeof(double)), *lR = calloc((size_t)B * NH * T, sizeof(double));
+    double *dqR = calloc(nq, sizeof(double)), *dkR = calloc(nk, sizeof(double)), *dvR = calloc(nk, sizeof(double));
+    /* term sizes, batch row by batch row: out, dq (T·qd each), dk, dv (Tk·kvd each) */
+    size_t per_b = 2 * (size_t)T * qd + 2 * (size_t)Tk * kvd;
+    double *szR = calloc((size_t)B * per_b, sizeof(double));
+    double *so = malloc(nq * sizeof(double)), *sq = malloc(nq * sizeof(double)), *sk = malloc(nk * sizeof(double));
+    double *sv = malloc(nk * sizeof(double));
+    for (int b = 0; b < B; b++)
+        att_bf16_ref(oR + (size_t)b * T * qd, lR + (size_t)b * NH * T, dqR + (size_t)b * T * qd,
+                     dkR + (size_t)b * Tk * kvd, dvR + (size_t)b * Tk * kvd, szR + b * per_b, q + (size_t)b * T * qd,
+                     k + (size_t)b * Tk * ks, v + (size_t)b * Tk * ks, dout + (size_t)b * T * qd, pos,
+                     dp ? dp + (size_t)b * Tk : NULL, T, NH, NKV, HS, ks);
+    for (int b = 0; b < B; b++) {
+        const double *z = szR + b * per_b;
+        size_t a = (size_t)T * qd, e = (size_t)Tk * kvd;
+        memcpy(so + b * a, z, a * sizeof(double));
+        memcpy(sq + b * a, z + a, a * sizeof(double));
+        memcpy(sk + b * e, z + 2 * a, e * sizeof(double));
+        memcpy(sv + b * e, z + 2 * a + e, e * sizeof(double));
+    }
+    float *out = malloc(nq * sizeof(float)), *lse = malloc((size_t)B * NH * T * sizeof(float));
+    float *dq = malloc(nq * sizeof(float)), *dk = malloc(nk * sizeof(float)), *dv = malloc(nk * sizeof(float));
+    float *out3 = malloc(nq * sizeof(float)), *dq3 = malloc(nq * sizeof(float)), *dk3 = malloc(nk * sizeof(float));
+    float *dv3 = malloc(nk * sizeof(float));
+    float *scr = ft_aligned_alloc(ft_attention_fast_scratch_floats(Tk, HS, 3, true) * sizeof(float));
+    /* the f32 path's distance from the bf16 maths: what rounding changes */
+    ft_attention_forward_fast(out, lse, q, k, v, pos, dp, B, T, Tk, NH, NKV, HS, ks, 1, scr);
+    ft_attention_backward_fast(dq, dk, dv, dout, lse, q, kp, vp, pos, dp, B, T, Tk, NH, NKV, HS, 1, scr);
+    double f_out = rel_err_d(out, oR, nq), f_dq = rel_err_d(dq, dqR, nq), f_dk = rel_err_d(dk, dkR, nk),
+           f_dv = rel_err_d(dv, dvR, nk);
+    printf("  f32 path vs bf16 maths B=%d T=%d Tk=%d NH=%d NKV=%d HS=%d%s: out %.2g dq %.2g dk %.2g dv %.2g\n", B, T,
+           Tk, NH, NKV, HS, dp ? " doc" : "", f_out, f_dq, f_dk, f_dv);
+    for (int li = 0; li < n_levels; li++) {
+        ft_cpu_force_level(levels[li]);
+        ft_attention_forward_fast_in(FT_BF16, out, lse, q, k, v, pos, dp, B, T, Tk, NH, NKV, HS, ks, 1, scr);
+        ft_attention_backward_fast_in(FT_BF16, dq, dk, dv, dout, lse, q, kp, vp, pos, dp, B, T, Tk, NH, NKV, HS, 1,
+                                      scr);
+        double e_out = rel_err_d(out, oR, nq), e_dq = rel_err_d(dq, dqR, nq), e_dk = rel_err_d(dk, dkR, nk),
+               e_dv = rel_err_d(dv, dvR, nk), e_lse = 0;
+        for (size_t i = 0; i < (size_t)B * NH * T; i++)
+            e_lse = fmax(e_lse, fabs(lse[i] - lR[i]) / fmax(fabs(lR[i]), 1.0));
+        double t_out = term_err(out, oR, so, nq), t_dq = term_err(dq, dqR, sq, nq), t_dk = term_err(dk, dkR, sk, nk),
+               t_dv = term_err(dv, dvR, sv, nk);
+        printf("  bf16 %s: relative to the result: out %.2g lse %.2g dq %.2g dk %.2g dv %.2g; to the terms: out %.2g "
+               "dq %.2g dk %.2g dv %.2g\n", ft_cpu_level_name(levels[li]), e_out, e_lse, e_dq, e_dk, e_dv, t_out,
+               t_dq, t_dk, t_dv);
+        /* lse: float scores of bf16 operands (exact products, float sums) */
+        CHECKF(e_lse <= 1e-6, "lse %g", e_lse);
+        CHECKF(t_out <= ATT_BF16_TOL && t_dq <= ATT_BF16_TOL && t_dk <= ATT_BF16_TOL && t_dv <= ATT_BF16_TOL,
+               "out %g dq %g dk %g dv %g", t_out, t_dq, t_dk, t_dv);
+        CHECKF(e_out * ATT_BF16_GAIN <= f_out && e_dq * ATT_BF16_GAIN <= f_dq && e_dk * ATT_BF16_GAIN <= f_dk &&
+                   e_dv * ATT_BF16_GAIN <= f_dv,
+               "not closer to the bf16 maths than the f32 path: out %g/%g dq %g/%g dk %g/%g dv %g/%g", e_out, f_out,
+               e_dq, f_dq, e_dk, f_dk, e_dv, f_dv);
+        /* 3 threads and the lse-free forward: the same bits */
+        ft_attention_forward_fast_in(FT_BF16, out3, NULL, q, k, v, pos, dp, B, T, Tk, NH, NKV, HS, ks, 3, scr);
+        ft_attention_backward_fast_in(FT_BF16, dq3, dk3, dv3, dout, lse, q, kp, vp, pos, dp, B, T, Tk, NH, NKV, HS, 3,
+                                      scr);
+        CHECK(memcmp(out3, out, nq * sizeof(float)) == 0 && memcmp(dq3, dq, nq * sizeof(float)) == 0 &&
+              memcmp(dk3, dk, nk * sizeof(float)) == 0 && memcmp(dv3, dv, nk * sizeof(float)) == 0);
+    }
+    ft_cpu_force_level(-1);
+    free(szR); free(so); free(sq); free(sk); free(sv);
+    free(q); free(k); free(v); free(dout); free(pos); free(doc); free(kp); free(vp); free(oR); free(lR); free(dqR);
+    free(dkR); free(dvR); free(out); free(lse); free(dq); free(dk); free(dv); free(out3); free(dq3); free(dk3);
+    free(dv3); free(scr);
+}
+
+/* training shapes (GQA, documents) and a cache prefix, odd HS included */
+static void test_attention_bf16(void) {
+    const att_case cs[] = {
+        { 2, 7, 7, 6, 2, 6, 12, 0 },      { 1, 65, 65, 4, 4, 8, 32, 1 }, { 3, 130, 130, 6, 2, 8, 16, 1 },
+        { 1, 130, 130, 4, 4, 64, 256, 0 }, { 2, 1, 1, 6, 2, 6, 12, 0 },  { 1, 33, 33, 2, 1, 64, 64, 1 },
+        { 1, 65, 130, 4, 2, 64, 300, 0 }, { 1, 1, 67, 4, 4, 64, 256, 1 }, { 1, 40, 40, 3, 1, 7, 21, 1 },
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_attention_bf16(&cs[i]);
+}
+
 static void run_ce(int T, int V, bool with_grad) {
     float *x = rand_f((size_t)T * V, 3.0f);
     int *y = malloc((size_t)T * sizeof(int));
@@ -252,6 +443,7 @@ int main(void) {
     RUN(test_exp);
     RUN(test_attention_train);
     RUN(test_attention_cache);
+    RUN(test_attention_bf16);
     RUN(test_crossentropy);
     CHECK_EXIT();
 }

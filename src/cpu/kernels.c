@@ -461,7 +461,8 @@ bool ft_gemm_in(ft_dtype compute, float *C, int64_t c_rs, int64_t c_cs, const ft
      * Cᵀ = Bᵀ·Aᵀ, so the narrow tile runs down the long side and the packed
      * operand is the small one; B's weight rows along n cannot become A */
     ft_mat At, Bt;
-    if (M <= 16 && N >= 4 * M && (B->dt == FT_F32 || B->t)) {
+    bool pairs = compute == FT_BF16 && g.isa->tile16[0];
+    if (M <= 16 && N >= 4 * M && (B->dt == FT_F32 || B->t) && !pairs) {
         At = *B, Bt = *A;
         if (At.dt == FT_F32) At.rs = B->cs, At.cs = B->rs;
         else At.t = false;
@@ -472,7 +473,6 @@ bool ft_gemm_in(ft_dtype compute, float *C, int64_t c_rs, int64_t c_cs, const ft
     }
     /* bf16 in pairs on VDPBF16PS where the level has it; the chunk of B
      * then takes half the scratch */
-    bool pairs = compute == FT_BF16 && g.isa->tile16[0];
     g.shape = N <= (pairs ? g.isa->nr16[1] : g.isa->nr[1]);
     g.mr = pairs ? g.isa->mr16[g.shape] : g.isa->mr[g.shape];
     g.nr = pairs ? g.isa->nr16[g.shape] : g.isa->nr[g.shape];

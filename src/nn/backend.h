@@ -28,8 +28,14 @@
  * operand element rounded to the compute type, exact products, f32 sums;
  * and the embedding's output rows are rounded to it (the table is a frozen
  * weight held in the compute type; rounding here gives the same numbers
- * whether the model converted it at load or not). Norms, RoPE, attention
- * (its products included), SwiGLU, the loss and the optimizer run in f32.
+ * whether the model converted it at load or not). Norms, RoPE, SwiGLU,
+ * the softmax, the loss and the optimizer run in f32 (on the CPU backend
+ * in a compute type, SwiGLU and RMSNorm take the vector paths of
+ * ops_elem.c: f32 maths within a few ulps of the references; with FT_F32
+ * they are the references bit for bit). The CPU backend's attention
+ * products in FT_BF16 round their operands as the Linears do
+ * (ft_attention_forward_fast_in, ops.h); the reference backend's attention
+ * stays f32, so the two differ there by the bf16 roundings.
  * The element type of every argument stays f32; weights may be stored in
  * any dtype.
  */

@@ -50,61 +50,66 @@ static void cpu_linear_backward(const ft_backend *be, float *dinp, float *dw, fl
 
 static void cpu_rmsnorm_forward(const ft_backend *be, float *out, float *rstd, const float *inp, const float *w,
                                 int T, int C, float eps) {
-    (void)be;
-    ft_rmsnorm_forward(out, rstd, inp, w, T, C, eps);
+    /* f32: the reference, bit for bit; a compute type: float sums, FMA */
+    if (be->compute == FT_F32) ft_rmsnorm_forward(out, rstd, inp, w, T, C, eps);
+    else ft_rmsnorm_forward_fast(out, rstd, inp, w, T, C, eps, be->n_threads);
 }
 static void cpu_rmsnorm_backward(const ft_backend *be, float *dinp, float *dw, const float *dout, const float *inp,
                                  const float *w, const float *rstd, int T, int C) {
-    (void)be;
-    ft_rmsnorm_backward(dinp, dw, dout, inp, w, rstd, T, C);
+    if (be->compute == FT_F32) ft_rmsnorm_backward(dinp, dw, dout, inp, w, rstd, T, C);
+    else ft_rmsnorm_backward_fast(dinp, dw, dout, inp, w, rstd, T, C, be->n_threads);
 }
 static void cpu_rope_forward(const ft_backend *be, float *x, const int *pos, const float *inv_freq, int T, int nh,
                              int HS, bool interleaved) {
-    (void)be;
-    ft_rope_forward(x, pos, inv_freq, T, nh, HS, interleaved);
+    ft_rope_forward_fast(x, pos, inv_freq, T, nh, HS, interleaved, be->n_threads);
 }
 static void cpu_rope_backward(const ft_backend *be, float *dx, const int *pos, const float *inv_freq, int T, int nh,
                               int HS, bool interleaved) {
-    (void)be;
-    ft_rope_backward(dx, pos, inv_freq, T, nh, HS, interleaved);
+    ft_rope_backward_fast(dx, pos, inv_freq, T, nh, HS, interleaved, be->n_threads);
 }
 static void cpu_attention_forward(const ft_backend *be, float *out, float *lse, const float *q, const float *k,
                                   const float *v, const int *q_pos, const int *doc, int B, int T, int Tk, int NH,
                                   int NKV, int HS, int kv_stride, float *scratch) {
-    ft_attention_forward_fast(out, lse, q, k, v, q_pos, doc, B, T, Tk, NH, NKV, HS, kv_stride, be->n_threads, scratch);
+    ft_attention_forward_fast_in(be->compute, out, lse, q, k, v, q_pos, doc, B, T, Tk, NH, NKV, HS, kv_stride,
+                                 be->n_threads, scratch);
 }
 static void cpu_attention_backward(const ft_backend *be, float *dq, float *dk, float *dv, const float *dout,
                                    const float *lse, const float *q, const float *k, const float *v,
                                    const int *q_pos, const int *doc, int B, int T, int Tk, int NH, int NKV, int HS,
                                    float *scratch) {
-    ft_attention_backward_fast(dq, dk, dv, dout, lse, q, k, v, q_pos, doc, B, T, Tk, NH, NKV, HS, be->n_threads,
-                            scratch);
+    ft_attention_backward_fast_in(be->compute, dq, dk, dv, dout, lse, q, k, v, q_pos, doc, B, T, Tk, NH, NKV, HS,
+                                  be->n_threads, scratch);
 }
 static void cpu_swiglu_forward(const ft_backend *be, float *out, const float *gate, const float *up, int T, int F) {
-    (void)be;
-    ft_swiglu_forward(out, gate, up, T, F);
+    /* f32: the reference, bit for bit; a compute type: the vector exp */
+    if (be->compute == FT_F32) ft_swiglu_forward(out, gate, up, T, F);
+    else ft_swiglu_forward_fast(out, gate, up, T, F, be->n_threads);
 }
 static void cpu_swiglu_backward(const ft_backend *be, float *dgate, float *dup, const float *dout,
                                 const float *gate, const float *up, int T, int F) {
-    (void)be;
-    ft_swiglu_backward(dgate, dup, dout, gate, up, T, F);
+    if (be->compute == FT_F32) ft_swiglu_backward(dgate, dup, dout, gate, up, T, F);
+    else ft_swiglu_backward_fast(dgate, dup, dout, gate, up, T, F, be->n_threads);
 }
 static void cpu_embedding_forward(const ft_backend *be, float *out, const int32_t *tokens, const ft_tensor *wte,
                                   int T) {
     size_t C = (size_t)wte->shape[1];
     for (int t = 0; t < T; t++) ft_tensor_row_f32(wte, tokens[t], out + (size_t)t * C);
-    if (be->compute != FT_F32 && wte->dtype != be->compute) ft_round_array_in(be->compute, out, out, (size_t)T * C);
+    if (be->compute == FT_BF16 && wte->dtype != be->compute) ft_bf16_round_fast(out, out, (size_t)T * C, be->n_threads);
+    else if (be->compute != FT_F32 && wte->dtype != be->compute) ft_round_array_in(be->compute, out, out, (size_t)T * C);
 }
 static ftune_status cpu_embedding_backward(const ft_backend *be, float *dwte, const float *dout,
                                            const int32_t *tokens, int T, int C, int V) {
     (void)be;
     return ft_embedding_backward(dwte, dout, (const int *)tokens, T, C, V);
 }
+/* bf16: vectorised and threaded, the same bits as the dtype's converters */
 static void cpu_to_compute(const ft_backend *be, void *dst, const float *src, size_t n) {
-    ft_types[be->compute].from_f32(src, dst, (int64_t)n);
+    if (be->compute == FT_BF16) ft_bf16_from_f32_fast(dst, src, n, be->n_threads);
+    else ft_types[be->compute].from_f32(src, dst, (int64_t)n);
 }
 static void cpu_from_compute(const ft_backend *be, float *dst, const void *src, size_t n) {
-    ft_types[be->compute].to_f32(src, dst, (int64_t)n);
+    if (be->compute == FT_BF16) ft_bf16_to_f32_fast(dst, src, n, be->n_threads);
+    else ft_types[be->compute].to_f32(src, dst, (int64_t)n);
 }
 static void cpu_add(const ft_backend *be, float *y, const float *x, size_t n) {
     (void)be;

@@ -48,6 +48,10 @@ void ft_round_array_in(ft_dtype compute, float *dst, const float *src, size_t n)
         if (dst != src) memmove(dst, src, n * sizeof(float));
         return;
     }
+    if (compute == FT_BF16) { /* vectorised, the same bits */
+        ft_bf16_round_fast(dst, src, n, 1);
+        return;
+    }
     for (size_t i = 0; i < n; i++) dst[i] = ft_round_in(compute, src[i]);
 }
 

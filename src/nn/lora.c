@@ -103,7 +103,13 @@ void ft_lora_backward_fast(ft_dtype compute, float *dx, const float *dout, const
     ft_mat U = ft_mat_f32(u, R, 1), Bm = ft_mat_f32(a->B, R, 1);
     ft_mat G = ft_mat_f32(g, R, 1), Gt = ft_mat_f32(g, 1, R);
     ft_mat X = ft_mat_f32(x, in, 1), Am = ft_mat_f32(a->A, in, 1);
-    if (a->dB) GEMM("dB += scale·doutᵀ·u", a->dB, R, 1, &Dt, &U, OC, R, T, a->scale, true);
+    /* In a compute type dB is computed as its transpose, uᵀ·dout written
+     * into dB column-wise: doutᵀ as the product's A operand is packed by
+     * a scalar transpose of all T·OC elements (45% of a bf16 LoRA
+     * backward), uᵀ only T·R. f32 keeps its order of sums (its bits). */
+    ft_mat Ut = ft_mat_f32(u, 1, R);
+    if (a->dB && compute != FT_F32) GEMM("dBᵀ += scale·uᵀ·dout", a->dB, 1, R, &Ut, &D, R, OC, T, a->scale, true);
+    else if (a->dB) GEMM("dB += scale·doutᵀ·u", a->dB, R, 1, &Dt, &U, OC, R, T, a->scale, true);
     if (!a->dA && !dx) return;
     GEMM("g = scale·dout·B", g, R, 1, &D, &Bm, T, R, OC, a->scale, false);
     if (a->dA) GEMM("dA += gᵀ·x", a->dA, in, 1, &Gt, &X, R, in, T, 1.0f, true);

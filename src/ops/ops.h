@@ -130,10 +130,56 @@ void ft_attention_backward_fast(float *dq, float *dk, float *dv, const float *do
                              const float *k, const float *v, const int *q_pos, const int *doc, int B, int T, int Tk,
                              int NH, int NKV, int HS, int n_threads, float *scratch);
 
+/* The same two in a compute type: FT_F32 is exactly the two above; FT_BF16
+ * rounds every operand of the attention's products to bf16 (RNE: q, k, v
+ * and dout; the probabilities before P·V and dV; the score gradients before
+ * dQ and dK), multiplies exactly and sums in f32, as PyTorch's bf16 SDPA
+ * does (on VDPBF16PS at the avx512bf16 level, which treats subnormal bf16
+ * as zero; the plain f32 kernels on the rounded values below it). The
+ * softmax, the lse and the backward's Σ p·dp stay f32. Other types: f32. */
+void ft_attention_forward_fast_in(ft_dtype compute, float *out, float *lse, const float *q, const float *k,
+                                  const float *v, const int *q_pos, const int *doc, int B, int T, int Tk, int NH,
+                                  int NKV, int HS, int kv_stride, int n_threads, float *scratch);
+void ft_attention_backward_fast_in(ft_dtype compute, float *dq, float *dk, float *dv, const float *dout,
+                                   const float *lse, const float *q, const float *k, const float *v,
+                                   const int *q_pos, const int *doc, int B, int T, int Tk, int NH, int NKV, int HS,
+                                   int n_threads, float *scratch);
+
 /* crossentropy_forward_backward on n_threads threads: exp once per logit
  * (float), the log-sum-exp in double per row, rows summed in order. */
 double ft_crossentropy_fast(float *dlogits, const float *logits, const int *targets, int T, int V, float dloss_scale,
                          int n_threads);
+
+/* ------------------------------------------------ elementwise and row ops (ops_elem.c)
+ * Vectorised and spread over n_threads in fixed chunks (results do not
+ * depend on the thread count). */
+
+/* RoPE as ft_rope_forward / ft_rope_backward, bit for bit (the same float
+ * operations in the same order, no contraction), a row's cos/sin computed
+ * once for all its heads. */
+void ft_rope_forward_fast(float *x, const int *pos, const float *inv_freq, int T, int nh, int HS, bool interleaved,
+                          int n_threads);
+void ft_rope_backward_fast(float *dx, const int *pos, const float *inv_freq, int T, int nh, int HS,
+                           bool interleaved, int n_threads);
+/* n floats to bf16 (RNE, NaN kept quiet: ft_f32_to_bf16 bit for bit), bf16
+ * to f32, and f32 rounded to bf16 kept as f32 (dst may be src). */
+void ft_bf16_from_f32_fast(uint16_t *dst, const float *src, size_t n, int n_threads);
+void ft_bf16_to_f32_fast(float *dst, const uint16_t *src, size_t n, int n_threads);
+void ft_bf16_round_fast(float *dst, const float *src, size_t n, int n_threads);
+/* RMSNorm as ft_rmsnorm_forward / _backward (dinp and dw accumulate) with
+ * float sums in 16 lanes and fused multiply-adds: within a few ulps of the
+ * references (the mixed-precision backends use it); rows spread over the
+ * threads, then dw's columns (each summed over the rows in order). */
+void ft_rmsnorm_forward_fast(float *out, float *rstd, const float *inp, const float *w, int T, int C, float eps,
+                             int n_threads);
+void ft_rmsnorm_backward_fast(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                              const float *rstd, int T, int C, int n_threads);
+/* SwiGLU as ft_swiglu_forward / _backward with the vector exp of
+ * ft_exp_fast and fused multiply-adds: within a few ulps of the
+ * references, not bit-identical (the mixed-precision backends use it). */
+void ft_swiglu_forward_fast(float *out, const float *gate, const float *up, int T, int F, int n_threads);
+void ft_swiglu_backward_fast(float *dgate, float *dup, const float *dout, const float *gate, const float *up, int T,
+                             int F, int n_threads);
 
 /* ------------------------------------------------ float64 twins (tests) */
 

@@ -23,72 +23,13 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
-#define VL 16
-
-#define INLINE static inline __attribute__((always_inline))
-#if defined(__x86_64__)
-#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
-#define T256 __attribute__((target("avx2,fma")))
-#else
-#define T512
-#define T256
-#endif
+#include "ops/ops_vec.h"
 
 /* query rows per tile: the probabilities of a tile (BQ × Tk floats) stay
  * in cache while dK/dV accumulate over them */
 #define BQ 32
 
-INLINE vf vload(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
-/* (macros, not functions: passing 64-byte vectors by value draws ABI notes
- * from GCC in the portable instantiation) */
-#define vstore(p, v) do { vf vs_ = (v); memcpy((p), &vs_, sizeof vs_); } while (0)
-INLINE vf vset1(float x) { return (vf){ 0 } + x; }
-#define vsel(m, a, b) ((vf)(((m) & (vi)(a)) | (~(m) & (vi)(b)))) /* m ? a : b */
-INLINE float vhmax(const vf *v) {
-    float m = (*v)[0];
-    for (int i = 1; i < VL; i++) m = (*v)[i] > m ? (*v)[i] : m;
-    return m;
-}
-INLINE double vhsum_d(const vf *v) {
-    double s = 0;
-    for (int i = 0; i < VL; i++) s += (*v)[i];
-    return s;
-}
 static size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
-
-/* exp(x) for x <= 88.7 (inf above), to ~1 ulp: x = n·ln2 + r with
- * |r| <= ln2/2 (Cody-Waite, ln2 split so n·LN2_HI is exact), a degree-7
- * Taylor polynomial in r (truncation 5e-9 relative), times 2^n formed as
- * 2^a·2^(n-a) so that gradual underflow down to 2^-149 works. Exactly 0
- * below -103.9 (and for -inf); NaN stays NaN. */
-INLINE vf vexp(const vf *px) {
-    vf x = *px;
-    const float LOG2E = 1.44269504088896341f, MAGIC = 12582912.0f; /* 1.5·2^23: round to nearest */
-    const float LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f;
-    vi under = x < -103.9f;
-    vi over = x > 88.8f;
-    x = vsel(under, vset1(-103.9f), x);
-    x = vsel(over, vset1(88.8f), x);
-    vf t = x * LOG2E + MAGIC;
-    vf n = t - MAGIC;
-    vi ni = (vi)t - (vi)vset1(MAGIC);
-    vf r = x - n * LN2_HI;
-    r = r - n * LN2_LO;
-    vf p = vset1(1.0f / 5040);
-    p = p * r + 1.0f / 720;
-    p = p * r + 1.0f / 120;
-    p = p * r + 1.0f / 24;
-    p = p * r + 1.0f / 6;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    vi a = ni >> 1, b = ni - a;
-    vf pa = (vf)((a + 127) << 23), pb = (vf)((b + 127) << 23);
-    vf res = p * pa * pb;
-    return (vf)((vi)res & ~under);
-}
 
 /* ------------------------------------------------------------- exp */
 
@@ -127,8 +68,20 @@ typedef struct {
     float *o, *lse, *dq, *dk, *dv;
     const int *q_pos, *doc;
     int T, Tk, NH, NKV, HS, kv_stride, kvh;
+    int cmode;                 /* products: ATT_F32, ATT_BF16 (rounded operands, f32 FMA), ATT_DPBF16 */
     float scale;
 } att_unit;
+
+/* How the products run. ATT_F32: f32 operands (today's path, --dtype f32).
+ * In bf16 both of the others compute the same maths: every operand of a
+ * product (q, k, v, dout; the probabilities P before P·V and dV, the score
+ * gradients dS before dQ and dK) rounded to bf16 (RNE), exact products, f32
+ * sums, as PyTorch's bf16 SDPA does; the softmax, its lse and
+ * D = Σ p·dp stay f32. ATT_BF16 feeds bf16-valued floats to the f32
+ * kernels (any level); ATT_DPBF16 (avx512bf16) runs all six products on
+ * VDPBF16PS (bf16 pairs along the summed index: d, keys or query rows;
+ * DAZ/FTZ as kernels.h says). */
+enum { ATT_F32, ATT_BF16, ATT_DPBF16 };
 
 /* The per-thread scratch, in floats (see attention_fast_scratch_floats). */
 typedef struct {
@@ -138,12 +91,19 @@ typedef struct {
     float *P, *dP;             /* (BQ, Tkp) */
     float *acc;                /* (BQ, HSp) */
     int *docp;                 /* (Tkp) */
+    /* bf16 modes: a tile's q and dout rows rounded (BQ, HSp) floats; as
+     * bf16 pairs (BQ, HSp/2) words; P or dS as pairs (BQ, Tkp/2) words.
+     * ATT_DPBF16 keeps K and V as pairs in Kt/Vt ((HSp/2, Tkp) words:
+     * pairs along d) and Kp/Vp ((Tkp/2, HSp) words: pairs along keys). */
+    float *qf, *dyf;
+    uint32_t *q16, *dy16, *p16;
 } att_scr;
 
 static size_t scr_floats(int Tk, int HS, bool bwd) {
     size_t Tkp = round16((size_t)(Tk > 0 ? Tk : 1)), HSp = round16((size_t)HS);
     size_t n = 2 * (size_t)HS * Tkp + Tkp * HSp + 2 * BQ * Tkp + BQ * HSp + Tkp;
     if (bwd) n += Tkp * HSp + 2 * (size_t)HS * Tkp;
+    n += 3 * BQ * HSp + BQ * Tkp / 2; /* the bf16 modes' tiles */
     return round16(n);
 }
 
@@ -166,8 +126,13 @@ static att_scr scr_carve(float *base, int Tk, int HS, bool bwd) {
     if (bwd) {
         s.Kp = p; p += Tkp * HSp;
         s.dKt = p; p += (size_t)HS * Tkp;
-        s.dVt = p;
+        s.dVt = p; p += (size_t)HS * Tkp;
     }
+    s.qf = p; p += BQ * HSp;
+    s.dyf = p; p += BQ * HSp;
+    s.q16 = (uint32_t *)p; p += BQ * HSp / 2;
+    s.dy16 = (uint32_t *)p; p += BQ * HSp / 2;
+    s.p16 = (uint32_t *)p;
     return s;
 }
 
@@ -311,22 +276,312 @@ INLINE void k_rows_p(float *O, size_t ldo, const float *P, size_t ldp, const flo
     }
 }
 
+/* x rounded to bf16 (RNE), as a float */
+INLINE float bf16r(float x) { return ft_bf16_to_f32(ft_f32_to_bf16(x)); }
+/* the bf16 pair (lo, hi) as one word: lo in the low half */
+INLINE uint32_t bf16_pair(float lo, float hi) {
+    return (uint32_t)ft_f32_to_bf16(lo) | (uint32_t)ft_f32_to_bf16(hi) << 16;
+}
+
 /* Keys (and values) of one kv head packed: transposed (HS, Tkp) and/or as
- * padded rows (Tkp, HSp); zeros past Tk. */
-INLINE void pack_t(float *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS) {
+ * padded rows (Tkp, HSp); zeros past Tk; rounded to bf16 when rnd. */
+INLINE void pack_t(float *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS, bool rnd) {
     for (int d = 0; d < HS; d++) {
         float *row = Xt + (size_t)d * Tkp;
         for (int j = 0; j < Tk; j++) row[j] = x[(size_t)j * stride + d];
         for (int j = Tk; j < Tkp; j++) row[j] = 0;
+        if (rnd)
+            for (int j = 0; j < Tk; j++) row[j] = bf16r(row[j]);
     }
 }
-INLINE void pack_p(float *Xp, const float *x, size_t stride, int Tk, int Tkp, int HS, int HSp) {
+INLINE void pack_p(float *Xp, const float *x, size_t stride, int Tk, int Tkp, int HS, int HSp, bool rnd) {
     for (int j = 0; j < Tkp; j++) {
         float *row = Xp + (size_t)j * HSp;
         int n = j < Tk ? HS : 0;
         if (n) memcpy(row, x + (size_t)j * stride, (size_t)HS * sizeof(float));
         for (int d = n; d < HSp; d++) row[d] = 0;
+        if (rnd)
+            for (int d = 0; d < n; d++) row[d] = bf16r(row[d]);
     }
+}
+/* nr rows of n floats (lda apart) rounded into dst (rows ldd apart) as
+ * floats, and/or as bf16 pairs (rows ldw words apart, n padded to even);
+ * dst may be a. */
+INLINE void tile_round(float *dst, size_t ldd, uint32_t *w, size_t ldw, const float *a, size_t lda, int nr, int n) {
+    for (int r = 0; r < nr; r++) {
+        const float *x = a + (size_t)r * lda;
+        float *dr = dst ? dst + (size_t)r * ldd : NULL;
+        uint32_t *wr = w ? w + (size_t)r * ldw : NULL;
+        int d = 0;
+        for (; d + VL <= n; d += VL) {
+            vu b = bf16_bits(vload(x + d));
+            if (wr) {
+                vh h = __builtin_convertvector(b, vh);
+                memcpy(wr + d / 2, &h, sizeof h);
+            }
+            if (dr) vstore(dr + d, (vf)(b << 16));
+        }
+        for (; d < n; d += 2) {
+            float x0 = x[d], x1 = d + 1 < n ? x[d + 1] : 0.0f;
+            if (wr) wr[d / 2] = bf16_pair(x0, x1);
+            if (dr) {
+                dr[d] = bf16r(x0);
+                if (d + 1 < n) dr[d + 1] = bf16r(x1);
+            }
+        }
+    }
+}
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define TBF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
+#define DP(c, a, b) ((c) = _mm512_dpbf16_ps((c), (a), (b)))
+#define LOADBH(p) ((__m512bh)_mm512_loadu_si512(p))
+#define SETBH(w) ((__m512bh)_mm512_set1_epi32((int)(w)))
+
+/* k_rows_t on bf16 pairs: C[r][j] = alpha · Σ_p A[r][p]·Bt[p][j] (pair
+ * dot products), A (nr, np words, rows lda apart), Bt (np, J words). */
+TBF16 static void k_rows_t16(float *C, size_t ldc, const uint32_t *A, size_t lda, float alpha, const uint32_t *Bt,
+                             size_t ldb, int np, int nr, const int *jr) {
+    __m512 al = _mm512_set1_ps(alpha);
+    int r = 0;
+    for (; r + 4 <= nr; r += 4) {
+        int J = jr[r] > jr[r + 1] ? jr[r] : jr[r + 1];
+        J = J > jr[r + 2] ? J : jr[r + 2];
+        J = J > jr[r + 3] ? J : jr[r + 3];
+        const uint32_t *a0 = A + r * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
+        int j = 0;
+        for (; j + 32 <= J; j += 32) {
+            __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
+                   c31 = c00;
+            for (int p = 0; p < np; p++) {
+                __m512bh b0 = LOADBH(Bt + p * ldb + j), b1 = LOADBH(Bt + p * ldb + j + 16);
+                __m512bh x0 = SETBH(a0[p]), x1 = SETBH(a1[p]), x2 = SETBH(a2[p]), x3 = SETBH(a3[p]);
+                DP(c00, x0, b0); DP(c01, x0, b1);
+                DP(c10, x1, b0); DP(c11, x1, b1);
+                DP(c20, x2, b0); DP(c21, x2, b1);
+                DP(c30, x3, b0); DP(c31, x3, b1);
+            }
+            float *c = C + r * ldc + j;
+            _mm512_storeu_ps(c, _mm512_mul_ps(c00, al)); _mm512_storeu_ps(c + 16, _mm512_mul_ps(c01, al)); c += ldc;
+            _mm512_storeu_ps(c, _mm512_mul_ps(c10, al)); _mm512_storeu_ps(c + 16, _mm512_mul_ps(c11, al)); c += ldc;
+            _mm512_storeu_ps(c, _mm512_mul_ps(c20, al)); _mm512_storeu_ps(c + 16, _mm512_mul_ps(c21, al)); c += ldc;
+            _mm512_storeu_ps(c, _mm512_mul_ps(c30, al)); _mm512_storeu_ps(c + 16, _mm512_mul_ps(c31, al));
+        }
+        for (; j < J; j += 16) {
+            __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+            for (int p = 0; p < np; p++) {
+                __m512bh b0 = LOADBH(Bt + p * ldb + j);
+                DP(c0, SETBH(a0[p]), b0); DP(c1, SETBH(a1[p]), b0);
+                DP(c2, SETBH(a2[p]), b0); DP(c3, SETBH(a3[p]), b0);
+            }
+            float *c = C + r * ldc + j;
+            _mm512_storeu_ps(c, _mm512_mul_ps(c0, al)); _mm512_storeu_ps(c + ldc, _mm512_mul_ps(c1, al));
+            _mm512_storeu_ps(c + 2 * ldc, _mm512_mul_ps(c2, al)); _mm512_storeu_ps(c + 3 * ldc, _mm512_mul_ps(c3, al));
+        }
+    }
+    for (; r < nr; r++) {
+        const uint32_t *a0 = A + r * lda;
+        for (int j = 0; j < jr[r]; j += 16) {
+            __m512 c0 = _mm512_setzero_ps();
+            for (int p = 0; p < np; p++) DP(c0, SETBH(a0[p]), LOADBH(Bt + p * ldb + j));
+            _mm512_storeu_ps(C + r * ldc + j, _mm512_mul_ps(c0, al));
+        }
+    }
+}
+
+/* The packers of ATT_DPBF16, converting with VCVTNE(2)PS2BF16 (RNE; it
+ * takes subnormal inputs as zero, as VDPBF16PS does with what it is fed).
+ * rows_to_pairs16: nr rows of n floats (lda apart) to words of
+ * consecutive pairs (rows ldw words apart, an odd n padded with 0).
+ * rpairs16: rows in pairs, word (rp, d) = (a[2rp][d], a[2rp+1][d]) (an odd
+ * last row paired with 0). */
+TBF16 static void rows_to_pairs16(uint32_t *w, size_t ldw, const float *a, size_t lda, int nr, int n) {
+    for (int r = 0; r < nr; r++) {
+        const float *x = a + (size_t)r * lda;
+        uint32_t *wr = w + (size_t)r * ldw;
+        int d = 0;
+        for (; d + 32 <= n; d += 32)
+            _mm512_storeu_si512(wr + d / 2, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + d + 16),
+                                                                          _mm512_loadu_ps(x + d)));
+        if (d < n) {
+            int m = n - d;
+            __m512 lo = _mm512_maskz_loadu_ps((__mmask16)(m >= 16 ? 0xFFFF : (1u << m) - 1), x + d);
+            __m512 hi = m > 16 ? _mm512_maskz_loadu_ps((__mmask16)((1u << (m - 16)) - 1), x + d + 16)
+                               : _mm512_setzero_ps();
+            _mm512_mask_storeu_epi32(wr + d / 2, (__mmask16)((1u << ((m + 1) / 2)) - 1),
+                                     (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+    }
+}
+TBF16 static void rpairs16(uint32_t *w, size_t ldw, const float *a, size_t lda, int nr, int n) {
+    for (int rp = 0; rp < (nr + 1) / 2; rp++) {
+        const float *x0 = a + (size_t)(2 * rp) * lda, *x1 = 2 * rp + 1 < nr ? x0 + lda : NULL;
+        uint32_t *row = w + (size_t)rp * ldw;
+        for (int d = 0; d < n; d += 16) {
+            __mmask16 m = (__mmask16)(n - d >= 16 ? 0xFFFF : (1u << (n - d)) - 1);
+            __m512i h0 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x0 + d)));
+            __m512i h1 = x1 ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x1 + d)))
+                            : _mm512_setzero_si512();
+            _mm512_mask_storeu_epi32(row + d, m, _mm512_or_si512(h0, _mm512_slli_epi32(h1, 16)));
+        }
+    }
+}
+
+/* k_acc_t on bf16 pairs of rows: Ct[d][j] += Σ_rp A[rp][d]·B[rp][j] for
+ * d < HS, j < J (a multiple of 16); A (nrp, HS words), B (nrp, J words). */
+TBF16 static void k_acc_t16(float *Ct, size_t ldc, const uint32_t *A, size_t lda, const uint32_t *B, size_t ldb, int HS,
+                            int nrp, int J) {
+    int d = 0;
+    for (; d + 4 <= HS; d += 4) {
+        int j = 0;
+        for (; j + 32 <= J; j += 32) {
+            float *c = Ct + d * ldc + j;
+            __m512 c00 = _mm512_loadu_ps(c), c01 = _mm512_loadu_ps(c + 16), c10 = _mm512_loadu_ps(c + ldc),
+                   c11 = _mm512_loadu_ps(c + ldc + 16), c20 = _mm512_loadu_ps(c + 2 * ldc),
+                   c21 = _mm512_loadu_ps(c + 2 * ldc + 16), c30 = _mm512_loadu_ps(c + 3 * ldc),
+                   c31 = _mm512_loadu_ps(c + 3 * ldc + 16);
+            for (int r = 0; r < nrp; r++) {
+                __m512bh b0 = LOADBH(B + r * ldb + j), b1 = LOADBH(B + r * ldb + j + 16);
+                const uint32_t *a = A + r * lda + d;
+                __m512bh x0 = SETBH(a[0]), x1 = SETBH(a[1]), x2 = SETBH(a[2]), x3 = SETBH(a[3]);
+                DP(c00, x0, b0); DP(c01, x0, b1);
+                DP(c10, x1, b0); DP(c11, x1, b1);
+                DP(c20, x2, b0); DP(c21, x2, b1);
+                DP(c30, x3, b0); DP(c31, x3, b1);
+            }
+            _mm512_storeu_ps(c, c00); _mm512_storeu_ps(c + 16, c01);
+            _mm512_storeu_ps(c + ldc, c10); _mm512_storeu_ps(c + ldc + 16, c11);
+            _mm512_storeu_ps(c + 2 * ldc, c20); _mm512_storeu_ps(c + 2 * ldc + 16, c21);
+            _mm512_storeu_ps(c + 3 * ldc, c30); _mm512_storeu_ps(c + 3 * ldc + 16, c31);
+        }
+        for (; j < J; j += 16) {
+            float *c = Ct + d * ldc + j;
+            __m512 c0 = _mm512_loadu_ps(c), c1 = _mm512_loadu_ps(c + ldc), c2 = _mm512_loadu_ps(c + 2 * ldc),
+                   c3 = _mm512_loadu_ps(c + 3 * ldc);
+            for (int r = 0; r < nrp; r++) {
+                __m512bh b0 = LOADBH(B + r * ldb + j);
+                const uint32_t *a = A + r * lda + d;
+                DP(c0, SETBH(a[0]), b0); DP(c1, SETBH(a[1]), b0);
+                DP(c2, SETBH(a[2]), b0); DP(c3, SETBH(a[3]), b0);
+            }
+            _mm512_storeu_ps(c, c0); _mm512_storeu_ps(c + ldc, c1);
+            _mm512_storeu_ps(c + 2 * ldc, c2); _mm512_storeu_ps(c + 3 * ldc, c3);
+        }
+    }
+    for (; d < HS; d++) {
+        for (int j = 0; j < J; j += 16) {
+            float *c = Ct + d * ldc + j;
+            __m512 c0 = _mm512_loadu_ps(c);
+            for (int r = 0; r < nrp; r++) DP(c0, SETBH(A[r * lda + d]), LOADBH(B + r * ldb + j));
+            _mm512_storeu_ps(c, c0);
+        }
+    }
+}
+
+/* k_rows_p on bf16 pairs: O[r][:] = Σ_jp P[r][jp]·Bp[jp][:] over the pairs
+ * of keys below jr[r] (P zero past a row's end), HSp/16 vectors. */
+TBF16 static void k_rows_p16(float *O, size_t ldo, const uint32_t *P, size_t ldp, const uint32_t *Bp, int HSp, int nr,
+                             const int *jr) {
+    int nv = HSp / 16;
+    for (int r = 0; r < nr; r += 4) {
+        int rr = nr - r < 4 ? nr - r : 4;
+        int J = 0;
+        for (int i = 0; i < rr; i++) J = jr[r + i] > J ? jr[r + i] : J;
+        int JP = (J + 1) / 2;
+        for (int v0 = 0; v0 < nv; v0 += 4) {
+            int vv = nv - v0 < 4 ? nv - v0 : 4;
+            __m512 c[4][4];
+            for (int i = 0; i < 4; i++)
+                for (int w = 0; w < 4; w++) c[i][w] = _mm512_setzero_ps();
+            if (rr == 4 && vv == 4) {
+                for (int jp = 0; jp < JP; jp++) {
+                    const uint32_t *b = Bp + (size_t)jp * HSp + v0 * 16;
+                    __m512bh b0 = LOADBH(b), b1 = LOADBH(b + 16), b2 = LOADBH(b + 32), b3 = LOADBH(b + 48);
+                    for (int i = 0; i < 4; i++) {
+                        __m512bh x = SETBH(P[(r + i) * ldp + jp]);
+                        DP(c[i][0], x, b0); DP(c[i][1], x, b1); DP(c[i][2], x, b2); DP(c[i][3], x, b3);
+                    }
+                }
+            } else {
+                for (int jp = 0; jp < JP; jp++) {
+                    const uint32_t *b = Bp + (size_t)jp * HSp + v0 * 16;
+                    for (int i = 0; i < rr; i++) {
+                        __m512bh x = SETBH(P[(r + i) * ldp + jp]);
+                        for (int w = 0; w < vv; w++) DP(c[i][w], x, LOADBH(b + w * 16));
+                    }
+                }
+            }
+            for (int i = 0; i < rr; i++)
+                for (int w = 0; w < vv; w++) _mm512_storeu_ps(O + (r + i) * ldo + (v0 + w) * 16, c[i][w]);
+        }
+    }
+}
+#else
+/* the same pair products in plain C, for a build without the intrinsics
+ * (ATT_DPBF16 is only chosen at the avx512bf16 level, so unused there) */
+static float pair_dot(uint32_t a, uint32_t b) {
+    return ft_bf16_to_f32((uint16_t)a) * ft_bf16_to_f32((uint16_t)b) +
+           ft_bf16_to_f32((uint16_t)(a >> 16)) * ft_bf16_to_f32((uint16_t)(b >> 16));
+}
+static void k_rows_t16(float *C, size_t ldc, const uint32_t *A, size_t lda, float alpha, const uint32_t *Bt,
+                       size_t ldb, int np, int nr, const int *jr) {
+    for (int r = 0; r < nr; r++)
+        for (int j = 0; j < jr[r]; j++) {
+            float c = 0;
+            for (int p = 0; p < np; p++) c += pair_dot(A[r * lda + p], Bt[p * ldb + j]);
+            C[r * ldc + j] = c * alpha;
+        }
+}
+static void rows_to_pairs16(uint32_t *w, size_t ldw, const float *a, size_t lda, int nr, int n) {
+    for (int r = 0; r < nr; r++)
+        for (int d = 0; d < n; d += 2) w[r * ldw + d / 2] = bf16_pair(a[r * lda + d], d + 1 < n ? a[r * lda + d + 1] : 0.0f);
+}
+static void rpairs16(uint32_t *w, size_t ldw, const float *a, size_t lda, int nr, int n) {
+    for (int rp = 0; rp < (nr + 1) / 2; rp++)
+        for (int d = 0; d < n; d++)
+            w[rp * ldw + d] = bf16_pair(a[2 * rp * lda + d], 2 * rp + 1 < nr ? a[(2 * rp + 1) * lda + d] : 0.0f);
+}
+static void k_acc_t16(float *Ct, size_t ldc, const uint32_t *A, size_t lda, const uint32_t *B, size_t ldb, int HS,
+                      int nrp, int J) {
+    for (int d = 0; d < HS; d++)
+        for (int j = 0; j < J; j++) {
+            float c = Ct[d * ldc + j];
+            for (int r = 0; r < nrp; r++) c += pair_dot(A[r * lda + d], B[r * ldb + j]);
+            Ct[d * ldc + j] = c;
+        }
+}
+static void k_rows_p16(float *O, size_t ldo, const uint32_t *P, size_t ldp, const uint32_t *Bp, int HSp, int nr,
+                       const int *jr) {
+    for (int r = 0; r < nr; r++)
+        for (int d = 0; d < HSp; d++) {
+            float c = 0;
+            for (int jp = 0; jp < (jr[r] + 1) / 2; jp++) c += pair_dot(P[r * ldp + jp], Bp[(size_t)jp * HSp + d]);
+            O[r * ldo + d] = c;
+        }
+}
+#endif
+
+/* K or V of one kv head as bf16 pairs along d, word (p, j) = (x[j][2p],
+ * x[j][2p+1]) in (HSp/2, Tkp): each key's row converted, then its words
+ * dealt down a column; zeros past Tk. */
+static void pack_pairs_t(uint32_t *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS) {
+    int HSh = (HS + 1) / 2;
+    uint32_t tmp[256];
+    for (int j = 0; j < Tk; j++)
+        for (int d0 = 0; d0 < HS; d0 += 512) {
+            int n = HS - d0 < 512 ? HS - d0 : 512;
+            rows_to_pairs16(tmp, 0, x + (size_t)j * stride + d0, 0, 1, n);
+            for (int p = 0; p < (n + 1) / 2; p++) Xt[(size_t)(d0 / 2 + p) * Tkp + j] = tmp[p];
+        }
+    for (int p = 0; p < HSh; p++)
+        for (int j = Tk; j < Tkp; j++) Xt[(size_t)p * Tkp + j] = 0;
+}
+/* As bf16 pairs along keys, word (jp, d) = (x[2jp][d], x[2jp+1][d]) in
+ * (Tkp/2, HSp); zeros past Tk and HS. */
+static void pack_pairs_p(uint32_t *Xp, const float *x, size_t stride, int Tk, int Tkp, int HS, int HSp) {
+    rpairs16(Xp, HSp, x, stride, Tk, HS);
+    for (int jp = 0; jp < Tkp / 2; jp++)
+        for (int d = jp < (Tk + 1) / 2 ? HS : 0; d < HSp; d++) Xp[(size_t)jp * HSp + d] = 0;
 }
 
 /* The visible key count of query t: keys 0..last, last = min(q_pos, Tk-1). */
@@ -404,8 +659,14 @@ INLINE void unit_fwd_body(const att_unit *u, float *scratch) {
     size_t qs = (size_t)u->NH * HS;
     att_scr s = scr_carve(scratch, Tk, HS, false);
     const float *kh = u->k + (size_t)u->kvh * HS, *vh = u->v + (size_t)u->kvh * HS;
-    pack_t(s.Kt, kh, u->kv_stride, Tk, Tkp, HS);
-    pack_p(s.Vp, vh, u->kv_stride, Tk, Tkp, HS, HSp);
+    const int cm = u->cmode, HSh = (HS + 1) / 2, Tkh = Tkp / 2;
+    if (cm == ATT_DPBF16) {
+        pack_pairs_t((uint32_t *)s.Kt, kh, u->kv_stride, Tk, Tkp, HS);
+        pack_pairs_p((uint32_t *)s.Vp, vh, u->kv_stride, Tk, Tkp, HS, HSp);
+    } else {
+        pack_t(s.Kt, kh, u->kv_stride, Tk, Tkp, HS, cm == ATT_BF16);
+        pack_p(s.Vp, vh, u->kv_stride, Tk, Tkp, HS, HSp, cm == ATT_BF16);
+    }
     if (u->doc) {
         memcpy(s.docp, u->doc, (size_t)Tk * sizeof(int));
         for (int j = Tk; j < Tkp; j++) s.docp[j] = 0;
@@ -416,9 +677,25 @@ INLINE void unit_fwd_body(const att_unit *u, float *scratch) {
             int nq = u->T - t0 < BQ ? u->T - t0 : BQ;
             tile_rows(u, t0, nq, Tkp, nk, jr, &Jmax);
             const float *qt = u->q + (size_t)t0 * qs + (size_t)h * HS;
-            k_rows_t(s.P, Tkp, qt, qs, u->scale, s.Kt, Tkp, HS, nq, jr);
+            if (cm == ATT_F32) {
+                k_rows_t(s.P, Tkp, qt, qs, u->scale, s.Kt, Tkp, HS, nq, jr);
+            } else if (cm == ATT_BF16) {
+                tile_round(s.qf, HSp, NULL, 0, qt, qs, nq, HS);
+                k_rows_t(s.P, Tkp, s.qf, HSp, u->scale, s.Kt, Tkp, HS, nq, jr);
+            } else {
+                rows_to_pairs16(s.q16, HSh, qt, qs, nq, HS);
+                k_rows_t16(s.P, Tkp, s.q16, HSh, u->scale, (const uint32_t *)s.Kt, Tkp, HSh, nq, jr);
+            }
             tile_softmax(u, &s, Tkp, t0, nq, nk, jr, Jmax, NULL, u->lse ? u->lse + (size_t)h * u->T : NULL);
-            k_rows_p(s.acc, HSp, s.P, Tkp, s.Vp, HSp, nq, nk);
+            if (cm == ATT_F32) {
+                k_rows_p(s.acc, HSp, s.P, Tkp, s.Vp, HSp, nq, nk);
+            } else if (cm == ATT_BF16) {
+                tile_round(s.P, Tkp, NULL, 0, s.P, Tkp, nq, Jmax);
+                k_rows_p(s.acc, HSp, s.P, Tkp, s.Vp, HSp, nq, nk);
+            } else {
+                rows_to_pairs16(s.p16, Tkh, s.P, Tkp, nq, Jmax);
+                k_rows_p16(s.acc, HSp, s.p16, Tkh, (const uint32_t *)s.Vp, HSp, nq, nk);
+            }
             for (int r = 0; r < nq; r++)
                 memcpy(u->o + (size_t)(t0 + r) * qs + (size_t)h * HS, s.acc + (size_t)r * HSp,
                        (size_t)HS * sizeof(float));
@@ -432,9 +709,16 @@ INLINE void unit_bwd_body(const att_unit *u, float *scratch) {
     size_t qs = (size_t)u->NH * HS, ks = (size_t)u->NKV * HS;
     att_scr s = scr_carve(scratch, Tk, HS, true);
     const float *kh = u->k + (size_t)u->kvh * HS, *vh = u->v + (size_t)u->kvh * HS;
-    pack_t(s.Kt, kh, ks, Tk, Tkp, HS);
-    pack_t(s.Vt, vh, ks, Tk, Tkp, HS);
-    pack_p(s.Kp, kh, ks, Tk, Tkp, HS, HSp);
+    const int cm = u->cmode, HSh = (HS + 1) / 2, Tkh = Tkp / 2;
+    if (cm == ATT_DPBF16) {
+        pack_pairs_t((uint32_t *)s.Kt, kh, ks, Tk, Tkp, HS);
+        pack_pairs_t((uint32_t *)s.Vt, vh, ks, Tk, Tkp, HS);
+        pack_pairs_p((uint32_t *)s.Kp, kh, ks, Tk, Tkp, HS, HSp);
+    } else {
+        pack_t(s.Kt, kh, ks, Tk, Tkp, HS, cm == ATT_BF16);
+        pack_t(s.Vt, vh, ks, Tk, Tkp, HS, cm == ATT_BF16);
+        pack_p(s.Kp, kh, ks, Tk, Tkp, HS, HSp, cm == ATT_BF16);
+    }
     memset(s.dKt, 0, (size_t)HS * Tkp * sizeof(float));
     memset(s.dVt, 0, (size_t)HS * Tkp * sizeof(float));
     if (u->doc) {
@@ -448,10 +732,25 @@ INLINE void unit_bwd_body(const att_unit *u, float *scratch) {
             tile_rows(u, t0, nq, Tkp, nk, jr, &Jmax);
             const float *qt = u->q + (size_t)t0 * qs + (size_t)h * HS;
             const float *dy = u->dout + (size_t)t0 * qs + (size_t)h * HS;
-            k_rows_t(s.P, Tkp, qt, qs, u->scale, s.Kt, Tkp, HS, nq, jr);
+            /* the A operands of the products below: qa, dya (rows lda apart) */
+            const float *qa = qt, *dya = dy;
+            size_t lda = qs;
+            if (cm == ATT_F32) {
+                k_rows_t(s.P, Tkp, qt, qs, u->scale, s.Kt, Tkp, HS, nq, jr);
+            } else if (cm == ATT_BF16) {
+                tile_round(s.qf, HSp, NULL, 0, qt, qs, nq, HS);
+                tile_round(s.dyf, HSp, NULL, 0, dy, qs, nq, HS);
+                qa = s.qf, dya = s.dyf, lda = HSp;
+                k_rows_t(s.P, Tkp, qa, lda, u->scale, s.Kt, Tkp, HS, nq, jr);
+            } else {
+                rows_to_pairs16(s.q16, HSh, qt, qs, nq, HS);
+                rows_to_pairs16(s.dy16, HSh, dy, qs, nq, HS);
+                k_rows_t16(s.P, Tkp, s.q16, HSh, u->scale, (const uint32_t *)s.Kt, Tkp, HSh, nq, jr);
+            }
             tile_softmax(u, &s, Tkp, t0, nq, nk, jr, Jmax, u->lse_in + (size_t)h * u->T, NULL);
             /* dp_j = dy·v_j; ds_j = p_j (dp_j - Σ_i p_i dp_i) · scale */
-            k_rows_t(s.dP, Tkp, dy, qs, 1.0f, s.Vt, Tkp, HS, nq, jr);
+            if (cm == ATT_DPBF16) k_rows_t16(s.dP, Tkp, s.dy16, HSh, 1.0f, (const uint32_t *)s.Vt, Tkp, HSh, nq, jr);
+            else k_rows_t(s.dP, Tkp, dya, lda, 1.0f, s.Vt, Tkp, HS, nq, jr);
             for (int r = 0; r < nq; r++) {
                 float *p = s.P + r * Tkp, *dp = s.dP + r * Tkp;
                 vf acc = { 0 };
@@ -460,20 +759,43 @@ INLINE void unit_bwd_body(const att_unit *u, float *scratch) {
                 for (int j = 0; j < jr[r]; j += VL) vstore(dp + j, vload(p + j) * (vload(dp + j) - D) * u->scale);
                 if (jr[r] < Jmax) memset(dp + jr[r], 0, (size_t)(Jmax - jr[r]) * sizeof(float));
             }
-            k_acc_t(s.dVt, Tkp, dy, qs, s.P, Tkp, HS, nq, Jmax);
-            k_acc_t(s.dKt, Tkp, qt, qs, s.dP, Tkp, HS, nq, Jmax);
-            k_rows_p(s.acc, HSp, s.dP, Tkp, s.Kp, HSp, nq, nk);
+            if (cm == ATT_DPBF16) {
+                /* dQ = dS·K over pairs of keys; then dV += Pᵀ·dout and
+                 * dK += dSᵀ·q over pairs of query rows, each operand
+                 * re-packed into the buffers the previous product is done with */
+                int nqh = (nq + 1) / 2;
+                rows_to_pairs16(s.p16, Tkh, s.dP, Tkp, nq, Jmax);
+                k_rows_p16(s.acc, HSp, s.p16, Tkh, (const uint32_t *)s.Kp, HSp, nq, nk);
+                rpairs16(s.q16, HS, qt, qs, nq, HS);
+                rpairs16(s.dy16, HS, dy, qs, nq, HS);
+                rpairs16(s.p16, Jmax, s.P, Tkp, nq, Jmax);
+                k_acc_t16(s.dVt, Tkp, s.dy16, HS, s.p16, Jmax, HS, nqh, Jmax);
+                rpairs16(s.p16, Jmax, s.dP, Tkp, nq, Jmax);
+                k_acc_t16(s.dKt, Tkp, s.q16, HS, s.p16, Jmax, HS, nqh, Jmax);
+            } else {
+                if (cm == ATT_BF16) { /* P and dS as the products see them */
+                    tile_round(s.P, Tkp, NULL, 0, s.P, Tkp, nq, Jmax);
+                    tile_round(s.dP, Tkp, NULL, 0, s.dP, Tkp, nq, Jmax);
+                }
+                k_acc_t(s.dVt, Tkp, dya, lda, s.P, Tkp, HS, nq, Jmax);
+                k_acc_t(s.dKt, Tkp, qa, lda, s.dP, Tkp, HS, nq, Jmax);
+                k_rows_p(s.acc, HSp, s.dP, Tkp, s.Kp, HSp, nq, nk);
+            }
             for (int r = 0; r < nq; r++)
                 memcpy(u->dq + (size_t)(t0 + r) * qs + (size_t)h * HS, s.acc + (size_t)r * HSp,
                        (size_t)HS * sizeof(float));
         }
     }
-    for (int j = 0; j < Tk; j++) {
-        float *dkj = u->dk + (size_t)j * ks + (size_t)u->kvh * HS, *dvj = u->dv + (size_t)j * ks + (size_t)u->kvh * HS;
-        for (int d = 0; d < HS; d++) {
-            dkj[d] = s.dKt[(size_t)d * Tkp + j];
-            dvj[d] = s.dVt[(size_t)d * Tkp + j];
-        }
+    /* dK, dV back from (HS, Tkp) to rows, 16 keys at a time: each d reads
+     * one cache line of a row and the 16 rows' lines stay in cache */
+    for (int j0 = 0; j0 < Tk; j0 += 16) {
+        int j1 = j0 + 16 < Tk ? j0 + 16 : Tk;
+        for (int d = 0; d < HS; d++)
+            for (int j = j0; j < j1; j++) {
+                size_t o = (size_t)j * ks + (size_t)u->kvh * HS + d;
+                u->dk[o] = s.dKt[(size_t)d * Tkp + j];
+                u->dv[o] = s.dVt[(size_t)d * Tkp + j];
+            }
     }
 }
 
@@ -529,12 +851,26 @@ static void att_bwd_task(void *vctx, int i, int thread) {
     j->fn(&u, j->scratch + (size_t)thread * j->per);
 }
 
+/* the product mode for a compute type at this CPU's level */
+static int att_cmode(ft_dtype compute) {
+    if (compute != FT_BF16) return ATT_F32;
+    return ft_cpu_level() >= FT_CPU_AVX512BF16 ? ATT_DPBF16 : ATT_BF16;
+}
+
 void ft_attention_forward_fast(float *out, float *lse, const float *q, const float *k, const float *v,
                             const int *q_pos, const int *doc, int B, int T, int Tk, int NH, int NKV, int HS,
                             int kv_stride, int n_threads, float *scratch) {
+    ft_attention_forward_fast_in(FT_F32, out, lse, q, k, v, q_pos, doc, B, T, Tk, NH, NKV, HS, kv_stride, n_threads,
+                                 scratch);
+}
+
+void ft_attention_forward_fast_in(ft_dtype compute, float *out, float *lse, const float *q, const float *k,
+                                  const float *v, const int *q_pos, const int *doc, int B, int T, int Tk, int NH,
+                                  int NKV, int HS, int kv_stride, int n_threads, float *scratch) {
     int lv = ft_cpu_level();
     att_job j = { .fn = lv >= FT_CPU_AVX512 ? unit_fwd_avx512 : lv >= FT_CPU_AVX2 ? unit_fwd_avx2 : unit_fwd_generic,
                   .proto = { .q_pos = q_pos, .T = T, .Tk = Tk, .NH = NH, .NKV = NKV, .HS = HS,
+                             .cmode = att_cmode(compute),
                              .kv_stride = kv_stride, .scale = (float)(1.0 / sqrt((double)HS)) },
                   .out = out, .lse = lse, .q = q, .k = k, .v = v, .doc = doc,
                   .per = scr_floats(Tk, HS, false), .qd = (size_t)NH * HS, .kvs = (size_t)kv_stride,
@@ -545,10 +881,19 @@ void ft_attention_forward_fast(float *out, float *lse, const float *q, const flo
 void ft_attention_backward_fast(float *dq, float *dk, float *dv, const float *dout, const float *lse, const float *q,
                              const float *k, const float *v, const int *q_pos, const int *doc, int B, int T, int Tk,
                              int NH, int NKV, int HS, int n_threads, float *scratch) {
+    ft_attention_backward_fast_in(FT_F32, dq, dk, dv, dout, lse, q, k, v, q_pos, doc, B, T, Tk, NH, NKV, HS, n_threads,
+                                  scratch);
+}
+
+void ft_attention_backward_fast_in(ft_dtype compute, float *dq, float *dk, float *dv, const float *dout,
+                                   const float *lse, const float *q, const float *k, const float *v,
+                                   const int *q_pos, const int *doc, int B, int T, int Tk, int NH, int NKV, int HS,
+                                   int n_threads, float *scratch) {
     int lv = ft_cpu_level();
     size_t kvd = (size_t)NKV * HS;
     att_job j = { .fn = lv >= FT_CPU_AVX512 ? unit_bwd_avx512 : lv >= FT_CPU_AVX2 ? unit_bwd_avx2 : unit_bwd_generic,
                   .proto = { .q_pos = q_pos, .T = T, .Tk = Tk, .NH = NH, .NKV = NKV, .HS = HS,
+                             .cmode = att_cmode(compute),
                              .kv_stride = (int)kvd, .scale = (float)(1.0 / sqrt((double)HS)) },
                   .dq = dq, .dk = dk, .dv = dv, .dout = dout, .lse_in = lse, .q = q, .k = k, .v = v, .doc = doc,
                   .per = scr_floats(Tk, HS, true), .qd = (size_t)NH * HS, .kvs = kvd, .scratch = scratch };
