@@ -12,9 +12,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The owned list's capacity after one more buffer than cap holds. */
+static int grown_cap(int cap) { return cap ? cap * 2 : 64; }
+
+size_t ft_model_owned_list_bytes(int n_owned) {
+    int cap = 0;
+    while (cap < n_owned) cap = grown_cap(cap);
+    return (size_t)cap * sizeof(ft_owned);
+}
+
+size_t ft_held_bytes(ft_dtype dt, int64_t rows, int64_t cols) {
+    return (size_t)rows * (size_t)ft_dtype_nbytes(dt, cols);
+}
+
 static bool owned_room(ftune_model *m) {
     if (m->n_owned < m->cap_owned) return true;
-    int cap = m->cap_owned ? m->cap_owned * 2 : 64;
+    int cap = grown_cap(m->cap_owned);
     ft_owned *n = ft_mem_realloc(FT_MEM_OTHER, m->owned, (size_t)m->cap_owned * sizeof *n, (size_t)cap * sizeof *n);
     if (!n) return false;
     m->owned = n;
@@ -71,7 +84,7 @@ ftune_status ft_model_bind_vec(ftune_model *m, float **dst, const ft_tensor *src
     if (!ft_types[src->dtype].is_float || ft_types[src->dtype].block != 1)
         return ft_err(FTUNE_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s not supported for a vector", src->name,
                       ft_types[src->dtype].name);
-    float *v = ft_model_alloc(m, (size_t)n * sizeof(float));
+    float *v = ft_model_alloc(m, ft_held_bytes(FT_F32, 1, n));
     if (!v) return ft_err(FTUNE_ERR_NOMEM, "out of memory for tensor \"%s\"", src->name);
     ft_types[src->dtype].to_f32(src->data, v, n);
     count(m, src);
@@ -168,7 +181,7 @@ ftune_status ft_model_set_compute(ftune_model *m, ft_dtype compute) {
         if (t->dtype == compute || !plain_float(t->dtype) || t->ndim != 2) continue;
         int64_t rows = t->shape[0], cols = t->shape[1];
         size_t rb = ft_dtype_nbytes(compute, cols);
-        uint8_t *dst = ft_model_alloc(m, rb * (size_t)rows);
+        uint8_t *dst = ft_model_alloc(m, ft_held_bytes(compute, rows, cols));
         float *row = malloc((size_t)cols * sizeof(float));
         if (!dst || !row) {
             free(row);
