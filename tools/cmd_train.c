@@ -339,8 +339,8 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
     if (planned) {
         double avail = limit_mib > 0 ? limit_mib : mem_available_mib();
         if (avail > 0 && plan.total_mib > avail) {
-            fprintf(stderr, "%s: the run would need about %.1f MiB at its peak but %.1f MiB is %s: nothing was loaded "
-                    "or written. The largest term is %s (%.1f MiB)", me, plan.total_mib, avail,
+            fprintf(stderr, "ftune %s: error: the run would need about %.1f MiB at its peak but %.1f MiB is %s: "
+                    "nothing was loaded or written. The largest term is %s (%.1f MiB)", me, plan.total_mib, avail,
                     limit_mib > 0 ? "the --memory-limit" : "available (MemAvailable)", plan.largest, plan.largest_mib);
             if (plan.best_switch[0])
                 fprintf(stderr, "; %s would save the most (%.1f MiB)", plan.best_switch, plan.best_saving_mib);
