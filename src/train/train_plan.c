@@ -172,7 +172,10 @@ ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o,
     terms[nt].name = "gradients"; terms[nt++].n = p.tp.grad_bytes;
     terms[nt].name = "optimizer state"; terms[nt++].n = p.tp.optim_bytes;
     terms[nt].name = "activations"; terms[nt++].n = p.tp.activation_bytes;
-    terms[nt].name = "scratch"; terms[nt++].n = p.tp.scratch_bytes;
+    terms[nt].name = "attention workspace"; terms[nt++].n = p.tp.attention_scratch_bytes;
+    terms[nt].name = "LM head + loss workspace"; terms[nt++].n = p.tp.loss_scratch_bytes;
+    terms[nt].name = "other scratch";
+    terms[nt++].n = p.tp.scratch_bytes - p.tp.attention_scratch_bytes - p.tp.loss_scratch_bytes;
     terms[nt].name = "data"; terms[nt++].n = p.data;
     terms[nt].name = "bookkeeping"; terms[nt++].n = p.tp.other_bytes + p.w.other;
     terms[nt].name = "process"; terms[nt++].n = p.process;
@@ -204,8 +207,9 @@ ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o,
         const char *why = strcmp(terms[i].name, "trainables") == 0 ? " (f32 masters)"
                         : strcmp(terms[i].name, "optimizer state") == 0 ? " (AdamW m, v)"
                         : strcmp(terms[i].name, "activations") == 0 ? " (saved for backward)"
-                        : strcmp(terms[i].name, "scratch") == 0 ? " (attention, LM head + loss, workspaces)"
-                        : strcmp(terms[i].name, "data") == 0 ? " (batches, tokenized files at most)"
+                        : strcmp(terms[i].name, "LM head + loss workspace") == 0 ? " (a chunk's logits)"
+                        : strcmp(terms[i].name, "other scratch") == 0 ? " (activation gradients, Linear workspaces)"
+                        : strcmp(terms[i].name, "data") == 0 ? " (batches; tokenized files, at most)"
                         : strcmp(terms[i].name, "process") == 0 ? " (code, libraries: measured)" : "";
         char label[96];
         snprintf(label, sizeof label, "%s%s", terms[i].name, why);
