@@ -208,7 +208,7 @@ ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o,
                         : strcmp(terms[i].name, "optimizer state") == 0 ? " (AdamW m, v)"
                         : strcmp(terms[i].name, "activations") == 0 ? " (saved for backward)"
                         : strcmp(terms[i].name, "LM head + loss workspace") == 0 ? " (a chunk's logits)"
-                        : strcmp(terms[i].name, "other scratch") == 0 ? " (activation gradients, Linear workspaces)"
+                        : strcmp(terms[i].name, "other scratch") == 0 ? " (activation gradients, Linears)"
                         : strcmp(terms[i].name, "data") == 0 ? " (batches; tokenized files, at most)"
                         : strcmp(terms[i].name, "process") == 0 ? " (code, libraries: measured)" : "";
         char label[96];
