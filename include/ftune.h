@@ -529,7 +529,8 @@ FTUNE_API ftune_status ftune_train_run(const ftune_train_opts *o, ftune_train_pr
 
 /* The memory a training run will hold, planned before anything is loaded
  * (`ftune plan`, and `ftune train`'s fit check): from the model's
- * config.json and safetensors headers only (no weights read or mapped), or
+ * config.json and safetensors headers only (no weights read or mapped), a
+ * GGUF or llama2.c file's header (below), or
  * from an `ftune init` preset, with the sizes the loader, the trainer,
  * AdamW and the batches allocate. o is what ftune_train_run would get
  * (o->model is not used; o->data_path, o->val_path may be NULL); quant is
@@ -539,6 +540,7 @@ typedef struct {
     const char *preset;        /* plan ftune init's preset NAME instead of model_path's files; NULL */
     const char *preset_dtype;  /* the preset's weights as stored: "f32" (NULL), "bf16", "f16" */
     const char *quant;         /* "nf4", "int8" or NULL */
+    const char *tokenizer;     /* a llama2.c model's tokenizer .bin (as ftune_load_opts.tokenizer_path); NULL */
 } ftune_plan_opts;
 
 typedef struct {
@@ -551,9 +553,9 @@ typedef struct {
     char table[4096];          /* the plan and what each switch would save, as text lines */
 } ftune_train_plan_result;
 
-/* FTUNE_ERR_UNSUPPORTED for a GGUF or llama2.c model (planned only from a
- * Hugging Face directory or a preset); the errors ftune_model_load and
- * ftune_train_run would give for a missing model or bad options. */
+/* A GGUF or llama2.c model is loaded as stored to be planned (its file
+ * mapped, only the header and the norms read). The errors ftune_model_load
+ * and ftune_train_run would give for a missing model or bad options. */
 FTUNE_API ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o, const ftune_plan_opts *po,
                                         ftune_train_plan_result *res);
 

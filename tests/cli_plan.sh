@@ -37,9 +37,11 @@ for args in "--bogus" "-m $HF --lora-targets nope" "-m $tmp/none --data $tmp/dat
     else fail "same_error ($args)" "plan $rp: $(cat "$tmp/p.err") / train $rt: $(cat "$tmp/t.err")"; fi
 done
 rm -rf "$tmp/err-out"
-if "$FT" plan -m "$GG" > /dev/null 2> "$tmp/gg.err"; then fail plan_gguf "accepted"
-elif grep -q "stories260K.gguf: memory is planned from a Hugging Face" "$tmp/gg.err"; then pass plan_gguf
-else fail plan_gguf "$(cat "$tmp/gg.err")"; fi
+# GGUF and llama2.c: planned from a load as stored (the file mapped, nothing of the weights read)
+if "$FT" plan -m "$GG" --quant nf4 > "$tmp/gg.out" 2>&1 && grep -q "weights (owned, nf4)" "$tmp/gg.out" &&
+    "$FT" plan -m "$D/models/stories260K/stories260K.bin" > "$tmp/bin.out" 2>&1 && grep -q "weights (mapped, f32)" "$tmp/bin.out"; then
+    pass plan_gguf_llama2c
+else fail plan_gguf_llama2c "$(cat "$tmp/gg.out" "$tmp/bin.out")"; fi
 if "$FT" plan --preset llama-9z > /dev/null 2> "$tmp/pr.err"; then fail plan_bad_preset "accepted"
 elif grep -q 'unknown preset "llama-9z"' "$tmp/pr.err"; then pass plan_bad_preset
 else fail plan_bad_preset "$(cat "$tmp/pr.err")"; fi
@@ -53,10 +55,9 @@ if "$FT" train -m "$HF" --data "$tmp/data.txt" -o "$tmp/run" --steps 2 -t 1 > "$
     grep -q "^memory plan: .* MiB at the peak (largest term: " "$tmp/run.log" &&
     grep -q "^peak RSS .* MiB (planned .* MiB: " "$tmp/run.log"; then pass train_prints_plan
 else fail train_prints_plan "$(tail -5 "$tmp/run.log")"; fi
-# a GGUF model trains without a plan, saying so
 if "$FT" train -m "$GG" --data "$tmp/data.txt" -o "$tmp/run-gg" --steps 1 -t 1 > "$tmp/gg.log" 2>&1 &&
-    grep -q "^note: no memory plan: " "$tmp/gg.log"; then pass train_gguf_note
-else fail train_gguf_note "$(tail -5 "$tmp/gg.log")"; fi
+    grep -q "^memory plan: .* MiB at the peak" "$tmp/gg.log"; then pass train_gguf_plan
+else fail train_gguf_plan "$(tail -5 "$tmp/gg.log")"; fi
 
 # over the limit: refused before loading, the largest term and the best switch named, nothing written
 "$FT" train -m "$HF" --data "$tmp/data.txt" -o "$tmp/big" --memory-limit 10 > "$tmp/big.log" 2>&1; rc=$?

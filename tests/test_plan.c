@@ -12,8 +12,9 @@
  * what the planner measures in `ftune plan`'s process too. What neither
  * sees (OpenMP thread stacks, libraries' lazily touched buffers, page
  * rounding, the adapter written at the end) is what the 10% covers.
- * Also: a GGUF model is refused by name, and the preset plan of llama-2-7b
- * reads no file. */
+ * Also: the weights' plan equals the load's count for every format (HF,
+ * bitsandbytes, GGUF, llama2.c) and load option, and the preset plan of
+ * llama-2-7b reads no file. */
 #include "ftune.h"
 #include "core/mem.h"
 #include "model/model.h"
@@ -185,11 +186,65 @@ static void test_preset(void) {
     /* an unknown preset and a GGUF file: clear errors */
     po.preset = "llama-9z";
     CHECK(ftune_train_plan(NULL, &o, &po, &r) == FTUNE_ERR_ARG && strstr(ftune_last_error(), "llama-9z"));
-    char gg[600];
-    check_data_path(gg, sizeof gg, "models/stories260K/stories260K.gguf");
-    CHECK(ftune_train_plan(gg, &o, NULL, &r) == FTUNE_ERR_UNSUPPORTED && strstr(ftune_last_error(), "stories260K.gguf"));
     CHECK(ftune_train_plan("no/such/model", &o, NULL, &r) == FTUNE_ERR_IO && strstr(ftune_last_error(), "no/such/model"));
 }
+
+/* Every format and load option: the planned weights equal what the load
+ * counts. HF directories (and a bitsandbytes one) are described from their
+ * headers, GGUF and llama2.c from a load as stored. */
+static void test_weights_exact(void) {
+    char hf[600], gg[600], bin[600], tok[600], bnb[700];
+    check_data_path(hf, sizeof hf, "models/stories260K-hf");
+    check_data_path(gg, sizeof gg, "models/stories260K/stories260K.gguf");
+    check_data_path(bin, sizeof bin, "models/stories260K/stories260K.bin");
+    check_data_path(tok, sizeof tok, "models/stories260K/tok512.bin");
+    snprintf(bnb, sizeof bnb, "%s/bnb", tmpdir);
+    ftune_model *m = NULL;
+    CHECK_OK(ftune_model_load(&m, hf, NULL));
+    if (m) CHECK_OK(ftune_model_save_bnb(m, bnb, "nf4"));
+    ftune_model_free(m);
+    const char *paths[] = { hf, bnb, gg, bin, model_dir };
+    struct { const char *quant, *dtype; } loads[] = { { NULL, NULL }, { NULL, "bf16" }, { NULL, "f16" },
+                                                      { "nf4", "bf16" }, { "int8", NULL } };
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
+        for (size_t k = 0; k < sizeof loads / sizeof loads[0]; k++) {
+            ft_config cfg;
+            ft_weight_desc *d = NULL;
+            int nd = 0;
+            if (ft_is_dir(paths[i])) CHECK_OK(ft_weights_describe_hf(paths[i], &cfg, &d, &nd));
+            else {
+                ftune_load_opts lo = { .tokenizer_path = i == 3 ? tok : NULL };
+                CHECK_OK(ftune_model_load(&m, paths[i], &lo));
+                if (m) CHECK_OK(ft_weights_describe_model(m, &d, &nd));
+                ftune_model_free(m);
+            }
+            ft_dtype q = FT_NTYPES, compute = FT_F32;
+            if (loads[k].quant) CHECK_OK(ft_quant_from_name(loads[k].quant, &q));
+            CHECK_OK(ft_compute_parse(loads[k].dtype, "dtype", &compute));
+            ft_weights_plan wp;
+            ftune_status pst = ft_weights_plan_of(d, nd, q, compute, &wp);
+            free(d);
+            ftune_load_opts lo = { .tokenizer_path = i == 3 ? tok : NULL, .quant = loads[k].quant, .dtype = loads[k].dtype };
+            m = NULL;
+            ftune_status lst = ftune_model_load(&m, paths[i], &lo);
+            /* a bitsandbytes base with --quant: both refuse */
+            CHECKF(pst == lst, "%s, --quant %s --dtype %s: plan %s, load %s", paths[i], loads[k].quant, loads[k].dtype,
+                   ftune_status_name(pst), ftune_status_name(lst));
+            if (!m || pst) { ftune_model_free(m); continue; }
+            ft_mem_table t = { 0 };
+            ft_model_mem_plan(m, &t);
+            CHECKF(t.planned[FT_MEM_ROW_MAPPED] == wp.mapped_total && t.planned[FT_MEM_WEIGHTS] == wp.owned_total &&
+                   t.planned[FT_MEM_OTHER] == wp.other,
+                   "%s, --quant %s --dtype %s: mapped %zu owned %zu list %zu; planned %zu %zu %zu", paths[i],
+                   loads[k].quant, loads[k].dtype, t.planned[FT_MEM_ROW_MAPPED], t.planned[FT_MEM_WEIGHTS],
+                   t.planned[FT_MEM_OTHER], wp.mapped_total, wp.owned_total, wp.other);
+            ftune_model_free(m);
+        }
+}
+
+/* in a child: the parent's heap stays as small as the RSS comparisons need */
+static void weights_exact(void *a) { (void)a; test_weights_exact(); }
+static void test_weights_exact_in_child(void) { in_child(weights_exact, NULL); }
 
 int main(void) {
     const char *td = getenv("TMPDIR");
@@ -209,6 +264,7 @@ int main(void) {
              model_dir, text, data_path);
     if (system(cmd) != 0) { fprintf(stderr, "could not copy the tokenizer and text\n"); return 1; }
     RUN(test_preset);
+    RUN(test_weights_exact_in_child);
     if (!UNDER_ASAN) RUN(test_configs);
     else printf("  (ASan build: the RSS comparison is not made)\n");
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);

@@ -315,7 +315,7 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
     }
 
     /* the memory plan, before anything is loaded or written */
-    ftune_plan_opts po = { .preset = preset, .preset_dtype = preset_dtype, .quant = quant };
+    ftune_plan_opts po = { .preset = preset, .preset_dtype = preset_dtype, .quant = quant, .tokenizer = tokenizer };
     ftune_train_plan_result plan;
     if (plan_only && !model && !preset) {
         fprintf(stderr, "ftune plan: give -m MODEL or --preset NAME\n(see ftune plan --help)\n");
@@ -332,10 +332,10 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
         return 0;
     }
     bool planned = st == FTUNE_OK;
-    if (st == FTUNE_ERR_UNSUPPORTED) {
-        if (!quiet && rank == 0) fprintf(stderr, "note: no memory plan: %s\n", ftune_last_error());
-    }
-    /* any other planning error is the load's or the run's too: they report it below */
+    /* a planning error is the load's or the run's too, which report it below; should the
+     * load succeed all the same, the run goes on without the check and says why */
+    char plan_error[512] = "";
+    if (!planned) snprintf(plan_error, sizeof plan_error, "%s", ftune_last_error());
     if (planned) {
         double avail = limit_mib > 0 ? limit_mib : mem_available_mib();
         if (avail > 0 && plan.total_mib > avail) {
@@ -358,6 +358,7 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
     if (profile) setenv("FTUNE_PROFILE", "1", 1); /* read when the trainer is made */
     if (full) cli_note_dtype(o.dtype);
     if (!m) return 1;
+    if (!planned && !quiet && rank == 0) fprintf(stderr, "note: no memory plan (no fit check): %s\n", plan_error);
     o.model = m;
     o.model_path = model;
     o.stop = &g_stop;

@@ -158,13 +158,19 @@ ftune_status ft_model_check_range(const ftune_model *m, ft_dtype compute) {
  * touched again, which nothing does), so that the process does not hold
  * both the file's f32 and the copy's bf16. Never for bytes in an owned
  * buffer (DONTNEED would zero them). */
-static void release_mapped(const ftune_model *m, const void *data, size_t n) {
+static bool in_owned(const ftune_model *m, const void *data) {
     const uint8_t *p = data;
     for (int k = 0; k < m->n_owned; k++) {
         const uint8_t *o = m->owned[k].p;
-        if (p >= o && p < o + (m->owned[k].counted ? m->owned[k].n : 1)) return;
-        if (!m->owned[k].counted && p == o) return;
+        if (p >= o && p < o + (m->owned[k].counted ? m->owned[k].n : 1)) return true;
+        if (!m->owned[k].counted && p == o) return true;
     }
+    return false;
+}
+
+static void release_mapped(const ftune_model *m, const void *data, size_t n) {
+    const uint8_t *p = data;
+    if (in_owned(m, data)) return;
     uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + pg - 1) & ~(pg - 1),
               b = ((uintptr_t)p + n) & ~(pg - 1);
     if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
@@ -193,8 +199,10 @@ ftune_status ft_model_set_compute(ftune_model *m, ft_dtype compute) {
         }
         free(row);
         /* a tied head shares these bytes: it is re-pointed below, before any use */
+        /* from the mapping: its pages go; from an owned buffer (a bitsandbytes weight held
+         * in f32), that buffer stays counted as owned and the mapping never held it */
+        if (!in_owned(m, t->data)) m->converted_bytes += (int64_t)t->nbytes;
         release_mapped(m, t->data, t->nbytes);
-        m->converted_bytes += (int64_t)t->nbytes;
         t->data = dst;
         t->dtype = compute;
         t->nbytes = rb * (size_t)rows;

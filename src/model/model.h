@@ -96,13 +96,18 @@ ftune_status ft_preset_config(ft_config *cfg, const char *name);
 /* ---- planning a load from the headers only (model_plan.c) ---- */
 
 /* One weight the loader binds, as stored. */
-typedef enum { FT_WD_VEC, FT_WD_MATRIX, FT_WD_LINEAR } ft_wd_kind; /* LINEAR: a layer's, quantizable */
+/* LINEAR: a layer's, quantizable. HELD: what a load as stored already holds
+ * apart from the matrices (the vectors: stored_bytes mapped, owned_bytes in
+ * n_owned f32 copies), for a model described from a load (GGUF, llama2.c). */
+typedef enum { FT_WD_VEC, FT_WD_MATRIX, FT_WD_LINEAR, FT_WD_HELD } ft_wd_kind;
 typedef struct {
     ft_wd_kind kind;
     ft_dtype stored;          /* its dtype in the file; a bitsandbytes weight: the dtype it is read into */
     bool bnb;                 /* a bitsandbytes 4-bit or 8-bit weight, read into owned rows on load */
     size_t stored_bytes;      /* its bytes in the file (bnb: 0, the parts are not kept) */
     int64_t rows, cols;       /* a vector: (1, n) */
+    size_t owned_bytes;       /* HELD only */
+    int n_owned;              /* HELD only */
 } ft_weight_desc;
 
 /* What a load will hold: bytes left in the file mappings and bytes of
@@ -117,6 +122,9 @@ typedef struct {
  * safetensors headers, no tensor data read or mapped), or of ftune init's
  * preset (preset != NULL; stored in preset_dtype). *descs is malloc'd. */
 ftune_status ft_weights_describe_hf(const char *dir, ft_config *cfg, ft_weight_desc **descs, int *n);
+/* The weights of m, loaded as stored (no --quant, compute f32): GGUF and
+ * llama2.c files, whose loads map the file and read only the vectors. */
+ftune_status ft_weights_describe_model(const ftune_model *m, ft_weight_desc **descs, int *n);
 ftune_status ft_weights_describe_preset(const char *preset, ft_dtype stored, ft_config *cfg, ft_weight_desc **descs,
                                         int *n);
 /* What loading those weights with quant (FT_NF4, FT_I8ROW; FT_NTYPES for

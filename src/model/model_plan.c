@@ -275,6 +275,50 @@ ftune_status ft_weights_describe_preset(const char *preset, ft_dtype stored, ft_
     return FTUNE_OK;
 }
 
+/* ------------------------------------------------ a load as stored */
+
+ftune_status ft_weights_describe_model(const ftune_model *m, ft_weight_desc **descs, int *n) {
+    *descs = NULL;
+    *n = 0;
+    if (m->quantized || m->compute != FT_F32)
+        return ft_err(FTUNE_ERR_ARG, "a model is described for planning as stored (no --quant, f32)");
+    const ft_config *c = &m->cfg;
+    desc_list l = { 0 };
+    ftune_status st;
+    size_t mats = 0;
+    ftune_model *mm = (ftune_model *)m; /* ft_layer_linear only reads here */
+    const ft_tensor *e = &m->tok_embd, *h = &m->lm_head.w;
+    if ((st = push(&l, (ft_weight_desc){ .kind = FT_WD_MATRIX, .stored = e->dtype, .stored_bytes = e->nbytes,
+                                         .rows = c->V, .cols = c->C })))
+        goto fail;
+    mats += e->nbytes;
+    if (!c->tied) {
+        if ((st = push(&l, (ft_weight_desc){ .kind = FT_WD_MATRIX, .stored = h->dtype, .stored_bytes = h->nbytes,
+                                             .rows = c->V, .cols = c->C })))
+            goto fail;
+        mats += h->nbytes;
+    }
+    for (int ly = 0; ly < c->L; ly++)
+        for (int k = 0; k < FT_N_MODS; k++) {
+            const ft_linear *lin = ft_layer_linear(&mm->layers[ly], (ft_module)k);
+            if ((st = push(&l, (ft_weight_desc){ .kind = FT_WD_LINEAR, .stored = lin->w.dtype,
+                                                 .stored_bytes = lin->w.nbytes, .rows = lin->out, .cols = lin->in })))
+                goto fail;
+            mats += lin->w.nbytes;
+        }
+    /* the rest of what the load counted is its vectors: mapped as stored, held as f32 copies */
+    size_t vec = (size_t)m->weight_bytes - mats;
+    if ((st = push(&l, (ft_weight_desc){ .kind = FT_WD_HELD, .stored = FT_F32, .stored_bytes = vec,
+                                         .owned_bytes = m->owned_bytes, .n_owned = m->n_owned })))
+        goto fail;
+    *descs = l.d;
+    *n = l.n;
+    return FTUNE_OK;
+fail:
+    free(l.d);
+    return st;
+}
+
 /* ------------------------------------------------ the plan */
 
 static bool plain_float(ft_dtype dt) { return ft_types[dt].is_float && ft_types[dt].block == 1; }
@@ -292,12 +336,20 @@ ftune_status ft_weights_plan_of(const ft_weight_desc *d, int n, ft_dtype quant, 
         return ft_err(FTUNE_ERR_ARG, "the model's weights are already quantized (bitsandbytes): --quant does not apply");
     for (int i = 0; i < n; i++) {
         const ft_weight_desc *w = &d[i];
-        if (w->kind == FT_WD_VEC) {
+        if (w->kind == FT_WD_HELD) {
+            hold(p, false, w->stored, w->stored_bytes);
+            p->owned[FT_F32] += w->owned_bytes;
+            p->owned_total += w->owned_bytes;
+            p->n_owned += w->n_owned;
+        } else if (w->kind == FT_WD_VEC) {
             /* ft_model_bind_vec: an f32 copy; the mapping keeps the bytes as stored */
             hold(p, false, w->stored, w->stored_bytes);
             hold(p, true, FT_F32, ft_held_bytes(FT_F32, w->rows, w->cols));
         } else if (w->bnb) {
             hold(p, true, w->stored, ft_held_bytes(w->stored, w->rows, w->cols));
+            /* held in f32 (blocks across rows): ft_model_set_compute converts that owned copy too */
+            if (compute != FT_F32 && w->stored != compute && plain_float(w->stored))
+                hold(p, true, compute, ft_held_bytes(compute, w->rows, w->cols));
         } else if (w->kind == FT_WD_LINEAR && quant != FT_NTYPES && w->stored != quant) {
             hold(p, true, quant, ft_held_bytes(quant, w->rows, w->cols)); /* ft_model_quantize */
         } else if (compute != FT_F32 && w->stored != compute && plain_float(w->stored) &&

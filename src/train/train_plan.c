@@ -136,8 +136,13 @@ ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o,
     } else if (!ft_file_exists(model_path)) {
         return ft_err(FTUNE_ERR_IO, "%s: no such file or directory", model_path);
     } else {
-        return ft_err(FTUNE_ERR_UNSUPPORTED, "%s: memory is planned from a Hugging Face directory's headers or a preset; "
-                      "not yet from a GGUF or llama2.c file (`ftune merge -m %s -o DIR` converts it)", model_path, model_path);
+        /* GGUF and llama2.c: loaded as stored, which maps the file and reads only its header and vectors */
+        ftune_model *m = NULL;
+        ftune_load_opts lo = { .tokenizer_path = po->tokenizer };
+        if ((st = ftune_model_load(&m, model_path, &lo))) return st;
+        c = m->cfg;
+        st = ft_weights_describe_model(m, &d, &nd);
+        ftune_model_free(m);
     }
     if (st) return st;
     ft_dtype quant = FT_NTYPES;
