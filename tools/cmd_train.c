@@ -332,10 +332,11 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
         return 0;
     }
     bool planned = st == FTUNE_OK;
-    /* a planning error is the load's or the run's too, which report it below; should the
-     * load succeed all the same, the run goes on without the check and says why */
+    /* a planning error is the load's or the run's too, which report it below (a bad option:
+     * the run checks it the same way); should the load succeed after another kind of
+     * error, the run goes on without the check and says why */
     char plan_error[512] = "";
-    if (!planned) snprintf(plan_error, sizeof plan_error, "%s", ftune_last_error());
+    if (!planned && st != FTUNE_ERR_ARG) snprintf(plan_error, sizeof plan_error, "%s", ftune_last_error());
     if (planned) {
         double avail = limit_mib > 0 ? limit_mib : mem_available_mib();
         if (avail > 0 && plan.total_mib > avail) {
@@ -358,7 +359,7 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
     if (profile) setenv("FTUNE_PROFILE", "1", 1); /* read when the trainer is made */
     if (full) cli_note_dtype(o.dtype);
     if (!m) return 1;
-    if (!planned && !quiet && rank == 0) fprintf(stderr, "note: no memory plan (no fit check): %s\n", plan_error);
+    if (plan_error[0] && !quiet && rank == 0) fprintf(stderr, "note: no memory plan (no fit check): %s\n", plan_error);
     o.model = m;
     o.model_path = model;
     o.stop = &g_stop;
