@@ -39,14 +39,15 @@ ftune_status ft_train_seq_len(const ft_config *c, const ftune_train_opts *o, int
 }
 
 /* A tokenized file's arrays (ft_dataset: 4-byte ids and a mask byte per
- * token, capacity doubled from 4096) when it has at most one token per
- * byte, which the byte-fallback tokenizers guarantee (plus BOS/EOS per
- * example, covered by the doubling): an upper bound from the file's size. */
-static size_t dataset_bytes(const char *path) {
+ * token, capacity doubled from 4096) for frac of the file, estimated at one
+ * token per byte: what the byte-fallback tokenizers give at most for text
+ * (BPE vocabularies give about a quarter of that; a chat template's added
+ * tokens are not counted). An estimate from the file's size, not a bound. */
+static size_t dataset_bytes(const char *path, double frac) {
     struct stat sb;
     if (!path || stat(path, &sb) != 0) return 0;
     int64_t cap = 4096;
-    while (cap < (int64_t)sb.st_size) cap *= 2;
+    while (cap < (int64_t)(frac * (double)sb.st_size)) cap *= 2;
     return (size_t)cap * 5;
 }
 
@@ -88,7 +89,9 @@ static ftune_status plan_terms_of(const ft_config *c0, const ft_weight_desc *d, 
     /* the micro-batches, a validation batch, the tokenized files */
     bool val = o->val_path || o->val_split > 0;
     p->data = (size_t)o->grad_accum * ft_batch_bytes(o->batch_size, T) + (val ? ft_batch_bytes(o->batch_size / world, T) : 0);
-    p->data += dataset_bytes(o->data_path) + dataset_bytes(o->val_path);
+    p->data += dataset_bytes(o->data_path, 1) + dataset_bytes(o->val_path, 1);
+    /* --val-split: the held-out examples are copied into a dataset of their own */
+    if (!o->val_path && o->val_split > 0) p->data += dataset_bytes(o->data_path, o->val_split);
     /* ZeRO 1: this rank's shard of AdamW's state */
     if (o->zero > 0 && world > 1) p->tp.optim_bytes /= (size_t)world;
     p->process = process;
@@ -214,7 +217,7 @@ ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o,
                         : strcmp(terms[i].name, "activations") == 0 ? " (saved for backward)"
                         : strcmp(terms[i].name, "LM head + loss workspace") == 0 ? " (a chunk's logits)"
                         : strcmp(terms[i].name, "other scratch") == 0 ? " (activation gradients, Linears)"
-                        : strcmp(terms[i].name, "data") == 0 ? " (batches; tokenized files, at most)"
+                        : strcmp(terms[i].name, "data") == 0 ?  " (batches; tokens, estimated from file sizes)"
                         : strcmp(terms[i].name, "process") == 0 ? " (code, libraries: measured)" : "";
         char label[96];
         snprintf(label, sizeof label, "%s%s", terms[i].name, why);
