@@ -546,6 +546,7 @@ typedef struct {
 typedef struct {
     double total_mib;          /* the planned peak */
     double process_mib;        /* of it: this process's resident set when planned */
+    double mapped_mib;         /* of it: weights in the file mappings (shared by the processes of one host) */
     char largest[64];          /* the largest term ("weights (mapped, bf16)", "activations", ...) */
     double largest_mib;
     char best_switch[64];      /* the switch that would save most ("--quant nf4"), "" if none helps */

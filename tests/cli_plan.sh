@@ -72,3 +72,11 @@ if "$FT" train -m "$HF" --data "$tmp/data.txt" -o "$tmp/o" --memory-limit -3 > /
     fail bad_memory_limit "accepted"
 elif grep -q -- "--memory-limit -3" "$tmp/ml.err" && [ ! -e "$tmp/o" ]; then pass bad_memory_limit
 else fail bad_memory_limit "$(cat "$tmp/ml.err")"; fi
+# the ranks mpirun starts on one host share its memory (their mappings once): Open MPI's
+# OMPI_COMM_WORLD_LOCAL_SIZE, set here by hand, multiplies the rest of the plan
+one=$("$FT" plan -m "$HF" --data "$tmp/data.txt" | sed -n 's/^  total *\([0-9.]*\)$/\1/p')
+OMPI_COMM_WORLD_LOCAL_SIZE=4 "$FT" train -m "$HF" --data "$tmp/data.txt" -o "$tmp/four" --memory-limit 1 > "$tmp/four.log" 2>&1
+need=$(sed -n 's/.*would need about \([0-9.]*\) MiB at its peak (4 ranks on this host).*/\1/p' "$tmp/four.log")
+if [ -n "$need" ] && [ ! -e "$tmp/four" ] && /usr/bin/python3 -c "import sys; o, n = map(float, sys.argv[1:]); sys.exit(0 if 3 * o < n < 4 * o else 1)" "$one" "$need"; then
+    pass refuse_ranks_per_host
+else fail refuse_ranks_per_host "one rank $one MiB; $(cat "$tmp/four.log")"; fi

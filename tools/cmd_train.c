@@ -339,9 +339,15 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
     if (!planned && st != FTUNE_ERR_ARG) snprintf(plan_error, sizeof plan_error, "%s", ftune_last_error());
     if (planned) {
         double avail = limit_mib > 0 ? limit_mib : mem_available_mib();
-        if (avail > 0 && plan.total_mib > avail) {
-            fprintf(stderr, "ftune %s: error: the run would need about %.1f MiB at its peak but %.1f MiB is %s: "
-                    "nothing was loaded or written. The largest term is %s (%.1f MiB)", me, plan.total_mib, avail,
+        /* the ranks mpirun started on this host share its memory, and their file mappings' pages */
+        const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+        int local = ls && atoi(ls) > 1 ? atoi(ls) : 1;
+        double need = plan.mapped_mib + local * (plan.total_mib - plan.mapped_mib);
+        if (avail > 0 && need > avail) {
+            char ranks[64] = "";
+            if (local > 1) snprintf(ranks, sizeof ranks, " (%d ranks on this host)", local);
+            fprintf(stderr, "ftune %s: error: the run would need about %.1f MiB at its peak%s but %.1f MiB is %s: "
+                    "nothing was loaded or written. The largest term is %s (%.1f MiB)", me, need, ranks, avail,
                     limit_mib > 0 ? "the --memory-limit" : "available (MemAvailable)", plan.largest, plan.largest_mib);
             if (plan.best_switch[0])
                 fprintf(stderr, "; %s would save the most (%.1f MiB)", plan.best_switch, plan.best_saving_mib);

@@ -194,6 +194,7 @@ ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o,
     res->largest_mib = MIB(terms[big].n);
     res->total_mib = MIB(p.total);
     res->process_mib = MIB(p.process);
+    res->mapped_mib = MIB(p.w.mapped_total);
 
     int T;
     ft_train_seq_len(&c, o, &T);
