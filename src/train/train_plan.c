@@ -159,9 +159,9 @@ ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o,
     if ((st = plan_terms_of(&c, d, nd, o, quant, process, &p))) { free(d); return st; }
 
     /* the terms, largest first in the summary */
-    struct { const char *name; size_t n; } terms[2 * FT_NTYPES + 9];
+    struct { const char *name; size_t n; } terms[2 * FT_NTYPES + 12]; /* weights per dtype, and 11 more */
     int nt = 0;
-    static char wnames[2 * FT_NTYPES][48];
+    char wnames[2 * FT_NTYPES][48];
     for (int k = 0; k < FT_NTYPES; k++) {
         if (p.w.mapped[k]) {
             snprintf(wnames[nt], sizeof wnames[nt], "weights (mapped, %s)", ft_types[k].name);
@@ -228,7 +228,7 @@ ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o,
 
     /* what each switch would save: the same plan with it */
     typedef struct { const char *name; ftune_train_opts o; ft_dtype quant; } alt;
-    alt sw[5];
+    alt sw[6]; /* at most five below; --optim adamw8bit joins them once the 8-bit optimizer is in */
     int ns = 0;
     bool bnb = false;
     for (int i = 0; i < nd; i++) bnb |= d[i].bnb;
@@ -237,8 +237,8 @@ ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o,
     if (cur == FT_F32) { sw[ns] = (alt){ "--dtype bf16", *o, quant, }; sw[ns++].o.dtype = "bf16"; }
     if (o->mode == FTUNE_TRAIN_LORA && quant == FT_NTYPES && !bnb) sw[ns++] = (alt){ "--quant nf4", *o, FT_NF4, };
     if (!o->grad_checkpoint) { sw[ns] = (alt){ "--grad-checkpoint 1", *o, quant, }; sw[ns++].o.grad_checkpoint = 1; }
+    char bname[64];
     if (o->batch_size > ft_dist_world()) {
-        static char bname[64];
         snprintf(bname, sizeof bname, "--batch-size %d --grad-accum %d", ft_dist_world(),
                  o->grad_accum * o->batch_size / ft_dist_world());
         sw[ns] = (alt){ bname, *o, quant, };
