@@ -229,7 +229,7 @@ static ftune_status preset_lookup(void *ctx, const char *name, hdr_tensor *t) {
     const ft_config *c = p->c;
     memset(t, 0, sizeof *t);
     int ly, q_out = c->NH * c->HS, kv_out = c->NKV * c->HS;
-    char rest[FT_NAME_MAX];
+    char rest[128]; /* %127s below */
     int64_t d0 = 0, d1 = 0;
     if (strcmp(name, "model.embed_tokens.weight") == 0 || (strcmp(name, "lm_head.weight") == 0 && !c->tied)) {
         d0 = c->V; d1 = c->C;
