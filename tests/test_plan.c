@@ -47,7 +47,10 @@ static const config configs[] = {
     { "bf16 LoRA", false, "bf16", NULL, 0, 1, 256 },
     { "NF4 QLoRA, bf16, --grad-checkpoint 1", false, "bf16", "nf4", 1, 2, 256 },
     { "full, bf16", true, "bf16", NULL, 0, 1, 64 },
-    /* the 8-bit optimizer (--optim adamw8bit, another branch) goes here once it is in main */
+    /* HERE: the 8-bit optimizer's row, { "LoRA, --optim adamw8bit", ... }. It reached main
+     * (with --paged-optim and the FT_MEM_PAGED row) after this branch was cut; on merging, the
+     * planner's optimizer term must come from main's ft_optim_state_bytes (per tensor: its
+     * 8-bit blocks are per parameter) instead of ft_train_plan.optim_bytes, and this row added */
 };
 
 static void fill_opts(const config *c, ftune_train_opts *o, const char *out) {
