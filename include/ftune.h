@@ -540,6 +540,39 @@ typedef struct {
 FTUNE_API ftune_status ftune_train_run(const ftune_train_opts *o, ftune_train_progress_fn progress, void *ctx,
                                        ftune_train_result *res);
 
+/* The memory a training run will hold, planned before anything is loaded
+ * (`ftune plan`, and `ftune train`'s fit check): from the model's
+ * config.json and safetensors headers only (no weights read or mapped), a
+ * GGUF or llama2.c file's header (below), or
+ * from an `ftune init` preset, with the sizes the loader, the trainer,
+ * AdamW and the batches allocate. o is what ftune_train_run would get
+ * (o->model is not used; o->data_path, o->val_path may be NULL); quant is
+ * --quant (NULL: none). The process's own resident set now (code,
+ * libraries) is one of the rows. One rank's share. */
+typedef struct {
+    const char *preset;        /* plan ftune init's preset NAME instead of model_path's files; NULL */
+    const char *preset_dtype;  /* the preset's weights as stored: "f32" (NULL), "bf16", "f16" */
+    const char *quant;         /* "nf4", "int8" or NULL */
+    const char *tokenizer;     /* a llama2.c model's tokenizer .bin (as ftune_load_opts.tokenizer_path); NULL */
+} ftune_plan_opts;
+
+typedef struct {
+    double total_mib;          /* the planned peak */
+    double process_mib;        /* of it: this process's resident set when planned */
+    double mapped_mib;         /* of it: weights in the file mappings (shared by the processes of one host) */
+    char largest[64];          /* the largest term ("weights (mapped, bf16)", "activations", ...) */
+    double largest_mib;
+    char best_switch[64];      /* the switch that would save most ("--quant nf4"), "" if none helps */
+    double best_saving_mib;
+    char table[4096];          /* the plan and what each switch would save, as text lines */
+} ftune_train_plan_result;
+
+/* A GGUF or llama2.c model is loaded as stored to be planned (its file
+ * mapped, only the header and the norms read). The errors ftune_model_load
+ * and ftune_train_run would give for a missing model or bad options. */
+FTUNE_API ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o, const ftune_plan_opts *po,
+                                        ftune_train_plan_result *res);
+
 /* A trainer driven step by step on the caller's token batches (benchmarks,
  * custom loops): the trainer and AdamW of ftune_train_run without data,
  * schedule, validation or files. From opts it uses mode, the lora_* fields

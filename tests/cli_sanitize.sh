@@ -13,7 +13,7 @@ if ! make -s debug > "$tmp/build.log" 2>&1; then
     echo "FAIL sanitizer_build"; tail -20 "$tmp/build.log"; exit 1
 fi
 echo "PASS sanitizer_build"
-for t in test_formats test_tokenizer test_data test_adapter test_forward test_memory; do
+for t in test_formats test_tokenizer test_data test_adapter test_forward test_memory test_plan; do
     build-debug/tests/$t > "$tmp/$t.log" 2>&1
     rc=$?
     if [ $rc -eq 0 ] && ! grep -qE "runtime error|AddressSanitizer|LeakSanitizer" "$tmp/$t.log"; then echo "PASS asan_$t"

@@ -82,6 +82,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_init(int argc, char **argv);
 int cmd_train(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 int cmd_merge(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 

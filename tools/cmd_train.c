@@ -118,9 +118,22 @@ static void default_grad_checkpoint(int argc, char **argv) {
         if (strcmp(argv[i], "--grad-checkpoint") == 0 && (i + 1 >= argc || !is_int_arg(argv[i + 1]))) argv[i] = one;
 }
 
+/* MemAvailable of /proc/meminfo in MiB; 0 where unreadable. */
+static double mem_available_mib(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    double kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    fclose(f);
+    return kb / 1024.0;
+}
+
 /* *together: the run failed the same way on every rank (an interruption they
- * agreed on), so the job can end without MPI_Abort. */
-static int train_main(int argc, char **argv, const char *me, int rank, bool *together) {
+ * agreed on), so the job can end without MPI_Abort. plan_only: `ftune plan`,
+ * the same arguments, only the memory plan printed. */
+static int train_main(int argc, char **argv, const char *me, int rank, bool *together, bool plan_only) {
     ftune_train_opts o;
     ftune_train_opts_default(&o);
     const char *model = NULL, *tokenizer = NULL, *format = "auto", *targets = "q,k,v,o,gate,up,down";
@@ -129,6 +142,7 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
     int warmup = 0, steps = 0, epochs = 0;
     bool full = false, quiet = false, no_shuffle = false, progress = false, profile = false;
     const char *truncate = "end", *bucket_mb = "16", *loss_scale = NULL, *quant = NULL, *optim = "adamw";
+    const char *preset = NULL, *preset_dtype = NULL, *memory_limit = NULL;
     cli_opt opts[] = {
         { "-m", "--model", OPT_STR, &model, "MODEL", "base model: Hugging Face directory, .gguf, or llama2.c .bin" },
         { NULL, "--data", OPT_STR, &o.data_path, "FILE", "training data: JSONL, JSON array, or .txt" },
@@ -210,6 +224,12 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
         { NULL, "--quant", OPT_STR, &quant, "TYPE",
           "nf4: quantize the frozen base weights on load (NF4 + double quantization, QLoRA); int8: row-wise int8; "
           "LoRA only" },
+        { NULL, "--memory-limit", OPT_STR, &memory_limit, "MIB", "refuse to start when the memory plan's total is "
+          "above MIB (default: MemAvailable of /proc/meminfo)" },
+        { NULL, "--preset", OPT_STR, &preset, "NAME", "ftune plan only: plan ftune init's preset NAME instead of -m "
+          "(stories260K, llama-110m, smollm2-360m, llama-3.2-1b, llama-2-7b, qwen2-0.5b)" },
+        { NULL, "--preset-dtype", OPT_STR, &preset_dtype, "T", "ftune plan only: the preset's weights as stored: f32, "
+          "bf16 or f16 (default f32, as ftune init writes them)" },
         { NULL, "--quiet", OPT_FLAG, &quiet, "", "no progress output" },
         { NULL, "--progress", OPT_FLAG, &progress, "", "show the tokenization progress even when stderr is not a terminal" },
         { 0 },
@@ -222,6 +242,15 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
                     "Under mpirun -np N, the N ranks train together: --batch-size is the global batch, split\n"
                     "over the ranks; only rank 0 writes to OUT_DIR.",
                     opts, NULL, 0, 0 };
+    if (plan_only) {
+        cmd.name = "plan";
+        cmd.synopsis = "(-m MODEL | --preset NAME) [the options of ftune train]";
+        cmd.about = "Prints the memory a `ftune train` with the same arguments would hold at its peak, term by\n"
+                    "term (weights by dtype as held, mapped or owned; trainables, gradients, optimizer state,\n"
+                    "activations, scratch, data, the process itself), and what each switch would save. Reads\n"
+                    "only config.json and the safetensors headers (no weights), and the data files' sizes.\n"
+                    "--data and -o are optional here.";
+    }
     default_grad_checkpoint(argc, argv);
     int r = cli_parse(&cmd, argc, argv);
     if (r) return r > 0 ? 0 : 2;
@@ -244,7 +273,17 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
         if (nums[i].d) *nums[i].d = v;
         else *nums[i].f = (float)v;
     }
-    if (!o.data_path || !o.out_dir) {
+    if (!plan_only && (preset || preset_dtype)) {
+        fprintf(stderr, "ftune train: --preset and --preset-dtype are for ftune plan (train a model made with ftune init "
+                "--preset NAME DIR)\n");
+        return 2;
+    }
+    double limit_mib = 0;
+    if (memory_limit && (parse_num("--memory-limit", memory_limit, &limit_mib) || limit_mib <= 0)) {
+        if (limit_mib <= 0) fprintf(stderr, "%s: --memory-limit %s: expected MiB > 0\n", me, memory_limit);
+        return 2;
+    }
+    if (!plan_only && (!o.data_path || !o.out_dir)) {
         fprintf(stderr, "ftune train: --data FILE and -o OUT_DIR are required\n(see ftune train --help)\n");
         return 2;
     }
@@ -287,12 +326,58 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
         return 2;
     }
 
+    /* the memory plan, before anything is loaded or written */
+    ftune_plan_opts po = { .preset = preset, .preset_dtype = preset_dtype, .quant = quant, .tokenizer = tokenizer };
+    ftune_train_plan_result plan;
+    if (plan_only && !model && !preset) {
+        fprintf(stderr, "ftune plan: give -m MODEL or --preset NAME\n(see ftune plan --help)\n");
+        return 2;
+    }
+    st = ftune_train_plan(model, &o, &po, &plan);
+    if (plan_only) {
+        if (st) return cli_fail(me, st);
+        printf("%s", plan.table);
+        double avail = limit_mib > 0 ? limit_mib : mem_available_mib();
+        if (avail > 0)
+            printf("%s: %.1f MiB planned, %.1f MiB %s\n", plan.total_mib <= avail ? "fits" : "does not fit",
+                   plan.total_mib, avail, limit_mib > 0 ? "--memory-limit" : "available (MemAvailable)");
+        return 0;
+    }
+    bool planned = st == FTUNE_OK;
+    /* a planning error is the load's or the run's too, which report it below (a bad option:
+     * the run checks it the same way); should the load succeed after another kind of
+     * error, the run goes on without the check and says why */
+    char plan_error[512] = "";
+    if (!planned && st != FTUNE_ERR_ARG) snprintf(plan_error, sizeof plan_error, "%s", ftune_last_error());
+    if (planned) {
+        double avail = limit_mib > 0 ? limit_mib : mem_available_mib();
+        /* the ranks mpirun started on this host share its memory, and their file mappings' pages */
+        const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+        int local = ls && atoi(ls) > 1 ? atoi(ls) : 1;
+        double need = plan.mapped_mib + local * (plan.total_mib - plan.mapped_mib);
+        if (avail > 0 && need > avail) {
+            char ranks[64] = "";
+            if (local > 1) snprintf(ranks, sizeof ranks, " (%d ranks on this host)", local);
+            fprintf(stderr, "ftune %s: error: the run would need about %.1f MiB at its peak%s but %.1f MiB is %s: "
+                    "nothing was loaded or written. The largest term is %s (%.1f MiB)", me, need, ranks, avail,
+                    limit_mib > 0 ? "the --memory-limit" : "available (MemAvailable)", plan.largest, plan.largest_mib);
+            if (plan.best_switch[0])
+                fprintf(stderr, "; %s would save the most (%.1f MiB)", plan.best_switch, plan.best_saving_mib);
+            fprintf(stderr, ". `ftune plan` with these arguments shows every term.\n");
+            return 1;
+        }
+        if (!quiet && rank == 0)
+            fprintf(stderr, "memory plan: %.1f MiB at the peak (largest term: %s, %.1f MiB; `ftune plan` shows all)\n",
+                    plan.total_mib, plan.largest, plan.largest_mib);
+    }
+
     /* full fine-tuning starts its f32 masters from the weights as stored:
      * the model is loaded in f32 and only the products round (ftune_train_opts.dtype) */
     ftune_model *m = cli_load_model_with(me, model, tokenizer, 0, true, full ? NULL : o.dtype, quant);
     if (profile) setenv("FTUNE_PROFILE", "1", 1); /* read when the trainer is made */
     if (full) cli_note_dtype(o.dtype);
     if (!m) return 1;
+    if (plan_error[0] && !quiet && rank == 0) fprintf(stderr, "note: no memory plan (no fit check): %s\n", plan_error);
     o.model = m;
     o.model_path = model;
     o.stop = &g_stop;
@@ -337,7 +422,10 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
         if (rank == 0) cli_fail(me, st); /* the same message on every rank: once */
     } else if (st) rc = cli_fail(me, st);
     else if (!quiet) {
-        if (res.memory_table[0]) fprintf(stderr, "%speak RSS %.1f MiB\n", res.memory_table, res.peak_rss_mib);
+        if (res.memory_table[0]) fprintf(stderr, "%speak RSS %.1f MiB", res.memory_table, res.peak_rss_mib);
+        if (res.memory_table[0] && planned)
+            fprintf(stderr, " (planned %.1f MiB: %+.1f%%)", plan.total_mib, 100 * (plan.total_mib / res.peak_rss_mib - 1));
+        if (res.memory_table[0]) fputc('\n', stderr);
         if (res.skipped_steps)
             fprintf(stderr, "%lld step(s) skipped for non-finite gradients; final loss scale %g\n",
                     (long long)res.skipped_steps, res.loss_scale);
@@ -363,7 +451,7 @@ int cmd_train(int argc, char **argv) {
     char me[64] = "train";
     if (world > 1) snprintf(me, sizeof me, "train [rank %d of %d]", rank, world);
     bool together = false;
-    int rc = train_main(argc, argv, me, rank, &together);
+    int rc = train_main(argc, argv, me, rank, &together, false);
     if (rc != 0 && world > 1 && !together) {
         fflush(NULL);
         ftune_dist_abort(rc);
@@ -371,3 +459,6 @@ int cmd_train(int argc, char **argv) {
     ftune_dist_finalize();
     return rc;
 }
+
+/* `ftune plan`: train's arguments and parser, the plan printed, nothing run. */
+int cmd_plan(int argc, char **argv) { bool together; return train_main(argc, argv, "plan", 0, &together, true); }

@@ -13,6 +13,7 @@ static const struct { const char *name; int (*fn)(int, char **); const char *abo
     { "tokenize", cmd_tokenize, "print the token ids of text read from stdin" },
     { "info", cmd_info, "architecture, parameters, dtypes and tokenizer of a model" },
     { "train", cmd_train, "fine-tune a model (LoRA or full) on a dataset; checkpoints, resume" },
+    { "plan", cmd_plan, "the memory a `ftune train` with the same arguments would hold, before running it" },
     { "merge", cmd_merge, "fold a LoRA adapter into the base weights and write the model" },
     { "quantize", cmd_quantize, "write a model quantized: bitsandbytes nf4 (Hugging Face *-bnb-4bit) or GGUF q8_0/q4_0" },
     { "init", cmd_init, "write a model with random weights from a preset or config" },

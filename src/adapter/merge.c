@@ -302,6 +302,9 @@ static ftune_status write_hf(const ftune_model *mc, const char *dir, const ft_me
         if (!cJSON_IsObject(cfg)) { st = ft_err(FTUNE_ERR_FORMAT, "%s: not a JSON object", path); goto done; }
         cJSON_DeleteItemFromObjectCaseSensitive(cfg, "torch_dtype");
         cJSON_AddStringToObject(cfg, "torch_dtype", torch_dtype_name(mat_dtype));
+        /* a quantized base (bitsandbytes) is written dequantized: its quantization_config would make
+         * transformers quantize the merged weights again on load, a silent merge into 4-bit */
+        cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization_config");
     } else if (!(cfg = config_from_model(m, mat_dtype))) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
     snprintf(path, sizeof path, "%s/config.json", dir);
     if ((st = ft_write_json_atomic(path, cfg))) goto done;

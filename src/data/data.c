@@ -828,6 +828,10 @@ ftune_status ft_dataset_split(ft_dataset *ds, double frac, uint64_t seed, ft_dat
 
 /* ------------------------------------------------------------ batches */
 
+size_t ft_batch_bytes(int B_max, int T_max) {
+    return 4 * (size_t)B_max * (size_t)T_max * sizeof(int32_t);
+}
+
 ftune_status ft_batch_init(ft_batch *b, int B_max, int T_max) {
     memset(b, 0, sizeof *b);
     if (B_max < 1 || T_max < 2) return ft_err(FTUNE_ERR_ARG, "batch of %d x %d: need B >= 1 and T >= 2", B_max, T_max);

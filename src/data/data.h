@@ -237,6 +237,8 @@ typedef struct {
 } ft_batch;
 
 ftune_status ft_batch_init(ft_batch *b, int B_max, int T_max);
+/* The bytes ft_batch_init allocates (FT_MEM_DATA): tokens, targets, pos, doc. */
+size_t ft_batch_bytes(int B_max, int T_max);
 void ft_batch_free(ft_batch *b);
 /* Data parallelism: *view is rank `rank` of `world`'s rows of b, rows
  * [b->B*rank/world, b->B*(rank+1)/world) (contiguous, in order, so the

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------- dtypes */
@@ -150,7 +151,9 @@ static ftune_status parse_metadata(st_file *f, const cJSON *m, const char *path)
 
 static bool json_space(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
-ftune_status ft_st_parse(st_file *f, const char *path, const uint8_t *data, size_t size) {
+/* data holds the whole file of size bytes, or (header_only) only its
+ * first 8 + header length bytes: the tensors then get no data pointer. */
+static ftune_status parse(st_file *f, const char *path, const uint8_t *data, size_t size, bool header_only) {
     memset(f, 0, sizeof *f);
     if (!path) path = "(safetensors)";
     if (!data && size) return ft_err(FTUNE_ERR_ARG, "%s: no data", path);
@@ -205,7 +208,7 @@ ftune_status ft_st_parse(st_file *f, const char *path, const uint8_t *data, size
         } else {
             st = parse_tensor(&f->tensors[n], e, path, buf_size);
             if (!st) {
-                f->tensors[n].data = data + f->data_start + f->tensors[n].begin;
+                f->tensors[n].data = header_only ? NULL : data + f->data_start + f->tensors[n].begin;
                 n++;
             }
         }
@@ -244,6 +247,39 @@ done:
     free(names);
     free(order);
     if (st) ft_st_close(f);
+    return st;
+}
+
+ftune_status ft_st_parse(st_file *f, const char *path, const uint8_t *data, size_t size) {
+    return parse(f, path, data, size, false);
+}
+
+ftune_status ft_st_open_header(st_file *f, const char *path) {
+    memset(f, 0, sizeof *f);
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return ft_err(FTUNE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    uint8_t len8[8];
+    uint8_t *buf = NULL;
+    ftune_status st = FTUNE_OK;
+    struct stat sb;
+    if (fstat(fileno(fp), &sb) != 0) { st = ft_err(FTUNE_ERR_IO, "%s: cannot stat: %s", path, strerror(errno)); goto done; }
+    size_t size = (size_t)sb.st_size;
+    if (size < 8 || fread(len8, 1, 8, fp) != 8) {
+        st = ft_err(FTUNE_ERR_FORMAT, "%s: too short for a safetensors file (%zu bytes)", path, size);
+        goto done;
+    }
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = hl << 8 | len8[i];
+    /* what parse() checks first, before the header is read into memory */
+    if (hl > ST_MAX_HEADER || hl > size - 8) { st = parse(f, path, len8, 8, true); goto done; }
+    buf = ft_malloc(8 + (size_t)hl);
+    if (!buf) { st = ft_err(FTUNE_ERR_NOMEM, "%s: out of memory", path); goto done; }
+    memcpy(buf, len8, 8);
+    if (fread(buf + 8, 1, (size_t)hl, fp) != hl) { st = ft_err(FTUNE_ERR_IO, "%s: read failed", path); goto done; }
+    st = parse(f, path, buf, size, true);
+done:
+    free(buf);
+    fclose(fp);
     return st;
 }
 

@@ -37,6 +37,10 @@ typedef struct {
 #define ST_MAX_HEADER (100u << 20)
 ftune_status ft_st_parse(st_file *f, const char *path, const uint8_t *data, size_t size);
 ftune_status ft_st_open(st_file *f, const char *path);
+/* Reads and checks only the header (the checks of ft_st_parse, offsets
+ * against the file's size): tensors get no data (NULL) and nothing is
+ * mapped. For planning memory without touching the weights. */
+ftune_status ft_st_open_header(st_file *f, const char *path);
 void ft_st_close(st_file *f);
 const st_tensor *ft_st_find(const st_file *f, const char *name);
 /* Value of a __metadata__ key, or NULL. */

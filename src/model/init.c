@@ -136,6 +136,29 @@ static void init_fill(void *ctx, int i, ft_dtype dt, void *dst, uint64_t off, si
     }
 }
 
+static const preset *find_preset(const char *name) {
+    for (int i = 0; i < N_PRESETS; i++)
+        if (strcmp(presets[i].name, name) == 0) return &presets[i];
+    char names[256] = "";
+    for (int i = 0; i < N_PRESETS; i++) snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", presets[i].name);
+    ft_err(FTUNE_ERR_ARG, "unknown preset \"%s\" (presets: %s)", name, names);
+    return NULL;
+}
+
+ftune_status ft_preset_config(ft_config *cfg, const char *name) {
+    const preset *p = find_preset(name);
+    if (!p) return FTUNE_ERR_ARG;
+    cJSON *j = preset_config(p, "f32");
+    char *text = j ? cJSON_PrintUnformatted(j) : NULL;
+    cJSON_Delete(j);
+    if (!text) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    char what[96];
+    snprintf(what, sizeof what, "preset %s", name);
+    ftune_status st = ft_config_from_hf_text(cfg, text, strlen(text), what);
+    free(text);
+    return st;
+}
+
 ftune_status ftune_init_model(const char *out_dir, const char *preset_name, const char *config_json,
                               const char *dtype_name, uint64_t seed) {
     ft_dtype dt = !dtype_name || strcmp(dtype_name, "f32") == 0 ? FT_F32
@@ -146,14 +169,8 @@ ftune_status ftune_init_model(const char *out_dir, const char *preset_name, cons
     ftune_status st;
     char path[4096];
     if (preset_name) {
-        const preset *p = NULL;
-        for (int i = 0; i < N_PRESETS; i++)
-            if (strcmp(presets[i].name, preset_name) == 0) p = &presets[i];
-        if (!p) {
-            char names[256] = "";
-            for (int i = 0; i < N_PRESETS; i++) snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", presets[i].name);
-            return ft_err(FTUNE_ERR_ARG, "unknown preset \"%s\" (presets: %s)", preset_name, names);
-        }
+        const preset *p = find_preset(preset_name);
+        if (!p) return FTUNE_ERR_ARG;
         cfg_json = preset_config(p, dtype_name ? dtype_name : "f32");
     } else {
         char *text;

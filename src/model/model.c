@@ -12,9 +12,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The owned list's capacity after one more buffer than cap holds. */
+static int grown_cap(int cap) { return cap ? cap * 2 : 64; }
+
+size_t ft_model_owned_list_bytes(int n_owned) {
+    int cap = 0;
+    while (cap < n_owned) cap = grown_cap(cap);
+    return (size_t)cap * sizeof(ft_owned);
+}
+
+size_t ft_held_bytes(ft_dtype dt, int64_t rows, int64_t cols) {
+    return (size_t)rows * (size_t)ft_dtype_nbytes(dt, cols);
+}
+
 static bool owned_room(ftune_model *m) {
     if (m->n_owned < m->cap_owned) return true;
-    int cap = m->cap_owned ? m->cap_owned * 2 : 64;
+    int cap = grown_cap(m->cap_owned);
     ft_owned *n = ft_mem_realloc(FT_MEM_OTHER, m->owned, (size_t)m->cap_owned * sizeof *n, (size_t)cap * sizeof *n);
     if (!n) return false;
     m->owned = n;
@@ -71,7 +84,7 @@ ftune_status ft_model_bind_vec(ftune_model *m, float **dst, const ft_tensor *src
     if (!ft_types[src->dtype].is_float || ft_types[src->dtype].block != 1)
         return ft_err(FTUNE_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s not supported for a vector", src->name,
                       ft_types[src->dtype].name);
-    float *v = ft_model_alloc(m, (size_t)n * sizeof(float));
+    float *v = ft_model_alloc(m, ft_held_bytes(FT_F32, 1, n));
     if (!v) return ft_err(FTUNE_ERR_NOMEM, "out of memory for tensor \"%s\"", src->name);
     ft_types[src->dtype].to_f32(src->data, v, n);
     count(m, src);
@@ -145,13 +158,19 @@ ftune_status ft_model_check_range(const ftune_model *m, ft_dtype compute) {
  * touched again, which nothing does), so that the process does not hold
  * both the file's f32 and the copy's bf16. Never for bytes in an owned
  * buffer (DONTNEED would zero them). */
-static void release_mapped(const ftune_model *m, const void *data, size_t n) {
+static bool in_owned(const ftune_model *m, const void *data) {
     const uint8_t *p = data;
     for (int k = 0; k < m->n_owned; k++) {
         const uint8_t *o = m->owned[k].p;
-        if (p >= o && p < o + (m->owned[k].counted ? m->owned[k].n : 1)) return;
-        if (!m->owned[k].counted && p == o) return;
+        if (p >= o && p < o + (m->owned[k].counted ? m->owned[k].n : 1)) return true;
+        if (!m->owned[k].counted && p == o) return true;
     }
+    return false;
+}
+
+static void release_mapped(const ftune_model *m, const void *data, size_t n) {
+    const uint8_t *p = data;
+    if (in_owned(m, data)) return;
     uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + pg - 1) & ~(pg - 1),
               b = ((uintptr_t)p + n) & ~(pg - 1);
     if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
@@ -168,7 +187,7 @@ ftune_status ft_model_set_compute(ftune_model *m, ft_dtype compute) {
         if (t->dtype == compute || !plain_float(t->dtype) || t->ndim != 2) continue;
         int64_t rows = t->shape[0], cols = t->shape[1];
         size_t rb = ft_dtype_nbytes(compute, cols);
-        uint8_t *dst = ft_model_alloc(m, rb * (size_t)rows);
+        uint8_t *dst = ft_model_alloc(m, ft_held_bytes(compute, rows, cols));
         float *row = malloc((size_t)cols * sizeof(float));
         if (!dst || !row) {
             free(row);
@@ -180,8 +199,10 @@ ftune_status ft_model_set_compute(ftune_model *m, ft_dtype compute) {
         }
         free(row);
         /* a tied head shares these bytes: it is re-pointed below, before any use */
+        /* from the mapping: its pages go; from an owned buffer (a bitsandbytes weight held
+         * in f32), that buffer stays counted as owned and the mapping never held it */
+        if (!in_owned(m, t->data)) m->converted_bytes += (int64_t)t->nbytes;
         release_mapped(m, t->data, t->nbytes);
-        m->converted_bytes += (int64_t)t->nbytes;
         t->data = dst;
         t->dtype = compute;
         t->nbytes = rb * (size_t)rows;

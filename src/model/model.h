@@ -87,6 +87,52 @@ ftune_status ft_config_from_hf_json(ft_config *cfg, const char *path);
 ftune_status ft_config_from_hf_text(ft_config *cfg, const char *text, size_t len, const char *path);
 
 ftune_status ft_load_hf(ftune_model *m, const char *dir);
+/* FTUNE_OK unless config.json at path asks for a quantization other than
+ * bitsandbytes' nf4 or 8-bit (named in the error). */
+ftune_status ft_hf_check_quant_config(const char *path);
+/* The config of ftune init's preset name (its weights' dtype aside). */
+ftune_status ft_preset_config(ft_config *cfg, const char *name);
+
+/* ---- planning a load from the headers only (model_plan.c) ---- */
+
+/* One weight the loader binds, as stored. */
+/* LINEAR: a layer's, quantizable. HELD: what a load as stored already holds
+ * apart from the matrices (the vectors: stored_bytes mapped, owned_bytes in
+ * n_owned f32 copies), for a model described from a load (GGUF, llama2.c). */
+typedef enum { FT_WD_VEC, FT_WD_MATRIX, FT_WD_LINEAR, FT_WD_HELD } ft_wd_kind;
+typedef struct {
+    ft_wd_kind kind;
+    ft_dtype stored;          /* its dtype in the file; a bitsandbytes weight: the dtype it is read into */
+    bool bnb;                 /* a bitsandbytes 4-bit or 8-bit weight, read into owned rows on load */
+    size_t stored_bytes;      /* its bytes in the file (bnb: 0, the parts are not kept) */
+    int64_t rows, cols;       /* a vector: (1, n) */
+    size_t owned_bytes;       /* HELD only */
+    int n_owned;              /* HELD only */
+} ft_weight_desc;
+
+/* What a load will hold: bytes left in the file mappings and bytes of
+ * owned copies, each per dtype held, and the owned list's bookkeeping. */
+typedef struct {
+    size_t mapped[FT_NTYPES], owned[FT_NTYPES];
+    size_t mapped_total, owned_total, other;
+    int n_owned;
+} ft_weights_plan;
+
+/* The weights of the Hugging Face directory dir (config.json and the
+ * safetensors headers, no tensor data read or mapped), or of ftune init's
+ * preset (preset != NULL; stored in preset_dtype). *descs is malloc'd. */
+ftune_status ft_weights_describe_hf(const char *dir, ft_config *cfg, ft_weight_desc **descs, int *n);
+/* The weights of m, loaded as stored (no --quant, compute f32): GGUF and
+ * llama2.c files, whose loads map the file and read only the vectors. */
+ftune_status ft_weights_describe_model(const ftune_model *m, ft_weight_desc **descs, int *n);
+ftune_status ft_weights_describe_preset(const char *preset, ft_dtype stored, ft_config *cfg, ft_weight_desc **descs,
+                                        int *n);
+/* What loading those weights with quant (FT_NF4, FT_I8ROW; FT_NTYPES for
+ * none) and then compute (ftune_model_load's order) holds: the sizes
+ * ft_model_bind_vec, ft_model_quantize, the bnb readers and
+ * ft_model_set_compute allocate (ft_held_bytes). FTUNE_ERR_ARG where the
+ * load would refuse (quantizing an already quantized model). */
+ftune_status ft_weights_plan_of(const ft_weight_desc *d, int n, ft_dtype quant, ft_dtype compute, ft_weights_plan *p);
 ftune_status ft_load_gguf(ftune_model *m, const char *path);
 ftune_status ft_load_llama2c(ftune_model *m, const char *path, const char *tokenizer_path);
 
@@ -107,6 +153,12 @@ ftune_status ft_model_own(ftune_model *m, void *p);
 /* n bytes counted as FT_MEM_WEIGHTS, freed with the model; NULL (with the
  * error set) when out of memory. */
 void *ft_model_alloc(ftune_model *m, size_t n);
+/* Bytes of an owned (rows, cols) weight held in dt (rows of whole blocks):
+ * what the loader allocates for every copy, conversion and quantization,
+ * and what the planner (model_plan.c) predicts with. */
+size_t ft_held_bytes(ft_dtype dt, int64_t rows, int64_t cols);
+/* Bytes of the model's list of owned buffers once it holds n_owned. */
+size_t ft_model_owned_list_bytes(int n_owned);
 /* Bytes of weights the model reads from its file mappings (as stored), and
  * bytes of the copies it owns (and of its list of them): sets the mapped
  * row of t, adds to the owned-weights and other rows. */

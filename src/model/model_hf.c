@@ -130,7 +130,7 @@ static ftune_status bnb_weight(ftune_model *m, uint8_t **used, const char *name,
     const ft_tensor **slot[5] = { &bt.absmax, &bt.quant_map, &bt.nested_absmax, &bt.nested_quant_map, &bt.quant_state };
     for (int i = 0; i < 5; i++) *slot[i] = found[i] ? &parts[i] : NULL;
     ft_dtype dt = ft_bnb_held_dtype(in);
-    size_t nbytes = (size_t)out * (size_t)ft_dtype_nbytes(dt, in);
+    size_t nbytes = ft_held_bytes(dt, out, in);
     void *dst = ft_model_alloc(m, nbytes);
     if (!dst) return ft_err(FTUNE_ERR_NOMEM, "out of memory for tensor \"%s\"", name);
     if ((st = ft_bnb_read_weight(dst, &bt, name, out, in))) return st;
@@ -162,7 +162,7 @@ static ftune_status bnb8_weight(ftune_model *m, uint8_t **used, const char *name
     if (scb.dtype != FT_F32 || ft_tensor_numel(&scb) != out)
         return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s.SCB\": %s with %lld elements, expected F32 with %d", prefix,
                       ft_types[scb.dtype].name, (long long)ft_tensor_numel(&scb), out);
-    size_t rb = (size_t)ft_dtype_nbytes(FT_I8ROW, in), nbytes = rb * (size_t)out;
+    size_t rb = (size_t)ft_dtype_nbytes(FT_I8ROW, in), nbytes = ft_held_bytes(FT_I8ROW, out, in);
     uint8_t *dst = ft_model_alloc(m, nbytes);
     if (!dst) return ft_err(FTUNE_ERR_NOMEM, "out of memory for tensor \"%s\"", name);
     for (int o = 0; o < out; o++) {
@@ -205,7 +205,7 @@ static ftune_status check_unused(const ftune_model *m, uint8_t **used) {
  * and 8-bit are read (their tensors, by bnb_weight and bnb8_weight);
  * anything else is refused here, by name, rather than by a missing tensor
  * later. */
-static ftune_status check_quant_config(const char *path) {
+ftune_status ft_hf_check_quant_config(const char *path) {
     char *text;
     ftune_status st = ft_read_file(path, &text, NULL);
     if (st) return st;
@@ -233,7 +233,7 @@ ftune_status ft_load_hf(ftune_model *m, const char *dir) {
     snprintf(path, sizeof path, "%s/config.json", dir);
     ftune_status st = ft_config_from_hf_json(&m->cfg, path);
     if (st) return st;
-    if ((st = check_quant_config(path))) return st;
+    if ((st = ft_hf_check_quant_config(path))) return st;
     if ((st = open_shards(m, dir))) return st;
     ft_config *c = &m->cfg;
     m->layers = calloc((size_t)c->L, sizeof *m->layers);

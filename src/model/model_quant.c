@@ -51,7 +51,7 @@ static ftune_status quantize_linear(ftune_model *m, ft_linear *lin, ft_dtype qt)
     const ft_tensor *src = &lin->w;
     int out = lin->out, in = lin->in;
     int64_t rb = ft_dtype_nbytes(qt, in), nbr = (in + FT_QK_NF4 - 1) / FT_QK_NF4, nb = nbr * out;
-    uint8_t *q = ft_model_alloc(m, (size_t)(rb * out));
+    uint8_t *q = ft_model_alloc(m, ft_held_bytes(qt, out, in));
     float *row = malloc((size_t)in * sizeof(float)), *absmax = NULL, *a2 = NULL;
     uint8_t *qa = NULL;
     ftune_status st = FTUNE_OK;

@@ -91,6 +91,8 @@ typedef struct {
     int64_t n_trainable;  /* floats */
     size_t trainable_bytes, grad_bytes, activation_bytes, scratch_bytes;
     size_t optim_bytes;
+    size_t attention_scratch_bytes, loss_scratch_bytes; /* of scratch_bytes: attention's workspace and the
+                                                          * LM head + loss chunk's logits and their gradient */
     size_t other_bytes;   /* the trainer's bookkeeping (layer views, parameter list) */
     size_t copy_bytes;    /* full mode in bf16/f16: compute copies of the Linears' and an untied
                            * head's masters (FT_MEM_WEIGHTS), refreshed from them before a

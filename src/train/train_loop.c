@@ -1216,9 +1216,7 @@ static ftune_status setup(run *r) {
     const ftune_tokenizer *tok = ftune_model_tokenizer(r->m);
     if (!tok) return ft_err(FTUNE_ERR_ARG, "%s: the model has no tokenizer", o->model_path ? o->model_path : "model");
     ft_data_tokenizer_init(&r->dt, tok);
-    r->T = o->ctx > 0 ? o->ctx : (c->max_T < 512 ? c->max_T : 512);
-    if (r->T > c->max_T)
-        return ft_err(FTUNE_ERR_ARG, "--ctx %d is longer than the model's context length %d", r->T, c->max_T);
+    TRY(ft_train_seq_len(c, o, &r->T));
     r->B = o->batch_size;
     r->K = o->grad_accum;
     r->rank = ft_dist_rank();
@@ -1237,20 +1235,9 @@ static ftune_status setup(run *r) {
     if (is_root(r)) TRY(claim_out_dir(r));
     TRY(load_data(r));
 
-    ft_train_opts_default(&r->topts);
-    r->topts.mode = (ft_train_mode)o->mode;
-    r->topts.lora.r = o->lora_r;
-    r->topts.lora.alpha = o->lora_alpha;
-    r->topts.lora.rslora = o->rslora;
-    r->topts.lora.dropout = o->lora_dropout;
-    r->topts.lora.targets = o->lora_targets;
-    r->topts.lora.seed = o->seed;
-    r->topts.max_B = r->B / r->world; /* this rank's rows of a micro-batch */
-    r->topts.max_T = r->T;
-    r->topts.n_threads = o->n_threads;
-    r->topts.grad_checkpoint = o->grad_checkpoint;
-    if (o->paged_optim) r->topts.paged_dir = o->paged_dir ? o->paged_dir : o->out_dir;
-    TRY(ft_train_compute_of(r->m, o->dtype, &r->topts.compute));
+    ft_dtype compute;
+    TRY(ft_train_compute_of(r->m, o->dtype, &compute));
+    ft_train_topts_of(o, r->B / r->world, r->T, compute, &r->topts); /* this rank's rows of a micro-batch */
     if (o->init_adapter) TRY(read_init_adapter(r));
     TRY(ft_trainer_new(&r->tr, r->m, &r->topts));
     /* each rank's dropout masks its own (a rank's rows are numbered from 0) */

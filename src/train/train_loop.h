@@ -89,4 +89,13 @@ ftune_status ft_train_run_hooked(const ftune_train_opts *o, const ft_train_hooks
 /* Peak resident memory of this process, in MiB (getrusage). */
 double ft_peak_rss_mib(void);
 
+/* ------------------------------------------------------------ planning (train_plan.c) */
+
+/* The trainer options ftune_train_run builds from o for a rank's B_rank
+ * rows of T tokens in compute: ftune_train_plan sizes the same ones. */
+void ft_train_topts_of(const ftune_train_opts *o, int B_rank, int T, ft_dtype compute, ft_train_opts *t);
+/* The run's sequence length: o->ctx, or min(512, the model's context);
+ * FTUNE_ERR_ARG when longer than the model's context. */
+ftune_status ft_train_seq_len(const ft_config *c, const ftune_train_opts *o, int *T);
+
 #endif

@@ -237,7 +237,7 @@ static int param_specs(const ft_config *c, const ft_train_opts *o, ft_train_para
 
 /* Lays out an arena: with base NULL only measures. Every piece starts on a
  * 64-byte boundary. */
-typedef struct { float *base; size_t off; } carver;
+typedef struct { float *base; size_t off, att, loss; } carver; /* att, loss: floats of those workspaces */
 static float *carve(carver *cv, size_t n) {
     float *p = cv->base ? cv->base + cv->off : NULL;
     cv->off += (n + 15) & ~(size_t)15;
@@ -311,8 +311,12 @@ static void carve_scratch(ft_trainer *tr, carver *cv, const ft_config *c, const 
     p[2] = carve(cv, BT * qd); p[3] = carve(cv, BT * qd);
     p[4] = carve(cv, BT * kvd); p[5] = carve(cv, BT * kvd);
     p[6] = carve(cv, BT * F); p[7] = carve(cv, BT * F); p[8] = carve(cv, BT * F); p[9] = carve(cv, BT * F);
+    size_t at = cv->off;
     p[10] = carve(cv, ft_attention_fast_scratch_floats((int)T, c->HS, nt, true));
+    cv->att = cv->off - at;
+    at = cv->off;
     p[12] = carve(cv, ft_lm_loss_scratch_floats(CH, c->V, true));
+    cv->loss = cv->off - at;
     p[14] = carve(cv, ft_linear_train_scratch_floats(max_in(c), R, (int)BT, nt));
     if (!tr) return;
     tr->dres = p[0]; tr->dln = p[1]; tr->dq = p[2]; tr->datty = p[3]; tr->dk = p[4]; tr->dv = p[5];
@@ -390,6 +394,8 @@ static void plan_fill(const ft_config *c, const ft_train_opts *o, int nt, ft_tra
     carve_scratch(NULL, &s, c, o, nt);
     plan->activation_bytes = a.off * sizeof(float);
     plan->scratch_bytes = s.off * sizeof(float);
+    plan->attention_scratch_bytes = s.att * sizeof(float);
+    plan->loss_scratch_bytes = s.loss * sizeof(float);
     size_t sz[N_OTHER];
     other_sizes(c, o, n_params, sz);
     plan->other_bytes = sizeof(ft_trainer);

@@ -1,0 +1,265 @@
+/* train_plan.c — `ftune plan` and `ftune train`'s fit check: the memory a
+ * run will hold, before anything is loaded. Every term comes from the
+ * function that sizes the real allocation: the weights from
+ * ft_weights_plan_of (the loader's ft_held_bytes), the trainer's arenas
+ * from ft_trainer_plan (what ft_trainer_new allocates), AdamW's state from
+ * the same plan, the batches from ft_batch_bytes; the run's trainer options
+ * from ft_train_topts_of, which ftune_train_run uses too. */
+#include "train/train_loop.h"
+#include "model/model.h"
+#include "core/mem.h"
+#include "dist/dist.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+void ft_train_topts_of(const ftune_train_opts *o, int B_rank, int T, ft_dtype compute, ft_train_opts *t) {
+    ft_train_opts_default(t);
+    t->mode = (ft_train_mode)o->mode;
+    t->lora.r = o->lora_r;
+    t->lora.alpha = o->lora_alpha;
+    t->lora.rslora = o->rslora;
+    t->lora.dropout = o->lora_dropout;
+    t->lora.targets = o->lora_targets;
+    t->lora.seed = o->seed;
+    t->max_B = B_rank;
+    t->max_T = T;
+    t->n_threads = o->n_threads;
+    t->grad_checkpoint = o->grad_checkpoint;
+    t->compute = compute;
+    if (o->paged_optim) t->paged_dir = o->paged_dir ? o->paged_dir : o->out_dir;
+}
+
+ftune_status ft_train_seq_len(const ft_config *c, const ftune_train_opts *o, int *T) {
+    *T = o->ctx > 0 ? o->ctx : (c->max_T < 512 ? c->max_T : 512);
+    if (*T > c->max_T) return ft_err(FTUNE_ERR_ARG, "--ctx %d is longer than the model's context length %d", *T, c->max_T);
+    return FTUNE_OK;
+}
+
+/* A tokenized file's arrays (ft_dataset: 4-byte ids and a mask byte per
+ * token, capacity doubled from 4096) for frac of the file, estimated at one
+ * token per byte: what the byte-fallback tokenizers give at most for text
+ * (BPE vocabularies give about a quarter of that; a chat template's added
+ * tokens are not counted). An estimate from the file's size, not a bound. */
+static size_t dataset_bytes(const char *path, double frac) {
+    struct stat sb;
+    if (!path || stat(path, &sb) != 0) return 0;
+    int64_t cap = 4096;
+    while (cap < (int64_t)(frac * (double)sb.st_size)) cap *= 2;
+    return (size_t)cap * 5;
+}
+
+/* One configuration's terms. */
+typedef struct {
+    ft_weights_plan w;
+    ft_train_plan tp;
+    size_t data, process;
+    size_t total;
+} plan_terms;
+
+static ftune_status plan_terms_of(const ft_config *c0, const ft_weight_desc *d, int nd, const ftune_train_opts *o,
+                                  ft_dtype quant, size_t process, plan_terms *p) {
+    memset(p, 0, sizeof *p);
+    ft_config c = *c0;
+    ft_dtype load = FT_F32, compute;
+    ftune_status st;
+    /* ftune train loads a model for full fine-tuning in f32 (its masters start from the weights as stored) */
+    if ((st = ft_compute_parse(o->mode == FTUNE_TRAIN_FULL ? NULL : o->dtype, "--dtype", &load))) return st;
+    if ((st = ft_compute_parse(o->dtype, "--dtype", &compute))) return st;
+    if (o->mode == FTUNE_TRAIN_FULL && quant != FT_NTYPES)
+        return ft_err(FTUNE_ERR_ARG, "--full trains the base weights, which --quant would quantize: quantized bases are "
+                      "frozen, train a LoRA adapter on them (QLoRA)");
+    if ((st = ft_weights_plan_of(d, nd, quant, load, &p->w))) return st;
+    for (int i = 0; i < nd; i++)
+        if (d[i].bnb && o->mode == FTUNE_TRAIN_FULL)
+            return ft_err(FTUNE_ERR_ARG, "--full trains the base weights, which are quantized (bitsandbytes): train a "
+                          "LoRA adapter on them (QLoRA)");
+    int T, world = ft_dist_world();
+    if ((st = ft_train_seq_len(&c, o, &T))) return st;
+    if (o->batch_size < 1 || o->grad_accum < 1)
+        return ft_err(FTUNE_ERR_ARG, "--batch-size %d, --grad-accum %d: both must be at least 1", o->batch_size, o->grad_accum);
+    if (o->batch_size % world != 0)
+        return ft_err(FTUNE_ERR_ARG, "--batch-size %d (the global batch) does not split evenly over %d ranks: give a "
+                      "multiple of %d", o->batch_size, world, world);
+    ft_train_opts t;
+    ft_train_topts_of(o, o->batch_size / world, T, compute, &t);
+    if ((st = ft_trainer_plan(&c, &t, &p->tp))) return st;
+    /* the micro-batches, a validation batch, the tokenized files */
+    bool val = o->val_path || o->val_split > 0;
+    p->data = (size_t)o->grad_accum * ft_batch_bytes(o->batch_size, T) + (val ? ft_batch_bytes(o->batch_size / world, T) : 0);
+    p->data += dataset_bytes(o->data_path, 1) + dataset_bytes(o->val_path, 1);
+    /* --val-split: the held-out examples are copied into a dataset of their own */
+    if (!o->val_path && o->val_split > 0) p->data += dataset_bytes(o->data_path, o->val_split);
+    /* ZeRO 1: this rank's shard of AdamW's state */
+    if (o->zero > 0 && world > 1) p->tp.optim_bytes /= (size_t)world;
+    p->process = process;
+    p->total = p->w.mapped_total + p->w.owned_total + p->w.other + p->tp.trainable_bytes + p->tp.grad_bytes +
+               p->tp.optim_bytes + p->tp.activation_bytes + p->tp.scratch_bytes + p->tp.other_bytes + p->tp.copy_bytes +
+               p->data + p->process;
+    return FTUNE_OK;
+}
+
+#define MIB(x) ((double)(x) / 1048576.0)
+
+typedef struct {
+    char *buf;
+    size_t cap, len;
+} text;
+
+static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(text *t, const char *fmt, ...) {
+    if (t->len >= t->cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(t->buf + t->len, t->cap - t->len, fmt, ap);
+    va_end(ap);
+    if (w > 0) t->len = t->len + (size_t)w < t->cap ? t->len + (size_t)w : t->cap;
+}
+
+ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o, const ftune_plan_opts *po,
+                              ftune_train_plan_result *res) {
+    memset(res, 0, sizeof *res);
+    ftune_plan_opts none = { 0 };
+    if (!po) po = &none;
+    ft_config c;
+    ft_weight_desc *d = NULL;
+    int nd = 0;
+    ftune_status st;
+    const char *what = po->preset ? po->preset : model_path;
+    if (po->preset) {
+        ft_dtype stored;
+        if ((st = ft_compute_parse(po->preset_dtype, "--preset-dtype", &stored))) return st;
+        st = ft_weights_describe_preset(po->preset, stored, &c, &d, &nd);
+    } else if (!model_path) {
+        return ft_err(FTUNE_ERR_ARG, "no model (-m MODEL, or --preset NAME)");
+    } else if (ft_is_dir(model_path)) {
+        st = ft_weights_describe_hf(model_path, &c, &d, &nd);
+    } else if (!ft_file_exists(model_path)) {
+        return ft_err(FTUNE_ERR_IO, "%s: no such file or directory", model_path);
+    } else {
+        /* GGUF and llama2.c: loaded as stored, which maps the file and reads only its header and vectors */
+        ftune_model *m = NULL;
+        ftune_load_opts lo = { .tokenizer_path = po->tokenizer };
+        if ((st = ftune_model_load(&m, model_path, &lo))) return st;
+        c = m->cfg;
+        st = ft_weights_describe_model(m, &d, &nd);
+        ftune_model_free(m);
+    }
+    if (st) return st;
+    ft_dtype quant = FT_NTYPES;
+    if (po->quant && (st = ft_quant_from_name(po->quant, &quant))) {
+        free(d);
+        return ft_err_prefix(st, "--quant");
+    }
+    size_t process = 0;
+    ft_mem_rss(&process, NULL);
+    plan_terms p;
+    if ((st = plan_terms_of(&c, d, nd, o, quant, process, &p))) { free(d); return st; }
+
+    /* the terms, largest first in the summary */
+    struct { const char *name; size_t n; } terms[2 * FT_NTYPES + 12]; /* weights per dtype, and 11 more */
+    int nt = 0;
+    char wnames[2 * FT_NTYPES][48];
+    for (int k = 0; k < FT_NTYPES; k++) {
+        if (p.w.mapped[k]) {
+            snprintf(wnames[nt], sizeof wnames[nt], "weights (mapped, %s)", ft_types[k].name);
+            terms[nt].name = wnames[nt]; terms[nt].n = p.w.mapped[k]; nt++;
+        }
+    }
+    for (int k = 0; k < FT_NTYPES; k++) {
+        if (p.w.owned[k]) {
+            snprintf(wnames[nt], sizeof wnames[nt], "weights (owned, %s)", ft_types[k].name);
+            terms[nt].name = wnames[nt]; terms[nt].n = p.w.owned[k]; nt++;
+        }
+    }
+    int first_other = nt;
+    if (p.tp.copy_bytes) { terms[nt].name = "weights (compute copies)"; terms[nt++].n = p.tp.copy_bytes; }
+    terms[nt].name = "trainables"; terms[nt++].n = p.tp.trainable_bytes;
+    terms[nt].name = "gradients"; terms[nt++].n = p.tp.grad_bytes;
+    terms[nt].name = "optimizer state"; terms[nt++].n = p.tp.optim_bytes;
+    terms[nt].name = "activations"; terms[nt++].n = p.tp.activation_bytes;
+    terms[nt].name = "attention workspace"; terms[nt++].n = p.tp.attention_scratch_bytes;
+    terms[nt].name = "LM head + loss workspace"; terms[nt++].n = p.tp.loss_scratch_bytes;
+    terms[nt].name = "other scratch";
+    terms[nt++].n = p.tp.scratch_bytes - p.tp.attention_scratch_bytes - p.tp.loss_scratch_bytes;
+    terms[nt].name = "data"; terms[nt++].n = p.data;
+    terms[nt].name = "bookkeeping"; terms[nt++].n = p.tp.other_bytes + p.w.other;
+    terms[nt].name = "process"; terms[nt++].n = p.process;
+    int big = 0;
+    for (int i = 1; i < nt; i++)
+        if (terms[i].n > terms[big].n) big = i;
+    snprintf(res->largest, sizeof res->largest, "%s", terms[big].name);
+    res->largest_mib = MIB(terms[big].n);
+    res->total_mib = MIB(p.total);
+    res->process_mib = MIB(p.process);
+    res->mapped_mib = MIB(p.w.mapped_total);
+
+    int T;
+    ft_train_seq_len(&c, o, &T);
+    text t = { res->table, sizeof res->table, 0 };
+    char mode[64];
+    if (o->mode == FTUNE_TRAIN_FULL) snprintf(mode, sizeof mode, "full");
+    else snprintf(mode, sizeof mode, "LoRA r %d", o->lora_r);
+    char extra[96] = "";
+    if (quant != FT_NTYPES) snprintf(extra, sizeof extra, ", --quant %s", po->quant);
+    if (o->grad_checkpoint)
+        snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", --grad-checkpoint %d", o->grad_checkpoint);
+    put(&t, "memory plan: %s, %s, %s%s, micro-batch %d x %d", what, mode, o->dtype ? o->dtype : "f32", extra,
+        o->batch_size, T);
+    if (ft_dist_world() > 1) put(&t, " (one rank of %d)", ft_dist_world());
+    put(&t, "\n");
+    put(&t, "  %-48s %10s\n", "term", "MiB");
+    for (int i = 0; i < first_other; i++) put(&t, "  %-48s %10.1f\n", terms[i].name, MIB(terms[i].n));
+    for (int i = first_other; i < nt; i++) {
+        const char *why = strcmp(terms[i].name, "trainables") == 0 ? " (f32 masters)"
+                        : strcmp(terms[i].name, "optimizer state") == 0 ? " (AdamW m, v)"
+                        : strcmp(terms[i].name, "activations") == 0 ? " (saved for backward)"
+                        : strcmp(terms[i].name, "LM head + loss workspace") == 0 ? " (a chunk's logits)"
+                        : strcmp(terms[i].name, "other scratch") == 0 ? " (activation gradients, Linears)"
+                        : strcmp(terms[i].name, "data") == 0 ?  " (batches; tokens, estimated from file sizes)"
+                        : strcmp(terms[i].name, "process") == 0 ? " (code, libraries: measured)" : "";
+        char label[96];
+        snprintf(label, sizeof label, "%s%s", terms[i].name, why);
+        put(&t, "  %-48s %10.1f\n", label, MIB(terms[i].n));
+    }
+    put(&t, "  %-48s %10.1f\n", "total", MIB(p.total));
+
+    /* what each switch would save: the same plan with it */
+    typedef struct { const char *name; ftune_train_opts o; ft_dtype quant; } alt;
+    alt sw[6]; /* at most five below; --optim adamw8bit joins them once the 8-bit optimizer is in */
+    int ns = 0;
+    bool bnb = false;
+    for (int i = 0; i < nd; i++) bnb |= d[i].bnb;
+    ft_dtype cur;
+    ft_compute_parse(o->dtype, "--dtype", &cur);
+    if (cur == FT_F32) { sw[ns] = (alt){ "--dtype bf16", *o, quant, }; sw[ns++].o.dtype = "bf16"; }
+    if (o->mode == FTUNE_TRAIN_LORA && quant == FT_NTYPES && !bnb) sw[ns++] = (alt){ "--quant nf4", *o, FT_NF4, };
+    if (!o->grad_checkpoint) { sw[ns] = (alt){ "--grad-checkpoint 1", *o, quant, }; sw[ns++].o.grad_checkpoint = 1; }
+    char bname[64];
+    if (o->batch_size > ft_dist_world()) {
+        snprintf(bname, sizeof bname, "--batch-size %d --grad-accum %d", ft_dist_world(),
+                 o->grad_accum * o->batch_size / ft_dist_world());
+        sw[ns] = (alt){ bname, *o, quant, };
+        sw[ns].o.grad_accum = o->grad_accum * o->batch_size / ft_dist_world();
+        sw[ns++].o.batch_size = ft_dist_world();
+    }
+    if (o->mode == FTUNE_TRAIN_FULL) { sw[ns] = (alt){ "LoRA instead of --full", *o, quant, }; sw[ns++].o.mode = FTUNE_TRAIN_LORA; }
+    bool header = false;
+    for (int i = 0; i < ns; i++) {
+        plan_terms q;
+        if (plan_terms_of(&c, d, nd, &sw[i].o, sw[i].quant, process, &q)) { ft_err_clear(); continue; }
+        if (q.total >= p.total) continue;
+        if (!header) put(&t, "what each switch would save:\n");
+        header = true;
+        put(&t, "  %-48s %10.1f  (total %.1f)\n", sw[i].name, -MIB(p.total - q.total), MIB(q.total));
+        if (MIB(p.total - q.total) > res->best_saving_mib) {
+            res->best_saving_mib = MIB(p.total - q.total);
+            snprintf(res->best_switch, sizeof res->best_switch, "%s", sw[i].name);
+        }
+    }
+    free(d);
+    return FTUNE_OK;
+}
