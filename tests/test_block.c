@@ -623,7 +623,7 @@ static void test_kv_prefix_trainer(void) {
     int ib0 = ft_trainer_find_param(tr, "base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight");
     CHECK(ib0 >= 0);
     if (ib0 < 0) goto done;
-    const ft_train_param *pb = ft_trainer_param(tr, ib0);
+    const ft_param *pb = &ft_trainer_param(tr, ib0)->opt;
     float *pts[14], *gs[14];
     size_t at[6] = { 0, 5, kvd + 3, (size_t)(L - 1) * P * kvd + 1, (size_t)(L - 1) * P * kvd + 2 * kvd + 7, np - 1 };
     for (int j = 0; j < 6; j++) { pts[j] = k + at[j]; gs[j] = dk + at[j]; pts[6 + j] = v + at[j]; gs[6 + j] = dv + at[j]; }

@@ -289,7 +289,7 @@ static ft_trainer *grad_step(const ftune_model *m, ft_train_mode mode, ft_dtype 
         ft_rng r;
         ft_rng_seed(&r, 77);
         for (int i = 1; i < ft_trainer_n_params(tr); i += 2) {
-            const ft_train_param *p = ft_trainer_param(tr, i);
+            const ft_param *p = &ft_trainer_param(tr, i)->opt;
             for (int64_t j = 0; j < p->numel; j++) p->data[j] = 0.05f * ft_rng_normal(&r);
         }
     }
@@ -311,7 +311,7 @@ static double grads_err(ft_trainer *a, ft_trainer *b, char *worst_name, size_t c
     }
     *global = n2 > 0 ? sqrt(d2 / n2) : INFINITY;
     for (int i = 0; i < ft_trainer_n_params(b); i++) {
-        const ft_train_param *pa = ft_trainer_param(a, i), *pb = ft_trainer_param(b, i);
+        const ft_param *pa = &ft_trainer_param(a, i)->opt, *pb = &ft_trainer_param(b, i)->opt;
         double e = norm_err(pa->grad, pb->grad, (size_t)pb->numel), na = 0;
         for (int64_t j = 0; j < pa->numel; j++) na = fmax(na, fabs(pa->grad[j]));
         CHECKF(na > 0 || norm_err(pb->grad, pb->grad, 1) != 0, "%s: no gradient", pa->name);
@@ -573,7 +573,7 @@ static void test_saved_acts_in_compute_type(void) {
                     ft_rng r;
                     ft_rng_seed(&r, 78);
                     for (int i = 1; i < ft_trainer_n_params(tr[k]); i += 2) {
-                        const ft_train_param *p = ft_trainer_param(tr[k], i);
+                        const ft_param *p = &ft_trainer_param(tr[k], i)->opt;
                         for (int64_t j = 0; j < p->numel; j++) p->data[j] = 0.05f * ft_rng_normal(&r);
                     }
                 }
