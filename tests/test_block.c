@@ -377,6 +377,7 @@ static void test_block_recompute(void) {
     ft_rng_seed(&rng, 5);
     ft_layer ly = m->layers[0];
     ft_lora lo[2];
+    ft_adapter_hparams hp = { .r = R, .alpha = 6, .dropout = 0.1f };
     const ft_adapter_inst *set[FT_N_MODS] = { 0 }; /* layer 0's adapter set, bound by the block through its env */
     float *ad[2][4];
     int tg[2] = { FT_MOD_Q, FT_MOD_DOWN };
@@ -384,7 +385,7 @@ static void test_block_recompute(void) {
         ft_linear *lin = ft_layer_linear(&ly, tg[j]);
         ad[j][0] = malloc((size_t)R * lin->in * 4); ad[j][1] = malloc((size_t)lin->out * R * 4);
         ad[j][2] = malloc((size_t)R * lin->in * 4); ad[j][3] = malloc((size_t)lin->out * R * 4);
-        ft_lora_init(&lo[j], R, 6, false, 0.1f, ad[j][0], ad[j][1], ad[j][2], ad[j][3], lin->in, lin->out, &rng);
+        ft_lora_init(&lo[j], &hp, ad[j][0], ad[j][1], ad[j][2], ad[j][3], lin->in, lin->out, &rng);
         for (int i = 0; i < lin->out * R; i++) ad[j][1][i] = ft_rng_normal(&rng) * 0.1f;
         set[tg[j]] = &lo[j].base;
     }

@@ -183,9 +183,9 @@ static void lora_case(ft_dtype c, int T, int in, int out, int R, float p) {
     float *w32;
     ft_linear l = make_linear(FT_F32, in, out, &w32);
     size_t ni = (size_t)T * in, no = (size_t)T * out, na = (size_t)R * in, nb = (size_t)out * R;
-    ft_lora a = { .r = R, .alpha = 2.0f * R, .scale = 2.0f, .dropout = p, .A = few_bits(na), .B = few_bits(nb),
-                  .dA = calloc(na, 4), .dB = calloc(nb, 4) };
-    ft_lora_bind(&a);
+    ft_adapter_hparams hp = { .r = R, .alpha = 2.0f * R, .dropout = p }; /* scale 2 */
+    ft_lora a = { .A = few_bits(na), .B = few_bits(nb), .dA = calloc(na, 4), .dB = calloc(nb, 4) };
+    ft_lora_bind(&a, &hp);
     float *x = few_bits(ni), *dout = few_bits(no);
     float *r_out = calloc(no, 4), *r_u = calloc((size_t)T * R, 4), *r_dinp = calloc(ni, 4);
     ft_backend ref = ft_backend_ref_in(c);

@@ -396,7 +396,7 @@ static void apply_init_adapter(run *r) {
             int64_t off = r->init_off[l * FT_N_MODS + k];
             if (!a || !off) continue;
             const ft_linear *lin = ft_model_linear(r->m, l, (ft_module)k);
-            int64_t na = (int64_t)a->r * lin->in, nb = (int64_t)a->r * lin->out;
+            int64_t na = (int64_t)a->base.hp->r * lin->in, nb = (int64_t)a->base.hp->r * lin->out;
             memcpy(a->A, r->init_vals + off - 1, (size_t)na * sizeof(float));
             memcpy(a->B, r->init_vals + off - 1 + na, (size_t)nb * sizeof(float));
         }
@@ -1253,7 +1253,7 @@ static ftune_status setup(run *r) {
         if (!loras) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
         for (int l = 0; l < c->L; l++)
             for (int k = 0; k < FT_N_MODS; k++) loras[l * FT_N_MODS + k] = ft_trainer_lora(r->tr, l, k);
-        ftune_status st = ft_adapter_wrap(&r->wrapped, r->m, loras, o->lora_dropout);
+        ftune_status st = ft_adapter_wrap(&r->wrapped, r->m, loras);
         free(loras);
         TRY(st);
     }

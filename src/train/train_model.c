@@ -189,7 +189,11 @@ static int64_t add_param(ft_train_param *ps, int *n, int64_t *off, const char *n
     return numel;
 }
 
-/* The trainable tensors, in order: LoRA: per layer, per target, A then B.
+/* The trainer's adapters: LoRA instances (tr->loras). */
+#define LORA_KIND (&ft_lora_kind)
+
+/* The trainable tensors, in order: LoRA: per layer, per target, the
+ * kind's parameters (A then B).
  * Full: the embedding, per layer its norms, linears and biases, the final
  * norm, the head when untied. Returns the count; *total gets the floats. */
 static int param_specs(const ft_config *c, const ft_train_opts *o, ft_train_param *ps, int64_t *total) {
@@ -202,12 +206,14 @@ static int param_specs(const ft_config *c, const ft_train_opts *o, ft_train_para
                 if (!(o->lora.targets & (1u << k))) continue;
                 int out, in;
                 lin_dims(c, k, &out, &in);
-                snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.lora_A.weight", l,
-                         ft_modules[k].path);
-                add_param(ps, &n, &off, name, 2, o->lora.r, in, l, k);
-                snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.lora_B.weight", l,
-                         ft_modules[k].path);
-                add_param(ps, &n, &off, name, 2, out, o->lora.r, l, k);
+                /* the kind's parameters, named as in the PEFT file */
+                for (int i = 0; i < LORA_KIND->n_params; i++) {
+                    int64_t sh[2];
+                    LORA_KIND->param_shape(sh, &o->lora, i, in, out);
+                    snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s", l, ft_modules[k].path,
+                             LORA_KIND->defs[i].peft);
+                    add_param(ps, &n, &off, name, 2, sh[0], sh[1], l, k);
+                }
             }
     } else {
         add_param(ps, &n, &off, "model.embed_tokens.weight", 2, c->V, c->C, -1, -1);
@@ -507,13 +513,18 @@ static void bind_lora(ft_trainer *tr) {
     const ft_config *c = &tr->cfg;
     ft_rng rng;
     ft_rng_seed(&rng, tr->o.lora.seed);
-    for (int i = 0; i < tr->n_params; i += 2) {
-        ft_train_param *pa = &tr->params[i], *pb = &tr->params[i + 1];
-        int l = pa->layer, k = pa->target;
+    for (int i = 0; i < tr->n_params; i += LORA_KIND->n_params) {
+        const ft_train_param *p = &tr->params[i];
+        int l = p->layer, k = p->target;
         ft_linear *lin = lin_of(&tr->layers[l], k);
         ft_lora *a = &tr->loras[l * FT_N_MODS + k];
-        ft_lora_init(a, tr->o.lora.r, tr->o.lora.alpha, tr->o.lora.rslora, tr->o.lora.dropout, pa->opt.data,
-                     pb->opt.data, pa->opt.grad, pb->opt.grad, lin->in, lin->out, &rng);
+        /* the instance reads its hyper-parameters from the trainer's options */
+        ft_lora_bind(a, &tr->o.lora);
+        for (int j = 0; j < LORA_KIND->n_params; j++) {
+            LORA_KIND->bind(&a->base, j, p[j].opt.data, p[j].opt.grad);
+            memset(p[j].opt.grad, 0, (size_t)p[j].opt.numel * sizeof(float));
+        }
+        LORA_KIND->init(&a->base, lin->in, lin->out, &rng);
         tr->set[l * FT_N_MODS + k] = &a->base;
     }
     (void)c;
