@@ -8,6 +8,7 @@
  * unmerged base + LoRA forward all give the same logits. */
 #include "check.h"
 #include "adapter/adapter.h"
+#include "core/mem.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -1099,6 +1100,41 @@ out:
     ftune_model_free(g);
 }
 
+/* An adapter's memory is in the memory table: its values as trainables
+ * (attached as trainable) or owned weights (frozen), its gradients as
+ * gradients, its arrays as "other"; every count returns to where it was
+ * when the adapter is freed, a wrapper included. */
+static void test_adapter_memory_counted(void) {
+    ftune_model *m = load(hf_path);
+    if (!m) { CHECK(0); return; }
+    size_t before[FT_MEM_N_CLASSES];
+    for (int c = 0; c < FT_MEM_N_CLASSES; c++) before[c] = ft_mem_current((ft_mem_class)c);
+    ft_adapter_hparams cfg = { .r = 4, .alpha = 8, .targets = FT_MOD_ALL };
+    for (int trainable = 0; trainable < 2; trainable++) {
+        ft_adapter *a = NULL, *w = NULL;
+        CHECK_OK(ft_adapter_attach(&a, m, &cfg, trainable));
+        if (!a) continue;
+        size_t values = 0; /* r (in + out) per Linear */
+        for (int i = 0; i < a->n; i++) values += (size_t)4 * (a->e[i].lin->in + a->e[i].lin->out) * sizeof(float);
+        ft_mem_class vc = trainable ? FT_MEM_TRAINABLE : FT_MEM_WEIGHTS;
+        CHECK(ft_mem_current(vc) - before[vc] == values);
+        CHECK(ft_mem_current(FT_MEM_GRADS) - before[FT_MEM_GRADS] == (trainable ? values : 0));
+        size_t other = ft_mem_current(FT_MEM_OTHER) - before[FT_MEM_OTHER];
+        CHECK(other >= sizeof *a + (size_t)a->n * (sizeof *a->e + sizeof *a->loras));
+        ft_lora *loras[5 * FT_N_MODS] = { 0 };
+        for (int i = 0; i < a->n; i++) loras[a->e[i].layer * FT_N_MODS + a->e[i].mod] = a->e[i].lora;
+        CHECK_OK(ft_adapter_wrap(&w, m, loras));
+        CHECK(ft_mem_current(FT_MEM_OTHER) - before[FT_MEM_OTHER] > other && ft_mem_current(vc) - before[vc] == values);
+        ft_adapter_free(w);
+        CHECK(ft_mem_current(FT_MEM_OTHER) - before[FT_MEM_OTHER] == other);
+        ft_adapter_free(a);
+        for (int c = 0; c < FT_MEM_N_CLASSES; c++)
+            CHECKF(ft_mem_current((ft_mem_class)c) == before[c], "%s: %zu bytes held after free, %zu before",
+                   ft_mem_class_name((ft_mem_class)c), ft_mem_current((ft_mem_class)c), before[c]);
+    }
+    ftune_model_free(m);
+}
+
 int main(void) {
     const char *base = getenv("TMPDIR");
     snprintf(tmpdir, sizeof tmpdir, "%s/ftune-test-adapter-XXXXXX", base && *base ? base : "/tmp");
@@ -1107,6 +1143,7 @@ int main(void) {
     check_data_path(gguf_path, sizeof gguf_path, "models/stories260K/stories260K.gguf");
     RUN(test_permute_rows);
     RUN(test_peft_round_trip);
+    RUN(test_adapter_memory_counted);
     RUN(test_qk_layout_across_models);
     RUN(test_peft_vs_torch);
     RUN(test_wrap_and_partial);

@@ -74,6 +74,25 @@ static void kind_names(char *buf, size_t cap, const ft_adapter_kind *k, bool ggu
     }
 }
 
+/* An empty adapter object for m with room for n entries (and, owned, n
+ * instance structs) and its adapter set, all counted as FT_MEM_OTHER;
+ * NULL when out of memory. */
+static ft_adapter *adapter_new(ftune_model *m, int n, bool owned) {
+    ft_adapter *a = ft_mem_calloc(FT_MEM_OTHER, sizeof *a);
+    if (!a) return NULL;
+    a->m = m;
+    a->cap = n;
+    a->e = ft_mem_calloc(FT_MEM_OTHER, (size_t)n * sizeof *a->e);
+    a->set = ft_mem_calloc(FT_MEM_OTHER, (size_t)m->cfg.L * FT_N_MODS * sizeof *a->set);
+    if (owned) a->loras = ft_mem_calloc(FT_MEM_OTHER, (size_t)n * sizeof *a->loras);
+    if (!a->e || !a->set || (owned && !a->loras)) {
+        ft_adapter_free(a);
+        return NULL;
+    }
+    set_base_model(a);
+    return a;
+}
+
 /* The instances ft_adapter allocates itself are LoRA's (ft_lora structs). */
 #define OWNED_KIND (&ft_lora_kind)
 
@@ -97,22 +116,20 @@ static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_adapt
             for (int i = 0; i < kind->n_params; i++)
                 floats += param_numel(kind, cfg, i, ft_model_linear(m, l, k)) * (trainable ? 2 : 1);
         }
-    ft_adapter *a = ft_calloc(1, sizeof *a);
-    if (!a) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
-    a->m = m;
-    a->kind = kind;
-    a->cfg = *cfg;
-    a->e = ft_calloc((size_t)(n ? n : 1), sizeof *a->e);
-    a->loras = ft_calloc((size_t)(n ? n : 1), sizeof *a->loras);
-    a->mem = ft_aligned_alloc((floats ? floats : 1) * sizeof(float));
-    a->set = ft_calloc((size_t)c->L * FT_N_MODS, sizeof *a->set);
-    if (!a->e || !a->loras || !a->mem || !a->set) {
+    ft_adapter *a = adapter_new(m, n, true);
+    if (a) {
+        a->trainable = trainable;
+        a->n_values = trainable ? floats / 2 : floats;
+        a->mem = ft_mem_calloc(trainable ? FT_MEM_TRAINABLE : FT_MEM_WEIGHTS, a->n_values * sizeof(float));
+        if (trainable) a->grads = ft_mem_calloc(FT_MEM_GRADS, a->n_values * sizeof(float));
+    }
+    if (!a || !a->mem || (trainable && !a->grads)) {
         ft_adapter_free(a);
         return ft_err(FTUNE_ERR_NOMEM, "out of memory for %d adapters (%.1f MiB)", n, floats * 4.0 / 1048576.0);
     }
-    memset(a->mem, 0, floats * sizeof(float));
-    set_base_model(a);
-    float *p = a->mem;
+    a->kind = kind;
+    a->cfg = *cfg;
+    float *p = a->mem, *g = a->grads;
     for (int l = 0; l < c->L; l++)
         for (int k = 0; k < FT_N_MODS; k++) {
             if (!sel[l * FT_N_MODS + k]) continue;
@@ -124,17 +141,12 @@ static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_adapt
             e->lora = lo;
             a->set[l * FT_N_MODS + k] = &lo->base;
             ft_lora_bind(lo, &a->cfg);
-            /* the entry's values, then (trainable) their gradients, each in the kind's order */
-            size_t ne = 0;
-            for (int i = 0; i < kind->n_params; i++) ne += param_numel(kind, &a->cfg, i, e->lin);
-            float *grads = trainable ? p + ne : NULL;
             for (int i = 0; i < kind->n_params; i++) {
                 size_t ni = param_numel(kind, &a->cfg, i, e->lin);
-                kind->bind(&lo->base, i, p, grads);
+                kind->bind(&lo->base, i, p, g);
                 p += ni;
-                if (grads) grads += ni;
+                if (g) g += ni;
             }
-            if (trainable) p += ne;
             a->n++;
         }
     *out = a;
@@ -182,18 +194,11 @@ ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *l
         n++;
     }
     if (!n) return ft_err(FTUNE_ERR_ARG, "no adapters to wrap");
-    ft_adapter *a = ft_calloc(1, sizeof *a);
-    if (!a || !(a->e = ft_calloc((size_t)n, sizeof *a->e)) ||
-        !(a->set = ft_calloc((size_t)c->L * FT_N_MODS, sizeof *a->set))) {
-        if (a) free(a->e);
-        free(a);
-        return ft_err(FTUNE_ERR_NOMEM, "out of memory");
-    }
-    a->m = m;
+    ft_adapter *a = adapter_new(m, n, false);
+    if (!a) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     a->kind = first->base.kind;
     a->cfg = *first->base.hp;
     a->cfg.targets = 0; /* the modules wrapped, below */
-    set_base_model(a);
     for (int i = 0; i < c->L * FT_N_MODS; i++) {
         if (!loras[i]) continue;
         ft_adapter_entry *e = &a->e[a->n++];
@@ -210,11 +215,12 @@ ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *l
 
 void ft_adapter_free(ft_adapter *a) {
     if (!a) return;
-    free(a->set);
-    free(a->e);
-    free(a->loras);
-    free(a->mem);
-    free(a);
+    ft_mem_free(FT_MEM_OTHER, a->set, (size_t)a->m->cfg.L * FT_N_MODS * sizeof *a->set);
+    ft_mem_free(FT_MEM_OTHER, a->e, (size_t)a->cap * sizeof *a->e);
+    ft_mem_free(FT_MEM_OTHER, a->loras, (size_t)a->cap * sizeof *a->loras);
+    ft_mem_free(a->trainable ? FT_MEM_TRAINABLE : FT_MEM_WEIGHTS, a->mem, a->n_values * sizeof(float));
+    ft_mem_free(FT_MEM_GRADS, a->grads, a->n_values * sizeof(float));
+    ft_mem_free(FT_MEM_OTHER, a, sizeof *a);
 }
 
 int ft_adapter_n_params(const ft_adapter *a) { return a->n * a->kind->n_params; }

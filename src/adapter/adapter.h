@@ -38,8 +38,11 @@ typedef struct {
 } ft_adapter_entry;
 
 /* A set of LoRA adapters for one model (the public ftune_adapter). When the
- * adapter owns its LoRA structs (attach, load), they live in one
- * allocation; a wrapped adapter only points at someone else's. Nothing is
+ * adapter owns its LoRA structs (attach, load), their values live in one
+ * allocation (counted as FT_MEM_TRAINABLE when trainable, else as owned
+ * FT_MEM_WEIGHTS) and their gradients in another (FT_MEM_GRADS); the
+ * object's arrays are FT_MEM_OTHER. A wrapped adapter only points at
+ * someone else's. Nothing is
  * ever written into the model: whoever runs the model with the adapter (a
  * session: ftune_session_set_adapter; the model's default adapter:
  * ftune_model_load_adapter; a merge: ft_merge_opts.adapter) passes `set` to
@@ -54,8 +57,13 @@ typedef struct ftune_adapter {
     int n;
     ft_adapter_entry *e;     /* (n), in (layer, module) order */
     ft_lora *loras;          /* (n) owned structs, or NULL when wrapping */
-    float *mem;              /* owned parameters of every entry, each entry's values then their
-                              * gradients (when trainable), in the kind's order: LoRA A, B, dA, dB */
+    float *mem;              /* (n_values) owned parameter values of every entry, entry after entry in
+                              * the kind's order (LoRA A, B), or NULL when wrapping */
+    float *grads;            /* (n_values) their gradients in the same layout when attached as
+                              * trainable, else NULL */
+    size_t n_values;
+    bool trainable;          /* attached or loaded as trainable: grads, and mem counted as trainables */
+    int cap;                 /* entries e (and loras) are allocated for */
     char base_model[256];    /* base_model_name_or_path for adapter_config.json */
     const ft_adapter_inst **set; /* (L · FT_N_MODS): set[l * FT_N_MODS + mod] = &the entry's lora->base, or NULL */
 } ft_adapter;
