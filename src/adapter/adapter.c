@@ -547,9 +547,26 @@ static ftune_status select_targets(const ft_peft_config *c, const ftune_model *m
     return FTUNE_OK;
 }
 
-/* Copies a file tensor (F32/F16/BF16, numel elements already checked) to f32. */
-static void tensor_to_f32(const st_tensor *t, float *dst, size_t numel) {
-    ft_types[t->dtype].to_f32(t->data, dst, (int64_t)numel);
+/* The FT_MOD_BIT mask of the modules sel[l * FT_N_MODS + mod] selects in some layer. */
+static unsigned targets_of(const bool *sel, int L) {
+    unsigned t = 0;
+    for (int i = 0; i < L * FT_N_MODS; i++)
+        if (sel[i]) t |= FT_MOD_BIT(i % FT_N_MODS);
+    return t;
+}
+
+/* Entry i's parameter k from a file's tensor data src of type dt (F32,
+ * F16 or BF16; its shape checked against the parameter's): converted to
+ * f32, and when heads > 0 and its rows are the Linear's outputs, permuted
+ * head by head to the model's layout (to_interleaved: from rotate-half). */
+static ftune_status load_param(ft_adapter *a, int i, int k, ft_dtype dt, const void *src, int heads,
+                               bool to_interleaved) {
+    const ft_adapter_entry *e = &a->e[i];
+    ft_adapter_param ap;
+    a->kind->param(&ap, &e->lora->base, k, e->lin->in, e->lin->out);
+    ft_types[dt].to_f32(src, ap.data, ap.shape[0] * ap.shape[1]);
+    if (!heads || !ap.def->out_rows) return FTUNE_OK;
+    return ft_permute_rope_rows(ap.data, (int)ap.shape[0], (int)ap.shape[1], heads, to_interleaved);
 }
 
 ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *dir, bool trainable) {
@@ -635,21 +652,16 @@ ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *
             }
         }
     ft_adapter_hparams lc = pc.hp;
-    for (int i = 0; i < L * FT_N_MODS; i++)
-        if (sel[i]) lc.targets |= FT_MOD_BIT(i % FT_N_MODS);
+    lc.targets = targets_of(sel, L);
     if ((st = alloc_owned(&a, m, &lc, sel, trainable))) goto done;
     if (pc.base_model[0]) snprintf(a->base_model, sizeof a->base_model, "%s", pc.base_model);
     for (int i = 0; i < a->n; i++) {
         ft_adapter_entry *e = &a->e[i];
         const ft_peft_module *p = byidx[e->layer * FT_N_MODS + e->mod];
+        /* PEFT files are in rotate-half order */
         int heads = c->rope_interleaved ? ft_module_rope_heads(c, e->mod) : 0;
-        for (int k = 0; k < kind->n_params; k++) {
-            ft_adapter_param ap;
-            kind->param(&ap, &e->lora->base, k, e->lin->in, e->lin->out);
-            tensor_to_f32(p->t[k], ap.data, (size_t)ap.shape[0] * ap.shape[1]);
-            if (heads && ap.def->out_rows &&
-                (st = ft_permute_rope_rows(ap.data, (int)ap.shape[0], (int)ap.shape[1], heads, true))) goto done;
-        }
+        for (int k = 0; k < kind->n_params; k++)
+            if ((st = load_param(a, i, k, p->t[k]->dtype, p->t[k]->data, heads, true))) goto done;
     }
     *out = a;
     a = NULL;
@@ -967,9 +979,7 @@ ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *
         n++;
     }
     if (!n) { st = ft_err(FTUNE_ERR_FORMAT, "%s: no LoRA tensors", path); goto done; }
-    ft_adapter_hparams lc = { .r = r, .alpha = (float)alpha };
-    for (int i = 0; i < L * FT_N_MODS; i++)
-        if (sel[i]) lc.targets |= FT_MOD_BIT(i % FT_N_MODS);
+    ft_adapter_hparams lc = { .r = r, .alpha = (float)alpha, .targets = targets_of(sel, L) };
     if ((st = alloc_owned(&a, m, &lc, sel, trainable))) goto done;
     /* llama-arch adapters keep q/k output rows (lora_b) interleaved (as the model files do) */
     bool file_interleaved = strcmp(arch, "llama") == 0;
@@ -977,14 +987,8 @@ ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *
         ft_adapter_entry *e = &a->e[i];
         const gguf_pair *p = &pairs[e->layer * FT_N_MODS + e->mod];
         int heads = file_interleaved != c->rope_interleaved ? ft_module_rope_heads(c, e->mod) : 0;
-        for (int k = 0; k < kind->n_params; k++) {
-            ft_adapter_param ap;
-            kind->param(&ap, &e->lora->base, k, e->lin->in, e->lin->out);
-            ft_types[p->t[k]->dtype].to_f32(p->t[k]->data, ap.data, ap.shape[0] * ap.shape[1]);
-            if (heads && ap.def->out_rows &&
-                (st = ft_permute_rope_rows(ap.data, (int)ap.shape[0], (int)ap.shape[1], heads, c->rope_interleaved)))
-                goto done;
-        }
+        for (int k = 0; k < kind->n_params; k++)
+            if ((st = load_param(a, i, k, p->t[k]->dtype, p->t[k]->data, heads, c->rope_interleaved))) goto done;
     }
     *out = a;
     a = NULL;

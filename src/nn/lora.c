@@ -234,6 +234,22 @@ static void dropout_in(ft_dtype compute, float *xd, const float *x, float p, uin
     ft_lora_dropout(xd, x, p, seed, T, IC, nt);
 }
 
+/* The adapter's input as the products see it: x without dropout (p 0),
+ * else dropout_in's xd. */
+static const float *dropped_in(ft_dtype compute, float *xd, const float *x, float p, uint64_t seed, int T, int IC,
+                               int nt) {
+    if (!(p > 0)) return x;
+    dropout_in(compute, xd, x, p, seed, T, IC, nt);
+    return xd;
+}
+
+/* dinp (T, IC) += dx sent back through the dropout mask of seed (dx is
+ * overwritten): the adapter's input gradient, in both backwards. */
+static void add_through_mask(float *dinp, float *dx, float p, uint64_t seed, int T, int IC, int nt) {
+    if (p > 0) ft_lora_dropout(dx, dx, p, seed, T, IC, nt);
+    for (size_t i = 0; i < (size_t)T * IC; i++) dinp[i] += dx[i];
+}
+
 /* ------------------------------------------------ the kind's ops table */
 
 /* Every instance handed to these has kind == &ft_lora_kind, so it is an ft_lora. */
@@ -253,12 +269,8 @@ static void kind_forward_ref(ft_dtype compute, float *out, float *u, const float
 
 static void kind_forward_train(ft_dtype compute, float *out, float *u, const float *x, const ft_adapter_inst *a, int T,
                                int IC, int OC, uint64_t mask_seed, float *xd, int n_threads, float *scratch) {
-    const ft_lora *lo = LORA(a);
-    if (a->hp->dropout > 0) {
-        dropout_in(compute, xd, x, a->hp->dropout, mask_seed, T, IC, n_threads);
-        x = xd;
-    }
-    ft_lora_forward_fast(compute, out, u, x, lo, T, IC, OC, n_threads, scratch);
+    x = dropped_in(compute, xd, x, a->hp->dropout, mask_seed, T, IC, n_threads);
+    ft_lora_forward_fast(compute, out, u, x, LORA(a), T, IC, OC, n_threads, scratch);
 }
 
 /* Scratch for the references, counted as the reference backend's scratch. */
@@ -267,12 +279,11 @@ static void ref_free(float *p, size_t n) { ft_mem_free(FT_MEM_SCRATCH, p, p ? n 
 
 static bool kind_forward_train_ref(ft_dtype compute, float *out, float *u, const float *x, const ft_adapter_inst *a,
                                    int T, int IC, int OC, uint64_t mask_seed) {
-    const ft_lora *lo = LORA(a);
     size_t nx = (size_t)T * IC;
     float *xd = a->hp->dropout > 0 ? ref_buf(nx) : NULL;
     if (a->hp->dropout > 0 && !xd) return false;
-    if (xd) dropout_in(compute, xd, x, a->hp->dropout, mask_seed, T, IC, 1);
-    ft_lora_forward_f64(compute, out, u, xd ? xd : x, lo, T, IC, OC);
+    ft_lora_forward_f64(compute, out, u, dropped_in(compute, xd, x, a->hp->dropout, mask_seed, T, IC, 1), LORA(a), T,
+                        IC, OC);
     ref_free(xd, nx);
     return true;
 }
@@ -280,34 +291,23 @@ static bool kind_forward_train_ref(ft_dtype compute, float *out, float *u, const
 static void kind_backward(ft_dtype compute, float *dinp, const float *dout, const float *inp, const float *u,
                           const ft_adapter_inst *a, int T, int IC, int OC, uint64_t mask_seed, float *xd, float *g,
                           int n_threads, float *scratch) {
-    const ft_lora *lo = LORA(a);
-    const float *x = inp;
-    if (a->hp->dropout > 0) {
-        dropout_in(compute, xd, inp, a->hp->dropout, mask_seed, T, IC, n_threads);
-        x = xd;
-    }
+    const float *x = dropped_in(compute, xd, inp, a->hp->dropout, mask_seed, T, IC, n_threads);
     /* the adapter's dx lands in xd (lora_backward writes it last, after x
      * was read), then goes back through the same mask */
-    ft_lora_backward_fast(compute, dinp ? xd : NULL, dout, x, u, lo, T, IC, OC, g, n_threads, scratch);
-    if (!dinp) return;
-    if (a->hp->dropout > 0) ft_lora_dropout(xd, xd, a->hp->dropout, mask_seed, T, IC, n_threads);
-    for (size_t i = 0; i < (size_t)T * IC; i++) dinp[i] += xd[i];
+    ft_lora_backward_fast(compute, dinp ? xd : NULL, dout, x, u, LORA(a), T, IC, OC, g, n_threads, scratch);
+    if (dinp) add_through_mask(dinp, xd, a->hp->dropout, mask_seed, T, IC, n_threads);
 }
 
 static bool kind_backward_ref(ft_dtype compute, float *dinp, const float *dout, const float *inp, const float *u,
                               const ft_adapter_inst *a, int T, int IC, int OC, uint64_t mask_seed) {
-    const ft_lora *lo = LORA(a);
     size_t nx = (size_t)T * IC, ng = (size_t)T * a->hp->r;
     float *dx = ref_buf(nx), *xd = a->hp->dropout > 0 ? ref_buf(nx) : NULL, *g = ref_buf(ng);
     bool ok = dx && g && (xd || a->hp->dropout <= 0);
     if (ok) {
-        if (xd) dropout_in(compute, xd, inp, a->hp->dropout, mask_seed, T, IC, 1);
+        const float *x = dropped_in(compute, xd, inp, a->hp->dropout, mask_seed, T, IC, 1);
         /* dx = scale · (dout·B) · A, then back through the same dropout mask */
-        ft_lora_backward_f64(compute, dinp ? dx : NULL, dout, xd ? xd : inp, u, lo, T, IC, OC, g);
-        if (dinp) {
-            if (a->hp->dropout > 0) ft_lora_dropout(dx, dx, a->hp->dropout, mask_seed, T, IC, 1);
-            for (size_t i = 0; i < (size_t)T * IC; i++) dinp[i] += dx[i];
-        }
+        ft_lora_backward_f64(compute, dinp ? dx : NULL, dout, x, u, LORA(a), T, IC, OC, g);
+        if (dinp) add_through_mask(dinp, dx, a->hp->dropout, mask_seed, T, IC, 1);
     }
     ref_free(dx, nx); ref_free(xd, nx); ref_free(g, ng);
     return ok;
