@@ -7,6 +7,7 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <pcre2.h>
@@ -95,6 +96,13 @@ static ft_adapter *adapter_new(ftune_model *m, int n, bool owned) {
 
 /* The instances ft_adapter allocates itself are LoRA's (ft_lora structs). */
 #define OWNED_KIND (&ft_lora_kind)
+
+/* PEFT's peft_type of kind k: its name in upper case ("LORA"). */
+static void peft_type_of(const ft_adapter_kind *k, char *buf, size_t cap) {
+    size_t i = 0;
+    for (; k->name[i] && i + 1 < cap; i++) buf[i] = (char)toupper((unsigned char)k->name[i]);
+    buf[i] = 0;
+}
 
 /* Allocates an adapter with owned instances for the (layer, module) pairs
  * where sel[l * FT_N_MODS + mod] is set, memory for their parameters (and
@@ -290,8 +298,10 @@ ftune_status ft_peft_config_read(ft_peft_config *c, const char *path) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "peft_type");
     if (!cJSON_IsString(v)) FAIL(FTUNE_ERR_FORMAT, "%s: \"peft_type\" is missing or not a string", path);
     snprintf(c->peft_type, sizeof c->peft_type, "%s", v->valuestring);
-    if (strcmp(v->valuestring, "LORA") != 0)
-        FAIL(FTUNE_ERR_UNSUPPORTED, "%s: peft_type \"%s\" is not supported (LORA)", path, v->valuestring);
+    char want[16];
+    peft_type_of(OWNED_KIND, want, sizeof want);
+    if (strcmp(v->valuestring, want) != 0)
+        FAIL(FTUNE_ERR_UNSUPPORTED, "%s: peft_type \"%s\" is not supported (%s)", path, v->valuestring, want);
     c->hp.r = 8; /* PEFT's defaults */
     c->hp.alpha = 8;
     if ((v = cJSON_GetObjectItemCaseSensitive(j, "r"))) {
@@ -810,7 +820,9 @@ ftune_status ft_adapter_save_peft(const ft_adapter *a, const char *dir) {
 
     cfg = cJSON_CreateObject();
     if (!cfg) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
-    cJSON_AddStringToObject(cfg, "peft_type", "LORA");
+    char peft_type[16];
+    peft_type_of(a->kind, peft_type, sizeof peft_type);
+    cJSON_AddStringToObject(cfg, "peft_type", peft_type);
     cJSON_AddStringToObject(cfg, "task_type", "CAUSAL_LM");
     if (a->base_model[0]) cJSON_AddStringToObject(cfg, "base_model_name_or_path", a->base_model);
     else cJSON_AddNullToObject(cfg, "base_model_name_or_path");
@@ -851,7 +863,7 @@ ftune_status ft_adapter_save_gguf(const ft_adapter *a, const char *path) {
     float alpha = a->cfg.rslora ? a->cfg.alpha * sqrtf((float)a->cfg.r) : a->cfg.alpha;
     if ((st = ft_gguf_writer_set_str(w, "general.architecture", arch)) ||
         (st = ft_gguf_writer_set_str(w, "general.type", "adapter")) ||
-        (st = ft_gguf_writer_set_str(w, "adapter.type", "lora")) ||
+        (st = ft_gguf_writer_set_str(w, "adapter.type", a->kind->name)) ||
         (st = ft_gguf_writer_set_f32(w, "adapter.lora.alpha", alpha)))
         goto done;
     char name[FT_NAME_MAX];
@@ -906,7 +918,7 @@ ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *
     char what[128];
     if (!pairs || !sel) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
     if ((st = gguf_adapter_str(&g, "general.type", "adapter", true, "not a LoRA adapter (a model GGUF? pass it with -m)")) ||
-        (st = gguf_adapter_str(&g, "adapter.type", "lora", false, "only LoRA adapters are read")))
+        (st = gguf_adapter_str(&g, "adapter.type", OWNED_KIND->name, false, "only LoRA adapters are read")))
         goto done;
     snprintf(what, sizeof what, "the adapter is for another architecture than this %s model (%s)", c->arch, arch);
     if ((st = gguf_adapter_str(&g, "general.architecture", arch, true, what))) goto done;
