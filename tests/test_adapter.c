@@ -8,6 +8,7 @@
  * unmerged base + LoRA forward all give the same logits. */
 #include "check.h"
 #include "adapter/adapter.h"
+#include "core/mem.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -64,7 +65,7 @@ static void randomize_b(ft_adapter *a, uint64_t seed, float std) {
     ft_rng rng;
     ft_rng_seed(&rng, seed);
     for (int i = 0; i < a->n; i++) {
-        size_t nb = (size_t)a->e[i].lin->out * a->e[i].lora->r;
+        size_t nb = (size_t)a->e[i].lin->out * a->e[i].lora->base.hp->r;
         for (size_t j = 0; j < nb; j++) a->e[i].lora->B[j] = std * ft_rng_normal(&rng);
     }
 }
@@ -106,7 +107,7 @@ static void test_peft_round_trip(void) {
     if (!a) { ftune_model_free(m); return; }
     CHECK(a->n == 5 * 7);
     CHECK(a->set[2 * 7 + FT_MOD_UP] == &a->e[2 * 7 + FT_MOD_UP].lora->base); /* in the adapter's set (a Linear holds none) */
-    CHECK(a->e[0].lora->dA && a->e[0].lora->dB && a->e[0].lora->scale == 2.0f);
+    CHECK(a->e[0].lora->dA && a->e[0].lora->dB && ft_lora_scale_of(a->e[0].lora) == 2.0f);
     /* PEFT init: A in [-1/sqrt(in), 1/sqrt(in)], B zero */
     float amax = 0;
     for (int j = 0; j < 4 * 64; j++) amax = fmaxf(amax, fabsf(a->e[0].lora->A[j]));
@@ -198,7 +199,7 @@ static void test_peft_round_trip(void) {
 
     CHECK_OK(ft_adapter_load_peft(&a, m, dir, false));
     if (a) {
-        CHECK(a->n == n && a->cfg.r == 4 && a->cfg.alpha == 8 && a->e[0].lora->scale == 2.0f);
+        CHECK(a->n == n && a->cfg.r == 4 && a->cfg.alpha == 8 && ft_lora_scale_of(a->e[0].lora) == 2.0f);
         CHECK(a->e[0].lora->dA == NULL);
         c = copy;
         bool same = true;
@@ -251,7 +252,7 @@ static void test_qk_layout_across_models(void) {
         same &= memcmp(x->lora->B, y->lora->B, (size_t)4 * x->lin->out * 4) == 0;
     }
     CHECK(same);
-    CHECK(ah->e[0].lora->rslora && ah->e[0].lora->scale == 3.0f); /* 6 / sqrt(4) */
+    CHECK(ah->e[0].lora->base.hp->rslora && ft_lora_scale_of(ah->e[0].lora) == 3.0f); /* 6 / sqrt(4) */
     CHECK_OK(ft_merge_lora(g, ag));
     CHECK_OK(ft_merge_lora(h, ah));
     CHECK(g->layers[0].wq.w.dtype == FT_F32);
@@ -306,7 +307,7 @@ static void test_wrap_and_partial(void) {
     randomize_b(a, 17, 0.05f);
     ft_lora *loras[5 * FT_N_MODS] = { 0 };
     for (int i = 0; i < a->n; i++) loras[a->e[i].layer * FT_N_MODS + a->e[i].mod] = a->e[i].lora;
-    CHECK_OK(ft_adapter_wrap(&w, m, loras, 0));
+    CHECK_OK(ft_adapter_wrap(&w, m, loras));
     char d1[600], d2[600], p1[700], p2[700];
     CHECK_OK(ft_adapter_save_peft(a, tmp(d1, sizeof d1, "owned")));
     if (w) {
@@ -324,14 +325,16 @@ static void test_wrap_and_partial(void) {
     CHECK(a->set[0] == &a->e[0].lora->base && a->e[0].lora->B); /* freeing a wrapper leaves the owner's adapters */
     /* structs that disagree on r are refused */
     ft_lora odd = *loras[FT_MOD_Q];
-    odd.r = 3;
+    ft_adapter_hparams odd_hp = *odd.base.hp;
+    odd_hp.r = 3;
+    odd.base.hp = &odd_hp;
     loras[FT_MOD_V] = &odd;
-    CHECK(ft_adapter_wrap(&w, m, loras, 0) == FTUNE_ERR_ARG);
+    CHECK(ft_adapter_wrap(&w, m, loras) == FTUNE_ERR_ARG);
     loras[FT_MOD_V] = a->e[1].lora;
     /* the same modules on a subset of layers: a list and layers_to_transform */
     for (int l = 0; l < 5; l++)
         if (l != 1 && l != 3) loras[l * FT_N_MODS + FT_MOD_Q] = loras[l * FT_N_MODS + FT_MOD_V] = NULL;
-    CHECK_OK(ft_adapter_wrap(&w, m, loras, 0));
+    CHECK_OK(ft_adapter_wrap(&w, m, loras));
     if (w) CHECK_OK(ft_adapter_save_peft(w, tmp(d1, sizeof d1, "layers13")));
     ft_adapter_free(w);
     w = NULL;
@@ -349,7 +352,7 @@ static void test_wrap_and_partial(void) {
     /* different modules on different layers: a regex naming each Linear */
     loras[1 * FT_N_MODS + FT_MOD_V] = NULL;
     loras[3 * FT_N_MODS + FT_MOD_Q] = NULL;
-    CHECK_OK(ft_adapter_wrap(&w, m, loras, 0));
+    CHECK_OK(ft_adapter_wrap(&w, m, loras));
     if (w) CHECK_OK(ft_adapter_save_peft(w, tmp(d1, sizeof d1, "mixed")));
     ft_adapter_free(w);
     w = NULL;
@@ -510,7 +513,7 @@ static void test_gguf_adapter_load(void) {
         CHECK_OK(ftune_model_load_adapter(m, pg));
         float *l_gguf = logits(m);
         const ft_adapter *a = m->adapter;
-        CHECK(a && a->n == 4 * 5 && a->cfg.r == 4 && a->e[0].lora->scale == 4.0f);
+        CHECK(a && a->n == 4 * 5 && a->cfg.r == 4 && ft_lora_scale_of(a->e[0].lora) == 4.0f);
         if (l_peft && l_gguf) {
             double e = logit_err(l_gguf, l_peft, (long)T_TOK * m->cfg.V);
             printf("  %s model: GGUF adapter vs the same PEFT adapter, logits max rel err %.3g\n", i ? "GGUF" : "HF", e);
@@ -762,16 +765,16 @@ static void test_gpt2_adapter(void) {
     st_file f;
     snprintf(p, sizeof p, "%s/adapter_model.safetensors", dir);
     CHECK_OK(ft_st_open(&f, p));
-    ft_peft_pair *pairs = NULL;
+    ft_peft_module *pairs = NULL;
     int n = 0;
-    CHECK_OK(ft_peft_scan(&f, &pairs, &n));
+    CHECK_OK(ft_peft_scan(&f, &ft_lora_kind, &pairs, &n));
     CHECK(n == 36);
     int c_attn = 0;
     for (int i = 0; i < n; i++) {
-        CHECK(pairs[i].A->shape[0] == 8 && pairs[i].B->shape[1] == 8);
+        CHECK(pairs[i].t[0]->shape[0] == 8 && pairs[i].t[1]->shape[1] == 8);
         if (strcmp(pairs[i].module, "transformer.h.5.attn.c_attn") == 0) {
             c_attn++;
-            CHECK(pairs[i].A->shape[1] == 768 && pairs[i].B->shape[0] == 2304);
+            CHECK(pairs[i].t[0]->shape[1] == 768 && pairs[i].t[1]->shape[0] == 2304);
         }
     }
     CHECK(c_attn == 1);
@@ -1097,6 +1100,41 @@ out:
     ftune_model_free(g);
 }
 
+/* An adapter's memory is in the memory table: its values as trainables
+ * (attached as trainable) or owned weights (frozen), its gradients as
+ * gradients, its arrays as "other"; every count returns to where it was
+ * when the adapter is freed, a wrapper included. */
+static void test_adapter_memory_counted(void) {
+    ftune_model *m = load(hf_path);
+    if (!m) { CHECK(0); return; }
+    size_t before[FT_MEM_N_CLASSES];
+    for (int c = 0; c < FT_MEM_N_CLASSES; c++) before[c] = ft_mem_current((ft_mem_class)c);
+    ft_adapter_hparams cfg = { .r = 4, .alpha = 8, .targets = FT_MOD_ALL };
+    for (int trainable = 0; trainable < 2; trainable++) {
+        ft_adapter *a = NULL, *w = NULL;
+        CHECK_OK(ft_adapter_attach(&a, m, &cfg, trainable));
+        if (!a) continue;
+        size_t values = 0; /* r (in + out) per Linear */
+        for (int i = 0; i < a->n; i++) values += (size_t)4 * (a->e[i].lin->in + a->e[i].lin->out) * sizeof(float);
+        ft_mem_class vc = trainable ? FT_MEM_TRAINABLE : FT_MEM_WEIGHTS;
+        CHECK(ft_mem_current(vc) - before[vc] == values);
+        CHECK(ft_mem_current(FT_MEM_GRADS) - before[FT_MEM_GRADS] == (trainable ? values : 0));
+        size_t other = ft_mem_current(FT_MEM_OTHER) - before[FT_MEM_OTHER];
+        CHECK(other >= sizeof *a + (size_t)a->n * (sizeof *a->e + sizeof *a->loras));
+        ft_lora *loras[5 * FT_N_MODS] = { 0 };
+        for (int i = 0; i < a->n; i++) loras[a->e[i].layer * FT_N_MODS + a->e[i].mod] = a->e[i].lora;
+        CHECK_OK(ft_adapter_wrap(&w, m, loras));
+        CHECK(ft_mem_current(FT_MEM_OTHER) - before[FT_MEM_OTHER] > other && ft_mem_current(vc) - before[vc] == values);
+        ft_adapter_free(w);
+        CHECK(ft_mem_current(FT_MEM_OTHER) - before[FT_MEM_OTHER] == other);
+        ft_adapter_free(a);
+        for (int c = 0; c < FT_MEM_N_CLASSES; c++)
+            CHECKF(ft_mem_current((ft_mem_class)c) == before[c], "%s: %zu bytes held after free, %zu before",
+                   ft_mem_class_name((ft_mem_class)c), ft_mem_current((ft_mem_class)c), before[c]);
+    }
+    ftune_model_free(m);
+}
+
 int main(void) {
     const char *base = getenv("TMPDIR");
     snprintf(tmpdir, sizeof tmpdir, "%s/ftune-test-adapter-XXXXXX", base && *base ? base : "/tmp");
@@ -1105,6 +1143,7 @@ int main(void) {
     check_data_path(gguf_path, sizeof gguf_path, "models/stories260K/stories260K.gguf");
     RUN(test_permute_rows);
     RUN(test_peft_round_trip);
+    RUN(test_adapter_memory_counted);
     RUN(test_qk_layout_across_models);
     RUN(test_peft_vs_torch);
     RUN(test_wrap_and_partial);

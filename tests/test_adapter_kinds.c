@@ -3,12 +3,14 @@
  * called through ft_lora_kind equal lora.c's plain-loop references on
  * random inputs of awkward sizes, with and without dropout; and the kind's
  * parameter list names, shapes and holds exactly the tensors the PEFT
- * export writes. */
+ * export writes; and the PEFT and GGUF files of a fixed adapter are, byte
+ * for byte, those the writers made before they read the kind's table. */
 #include "check.h"
 #include "adapter/adapter.h"
 #include "cpu/kernels.h"
 #include "formats/safetensors.h"
 #include "nn/linear.h"
+#include "train/train_loop.h"
 
 #include <unistd.h>
 
@@ -32,7 +34,8 @@ static void kind_case(int T, int IC, int OC, int R, float p, int n_threads) {
     size_t nA = (size_t)R * IC, nB = (size_t)OC * R;
     float *A = malloc(nA * 4), *B = malloc(nB * 4), *dA = malloc(nA * 4), *dB = malloc(nB * 4);
     ft_lora lo;
-    ft_lora_init(&lo, R, 1.5f * R, false, p, A, B, dA, dB, IC, OC, &rng);
+    ft_adapter_hparams hp = { .r = R, .alpha = 1.5f * R, .dropout = p };
+    ft_lora_init(&lo, &hp, A, B, dA, dB, IC, OC, &rng);
     for (size_t i = 0; i < nB; i++) B[i] = 0.3f * ft_rng_normal(&rng);
     const ft_adapter_inst *ad = &lo.base;
     const ft_adapter_kind *k = ad->kind;
@@ -110,7 +113,7 @@ static void kind_case(int T, int IC, int OC, int R, float p, int n_threads) {
         for (int j = 0; j < IC; j++) {
             double s = 0;
             for (int q = 0; q < R; q++) s += (double)B[(size_t)o * R + q] * A[(size_t)q * IC + j];
-            want[j] = (float)(row[j] + lo.scale * s);
+            want[j] = (float)(row[j] + ft_lora_scale_of(&lo) * s);
         }
         /* R float multiply-adds onto O(1) values: R·2^-24 relative, floor 1 */
         e = check_max_rel_err(r, want, IC, 1.0);
@@ -124,10 +127,21 @@ static void kind_case(int T, int IC, int OC, int R, float p, int n_threads) {
     ft_adapter_param pa, pb;
     k->param(&pa, ad, 0, IC, OC);
     k->param(&pb, ad, 1, IC, OC);
-    CHECK(strcmp(pa.peft_suffix, "lora_A.weight") == 0 && pa.shape[0] == R && pa.shape[1] == IC && pa.data == A &&
-          pa.grad == dA);
-    CHECK(strcmp(pb.peft_suffix, "lora_B.weight") == 0 && pb.shape[0] == OC && pb.shape[1] == R && pb.data == B &&
-          pb.grad == dB);
+    CHECK(strcmp(pa.def->peft, "lora_A.weight") == 0 && strcmp(pa.def->gguf, "lora_a") == 0 && !pa.def->out_rows &&
+          pa.shape[0] == R && pa.shape[1] == IC && pa.data == A && pa.grad == dA);
+    CHECK(strcmp(pb.def->peft, "lora_B.weight") == 0 && strcmp(pb.def->gguf, "lora_b") == 0 && pb.def->out_rows &&
+          pb.shape[0] == OC && pb.shape[1] == R && pb.data == B && pb.grad == dB);
+    /* the shapes before any instance exists, and the rank dimension of each */
+    for (int i = 0; i < 2; i++) {
+        int64_t sh[2];
+        const ft_adapter_param *q = i ? &pb : &pa;
+        k->param_shape(sh, &hp, i, IC, OC);
+        CHECK(sh[0] == q->shape[0] && sh[1] == q->shape[1] && k->defs[i].r_dim >= 0 && sh[k->defs[i].r_dim] == R);
+    }
+    /* bind re-points a parameter (and its gradient) */
+    ft_lora lb = lo;
+    k->bind(&lb.base, 1, A, NULL);
+    CHECK(lb.B == A && lb.dB == NULL && lb.A == A && lb.dA == dA);
 
     free(A); free(B); free(dA); free(dB); free(x); free(dout); free(out0); free(scratch); free(xd); free(g);
     free(u); free(ur); free(xr); free(yr); free(y); free(yd); free(ud); free(dA0); free(dB0); free(din0);
@@ -184,7 +198,7 @@ static void test_params_match_peft_export(void) {
             ad->kind->param(&p, ad, pi, e->lin->in, e->lin->out);
             char name[FT_NAME_MAX * 2];
             snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s", e->layer, ft_module_path(e->mod),
-                     p.peft_suffix);
+                     p.def->peft);
             const st_tensor *t = ft_st_find(&f, name);
             if (!t || t->dtype != FT_F32 || t->ndim != 2 || t->shape[0] != p.shape[0] || t->shape[1] != p.shape[1]) {
                 fprintf(stderr, "  %s: missing or of another shape in the export\n", name);
@@ -209,8 +223,73 @@ static void test_params_match_peft_export(void) {
     ftune_model_free(m);
 }
 
+/* Attaches a fixed adapter (r 3, rsLoRA, q, k, v, down; A from seed 7, B
+ * a fixed pattern of exact binary fractions) to the model at model_path,
+ * writes it as PEFT and as a GGUF LoRA into dir, and returns the FNV-1a
+ * hash and size of adapter_model.safetensors (0) and adapter.gguf (1). */
+static bool adapter_file_hashes(const char *model_path, const char *dir, uint64_t h[2], size_t sz[2]) {
+    ftune_model *m = NULL;
+    if (ftune_model_load(&m, model_path, NULL) != FTUNE_OK) return false;
+    ft_adapter_hparams cfg = { .r = 3, .alpha = 5, .rslora = true, .dropout = 0.125f,
+                               .targets = FT_MOD_BIT(FT_MOD_Q) | FT_MOD_BIT(FT_MOD_K) | FT_MOD_BIT(FT_MOD_V) |
+                                          FT_MOD_BIT(FT_MOD_DOWN) };
+    cfg.seed = 7;
+    ft_adapter *a = NULL;
+    bool ok = ft_adapter_attach(&a, m, &cfg, false) == FTUNE_OK;
+    for (int i = 0; ok && i < a->n; i++)
+        for (size_t j = 0; j < (size_t)a->e[i].lin->out * cfg.r; j++)
+            a->e[i].lora->B[j] = (float)((int)((j * 37 + (size_t)i * 11) % 23) - 11) * 0.0625f;
+    char p[2][800];
+    snprintf(p[0], sizeof p[0], "%s/adapter_model.safetensors", dir);
+    snprintf(p[1], sizeof p[1], "%s/adapter.gguf", dir);
+    ok = ok && ft_adapter_save_peft(a, dir) == FTUNE_OK && ft_adapter_save_gguf(a, p[1]) == FTUNE_OK;
+    for (int k = 0; ok && k < 2; k++) {
+        char *bytes = NULL;
+        ok = ft_read_file(p[k], &bytes, &sz[k]) == FTUNE_OK;
+        if (ok) h[k] = ft_fnv1a(FT_FNV0, bytes, sz[k]);
+        free(bytes);
+    }
+    ft_adapter_free(a);
+    ftune_model_free(m);
+    return ok;
+}
+
+/* The files of adapter_file_hashes as the writers made them before they
+ * went through the kind's table (names, shapes, which rows RoPE permutes):
+ * the hashes were taken from that build's output. Every value in them is
+ * exact (A from the integer RNG and sqrtf, B binary fractions), so any
+ * machine writes the same bytes. The HF model writes B in rotate-half
+ * order as it is; the GGUF model (interleaved q/k rows) permutes q and k's
+ * B for PEFT, and keeps them for the llama-arch GGUF. */
+static void test_files_unchanged(void) {
+    static const struct { const char *model; size_t st_size, gguf_size; uint64_t st_hash, gguf_hash; } want[] = {
+        { "models/stories260K-hf", 38352, 36288, 0x6b27f05de0530bd0ull, 0xedc8b0baafd89fdbull },
+        { "models/stories260K/stories260K.gguf", 38352, 36288, 0x0279cd7f99b8a1b0ull, 0xb87efc9f6a9d30ebull },
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        char model[1024], dir[600];
+        check_data_path(model, sizeof model, want[i].model);
+        const char *base = getenv("TMPDIR");
+        snprintf(dir, sizeof dir, "%s/ftune-test-kinds-XXXXXX", base && *base ? base : "/tmp");
+        CHECK(mkdtemp(dir) != NULL);
+        uint64_t h[2] = { 0, 0 };
+        size_t sz[2] = { 0, 0 };
+        CHECKF(adapter_file_hashes(model, dir, h, sz), "%s: %s", want[i].model, ftune_last_error());
+        CHECKF(sz[0] == want[i].st_size && h[0] == want[i].st_hash, "%s: adapter_model.safetensors %zu bytes, hash "
+               "0x%016llx (want %zu, 0x%016llx)", want[i].model, sz[0], (unsigned long long)h[0], want[i].st_size,
+               (unsigned long long)want[i].st_hash);
+        CHECKF(sz[1] == want[i].gguf_size && h[1] == want[i].gguf_hash, "%s: adapter.gguf %zu bytes, hash 0x%016llx "
+               "(want %zu, 0x%016llx)", want[i].model, sz[1], (unsigned long long)h[1], want[i].gguf_size,
+               (unsigned long long)want[i].gguf_hash);
+        char cmd[700];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    }
+}
+
 int main(void) {
     RUN(test_lora_through_the_table);
     RUN(test_params_match_peft_export);
+    RUN(test_files_unchanged);
     CHECK_EXIT();
 }

@@ -93,7 +93,7 @@ static bool make_adapters(ftune_model *m, char *p1, char *p2, size_t cap) {
     for (int k = 0; ok && k < 2; k++) {
         ft_adapter *a = k ? a2 : a1;
         for (int i = 0; i < a->n; i++)
-            for (size_t j = 0; j < (size_t)a->e[i].lin->out * a->e[i].lora->r; j++)
+            for (size_t j = 0; j < (size_t)a->e[i].lin->out * a->e[i].lora->base.hp->r; j++)
                 a->e[i].lora->B[j] = 0.05f * ft_rng_normal(&rng);
     }
     snprintf(p1, cap, "%s/peft1", tmpdir);

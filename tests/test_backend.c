@@ -156,6 +156,7 @@ static void test_buffers(void) {
 typedef struct {
     ft_linear l;
     ft_lora lora;
+    ft_adapter_hparams hp;        /* lora's */
     const ft_adapter_inst *ad;    /* &lora.base, or NULL: none */
     float *w32;                   /* (out, in) the f32 values the weight was made from */
 } lin_case;
@@ -174,7 +175,8 @@ static void make_linear(lin_case *c, ft_dtype dt, int in, int out, int R, float 
     c->l.bias = rnd((size_t)out, 0.5f);
     c->l.in = in; c->l.out = out;
     if (R > 0) {
-        c->lora = (ft_lora){ .base.kind = &ft_lora_kind, .r = R, .alpha = 2.0f * R, .scale = 2.0f, .dropout = p, .A = rnd((size_t)R * in, 0.3f),
+        c->hp = (ft_adapter_hparams){ .r = R, .alpha = 2.0f * R, .dropout = p }; /* scale 2 */
+        c->lora = (ft_lora){ .base = { .kind = &ft_lora_kind, .hp = &c->hp }, .A = rnd((size_t)R * in, 0.3f),
                              .B = rnd((size_t)out * R, 0.3f), .dA = rnd((size_t)R * in, 0.1f),
                              .dB = rnd((size_t)out * R, 0.1f) };
         c->ad = &c->lora.base;
@@ -193,8 +195,9 @@ static ft_linear linear_on(bufs *b, const lin_case *c, ft_lora *lora, const ft_a
     if (c->ad) {
         const ft_lora *a = &c->lora;
         *lora = *a;
-        lora->A = up(b, a->A, (size_t)a->r * l.in); lora->B = up(b, a->B, (size_t)l.out * a->r);
-        lora->dA = up(b, a->dA, (size_t)a->r * l.in); lora->dB = up(b, a->dB, (size_t)l.out * a->r);
+        int R = a->base.hp->r;
+        lora->A = up(b, a->A, (size_t)R * l.in); lora->B = up(b, a->B, (size_t)l.out * R);
+        lora->dA = up(b, a->dA, (size_t)R * l.in); lora->dB = up(b, a->dB, (size_t)l.out * R);
         *ad = &lora->base;
     }
     return l;

@@ -377,6 +377,7 @@ static void test_block_recompute(void) {
     ft_rng_seed(&rng, 5);
     ft_layer ly = m->layers[0];
     ft_lora lo[2];
+    ft_adapter_hparams hp = { .r = R, .alpha = 6, .dropout = 0.1f };
     const ft_adapter_inst *set[FT_N_MODS] = { 0 }; /* layer 0's adapter set, bound by the block through its env */
     float *ad[2][4];
     int tg[2] = { FT_MOD_Q, FT_MOD_DOWN };
@@ -384,7 +385,7 @@ static void test_block_recompute(void) {
         ft_linear *lin = ft_layer_linear(&ly, tg[j]);
         ad[j][0] = malloc((size_t)R * lin->in * 4); ad[j][1] = malloc((size_t)lin->out * R * 4);
         ad[j][2] = malloc((size_t)R * lin->in * 4); ad[j][3] = malloc((size_t)lin->out * R * 4);
-        ft_lora_init(&lo[j], R, 6, false, 0.1f, ad[j][0], ad[j][1], ad[j][2], ad[j][3], lin->in, lin->out, &rng);
+        ft_lora_init(&lo[j], &hp, ad[j][0], ad[j][1], ad[j][2], ad[j][3], lin->in, lin->out, &rng);
         for (int i = 0; i < lin->out * R; i++) ad[j][1][i] = ft_rng_normal(&rng) * 0.1f;
         set[tg[j]] = &lo[j].base;
     }
@@ -623,7 +624,7 @@ static void test_kv_prefix_trainer(void) {
     int ib0 = ft_trainer_find_param(tr, "base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight");
     CHECK(ib0 >= 0);
     if (ib0 < 0) goto done;
-    const ft_train_param *pb = ft_trainer_param(tr, ib0);
+    const ft_param *pb = &ft_trainer_param(tr, ib0)->opt;
     float *pts[14], *gs[14];
     size_t at[6] = { 0, 5, kvd + 3, (size_t)(L - 1) * P * kvd + 1, (size_t)(L - 1) * P * kvd + 2 * kvd + 7, np - 1 };
     for (int j = 0; j < 6; j++) { pts[j] = k + at[j]; gs[j] = dk + at[j]; pts[6 + j] = v + at[j]; gs[6 + j] = dv + at[j]; }

@@ -67,7 +67,7 @@ static bool run(const ftune_model *m, const config *cf, int K, run_out *r) {
         ft_rng rng;
         ft_rng_seed(&rng, 77);
         for (int i = 1; i < ft_trainer_n_params(tr); i += 2) {
-            const ft_train_param *p = ft_trainer_param(tr, i);
+            const ft_param *p = &ft_trainer_param(tr, i)->opt;
             for (int64_t j = 0; j < p->numel; j++) p->data[j] = 0.05f * ft_rng_normal(&rng);
         }
     }

@@ -573,7 +573,8 @@ static void test_linear_backward(void) {
                 for (size_t i = 0; i < nA; i++) Am[i] = ft_rng_normal(&rng);
                 for (size_t i = 0; i < nB; i++) Bm[i] = ft_rng_normal(&rng);
                 for (size_t i = 0; i < (size_t)T * OC; i++) dout[i] = ft_rng_normal(&rng);
-                ft_lora a = { .base.kind = &ft_lora_kind, .r = R, .alpha = 8, .scale = 2, .dropout = 0.25f, .A = Am, .B = Bm, .dA = dA, .dB = dB };
+                ft_adapter_hparams hp = { .r = R, .alpha = 8, .dropout = 0.25f }; /* scale 2 */
+                ft_lora a = { .base = { .kind = &ft_lora_kind, .hp = &hp }, .A = Am, .B = Bm, .dA = dA, .dB = dB };
                 const ft_adapter_inst *ad = &a.base;
                 uint64_t seed = 77;
                 ft_linear_forward_train(c.y, u, c.x, &c.l, ad, T, seed, 3, scratch);
@@ -600,7 +601,7 @@ static void test_linear_backward(void) {
                 ft_lora ar = a;
                 ar.dA = dAr;
                 ar.dB = dBr;
-                ft_lora_dropout(xd, c.x, a.dropout, seed, T, IC, 1);
+                ft_lora_dropout(xd, c.x, hp.dropout, seed, T, IC, 1);
                 memset(yr, 0, (size_t)T * OC * 4);
                 float *ur = malloc((size_t)T * R * 4);
                 if (ur) {
@@ -611,7 +612,7 @@ static void test_linear_backward(void) {
                     ft_lora_backward(dx, dout, xd, ur, &ar, T, IC, OC, g);
                     free(ur);
                 }
-                ft_lora_dropout(dx, dx, a.dropout, seed, T, IC, 1);
+                ft_lora_dropout(dx, dx, hp.dropout, seed, T, IC, 1);
                 for (size_t i = 0; i < (size_t)T * IC; i++) dinpr[i] += dx[i];
                 /* every gradient is a sum of at most max(T, OC) = 45 unit-normal
                  * products (the adapter's through R = 4 more, scaled by 2 and by

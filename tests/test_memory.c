@@ -129,11 +129,8 @@ static void run_train(ft_train_mode mode, int B, int T, int K) {
     int np = ft_trainer_n_params(tr);
     ft_param *ps = calloc((size_t)np, sizeof *ps);
     for (int i = 0; i < np; i++) {
-        const ft_train_param *p = ft_trainer_param(tr, i);
-        snprintf(ps[i].name, sizeof ps[i].name, "%s", p->name);
-        ps[i].data = p->data; ps[i].grad = p->grad; ps[i].numel = p->numel;
-        ps[i].ndim = p->ndim; ps[i].shape[0] = p->shape[0]; ps[i].shape[1] = p->shape[1];
-        ps[i].decay = p->ndim == 2;
+        ps[i] = ft_trainer_param(tr, i)->opt;
+        ps[i].decay = ps[i].ndim == 2;
     }
     ft_adamw opt;
     ft_adamw_cfg ac;

@@ -183,9 +183,9 @@ static void lora_case(ft_dtype c, int T, int in, int out, int R, float p) {
     float *w32;
     ft_linear l = make_linear(FT_F32, in, out, &w32);
     size_t ni = (size_t)T * in, no = (size_t)T * out, na = (size_t)R * in, nb = (size_t)out * R;
-    ft_lora a = { .r = R, .alpha = 2.0f * R, .scale = 2.0f, .dropout = p, .A = few_bits(na), .B = few_bits(nb),
-                  .dA = calloc(na, 4), .dB = calloc(nb, 4) };
-    ft_lora_bind(&a);
+    ft_adapter_hparams hp = { .r = R, .alpha = 2.0f * R, .dropout = p }; /* scale 2 */
+    ft_lora a = { .A = few_bits(na), .B = few_bits(nb), .dA = calloc(na, 4), .dB = calloc(nb, 4) };
+    ft_lora_bind(&a, &hp);
     float *x = few_bits(ni), *dout = few_bits(no);
     float *r_out = calloc(no, 4), *r_u = calloc((size_t)T * R, 4), *r_dinp = calloc(ni, 4);
     ft_backend ref = ft_backend_ref_in(c);
@@ -289,7 +289,7 @@ static ft_trainer *grad_step(const ftune_model *m, ft_train_mode mode, ft_dtype 
         ft_rng r;
         ft_rng_seed(&r, 77);
         for (int i = 1; i < ft_trainer_n_params(tr); i += 2) {
-            const ft_train_param *p = ft_trainer_param(tr, i);
+            const ft_param *p = &ft_trainer_param(tr, i)->opt;
             for (int64_t j = 0; j < p->numel; j++) p->data[j] = 0.05f * ft_rng_normal(&r);
         }
     }
@@ -311,7 +311,7 @@ static double grads_err(ft_trainer *a, ft_trainer *b, char *worst_name, size_t c
     }
     *global = n2 > 0 ? sqrt(d2 / n2) : INFINITY;
     for (int i = 0; i < ft_trainer_n_params(b); i++) {
-        const ft_train_param *pa = ft_trainer_param(a, i), *pb = ft_trainer_param(b, i);
+        const ft_param *pa = &ft_trainer_param(a, i)->opt, *pb = &ft_trainer_param(b, i)->opt;
         double e = norm_err(pa->grad, pb->grad, (size_t)pb->numel), na = 0;
         for (int64_t j = 0; j < pa->numel; j++) na = fmax(na, fabs(pa->grad[j]));
         CHECKF(na > 0 || norm_err(pb->grad, pb->grad, 1) != 0, "%s: no gradient", pa->name);
@@ -573,7 +573,7 @@ static void test_saved_acts_in_compute_type(void) {
                     ft_rng r;
                     ft_rng_seed(&r, 78);
                     for (int i = 1; i < ft_trainer_n_params(tr[k]); i += 2) {
-                        const ft_train_param *p = ft_trainer_param(tr[k], i);
+                        const ft_param *p = &ft_trainer_param(tr[k], i)->opt;
                         for (int64_t j = 0; j < p->numel; j++) p->data[j] = 0.05f * ft_rng_normal(&r);
                     }
                 }

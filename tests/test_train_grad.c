@@ -98,7 +98,7 @@ static bool run_ref(st_file *out, const char *model_dir, const char *tag, ft_tra
         ts[n++] = (st_out_tensor){ .name = bn[i], .dtype = FT_I32, .ndim = 2, .shape = { b->B, b->T }, .data = bd[i] };
     if (o->mode == FT_TRAIN_LORA)
         for (int i = 0; i < np; i++) {
-            const ft_train_param *p = ft_trainer_param(tr, i);
+            const ft_param *p = &ft_trainer_param(tr, i)->opt;
             ts[n++] = (st_out_tensor){ .name = p->name, .dtype = FT_F32, .ndim = 2,
                                        .shape = { p->shape[0], p->shape[1] }, .data = p->data };
         }
@@ -133,7 +133,7 @@ static void randomise_lora_B(ft_trainer *tr, uint64_t seed) {
     ft_rng rng;
     ft_rng_seed(&rng, seed);
     for (int i = 0; i < ft_trainer_n_params(tr); i++) {
-        const ft_train_param *p = ft_trainer_param(tr, i);
+        const ft_param *p = &ft_trainer_param(tr, i)->opt;
         if (strstr(p->name, "lora_B"))
             for (int64_t j = 0; j < p->numel; j++) p->data[j] = 0.1f * ft_rng_normal(&rng);
     }
@@ -157,7 +157,7 @@ static double compare_step(const char *model_dir, const char *tag, ft_trainer *t
     if (rl) *loss_err = fabs(loss - rl[0]) / fabs(rl[0]);
     worst = 0;
     for (int i = 0; i < ft_trainer_n_params(tr); i++) {
-        const ft_train_param *p = ft_trainer_param(tr, i);
+        const ft_param *p = &ft_trainer_param(tr, i)->opt;
         const double *g = ref_tensor(&ref, p->name, p->numel);
         if (!g) { worst = INFINITY; continue; }
         /* the floor: a fraction of the tensor's largest gradient */
@@ -203,8 +203,9 @@ static void test_lora_all_targets_vs_torch(void) {
     {
         ft_lora *a = ft_trainer_lora(tr, 2, 5); /* layer 2 up_proj: the 2·(2·7+5)-th parameter */
         const ft_train_param *p = ft_trainer_param(tr, 2 * (2 * 7 + 5));
-        CHECK(a && p && a->A == p->data && a->dA == p->grad && a->r == 4 && a->scale == 2.0f);
-        CHECK(p && strcmp(p->name, "base_model.model.model.layers.2.mlp.up_proj.lora_A.weight") == 0);
+        CHECK(a && p && a->A == p->opt.data && a->dA == p->opt.grad);
+        CHECK(a && a->base.hp->r == 4 && ft_lora_scale_of(a) == 2.0f);
+        CHECK(p && strcmp(p->opt.name, "base_model.model.model.layers.2.mlp.up_proj.lora_A.weight") == 0);
         CHECK(!ft_trainer_lora(tr, 5, 0) && !ft_trainer_lora(tr, 0, 7));
     }
     randomise_lora_B(tr, 5);
@@ -329,18 +330,18 @@ static void test_gguf_matches_hf(void) {
         CHECKF(le <= LOSS_TOL, "HF loss %.8f, GGUF loss %.8f", lh, lg);
         double worst = 0;
         for (int i = 0; i < ft_trainer_n_params(th); i++) {
-            const ft_train_param *p = ft_trainer_param(th, i);
-            if (p->target >= 0) continue; /* q/k rows are permuted in the GGUF */
+            if (ft_trainer_param(th, i)->target >= 0) continue; /* q/k rows are permuted in the GGUF */
+            const ft_param *p = &ft_trainer_param(th, i)->opt;
             int j = ft_trainer_find_param(tg, p->name);
             CHECK(j >= 0);
             if (j < 0) continue;
-            const ft_train_param *q = ft_trainer_param(tg, j);
+            const ft_param *q = &ft_trainer_param(tg, j)->opt;
             float *g = malloc((size_t)p->numel * sizeof(float));
             memcpy(g, q->grad, (size_t)p->numel * sizeof(float));
             int h = ft_trainer_find_param(tg, "lm_head.weight");
             CHECK(h >= 0);
             if (i == 0 && h >= 0) /* the tied embedding gets both contributions */
-                for (int64_t k = 0; k < p->numel; k++) g[k] += ft_trainer_param(tg, h)->grad[k];
+                for (int64_t k = 0; k < p->numel; k++) g[k] += ft_trainer_param(tg, h)->opt.grad[k];
             float mx = 0;
             for (int64_t k = 0; k < p->numel; k++) mx = fmaxf(mx, fabsf(p->grad[k]));
             double e = check_max_rel_err(g, p->grad, p->numel, GRAD_FLOOR * mx);
@@ -552,7 +553,8 @@ static void test_lora_linear_finite_differences(void) {
             for (int i = 0; i < T * OC; i++) G[i] = ft_rng_normal(&rng);
             ft_types[types[ti]].from_f32(w32, wq, (int64_t)OC * IC);
             ft_lora a;
-            ft_lora_init(&a, R, 2.5f, false, drop ? 0.3f : 0.0f, A, B, dA, dB, IC, OC, &rng);
+            ft_adapter_hparams hp = { .r = R, .alpha = 2.5f, .dropout = drop ? 0.3f : 0.0f };
+            ft_lora_init(&a, &hp, A, B, dA, dB, IC, OC, &rng);
             for (int i = 0; i < OC * R; i++) B[i] = ft_rng_normal(&rng);
             ft_linear l = { .w = { .dtype = types[ti], .ndim = 2, .shape = { OC, IC }, .data = wq,
                                    .nbytes = (size_t)ft_dtype_nbytes(types[ti], (int64_t)OC * IC) },
@@ -630,7 +632,8 @@ static void test_dropout_and_init(void) {
     ft_rng rng;
     ft_rng_seed(&rng, 1);
     float A[4 * 200], B[3 * 4];
-    ft_lora_init(&l, 4, 8, false, 0, A, B, NULL, NULL, 200, 3, &rng);
+    ft_adapter_hparams hp = { .r = 4, .alpha = 8 };
+    ft_lora_init(&l, &hp, A, B, NULL, NULL, 200, 3, &rng);
     float mx = 0, sum = 0, bz = 0;
     for (int i = 0; i < 800; i++) { mx = fmaxf(mx, fabsf(A[i])); sum += A[i]; }
     for (int i = 0; i < 12; i++) bz = fmaxf(bz, fabsf(B[i]));
@@ -638,7 +641,7 @@ static void test_dropout_and_init(void) {
      * within 1%, and their mean is 0 within 3 sigma (0.0707/sqrt(3*800)*3) */
     CHECKF(mx <= 1 / sqrtf(200.0f) && mx > 0.99f / sqrtf(200.0f), "max |A| %g", mx);
     CHECKF(fabsf(sum / 800) < 0.0044f, "mean A %g", sum / 800);
-    CHECK(bz == 0 && l.scale == 2.0f && ft_lora_scale(8, 4, true) == 4.0f);
+    CHECK(bz == 0 && ft_lora_scale_of(&l) == 2.0f && ft_lora_scale(8, 4, true) == 4.0f);
     free(x); free(a); free(b);
 }
 

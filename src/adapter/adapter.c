@@ -1,10 +1,13 @@
-/* adapter.c — LoRA adapter objects and files: attach fresh adapters, read
- * and write PEFT directories, write llama.cpp GGUF adapters. Every tensor
- * read from a file is checked against the model before its data is used. */
+/* adapter.c — adapter objects and files: attach fresh adapters, read and
+ * write PEFT directories and llama.cpp GGUF adapters. Tensor names, shapes
+ * and which rows RoPE permutes come from the kind's table
+ * (nn/adapter_kind.h). Every tensor read from a file is checked against
+ * the model before its data is used. */
 #include "adapter/adapter.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <pcre2.h>
@@ -54,13 +57,61 @@ static void set_base_model(ft_adapter *a) {
     else if (m->bin.path) snprintf(a->base_model, sizeof a->base_model, "%s", m->bin.path);
 }
 
-/* Allocates an adapter with owned LoRA structs for the (layer, module)
- * pairs where sel[l * FT_N_MODS + mod] is set, memory for A and B (and
+/* Floats of parameter i of kind k on Linear lin with hyper-parameters hp. */
+static size_t param_numel(const ft_adapter_kind *k, const ft_adapter_hparams *hp, int i, const ft_linear *lin) {
+    int64_t sh[2];
+    k->param_shape(sh, hp, i, lin->in, lin->out);
+    return (size_t)sh[0] * (size_t)sh[1];
+}
+
+/* "lora_A/lora_B" (PEFT) or "lora_a/lora_b" (GGUF): the kind's tensor
+ * names for messages, up to the first '.'. */
+static void kind_names(char *buf, size_t cap, const ft_adapter_kind *k, bool gguf) {
+    size_t n = 0;
+    buf[0] = 0;
+    for (int i = 0; i < k->n_params && n < cap; i++) {
+        const char *nm = gguf ? k->defs[i].gguf : k->defs[i].peft;
+        n += (size_t)snprintf(buf + n, cap - n, "%s%.*s", i ? "/" : "", (int)strcspn(nm, "."), nm);
+    }
+}
+
+/* An empty adapter object for m with room for n entries (and, owned, n
+ * instance structs) and its adapter set, all counted as FT_MEM_OTHER;
+ * NULL when out of memory. */
+static ft_adapter *adapter_new(ftune_model *m, int n, bool owned) {
+    ft_adapter *a = ft_mem_calloc(FT_MEM_OTHER, sizeof *a);
+    if (!a) return NULL;
+    a->m = m;
+    a->cap = n;
+    a->e = ft_mem_calloc(FT_MEM_OTHER, (size_t)n * sizeof *a->e);
+    a->set = ft_mem_calloc(FT_MEM_OTHER, (size_t)m->cfg.L * FT_N_MODS * sizeof *a->set);
+    if (owned) a->loras = ft_mem_calloc(FT_MEM_OTHER, (size_t)n * sizeof *a->loras);
+    if (!a->e || !a->set || (owned && !a->loras)) {
+        ft_adapter_free(a);
+        return NULL;
+    }
+    set_base_model(a);
+    return a;
+}
+
+/* The instances ft_adapter allocates itself are LoRA's (ft_lora structs). */
+#define OWNED_KIND (&ft_lora_kind)
+
+/* PEFT's peft_type of kind k: its name in upper case ("LORA"). */
+static void peft_type_of(const ft_adapter_kind *k, char *buf, size_t cap) {
+    size_t i = 0;
+    for (; k->name[i] && i + 1 < cap; i++) buf[i] = (char)toupper((unsigned char)k->name[i]);
+    buf[i] = 0;
+}
+
+/* Allocates an adapter with owned instances for the (layer, module) pairs
+ * where sel[l * FT_N_MODS + mod] is set, memory for their parameters (and
  * grads), without initialising the values. */
 static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_adapter_hparams *cfg, const bool *sel,
                                 bool trainable) {
     *out = NULL;
     const ft_config *c = &m->cfg;
+    const ft_adapter_kind *kind = OWNED_KIND;
     if (cfg->r <= 0 || cfg->r > 65536) return ft_err(FTUNE_ERR_ARG, "LoRA rank r = %d is not in 1..65536", cfg->r);
     if (!(cfg->dropout >= 0 && cfg->dropout < 1)) return ft_err(FTUNE_ERR_ARG, "LoRA dropout %g is not in [0, 1)", cfg->dropout);
     if (!isfinite(cfg->alpha)) return ft_err(FTUNE_ERR_ARG, "LoRA alpha is not finite");
@@ -69,26 +120,24 @@ static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_adapt
     for (int l = 0; l < c->L; l++)
         for (int k = 0; k < FT_N_MODS; k++) {
             if (!sel[l * FT_N_MODS + k]) continue;
-            ft_linear *lin = ft_model_linear(m, l, k);
             n++;
-            floats += (size_t)cfg->r * ((size_t)lin->in + (size_t)lin->out) * (trainable ? 2 : 1);
+            for (int i = 0; i < kind->n_params; i++)
+                floats += param_numel(kind, cfg, i, ft_model_linear(m, l, k)) * (trainable ? 2 : 1);
         }
-    ft_adapter *a = ft_calloc(1, sizeof *a);
-    if (!a) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
-    a->m = m;
-    a->cfg = *cfg;
-    a->e = ft_calloc((size_t)(n ? n : 1), sizeof *a->e);
-    a->loras = ft_calloc((size_t)(n ? n : 1), sizeof *a->loras);
-    a->mem = ft_aligned_alloc((floats ? floats : 1) * sizeof(float));
-    a->set = ft_calloc((size_t)c->L * FT_N_MODS, sizeof *a->set);
-    if (!a->e || !a->loras || !a->mem || !a->set) {
+    ft_adapter *a = adapter_new(m, n, true);
+    if (a) {
+        a->trainable = trainable;
+        a->n_values = trainable ? floats / 2 : floats;
+        a->mem = ft_mem_calloc(trainable ? FT_MEM_TRAINABLE : FT_MEM_WEIGHTS, a->n_values * sizeof(float));
+        if (trainable) a->grads = ft_mem_calloc(FT_MEM_GRADS, a->n_values * sizeof(float));
+    }
+    if (!a || !a->mem || (trainable && !a->grads)) {
         ft_adapter_free(a);
         return ft_err(FTUNE_ERR_NOMEM, "out of memory for %d adapters (%.1f MiB)", n, floats * 4.0 / 1048576.0);
     }
-    memset(a->mem, 0, floats * sizeof(float));
-    set_base_model(a);
-    float *p = a->mem;
-    float scale = ft_lora_scale(cfg->alpha, cfg->r, cfg->rslora);
+    a->kind = kind;
+    a->cfg = *cfg;
+    float *p = a->mem, *g = a->grads;
     for (int l = 0; l < c->L; l++)
         for (int k = 0; k < FT_N_MODS; k++) {
             if (!sel[l * FT_N_MODS + k]) continue;
@@ -99,16 +148,13 @@ static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_adapt
             e->lin = ft_model_linear(m, l, k);
             e->lora = lo;
             a->set[l * FT_N_MODS + k] = &lo->base;
-            size_t na = (size_t)cfg->r * e->lin->in, nb = (size_t)e->lin->out * cfg->r;
-            ft_lora_bind(lo);
-            lo->r = cfg->r;
-            lo->alpha = cfg->alpha;
-            lo->scale = scale;
-            lo->rslora = cfg->rslora;
-            lo->dropout = cfg->dropout;
-            lo->A = p; p += na;
-            lo->B = p; p += nb;
-            if (trainable) { lo->dA = p; p += na; lo->dB = p; p += nb; }
+            ft_lora_bind(lo, &a->cfg);
+            for (int i = 0; i < kind->n_params; i++) {
+                size_t ni = param_numel(kind, &a->cfg, i, e->lin);
+                kind->bind(&lo->base, i, p, g);
+                p += ni;
+                if (g) g += ni;
+            }
             a->n++;
         }
     *out = a;
@@ -127,15 +173,19 @@ ftune_status ft_adapter_attach(ft_adapter **out, ftune_model *m, const ft_adapte
     ftune_status st = alloc_owned(&a, m, cfg, sel, trainable);
     free(sel);
     if (st) return st;
-    /* PEFT's init (B stays zero) */
+    /* PEFT's init, entry after entry from one generator */
     ft_rng rng;
     ft_rng_seed(&rng, cfg->seed);
-    for (int i = 0; i < a->n; i++) ft_lora_init_A(a->e[i].lora->A, cfg->r, a->e[i].lin->in, &rng);
+    for (int i = 0; i < a->n; i++) a->kind->init(&a->e[i].lora->base, a->e[i].lin->in, a->e[i].lin->out, &rng);
     *out = a;
     return FTUNE_OK;
 }
 
-ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *loras, float dropout) {
+static bool same_hparams(const ft_adapter_hparams *x, const ft_adapter_hparams *y) {
+    return x->r == y->r && x->alpha == y->alpha && x->rslora == y->rslora && x->dropout == y->dropout;
+}
+
+ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *loras) {
     *out = NULL;
     const ft_config *c = &m->cfg;
     int n = 0;
@@ -144,24 +194,19 @@ ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *l
         const ft_lora *lo = loras[i];
         if (!lo) continue;
         if (!first) first = lo;
-        if (lo->r != first->r || lo->alpha != first->alpha || lo->rslora != first->rslora)
-            return ft_err(FTUNE_ERR_ARG, "layer %d %s: r/alpha/rslora differ from the other adapters", i / FT_N_MODS,
-                          ft_modules[i % FT_N_MODS].peft);
+        if (lo->base.kind != first->base.kind || !lo->base.hp || !same_hparams(lo->base.hp, first->base.hp))
+            return ft_err(FTUNE_ERR_ARG, "layer %d %s: kind or r/alpha/rslora/dropout differ from the other adapters",
+                          i / FT_N_MODS, ft_modules[i % FT_N_MODS].peft);
         if (!lo->A || !lo->B) return ft_err(FTUNE_ERR_ARG, "layer %d %s: adapter without A or B", i / FT_N_MODS,
                                             ft_modules[i % FT_N_MODS].peft);
         n++;
     }
     if (!n) return ft_err(FTUNE_ERR_ARG, "no adapters to wrap");
-    ft_adapter *a = ft_calloc(1, sizeof *a);
-    if (!a || !(a->e = ft_calloc((size_t)n, sizeof *a->e)) ||
-        !(a->set = ft_calloc((size_t)c->L * FT_N_MODS, sizeof *a->set))) {
-        if (a) free(a->e);
-        free(a);
-        return ft_err(FTUNE_ERR_NOMEM, "out of memory");
-    }
-    a->m = m;
-    a->cfg = (ft_adapter_hparams){ .r = first->r, .alpha = first->alpha, .rslora = first->rslora, .dropout = dropout };
-    set_base_model(a);
+    ft_adapter *a = adapter_new(m, n, false);
+    if (!a) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    a->kind = first->base.kind;
+    a->cfg = *first->base.hp;
+    a->cfg.targets = 0; /* the modules wrapped, below */
     for (int i = 0; i < c->L * FT_N_MODS; i++) {
         if (!loras[i]) continue;
         ft_adapter_entry *e = &a->e[a->n++];
@@ -178,17 +223,25 @@ ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *l
 
 void ft_adapter_free(ft_adapter *a) {
     if (!a) return;
-    free(a->set);
-    free(a->e);
-    free(a->loras);
-    free(a->mem);
-    free(a);
+    ft_mem_free(FT_MEM_OTHER, a->set, (size_t)a->m->cfg.L * FT_N_MODS * sizeof *a->set);
+    ft_mem_free(FT_MEM_OTHER, a->e, (size_t)a->cap * sizeof *a->e);
+    ft_mem_free(FT_MEM_OTHER, a->loras, (size_t)a->cap * sizeof *a->loras);
+    ft_mem_free(a->trainable ? FT_MEM_TRAINABLE : FT_MEM_WEIGHTS, a->mem, a->n_values * sizeof(float));
+    ft_mem_free(FT_MEM_GRADS, a->grads, a->n_values * sizeof(float));
+    ft_mem_free(FT_MEM_OTHER, a, sizeof *a);
+}
+
+int ft_adapter_n_params(const ft_adapter *a) { return a->n * a->kind->n_params; }
+
+/* The PEFT key of an entry's parameter: "base_model.model.model.layers.{l}.<path>.<the kind's name>". */
+static void peft_key(char *buf, size_t cap, const ft_adapter_entry *e, const ft_adapter_param_def *d) {
+    snprintf(buf, cap, PEFT_PREFIX "model.layers.%d.%s.%s", e->layer, ft_modules[e->mod].path, d->peft);
 }
 
 ftune_status ft_adapter_params(const ft_adapter *a, ft_param *out) {
+    int j = 0;
     for (int i = 0; i < a->n; i++) {
         const ft_adapter_entry *e = &a->e[i];
-        /* the kind's parameter list, named as in the PEFT file */
         const ft_adapter_inst *ad = &e->lora->base;
         for (int k = 0; k < ad->kind->n_params; k++) {
             ft_adapter_param ap;
@@ -196,10 +249,9 @@ ftune_status ft_adapter_params(const ft_adapter *a, ft_param *out) {
             if (!ap.grad)
                 return ft_err(FTUNE_ERR_ARG, "layer %d %s: the adapter has no gradients (attach it as trainable)",
                               e->layer, ft_modules[e->mod].peft);
-            ft_param *p = &out[2 * i + k];
+            ft_param *p = &out[j++];
             memset(p, 0, sizeof *p);
-            snprintf(p->name, sizeof p->name, PEFT_PREFIX "model.layers.%d.%s.%s", e->layer, ft_modules[e->mod].path,
-                     ap.peft_suffix);
+            peft_key(p->name, sizeof p->name, e, ap.def);
             p->data = ap.data;
             p->grad = ap.grad;
             p->ndim = 2;
@@ -246,8 +298,10 @@ ftune_status ft_peft_config_read(ft_peft_config *c, const char *path) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "peft_type");
     if (!cJSON_IsString(v)) FAIL(FTUNE_ERR_FORMAT, "%s: \"peft_type\" is missing or not a string", path);
     snprintf(c->peft_type, sizeof c->peft_type, "%s", v->valuestring);
-    if (strcmp(v->valuestring, "LORA") != 0)
-        FAIL(FTUNE_ERR_UNSUPPORTED, "%s: peft_type \"%s\" is not supported (LORA)", path, v->valuestring);
+    char want[16];
+    peft_type_of(OWNED_KIND, want, sizeof want);
+    if (strcmp(v->valuestring, want) != 0)
+        FAIL(FTUNE_ERR_UNSUPPORTED, "%s: peft_type \"%s\" is not supported (%s)", path, v->valuestring, want);
     c->hp.r = 8; /* PEFT's defaults */
     c->hp.alpha = 8;
     if ((v = cJSON_GetObjectItemCaseSensitive(j, "r"))) {
@@ -317,25 +371,35 @@ done:
 
 /* ------------------------------------------------------------- PEFT tensors */
 
-static bool ends_with(const char *s, const char *suf) {
-    size_t a = strlen(s), b = strlen(suf);
-    return a >= b && strcmp(s + a - b, suf) == 0;
-}
-
 static void shape_str(char *buf, size_t cap, int ndim, const int64_t *shape) {
     size_t k = (size_t)snprintf(buf, cap, "[");
     for (int d = 0; d < ndim && k < cap; d++) k += (size_t)snprintf(buf + k, cap - k, "%s%lld", d ? ", " : "", (long long)shape[d]);
     if (k < cap) snprintf(buf + k, cap - k, "]");
 }
 
-ftune_status ft_peft_scan(const st_file *f, ft_peft_pair **pairs, int *n) {
-    *pairs = NULL;
+/* Which of kind k's parameters PEFT key nm is (its suffix "." + the
+ * parameter's name), or -1; *stem gets the key's length without it. */
+static int peft_param_of(const ft_adapter_kind *k, const char *nm, size_t *stem) {
+    size_t len = strlen(nm);
+    for (int i = 0; i < k->n_params; i++) {
+        size_t sl = strlen(k->defs[i].peft);
+        if (len > sl && nm[len - sl - 1] == '.' && strcmp(nm + len - sl, k->defs[i].peft) == 0) {
+            *stem = len - sl - 1;
+            return i;
+        }
+    }
+    return -1;
+}
+
+ftune_status ft_peft_scan(const st_file *f, const ft_adapter_kind *k, ft_peft_module **mods, int *n) {
+    *mods = NULL;
     *n = 0;
     const char *path = f->map.path ? f->map.path : "adapter_model.safetensors";
-    ft_peft_pair *p = ft_calloc((size_t)(f->n ? f->n : 1), sizeof *p);
+    ft_peft_module *p = ft_calloc((size_t)(f->n ? f->n : 1), sizeof *p);
     if (!p) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     ftune_status st = FTUNE_OK;
-    char partner[sizeof p->module + 32];
+    char partner[sizeof p->module + 64], names[128];
+    kind_names(names, sizeof names, k, false);
     for (int i = 0; i < f->n && !st; i++) {
         const st_tensor *t = &f->tensors[i];
         const char *nm = t->name;
@@ -347,13 +411,14 @@ ftune_status ft_peft_scan(const st_file *f, ft_peft_pair **pairs, int *n) {
             st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: tensor \"%s\" adapts an embedding; not supported", path, nm);
             break;
         }
-        bool isA = ends_with(nm, ".lora_A.weight"), isB = ends_with(nm, ".lora_B.weight");
-        if (!isA && !isB) {
-            st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: tensor \"%s\" is not a lora_A/lora_B weight (a full tensor from "
-                        "modules_to_save or a resized embedding?); not supported", path, nm);
+        size_t len;
+        int pi = peft_param_of(k, nm, &len);
+        if (pi < 0) {
+            st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: tensor \"%s\" is not a %s weight (a full tensor from "
+                        "modules_to_save or a resized embedding?); not supported", path, nm, names);
             break;
         }
-        size_t plen = strlen(PEFT_PREFIX), len = strlen(nm) - strlen(".lora_A.weight");
+        size_t plen = strlen(PEFT_PREFIX);
         if (strncmp(nm, PEFT_PREFIX, plen) != 0 || len <= plen) {
             st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\" does not start with \"" PEFT_PREFIX "\"", path, nm);
             break;
@@ -368,24 +433,36 @@ ftune_status ft_peft_scan(const st_file *f, ft_peft_pair **pairs, int *n) {
             st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": shape %s is not a non-empty matrix", path, nm, s);
             break;
         }
-        snprintf(partner, sizeof partner, "%.*s.lora_%c.weight", (int)len, nm, isA ? 'B' : 'A');
-        const st_tensor *o = ft_st_find(f, partner);
-        if (!o) {
-            st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\" has no partner \"%s\"", path, nm, partner);
-            break;
+        const st_tensor *ts[FT_ADAPTER_MAX_PARAMS] = { 0 };
+        ts[pi] = t;
+        for (int j = 0; j < k->n_params && !st; j++) {
+            if (j == pi) continue;
+            snprintf(partner, sizeof partner, "%.*s.%s", (int)len, nm, k->defs[j].peft);
+            if (!(ts[j] = ft_st_find(f, partner)))
+                st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\" has no partner \"%s\"", path, nm, partner);
         }
-        if (!isA) continue; /* each pair is listed once, from its A */
-        ft_peft_pair *q = &p[*n];
+        if (st) break;
+        if (pi != 0) continue; /* each module is listed once, from its first parameter */
+        ft_peft_module *q = &p[*n];
         snprintf(q->module, sizeof q->module, "%.*s", (int)(len - plen), nm + plen);
-        q->A = t;
-        q->B = o;
-        if (o->ndim == 2 && o->shape[1] != t->shape[0]) {
-            char sa[96], sb[96];
-            shape_str(sa, sizeof sa, t->ndim, t->shape);
-            shape_str(sb, sizeof sb, o->ndim, o->shape);
-            st = ft_err(FTUNE_ERR_FORMAT, "%s: %s: lora_A shape %s and lora_B shape %s disagree on r", path, q->module, sa, sb);
-            break;
+        memcpy(q->t, ts, sizeof ts);
+        /* every parameter's rank dimension agrees with the first one's */
+        int r0 = -1;
+        for (int j = 0; j < k->n_params && !st; j++) {
+            int d = k->defs[j].r_dim;
+            if (d < 0 || ts[j]->ndim != 2) continue;
+            if (r0 < 0) { r0 = j; continue; }
+            if (ts[j]->shape[d] != ts[r0]->shape[k->defs[r0].r_dim]) {
+                char sa[96], sb[96], na[64], nb[64];
+                shape_str(sa, sizeof sa, ts[r0]->ndim, ts[r0]->shape);
+                shape_str(sb, sizeof sb, ts[j]->ndim, ts[j]->shape);
+                snprintf(na, sizeof na, "%.*s", (int)strcspn(k->defs[r0].peft, "."), k->defs[r0].peft);
+                snprintf(nb, sizeof nb, "%.*s", (int)strcspn(k->defs[j].peft, "."), k->defs[j].peft);
+                st = ft_err(FTUNE_ERR_FORMAT, "%s: %s: %s shape %s and %s shape %s disagree on r", path, q->module,
+                            na, sa, nb, sb);
+            }
         }
+        if (st) break;
         (*n)++;
     }
     if (st) {
@@ -393,7 +470,7 @@ ftune_status ft_peft_scan(const st_file *f, ft_peft_pair **pairs, int *n) {
         *n = 0;
         return st;
     }
-    *pairs = p;
+    *mods = p;
     return FTUNE_OK;
 }
 
@@ -480,9 +557,26 @@ static ftune_status select_targets(const ft_peft_config *c, const ftune_model *m
     return FTUNE_OK;
 }
 
-/* Copies a file tensor (F32/F16/BF16, numel elements already checked) to f32. */
-static void tensor_to_f32(const st_tensor *t, float *dst, size_t numel) {
-    ft_types[t->dtype].to_f32(t->data, dst, (int64_t)numel);
+/* The FT_MOD_BIT mask of the modules sel[l * FT_N_MODS + mod] selects in some layer. */
+static unsigned targets_of(const bool *sel, int L) {
+    unsigned t = 0;
+    for (int i = 0; i < L * FT_N_MODS; i++)
+        if (sel[i]) t |= FT_MOD_BIT(i % FT_N_MODS);
+    return t;
+}
+
+/* Entry i's parameter k from a file's tensor data src of type dt (F32,
+ * F16 or BF16; its shape checked against the parameter's): converted to
+ * f32, and when heads > 0 and its rows are the Linear's outputs, permuted
+ * head by head to the model's layout (to_interleaved: from rotate-half). */
+static ftune_status load_param(ft_adapter *a, int i, int k, ft_dtype dt, const void *src, int heads,
+                               bool to_interleaved) {
+    const ft_adapter_entry *e = &a->e[i];
+    ft_adapter_param ap;
+    a->kind->param(&ap, &e->lora->base, k, e->lin->in, e->lin->out);
+    ft_types[dt].to_f32(src, ap.data, ap.shape[0] * ap.shape[1]);
+    if (!heads || !ap.def->out_rows) return FTUNE_OK;
+    return ft_permute_rope_rows(ap.data, (int)ap.shape[0], (int)ap.shape[1], heads, to_interleaved);
 }
 
 ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *dir, bool trainable) {
@@ -498,11 +592,12 @@ ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *
     int L = c->L;
     bool *sel = ft_calloc((size_t)L * FT_N_MODS, sizeof *sel);
     bool *have = ft_calloc((size_t)L * FT_N_MODS, sizeof *have);
-    const ft_peft_pair **byidx = ft_calloc((size_t)L * FT_N_MODS, sizeof *byidx);
+    const ft_peft_module **byidx = ft_calloc((size_t)L * FT_N_MODS, sizeof *byidx);
     st_file f;
     memset(&f, 0, sizeof f);
-    ft_peft_pair *pairs = NULL;
-    int np = 0;
+    const ft_adapter_kind *kind = OWNED_KIND;
+    ft_peft_module *mods = NULL;
+    int n_mods = 0;
     ft_adapter *a = NULL;
     if (!sel || !have || !byidx) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
     if ((st = select_targets(&pc, m, cfg_path, sel))) goto done;
@@ -519,73 +614,71 @@ ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *
         goto done;
     }
     if ((st = ft_st_open(&f, st_path))) goto done;
-    if ((st = ft_peft_scan(&f, &pairs, &np))) goto done;
-    for (int i = 0; i < np; i++) {
+    if ((st = ft_peft_scan(&f, kind, &mods, &n_mods))) goto done;
+    for (int i = 0; i < n_mods; i++) {
         int l;
         ft_module mod;
-        if (!parse_module(pairs[i].module, L, &l, &mod)) {
+        if (!parse_module(mods[i].module, L, &l, &mod)) {
             st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: tensor \"%s\": module \"%s\" does not exist in this %s model of %d "
                         "layers (model.layers.{i}.self_attn.{q,k,v,o}_proj, model.layers.{i}.mlp.{gate,up,down}_proj)",
-                        st_path, pairs[i].A->name, pairs[i].module, c->arch, L);
+                        st_path, mods[i].t[0]->name, mods[i].module, c->arch, L);
             goto done;
         }
         if (!sel[l * FT_N_MODS + mod]) {
             st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\" adapts %s, which target_modules in adapter_config.json "
-                        "does not select", st_path, pairs[i].A->name, pairs[i].module);
+                        "does not select", st_path, mods[i].t[0]->name, mods[i].module);
             goto done;
         }
         have[l * FT_N_MODS + mod] = true;
-        byidx[l * FT_N_MODS + mod] = &pairs[i];
+        byidx[l * FT_N_MODS + mod] = &mods[i];
     }
     for (int l = 0; l < L; l++)
         for (int k = 0; k < FT_N_MODS; k++)
             if (sel[l * FT_N_MODS + k] && !have[l * FT_N_MODS + k]) {
-                st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"" PEFT_PREFIX "model.layers.%d.%s.lora_A.weight\" is missing "
-                            "(adapter_config.json targets %s)", st_path, l, ft_modules[k].path, ft_modules[k].peft);
+                st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"" PEFT_PREFIX "model.layers.%d.%s.%s\" is missing "
+                            "(adapter_config.json targets %s)", st_path, l, ft_modules[k].path, kind->defs[0].peft,
+                            ft_modules[k].peft);
                 goto done;
             }
     /* shapes against the model, before anything is allocated or copied */
     for (int l = 0; l < L; l++)
         for (int k = 0; k < FT_N_MODS; k++) {
-            const ft_peft_pair *p = byidx[l * FT_N_MODS + k];
+            const ft_peft_module *p = byidx[l * FT_N_MODS + k];
             if (!p) continue;
             const ft_linear *lin = ft_model_linear(m, l, k);
-            char s[96];
-            if (p->A->shape[0] != pc.hp.r || p->A->shape[1] != lin->in) {
-                shape_str(s, sizeof s, p->A->ndim, p->A->shape);
-                st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": shape %s but the model's layer %d %s has %d inputs "
-                            "and r=%d (expected [%d, %d])", st_path, p->A->name, s, l, ft_modules[k].peft, lin->in, pc.hp.r,
-                            pc.hp.r, lin->in);
-                goto done;
-            }
-            if (p->B->shape[0] != lin->out || p->B->shape[1] != pc.hp.r) {
-                shape_str(s, sizeof s, p->B->ndim, p->B->shape);
-                st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": shape %s but the model's layer %d %s has %d outputs "
-                            "and r=%d (expected [%d, %d])", st_path, p->B->name, s, l, ft_modules[k].peft, lin->out, pc.hp.r,
-                            lin->out, pc.hp.r);
+            for (int i = 0; i < kind->n_params; i++) {
+                const st_tensor *t = p->t[i];
+                int64_t want[2];
+                kind->param_shape(want, &pc.hp, i, lin->in, lin->out);
+                if (t->shape[0] == want[0] && t->shape[1] == want[1]) continue;
+                char s[96];
+                bool rows = kind->defs[i].out_rows;
+                shape_str(s, sizeof s, t->ndim, t->shape);
+                st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": shape %s but the model's layer %d %s has %d %s "
+                            "and r=%d (expected [%lld, %lld])", st_path, t->name, s, l, ft_modules[k].peft,
+                            rows ? lin->out : lin->in, rows ? "outputs" : "inputs", pc.hp.r, (long long)want[0],
+                            (long long)want[1]);
                 goto done;
             }
         }
     ft_adapter_hparams lc = pc.hp;
-    for (int i = 0; i < L * FT_N_MODS; i++)
-        if (sel[i]) lc.targets |= FT_MOD_BIT(i % FT_N_MODS);
+    lc.targets = targets_of(sel, L);
     if ((st = alloc_owned(&a, m, &lc, sel, trainable))) goto done;
     if (pc.base_model[0]) snprintf(a->base_model, sizeof a->base_model, "%s", pc.base_model);
     for (int i = 0; i < a->n; i++) {
         ft_adapter_entry *e = &a->e[i];
-        const ft_peft_pair *p = byidx[e->layer * FT_N_MODS + e->mod];
-        tensor_to_f32(p->A, e->lora->A, (size_t)pc.hp.r * e->lin->in);
-        tensor_to_f32(p->B, e->lora->B, (size_t)e->lin->out * pc.hp.r);
-        int heads = ft_module_rope_heads(c, e->mod);
-        if (c->rope_interleaved && heads &&
-            (st = ft_permute_rope_rows(e->lora->B, e->lin->out, pc.hp.r, heads, true))) goto done;
+        const ft_peft_module *p = byidx[e->layer * FT_N_MODS + e->mod];
+        /* PEFT files are in rotate-half order */
+        int heads = c->rope_interleaved ? ft_module_rope_heads(c, e->mod) : 0;
+        for (int k = 0; k < kind->n_params; k++)
+            if ((st = load_param(a, i, k, p->t[k]->dtype, p->t[k]->data, heads, true))) goto done;
     }
     *out = a;
     a = NULL;
 done:
     if (st) st = ft_err_prefix(st, "adapter %s", dir);
     ft_adapter_free(a);
-    free(pairs);
+    free(mods);
     ft_st_close(&f);
     free(sel);
     free(have);
@@ -596,40 +689,47 @@ done:
 
 /* ------------------------------------------------------------- PEFT save */
 
-/* Copies of every q/k lora_B in the file layout (rotate-half when
- * to_interleaved is false, interleaved otherwise) for a model whose layout
- * differs; NULL entries where B can be written as it is. */
-static ftune_status permuted_bs(const ft_adapter *a, bool want_interleaved, float ***out) {
-    *out = NULL;
-    const ft_config *c = &a->m->cfg;
-    if (c->rope_interleaved == want_interleaved) return FTUNE_OK;
-    float **bs = ft_calloc((size_t)(a->n ? a->n : 1), sizeof *bs);
-    if (!bs) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < a->n; i++) {
-        const ft_adapter_entry *e = &a->e[i];
-        int heads = ft_module_rope_heads(c, e->mod);
-        if (!heads) continue;
-        size_t nb = (size_t)e->lin->out * e->lora->r;
-        ftune_status st = FTUNE_OK;
-        if (!(bs[i] = ft_malloc(nb * sizeof(float)))) st = ft_err(FTUNE_ERR_NOMEM, "out of memory");
-        else {
-            memcpy(bs[i], e->lora->B, nb * sizeof(float));
-            st = ft_permute_rope_rows(bs[i], e->lin->out, e->lora->r, heads, want_interleaved);
-        }
-        if (st) {
-            for (int j = 0; j <= i; j++) free(bs[j]);
-            free(bs);
-            return st;
-        }
-    }
-    *out = bs;
-    return FTUNE_OK;
-}
-
-static void free_bs(float **bs, int n) {
+static void free_rows(float **bs, int n) {
     if (!bs) return;
     for (int i = 0; i < n; i++) free(bs[i]);
     free(bs);
+}
+
+/* Copies, in the file layout (rotate-half when want_interleaved is false,
+ * interleaved otherwise), of the parameters whose rows are q/k output rows
+ * (LoRA's B) for a model whose layout differs: (*out)[i·n_params + k] for
+ * entry i's parameter k, NULL where it can be written as it is (*out NULL:
+ * all can). */
+static ftune_status permuted_rows(const ft_adapter *a, bool want_interleaved, float ***out) {
+    *out = NULL;
+    const ft_config *c = &a->m->cfg;
+    if (c->rope_interleaved == want_interleaved) return FTUNE_OK;
+    int np = a->kind->n_params, n = ft_adapter_n_params(a);
+    float **bs = ft_calloc((size_t)(n ? n : 1), sizeof *bs);
+    if (!bs) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    ftune_status st = FTUNE_OK;
+    for (int i = 0; i < a->n && !st; i++) {
+        const ft_adapter_entry *e = &a->e[i];
+        int heads = ft_module_rope_heads(c, e->mod);
+        for (int k = 0; heads && k < np && !st; k++) {
+            ft_adapter_param ap;
+            a->kind->param(&ap, &e->lora->base, k, e->lin->in, e->lin->out);
+            if (!ap.def->out_rows) continue;
+            size_t nb = (size_t)ap.shape[0] * ap.shape[1];
+            float *b = bs[i * np + k] = ft_malloc(nb * sizeof(float));
+            if (!b) st = ft_err(FTUNE_ERR_NOMEM, "out of memory");
+            else {
+                memcpy(b, ap.data, nb * sizeof(float));
+                st = ft_permute_rope_rows(b, (int)ap.shape[0], (int)ap.shape[1], heads, want_interleaved);
+            }
+        }
+    }
+    if (st) {
+        free_rows(bs, n);
+        return st;
+    }
+    *out = bs;
+    return FTUNE_OK;
 }
 
 /* target_modules for adapter_config.json: a list of names (plus
@@ -690,37 +790,39 @@ ftune_status ft_adapter_save_peft(const ft_adapter *a, const char *dir) {
     if (!ft_is_dir(dir)) return ft_err(FTUNE_ERR_IO, "%s: exists and is not a directory", dir);
     char path[4096];
     float **bs = NULL;
-    ftune_status st = permuted_bs(a, false, &bs);
+    ftune_status st = permuted_rows(a, false, &bs);
     if (st) return st;
-    st_out_tensor *ts = ft_calloc((size_t)a->n * 2, sizeof *ts);
-    char *names = ft_malloc((size_t)a->n * 2 * 128);
+    int np = a->kind->n_params, n = ft_adapter_n_params(a);
+    st_out_tensor *ts = ft_calloc((size_t)n, sizeof *ts);
+    char *names = ft_malloc((size_t)n * 128);
     cJSON *cfg = NULL;
     if (!ts || !names) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
     for (int i = 0; i < a->n; i++) {
         const ft_adapter_entry *e = &a->e[i];
-        const ft_adapter_inst *ad = &e->lora->base;
-        /* the kind's parameter list, in its order; parameter 1 (LoRA's B) has
-         * the Linear's output rows, which permuted_bs put in the file's layout */
-        for (int k = 0; k < ad->kind->n_params; k++) {
+        /* the kind's parameter list, in its order; rows permuted_rows put in the file's layout */
+        for (int k = 0; k < np; k++) {
             ft_adapter_param ap;
-            ad->kind->param(&ap, ad, k, e->lin->in, e->lin->out);
-            char *nm = names + (size_t)(2 * i + k) * 128;
-            snprintf(nm, 128, PEFT_PREFIX "model.layers.%d.%s.%s", e->layer, ft_modules[e->mod].path, ap.peft_suffix);
-            st_out_tensor *t = &ts[2 * i + k];
+            a->kind->param(&ap, &e->lora->base, k, e->lin->in, e->lin->out);
+            int j = i * np + k;
+            char *nm = names + (size_t)j * 128;
+            peft_key(nm, 128, e, ap.def);
+            st_out_tensor *t = &ts[j];
             t->name = nm;
             t->dtype = FT_F32;
             t->ndim = 2;
             t->shape[0] = ap.shape[0];
             t->shape[1] = ap.shape[1];
-            t->data = k == 1 && bs && bs[i] ? bs[i] : ap.data;
+            t->data = bs && bs[j] ? bs[j] : ap.data;
         }
     }
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
-    if ((st = ft_st_write(path, ts, 2 * a->n, NULL))) goto done;
+    if ((st = ft_st_write(path, ts, n, NULL))) goto done;
 
     cfg = cJSON_CreateObject();
     if (!cfg) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
-    cJSON_AddStringToObject(cfg, "peft_type", "LORA");
+    char peft_type[16];
+    peft_type_of(a->kind, peft_type, sizeof peft_type);
+    cJSON_AddStringToObject(cfg, "peft_type", peft_type);
     cJSON_AddStringToObject(cfg, "task_type", "CAUSAL_LM");
     if (a->base_model[0]) cJSON_AddStringToObject(cfg, "base_model_name_or_path", a->base_model);
     else cJSON_AddNullToObject(cfg, "base_model_name_or_path");
@@ -738,7 +840,7 @@ done:
     cJSON_Delete(cfg);
     free(ts);
     free(names);
-    free_bs(bs, a->n);
+    free_rows(bs, n);
     return st;
 }
 
@@ -751,38 +853,42 @@ ftune_status ft_adapter_save_gguf(const ft_adapter *a, const char *path) {
     const char *arch = strcmp(c->arch, "qwen2") == 0 ? "qwen2" : "llama";
     bool want_interleaved = strcmp(arch, "llama") == 0;
     float **bs = NULL;
-    ftune_status st = want_interleaved || !c->rope_interleaved ? permuted_bs(a, want_interleaved, &bs)
+    ftune_status st = want_interleaved || !c->rope_interleaved ? permuted_rows(a, want_interleaved, &bs)
                                                                : ft_err(FTUNE_ERR_UNSUPPORTED, "%s: a %s model with "
                                                                         "interleaved q/k rows", path, c->arch);
     if (st) return st;
+    int np = a->kind->n_params;
     gguf_writer *w = NULL;
     if ((st = ft_gguf_writer_new(&w))) goto done;
     float alpha = a->cfg.rslora ? a->cfg.alpha * sqrtf((float)a->cfg.r) : a->cfg.alpha;
     if ((st = ft_gguf_writer_set_str(w, "general.architecture", arch)) ||
         (st = ft_gguf_writer_set_str(w, "general.type", "adapter")) ||
-        (st = ft_gguf_writer_set_str(w, "adapter.type", "lora")) ||
+        (st = ft_gguf_writer_set_str(w, "adapter.type", a->kind->name)) ||
         (st = ft_gguf_writer_set_f32(w, "adapter.lora.alpha", alpha)))
         goto done;
     char name[FT_NAME_MAX];
     for (int i = 0; i < a->n && !st; i++) {
         const ft_adapter_entry *e = &a->e[i];
-        int64_t sa[2] = { e->lora->r, e->lin->in }, sb[2] = { e->lin->out, e->lora->r };
-        snprintf(name, sizeof name, "blk.%d.%s.weight.lora_a", e->layer, ft_modules[e->mod].gguf);
-        if ((st = ft_gguf_writer_add_tensor(w, name, FT_F32, 2, sa, e->lora->A))) break;
-        snprintf(name, sizeof name, "blk.%d.%s.weight.lora_b", e->layer, ft_modules[e->mod].gguf);
-        st = ft_gguf_writer_add_tensor(w, name, FT_F32, 2, sb, bs && bs[i] ? bs[i] : e->lora->B);
+        for (int k = 0; k < np && !st; k++) {
+            ft_adapter_param ap;
+            a->kind->param(&ap, &e->lora->base, k, e->lin->in, e->lin->out);
+            snprintf(name, sizeof name, "blk.%d.%s.weight.%s", e->layer, ft_modules[e->mod].gguf, ap.def->gguf);
+            const float *data = bs && bs[i * np + k] ? bs[i * np + k] : ap.data;
+            st = ft_gguf_writer_add_tensor(w, name, FT_F32, 2, ap.shape, data);
+        }
     }
     if (!st) st = ft_gguf_writer_write(w, path);
 done:
     ft_gguf_writer_free(w);
-    free_bs(bs, a->n);
+    free_rows(bs, ft_adapter_n_params(a));
     return st;
 }
 
 /* ------------------------------------------------------------- GGUF load */
 
-/* One lora_a/lora_b pair found in a GGUF adapter. */
-typedef struct { const gguf_tensor_info *A, *B; } gguf_pair;
+/* The tensors of one adapted Linear found in a GGUF adapter: t[i] is the
+ * kind's parameter i (LoRA: lora_a, lora_b). */
+typedef struct { const gguf_tensor_info *t[FT_ADAPTER_MAX_PARAMS]; } gguf_pair;
 
 static ftune_status gguf_adapter_str(const gguf_file *g, const char *key, const char *want, bool required_eq,
                                      const char *what) {
@@ -812,7 +918,7 @@ ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *
     char what[128];
     if (!pairs || !sel) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
     if ((st = gguf_adapter_str(&g, "general.type", "adapter", true, "not a LoRA adapter (a model GGUF? pass it with -m)")) ||
-        (st = gguf_adapter_str(&g, "adapter.type", "lora", false, "only LoRA adapters are read")))
+        (st = gguf_adapter_str(&g, "adapter.type", OWNED_KIND->name, false, "only LoRA adapters are read")))
         goto done;
     snprintf(what, sizeof what, "the adapter is for another architecture than this %s model (%s)", c->arch, arch);
     if ((st = gguf_adapter_str(&g, "general.architecture", arch, true, what))) goto done;
@@ -820,18 +926,21 @@ ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *
         st = ft_err(FTUNE_ERR_FORMAT, "%s: no adapter.lora.alpha (a number): the LoRA scale alpha/r is unknown", path);
         goto done;
     }
+    const ft_adapter_kind *kind = OWNED_KIND;
+    char names[128];
+    kind_names(names, sizeof names, kind, true);
     int r = 0;
     for (uint64_t i = 0; i < g.n_tensors; i++) {
         const gguf_tensor_info *ti = &g.tensors[i];
         char name[FT_NAME_MAX], mod[32];
         snprintf(name, sizeof name, "%.*s", (int)ti->name.len, ti->name.ptr);
-        int l = -1, used = 0, k;
-        char ab = 0;
-        if (sscanf(name, "blk.%d.%31[a-z_].weight.lora_%c%n", &l, mod, &ab, &used) != 3 || used != (int)strlen(name) ||
-            (ab != 'a' && ab != 'b')) {
+        int l = -1, used = 0, k, pi = 0;
+        if (sscanf(name, "blk.%d.%31[a-z_].weight.%n", &l, mod, &used) == 2 && used > 0)
+            for (; pi < kind->n_params && strcmp(name + used, kind->defs[pi].gguf) != 0; pi++) {}
+        if (used <= 0 || pi == kind->n_params) {
             st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: tensor \"%s\" is not a LoRA tensor of a block's Linear "
-                        "(blk.{i}.<attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down>.weight.lora_a/lora_b)",
-                        path, name);
+                        "(blk.{i}.<attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down>.weight.%s)",
+                        path, name, names);
             goto done;
         }
         for (k = 0; k < FT_N_MODS && strcmp(mod, ft_modules[k].gguf) != 0; k++) {}
@@ -845,51 +954,53 @@ ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *
                         "matrix expected)", path, name, ti->n_dims, ft_gguf_ggml_type_name(ti->ggml_type));
             goto done;
         }
-        /* PyTorch shapes: A [r, in] is ggml ne (in, r); B [out, r] is ne (r, out) */
+        /* PyTorch shapes (rows, cols) are ggml ne (cols, rows); the file states no r: the first tensor's
+         * rank dimension gives it */
+        const ft_adapter_param_def *d = &kind->defs[pi];
         const ft_linear *lin = ft_model_linear(m, l, k);
-        int tr = (int)(ab == 'a' ? ti->ne[1] : ti->ne[0]);
-        uint64_t other = ab == 'a' ? ti->ne[0] : ti->ne[1], want = ab == 'a' ? (uint64_t)lin->in : (uint64_t)lin->out;
-        if (r == 0) r = tr;
-        if (other != want || tr != r || tr <= 0) {
+        int64_t shape[2] = { (int64_t)ti->ne[1], (int64_t)ti->ne[0] }, want[2];
+        if (r == 0 && d->r_dim >= 0) r = (int)shape[d->r_dim];
+        ft_adapter_hparams hr = { .r = r };
+        kind->param_shape(want, &hr, pi, lin->in, lin->out);
+        if (shape[0] != want[0] || shape[1] != want[1] || r <= 0) {
             st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": ggml shape [%llu, %llu] but the model's block %d %s has "
                         "%d %s and the adapter r=%d (expected [%llu, %llu])", path, name,
                         (unsigned long long)ti->ne[0], (unsigned long long)ti->ne[1], l, ft_modules[k].peft,
-                        (int)want, ab == 'a' ? "inputs" : "outputs", r,
-                        (unsigned long long)(ab == 'a' ? want : (uint64_t)r),
-                        (unsigned long long)(ab == 'a' ? (uint64_t)r : want));
+                        d->out_rows ? lin->out : lin->in, d->out_rows ? "outputs" : "inputs", r,
+                        (unsigned long long)want[1], (unsigned long long)want[0]);
             goto done;
         }
-        if (ab == 'a') pairs[l * FT_N_MODS + k].A = ti;
-        else pairs[l * FT_N_MODS + k].B = ti;
+        pairs[l * FT_N_MODS + k].t[pi] = ti;
     }
     int n = 0;
     for (int i = 0; i < L * FT_N_MODS; i++) {
         const gguf_pair *p = &pairs[i];
-        if (!p->A && !p->B) continue;
-        if (!p->A || !p->B) {
-            st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"blk.%d.%s.weight.lora_%c\" is missing (its partner lora_%c is "
-                        "there)", path, i / FT_N_MODS, ft_modules[i % FT_N_MODS].gguf, p->A ? 'b' : 'a', p->A ? 'a' : 'b');
+        int have = -1, miss = -1;
+        for (int j = 0; j < kind->n_params; j++) {
+            if (p->t[j] && have < 0) have = j;
+            if (!p->t[j] && miss < 0) miss = j;
+        }
+        if (have < 0) continue;
+        if (miss >= 0) {
+            st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"blk.%d.%s.weight.%s\" is missing (its partner %s is there)",
+                        path, i / FT_N_MODS, ft_modules[i % FT_N_MODS].gguf, kind->defs[miss].gguf,
+                        kind->defs[have].gguf);
             goto done;
         }
         sel[i] = true;
         n++;
     }
     if (!n) { st = ft_err(FTUNE_ERR_FORMAT, "%s: no LoRA tensors", path); goto done; }
-    ft_adapter_hparams lc = { .r = r, .alpha = (float)alpha };
-    for (int i = 0; i < L * FT_N_MODS; i++)
-        if (sel[i]) lc.targets |= FT_MOD_BIT(i % FT_N_MODS);
+    ft_adapter_hparams lc = { .r = r, .alpha = (float)alpha, .targets = targets_of(sel, L) };
     if ((st = alloc_owned(&a, m, &lc, sel, trainable))) goto done;
-    /* llama-arch adapters keep q/k lora_b rows interleaved (as the model files do) */
+    /* llama-arch adapters keep q/k output rows (lora_b) interleaved (as the model files do) */
     bool file_interleaved = strcmp(arch, "llama") == 0;
     for (int i = 0; i < a->n; i++) {
         ft_adapter_entry *e = &a->e[i];
         const gguf_pair *p = &pairs[e->layer * FT_N_MODS + e->mod];
-        ft_types[p->A->dtype].to_f32(p->A->data, e->lora->A, (int64_t)r * e->lin->in);
-        ft_types[p->B->dtype].to_f32(p->B->data, e->lora->B, (int64_t)e->lin->out * r);
-        int heads = ft_module_rope_heads(c, e->mod);
-        if (heads && file_interleaved != c->rope_interleaved &&
-            (st = ft_permute_rope_rows(e->lora->B, e->lin->out, r, heads, c->rope_interleaved)))
-            goto done;
+        int heads = file_interleaved != c->rope_interleaved ? ft_module_rope_heads(c, e->mod) : 0;
+        for (int k = 0; k < kind->n_params; k++)
+            if ((st = load_param(a, i, k, p->t[k]->dtype, p->t[k]->data, heads, c->rope_interleaved))) goto done;
     }
     *out = a;
     a = NULL;

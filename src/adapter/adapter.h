@@ -1,4 +1,4 @@
-/* adapter.h — LoRA adapters as objects and as files: attaching fresh
+/* adapter.h — adapters as objects and as files: attaching fresh
  * adapters to a model's Linears, reading and writing Hugging Face PEFT
  * directories (adapter_config.json + adapter_model.safetensors), writing
  * llama.cpp GGUF LoRA adapters, and folding adapters into the base weights
@@ -27,17 +27,22 @@ int ft_module_rope_heads(const ft_config *c, ft_module mod);
  * direction is its inverse. */
 ftune_status ft_permute_rope_rows(float *w, int rows, int cols, int n_heads, bool to_interleaved);
 
-/* One adapted Linear. */
+/* One adapted Linear. Its parameters are the kind's (adapter_kind.h):
+ * every reader and writer here goes through the kind's table (names,
+ * shapes, bind, init); only the instance struct is LoRA's. */
 typedef struct {
     int layer;
     ft_module mod;
     ft_linear *lin;     /* in the model: its shape; never written */
-    ft_lora *lora;
+    ft_lora *lora;      /* the instance: lora->base is what the kind's ops take */
 } ft_adapter_entry;
 
 /* A set of LoRA adapters for one model (the public ftune_adapter). When the
- * adapter owns its LoRA structs (attach, load), they live in one
- * allocation; a wrapped adapter only points at someone else's. Nothing is
+ * adapter owns its LoRA structs (attach, load), their values live in one
+ * allocation (counted as FT_MEM_TRAINABLE when trainable, else as owned
+ * FT_MEM_WEIGHTS) and their gradients in another (FT_MEM_GRADS); the
+ * object's arrays are FT_MEM_OTHER. A wrapped adapter only points at
+ * someone else's. Nothing is
  * ever written into the model: whoever runs the model with the adapter (a
  * session: ftune_session_set_adapter; the model's default adapter:
  * ftune_model_load_adapter; a merge: ft_merge_opts.adapter) passes `set` to
@@ -45,11 +50,20 @@ typedef struct {
  * of sessions on one model may run different adapters at once. */
 typedef struct ftune_adapter {
     ftune_model *m;
-    ft_adapter_hparams cfg;  /* seed: the one attach initialised from (0 when loaded) */
+    const ft_adapter_kind *kind; /* every entry's */
+    ft_adapter_hparams cfg;  /* the hyper-parameters the owned instances point at (a wrapper: a copy of
+                              * the wrapped ones', targets those it has); seed: the one attach
+                              * initialised from (0 when loaded) */
     int n;
     ft_adapter_entry *e;     /* (n), in (layer, module) order */
     ft_lora *loras;          /* (n) owned structs, or NULL when wrapping */
-    float *mem;              /* owned A, B (and dA, dB) of every entry */
+    float *mem;              /* (n_values) owned parameter values of every entry, entry after entry in
+                              * the kind's order (LoRA A, B), or NULL when wrapping */
+    float *grads;            /* (n_values) their gradients in the same layout when attached as
+                              * trainable, else NULL */
+    size_t n_values;
+    bool trainable;          /* attached or loaded as trainable: grads, and mem counted as trainables */
+    int cap;                 /* entries e (and loras) are allocated for */
     char base_model[256];    /* base_model_name_or_path for adapter_config.json */
     const ft_adapter_inst **set; /* (L · FT_N_MODS): set[l * FT_N_MODS + mod] = &the entry's lora->base, or NULL */
 } ft_adapter;
@@ -60,17 +74,19 @@ typedef struct ftune_adapter {
 ftune_status ft_adapter_attach(ft_adapter **out, ftune_model *m, const ft_adapter_hparams *cfg, bool trainable);
 /* An adapter object over LoRA structs owned elsewhere (e.g. a trainer's):
  * loras[l * FT_N_MODS + mod] for block l and module mod, NULL where none.
- * Nothing is attached to the model. r/alpha/rslora come from the structs,
- * which must agree. */
-ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *loras, float dropout);
+ * Nothing is attached to the model. r/alpha/rslora/dropout come from the
+ * structs' hyper-parameters, which must agree. */
+ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *loras);
 /* Frees the adapter's own LoRA structs. Accepts NULL. */
 void ft_adapter_free(ft_adapter *a);
 
-/* The trainable tensors of an adapter attached with trainable: 2·n
- * parameters (A then B of each entry) named as in the PEFT file
+/* Parameters of all entries: n · the kind's n_params. */
+int ft_adapter_n_params(const ft_adapter *a);
+/* The trainable tensors of an adapter attached with trainable: each
+ * entry's, in the kind's order (LoRA: A then B), named as in the PEFT file
  * ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"), with
- * weight decay. out holds 2·a->n entries. FTUNE_ERR_ARG if the adapter has
- * no gradients. */
+ * weight decay. out holds ft_adapter_n_params(a) entries. FTUNE_ERR_ARG if
+ * the adapter has no gradients. */
 ftune_status ft_adapter_params(const ft_adapter *a, ft_param *out);
 
 /* ------------------------------------------------------------- PEFT */
@@ -99,19 +115,21 @@ typedef struct {
 ftune_status ft_peft_config_read(ft_peft_config *c, const char *path);
 void ft_peft_config_free(ft_peft_config *c);
 
-/* A lora_A/lora_B pair found in adapter_model.safetensors. */
+/* The tensors of one adapted module found in adapter_model.safetensors. */
 typedef struct {
-    char module[FT_NAME_MAX * 2];   /* key without "base_model.model." and ".lora_X.weight" */
-    const st_tensor *A, *B;
-} ft_peft_pair;
+    char module[FT_NAME_MAX * 2];   /* key without "base_model.model." and the kind's suffix */
+    const st_tensor *t[FT_ADAPTER_MAX_PARAMS]; /* t[i]: the kind's parameter i (LoRA: A, B) */
+} ft_peft_module;
 
-/* Lists the pairs of an opened adapter_model.safetensors, checking that
- * every key is a lora_A/lora_B weight under "base_model.model.", that each
- * has its partner, that both are 2-D with A [r, in] and B [out, r] of the
- * same r, and that the dtype is F32, F16 or BF16. DoRA magnitudes,
- * embedding adapters and full tensors (modules_to_save) are
- * FTUNE_ERR_UNSUPPORTED. *pairs is malloc'd, in the order of f->tensors. */
-ftune_status ft_peft_scan(const st_file *f, ft_peft_pair **pairs, int *n);
+/* Lists the modules of an opened adapter_model.safetensors for adapters of
+ * kind k, checking that every key is one of the kind's tensors (LoRA:
+ * lora_A/lora_B weights) under "base_model.model.", that each has all its
+ * partners, that all are 2-D and agree on r (LoRA: A [r, in], B [out, r]),
+ * and that the dtype is F32, F16 or BF16. DoRA magnitudes, embedding
+ * adapters and full tensors (modules_to_save) are FTUNE_ERR_UNSUPPORTED.
+ * *mods is malloc'd, in the order of f->tensors (of each module's first
+ * parameter). */
+ftune_status ft_peft_scan(const st_file *f, const ft_adapter_kind *k, ft_peft_module **mods, int *n);
 
 /* Loads a PEFT adapter directory onto m (m is not written):
  * the config's targets must name modules the model has, every targeted

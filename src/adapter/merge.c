@@ -24,6 +24,14 @@ static const ft_adapter_inst *merged_adapter(const ftune_model *m, const ft_merg
     return a ? a->set[l * FT_N_MODS + mod] : NULL;
 }
 
+/* row (cols) = row o of weight t in f32 with adapter ad's part folded in
+ * (ad may be NULL): the one way every merge makes a row, so a model merged
+ * in memory and one written to a file are bit-identical. */
+static void merged_row(float *row, const ft_tensor *t, const ft_adapter_inst *ad, int o, int cols) {
+    ft_tensor_row_f32(t, o, row);
+    if (ad) ad->kind->merge_row(row, ad, o, cols);
+}
+
 ftune_status ft_merge_lora(ftune_model *m, const ft_adapter *ad) {
     if (!ad) return FTUNE_OK;
     if (ad->m != m) return ft_err(FTUNE_ERR_ARG, "merge: the adapter was made for another model");
@@ -32,15 +40,10 @@ ftune_status ft_merge_lora(ftune_model *m, const ft_adapter *ad) {
             ft_linear *lin = ft_model_linear(m, l, k);
             const ft_adapter_inst *a = ad->set[l * FT_N_MODS + k];
             if (!a) continue;
-            float *w = ft_aligned_alloc((size_t)lin->out * lin->in * sizeof(float));
+            /* an owned weight of the model (counted as FT_MEM_WEIGHTS), made row by row as the writers do */
+            float *w = ft_model_alloc(m, (size_t)lin->out * lin->in * sizeof(float));
             if (!w) return ft_err(FTUNE_ERR_NOMEM, "out of memory merging layer %d %s", l, ft_module_name(k));
-            /* row by row as the writers do, so a merged model in memory and one written to a file are bit-identical */
-            for (int o = 0; o < lin->out; o++) {
-                ft_tensor_row_f32(&lin->w, o, w + (size_t)o * lin->in);
-                a->kind->merge_row(w + (size_t)o * lin->in, a, o, lin->in);
-            }
-            ftune_status st = ft_model_own(m, w);
-            if (st) return st;
+            for (int o = 0; o < lin->out; o++) merged_row(w + (size_t)o * lin->in, &lin->w, a, o, lin->in);
             lin->w.dtype = FT_F32;
             lin->w.data = w;
             lin->w.nbytes = (size_t)lin->out * lin->in * sizeof(float);
@@ -79,9 +82,7 @@ static void make_row(const row_src *s, int R, float *row) {
         else memcpy(row, s->vec, (size_t)s->cols * sizeof(float));
         return;
     }
-    int o = src_row(s, R);
-    ft_tensor_row_f32(s->t, o, row);
-    if (s->ad) s->ad->kind->merge_row(row, s->ad, o, s->cols);
+    merged_row(row, s->t, s->ad, src_row(s, R), s->cols);
 }
 
 typedef struct {

@@ -1,8 +1,9 @@
 /* adapter_kind.h — an adapter kind as an ops table: what the Linear, the
- * merge, the trainer and the PEFT files need from an adapter, so that a
- * new kind (DoRA, AdaLoRA) is one new file filling the same table. LoRA
- * (lora.c, ft_lora_kind) is the first kind. An instance is any struct that
- * starts with an ft_adapter_inst naming its kind. */
+ * merge, the trainer and the PEFT and GGUF files need from an adapter
+ * (maths, parameters with their shapes and file names), so that a new kind
+ * (DoRA, AdaLoRA) is one new file filling the same table. LoRA (lora.c,
+ * ft_lora_kind) is the first kind. An instance is any struct that starts
+ * with an ft_adapter_inst naming its kind and its hyper-parameters. */
 #ifndef FT_ADAPTER_KIND_H
 #define FT_ADAPTER_KIND_H
 
@@ -11,8 +12,9 @@
 typedef struct ft_adapter_kind ft_adapter_kind;
 
 /* An adapter's hyper-parameters: the one struct the trainer's options,
- * the adapter objects (attach, PEFT and GGUF load) and the PEFT config
- * writer use. Kinds read the fields they have (LoRA: all). */
+ * the adapter objects (attach, PEFT and GGUF load), every instance (by
+ * pointer: ft_adapter_inst.hp) and the PEFT config writer use. Kinds read
+ * the fields they have (LoRA: all). */
 typedef struct {
     int r;              /* rank R */
     float alpha;        /* LoRA scale alpha / r (alpha / sqrt(r) with rslora) */
@@ -25,12 +27,30 @@ typedef struct {
 /* The head of every adapter instance (the first member of ft_lora). */
 typedef struct {
     const ft_adapter_kind *kind;
+    const ft_adapter_hparams *hp; /* its owner's (an ft_adapter's cfg, a trainer's options), never a
+                                   * copy: it must outlive the instance */
 } ft_adapter_inst;
+
+/* One of a kind's trainable tensors, the same for every instance: its
+ * names in the two adapter file formats. A new tensor (DoRA's magnitude)
+ * is one more row of the kind's table; the readers and writers loop over
+ * the table. */
+typedef struct {
+    const char *peft;         /* PEFT key after the module: "lora_A.weight" */
+    const char *gguf;         /* llama.cpp's after "blk.{i}.<tensor>.weight.": "lora_a" */
+    bool out_rows;            /* its rows are the Linear's output rows, so q/k's are permuted
+                               * between RoPE layouts (adapter.h) */
+    int r_dim;                /* the dimension of its shape that is the rank r, or -1 (files that
+                               * do not state r: GGUF; checks that a module's tensors agree) */
+} ft_adapter_param_def;
+
+/* The most parameters a kind may have per adapted Linear. */
+#define FT_ADAPTER_MAX_PARAMS 4
 
 /* One trainable tensor of an instance: what the trainer, optimizer,
  * checkpoints and PEFT export enumerate. */
 typedef struct {
-    const char *peft_suffix;  /* PEFT tensor name after the module: "lora_A.weight" */
+    const ft_adapter_param_def *def;
     int64_t shape[2];         /* row-major (rows, cols) */
     float *data;              /* the instance's values */
     float *grad;              /* its gradient, or NULL when frozen */
@@ -73,10 +93,20 @@ struct ft_adapter_kind {
                          const ft_adapter_inst *a, int T, int IC, int OC, uint64_t mask_seed);
     /* row (IC) += the adapter's part of weight row o, in f32 (merge). */
     void (*merge_row)(float *row, const ft_adapter_inst *a, int o, int IC);
-    /* The instance's trainable tensors for a Linear (IC -> OC), in PEFT's
-     * order; n_params of them. */
+    /* The trainable tensors of an instance on a Linear (IC -> OC): n_params
+     * of them, defs[i] naming each, in PEFT's order. */
     int n_params;
+    const ft_adapter_param_def *defs;
+    /* Parameter i's shape for hyper-parameters hp, before any instance
+     * exists (to size memory and check a file's tensors). */
+    void (*param_shape)(int64_t shape[2], const ft_adapter_hparams *hp, int i, int IC, int OC);
+    /* The instance's parameter i: shape, values and gradient. */
     void (*param)(ft_adapter_param *p, const ft_adapter_inst *a, int i, int IC, int OC);
+    /* Points parameter i at data (and its gradient at grad, or NULL: frozen). */
+    void (*bind)(ft_adapter_inst *a, int i, float *data, float *grad);
+    /* Fresh values as PEFT initialises them, drawn from rng (LoRA: A
+     * Kaiming-uniform, B zero). */
+    void (*init)(ft_adapter_inst *a, int IC, int OC, ft_rng *rng);
 };
 
 extern const ft_adapter_kind ft_lora_kind;

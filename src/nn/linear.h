@@ -13,14 +13,11 @@
 
 /* A LoRA adapter on a Linear (in -> out): y += scale · B·A·dropout(x).
  * PEFT's layout and initialisation: A Kaiming-uniform, B zero. A, B, dA,
- * dB point into memory the owner (a trainer, an adapter loader) manages. */
+ * dB point into memory the owner (a trainer, an adapter loader) manages;
+ * r, alpha, rslora and dropout are the owner's hyper-parameters, read
+ * through base.hp (ft_lora_init / ft_lora_bind set it). */
 typedef struct {
-    ft_adapter_inst base; /* kind = &ft_lora_kind (set by ft_lora_init / ft_lora_bind) */
-    int r;              /* R */
-    float alpha;
-    float scale;        /* alpha / r, or alpha / sqrt(r) with rsLoRA */
-    bool rslora;
-    float dropout;      /* probability of dropping an input element; 0 = off */
+    ft_adapter_inst base; /* kind = &ft_lora_kind; hp: R = hp->r, alpha, rslora, dropout */
     float *A;           /* (R, in) */
     float *B;           /* (out, R) */
     float *dA, *dB;     /* gradients, same shapes; NULL when frozen */
@@ -106,19 +103,25 @@ void ft_linear_backward_in(ft_dtype compute, float *dinp, float *dw, float *dbia
 
 /* alpha / r, or alpha / sqrt(r) with rsLoRA. */
 float ft_lora_scale(float alpha, int r, bool rslora);
+/* The scale of adapter a, from its hyper-parameters. */
+static inline float ft_lora_scale_of(const ft_lora *a) {
+    return ft_lora_scale(a->base.hp->alpha, a->base.hp->r, a->base.hp->rslora);
+}
 /* A (R, in) ~ U(-1/sqrt(in), 1/sqrt(in)) drawn row-major from rng: PEFT's
  * kaiming_uniform_(a = sqrt(5)). */
 void ft_lora_init_A(float *A, int r, int in, ft_rng *rng);
-/* Sets a->base.kind to the LoRA kind, for a struct filled by hand. */
-void ft_lora_bind(ft_lora *a);
+/* Makes a a LoRA instance with hyper-parameters hp (which must outlive it),
+ * for a struct whose matrices are filled by hand. */
+void ft_lora_bind(ft_lora *a, const ft_adapter_hparams *hp);
 /* row (in) += scale · B[o, :] · A: the adapter's part of weight row o, in
  * f32 (merge: W' = W + scale·B·A one row at a time). */
 void ft_lora_merge_row(float *row, const ft_lora *a, int o, int in);
-/* Points a at caller-owned A (R, in), B (out, R) and grads (either may be
- * NULL: frozen) and initialises as PEFT: A ~ U(-1/sqrt(in), 1/sqrt(in))
- * (Kaiming-uniform with a = sqrt(5)) drawn row-major from rng, B = 0, grads 0. */
-void ft_lora_init(ft_lora *a, int r, float alpha, bool rslora, float dropout, float *A, float *B, float *dA, float *dB,
-               int in, int out, ft_rng *rng);
+/* ft_lora_bind, then points a at caller-owned A (R, in), B (out, R) and
+ * grads (either may be NULL: frozen) and initialises as PEFT: A ~
+ * U(-1/sqrt(in), 1/sqrt(in)) (Kaiming-uniform with a = sqrt(5)) drawn
+ * row-major from rng, B = 0, grads 0. */
+void ft_lora_init(ft_lora *a, const ft_adapter_hparams *hp, float *A, float *B, float *dA, float *dB, int in, int out,
+                  ft_rng *rng);
 /* xd (T, in) = inp with each element dropped with probability p (zero) or
  * kept and scaled by 1/(1-p); the mask of row t depends only on (mask_seed,
  * t), so backward regenerates it instead of storing it. xd may be inp. */

@@ -25,29 +25,28 @@ void ft_lora_init_A(float *A, int r, int in, ft_rng *rng) {
 }
 
 void ft_lora_merge_row(float *row, const ft_lora *a, int o, int in) {
-    for (int r = 0; r < a->r; r++) {
-        float s = a->scale * a->B[(size_t)o * a->r + r];
+    int R = a->base.hp->r;
+    float scale = ft_lora_scale_of(a);
+    for (int r = 0; r < R; r++) {
+        float s = scale * a->B[(size_t)o * R + r];
         const float *ar = a->A + (size_t)r * in;
         for (int j = 0; j < in; j++) row[j] += s * ar[j];
     }
 }
 
-void ft_lora_init(ft_lora *a, int r, float alpha, bool rslora, float dropout, float *A, float *B, float *dA, float *dB,
-               int in, int out, ft_rng *rng) {
+void ft_lora_bind(ft_lora *a, const ft_adapter_hparams *hp) {
     a->base.kind = &ft_lora_kind;
-    a->r = r;
-    a->alpha = alpha;
-    a->rslora = rslora;
-    a->scale = ft_lora_scale(alpha, r, rslora);
-    a->dropout = dropout;
-    a->A = A; a->B = B; a->dA = dA; a->dB = dB;
-    ft_lora_init_A(A, r, in, rng);
-    memset(B, 0, (size_t)out * r * sizeof(float));
-    if (dA) memset(dA, 0, (size_t)r * in * sizeof(float));
-    if (dB) memset(dB, 0, (size_t)out * r * sizeof(float));
+    a->base.hp = hp;
 }
 
-void ft_lora_bind(ft_lora *a) { a->base.kind = &ft_lora_kind; }
+void ft_lora_init(ft_lora *a, const ft_adapter_hparams *hp, float *A, float *B, float *dA, float *dB, int in, int out,
+                  ft_rng *rng) {
+    ft_lora_bind(a, hp);
+    a->A = A; a->B = B; a->dA = dA; a->dB = dB;
+    ft_lora_kind.init(&a->base, in, out, rng);
+    if (dA) memset(dA, 0, (size_t)hp->r * in * sizeof(float));
+    if (dB) memset(dB, 0, (size_t)out * hp->r * sizeof(float));
+}
 
 typedef struct {
     float *xd;
@@ -89,16 +88,18 @@ static void gemm_checked(bool ok, const char *what) {
 
 void ft_lora_forward_fast(ft_dtype compute, float *out, float *u, const float *x, const ft_lora *a, int T, int in,
                           int OC, int n_threads, float *scratch) {
-    int R = a->r;
+    int R = a->base.hp->r;
+    float scale = ft_lora_scale_of(a);
     ft_mat X = ft_mat_f32(x, in, 1), At = ft_mat_f32(a->A, 1, in);
     ft_mat U = ft_mat_f32(u, R, 1), Bt = ft_mat_f32(a->B, 1, R);
     GEMM("u = x·Aᵀ", u, R, 1, &X, &At, T, R, in, 1.0f, false);
-    GEMM("out += scale·u·Bᵀ", out, OC, 1, &U, &Bt, T, OC, R, a->scale, true);
+    GEMM("out += scale·u·Bᵀ", out, OC, 1, &U, &Bt, T, OC, R, scale, true);
 }
 
 void ft_lora_backward_fast(ft_dtype compute, float *dx, const float *dout, const float *x, const float *u,
                            const ft_lora *a, int T, int in, int OC, float *g, int n_threads, float *scratch) {
-    int R = a->r;
+    int R = a->base.hp->r;
+    float scale = ft_lora_scale_of(a);
     ft_mat D = ft_mat_f32(dout, OC, 1), Dt = ft_mat_f32(dout, 1, OC);
     ft_mat U = ft_mat_f32(u, R, 1), Bm = ft_mat_f32(a->B, R, 1);
     ft_mat G = ft_mat_f32(g, R, 1), Gt = ft_mat_f32(g, 1, R);
@@ -108,10 +109,10 @@ void ft_lora_backward_fast(ft_dtype compute, float *dx, const float *dout, const
      * a scalar transpose of all T·OC elements (45% of a bf16 LoRA
      * backward), uᵀ only T·R. f32 keeps its order of sums (its bits). */
     ft_mat Ut = ft_mat_f32(u, 1, R);
-    if (a->dB && compute != FT_F32) GEMM("dBᵀ += scale·uᵀ·dout", a->dB, 1, R, &Ut, &D, R, OC, T, a->scale, true);
-    else if (a->dB) GEMM("dB += scale·doutᵀ·u", a->dB, R, 1, &Dt, &U, OC, R, T, a->scale, true);
+    if (a->dB && compute != FT_F32) GEMM("dBᵀ += scale·uᵀ·dout", a->dB, 1, R, &Ut, &D, R, OC, T, scale, true);
+    else if (a->dB) GEMM("dB += scale·doutᵀ·u", a->dB, R, 1, &Dt, &U, OC, R, T, scale, true);
     if (!a->dA && !dx) return;
-    GEMM("g = scale·dout·B", g, R, 1, &D, &Bm, T, R, OC, a->scale, false);
+    GEMM("g = scale·dout·B", g, R, 1, &D, &Bm, T, R, OC, scale, false);
     if (a->dA) GEMM("dA += gᵀ·x", a->dA, in, 1, &Gt, &X, R, in, T, 1.0f, true);
     if (dx) GEMM("dx = g·A", dx, in, 1, &G, &Am, T, in, R, 1.0f, false);
 }
@@ -119,7 +120,8 @@ void ft_lora_backward_fast(ft_dtype compute, float *dx, const float *dout, const
 /* ------------------------------------------------------------ references */
 
 void ft_lora_forward(float *out, float *u, const float *x, const ft_lora *a, int T, int in, int OC) {
-    int R = a->r;
+    int R = a->base.hp->r;
+    float scale = ft_lora_scale_of(a);
     for (int t = 0; t < T; t++)
         for (int k = 0; k < R; k++) {
             float s = 0;
@@ -130,26 +132,27 @@ void ft_lora_forward(float *out, float *u, const float *x, const ft_lora *a, int
         for (int o = 0; o < OC; o++) {
             float s = 0;
             for (int k = 0; k < R; k++) s += u[(size_t)t * R + k] * a->B[(size_t)o * R + k];
-            out[(size_t)t * OC + o] += a->scale * s;
+            out[(size_t)t * OC + o] += scale * s;
         }
 }
 
 void ft_lora_backward(float *dx, const float *dout, const float *x, const float *u, const ft_lora *a, int T, int in,
                    int OC, float *g) {
-    int R = a->r;
+    int R = a->base.hp->r;
+    float scale = ft_lora_scale_of(a);
     if (a->dB)
         for (int o = 0; o < OC; o++)
             for (int k = 0; k < R; k++) {
                 float s = 0;
                 for (int t = 0; t < T; t++) s += dout[(size_t)t * OC + o] * u[(size_t)t * R + k];
-                a->dB[(size_t)o * R + k] += a->scale * s;
+                a->dB[(size_t)o * R + k] += scale * s;
             }
     if (!a->dA && !dx) return;
     for (int t = 0; t < T; t++)
         for (int k = 0; k < R; k++) {
             float s = 0;
             for (int o = 0; o < OC; o++) s += dout[(size_t)t * OC + o] * a->B[(size_t)o * R + k];
-            g[(size_t)t * R + k] = a->scale * s;
+            g[(size_t)t * R + k] = scale * s;
         }
     if (a->dA)
         for (int k = 0; k < R; k++)
@@ -174,7 +177,8 @@ void ft_lora_backward(float *dx, const float *dout, const float *x, const float 
 
 void ft_lora_forward_f64(ft_dtype compute, float *out, float *u, const float *x, const ft_lora *a, int T, int IC,
                          int OC) {
-    int R = a->r;
+    int R = a->base.hp->r;
+    float scale = ft_lora_scale_of(a);
     for (int t = 0; t < T; t++) {
         for (int k = 0; k < R; k++) {
             double s = 0;
@@ -184,27 +188,28 @@ void ft_lora_forward_f64(ft_dtype compute, float *out, float *u, const float *x,
         for (int o = 0; o < OC; o++) {
             double s = 0;
             for (int k = 0; k < R; k++) s += RD(u[(size_t)t * R + k]) * RD(a->B[(size_t)o * R + k]);
-            out[(size_t)t * OC + o] += (float)(a->scale * s);
+            out[(size_t)t * OC + o] += (float)(scale * s);
         }
     }
 }
 
 void ft_lora_backward_f64(ft_dtype compute, float *dx, const float *dout, const float *x, const float *u,
                           const ft_lora *a, int T, int IC, int OC, float *g) {
-    int R = a->r;
+    int R = a->base.hp->r;
+    float scale = ft_lora_scale_of(a);
     /* g (T, R) = scale · dout · B */
     for (int t = 0; t < T; t++)
         for (int k = 0; k < R; k++) {
             double s = 0;
             for (int o = 0; o < OC; o++) s += RD(dout[(size_t)t * OC + o]) * RD(a->B[(size_t)o * R + k]);
-            g[(size_t)t * R + k] = (float)(a->scale * s);
+            g[(size_t)t * R + k] = (float)(scale * s);
         }
     if (a->dB) /* dB (OC, R) += scale · dout^T · u */
         for (int o = 0; o < OC; o++)
             for (int k = 0; k < R; k++) {
                 double s = 0;
                 for (int t = 0; t < T; t++) s += RD(dout[(size_t)t * OC + o]) * RD(u[(size_t)t * R + k]);
-                a->dB[(size_t)o * R + k] += (float)(a->scale * s);
+                a->dB[(size_t)o * R + k] += (float)(scale * s);
             }
     if (a->dA) /* dA (R, IC) += g^T · x */
         for (int k = 0; k < R; k++)
@@ -235,12 +240,28 @@ static void dropout_in(ft_dtype compute, float *xd, const float *x, float p, uin
     ft_lora_dropout(xd, x, p, seed, T, IC, nt);
 }
 
+/* The adapter's input as the products see it: x without dropout (p 0),
+ * else dropout_in's xd. */
+static const float *dropped_in(ft_dtype compute, float *xd, const float *x, float p, uint64_t seed, int T, int IC,
+                               int nt) {
+    if (!(p > 0)) return x;
+    dropout_in(compute, xd, x, p, seed, T, IC, nt);
+    return xd;
+}
+
+/* dinp (T, IC) += dx sent back through the dropout mask of seed (dx is
+ * overwritten): the adapter's input gradient, in both backwards. */
+static void add_through_mask(float *dinp, float *dx, float p, uint64_t seed, int T, int IC, int nt) {
+    if (p > 0) ft_lora_dropout(dx, dx, p, seed, T, IC, nt);
+    for (size_t i = 0; i < (size_t)T * IC; i++) dinp[i] += dx[i];
+}
+
 /* ------------------------------------------------ the kind's ops table */
 
 /* Every instance handed to these has kind == &ft_lora_kind, so it is an ft_lora. */
 #define LORA(inst) ((const ft_lora *)(inst))
 
-static int kind_saved_floats(const ft_adapter_inst *a) { return LORA(a)->r; }
+static int kind_saved_floats(const ft_adapter_inst *a) { return a->hp->r; }
 
 static void kind_forward(ft_dtype compute, float *out, float *u, const float *x, const ft_adapter_inst *a, int T,
                          int IC, int OC, int n_threads, float *scratch) {
@@ -254,12 +275,8 @@ static void kind_forward_ref(ft_dtype compute, float *out, float *u, const float
 
 static void kind_forward_train(ft_dtype compute, float *out, float *u, const float *x, const ft_adapter_inst *a, int T,
                                int IC, int OC, uint64_t mask_seed, float *xd, int n_threads, float *scratch) {
-    const ft_lora *lo = LORA(a);
-    if (lo->dropout > 0) {
-        dropout_in(compute, xd, x, lo->dropout, mask_seed, T, IC, n_threads);
-        x = xd;
-    }
-    ft_lora_forward_fast(compute, out, u, x, lo, T, IC, OC, n_threads, scratch);
+    x = dropped_in(compute, xd, x, a->hp->dropout, mask_seed, T, IC, n_threads);
+    ft_lora_forward_fast(compute, out, u, x, LORA(a), T, IC, OC, n_threads, scratch);
 }
 
 /* Scratch for the references, counted as the reference backend's scratch. */
@@ -268,12 +285,11 @@ static void ref_free(float *p, size_t n) { ft_mem_free(FT_MEM_SCRATCH, p, p ? n 
 
 static bool kind_forward_train_ref(ft_dtype compute, float *out, float *u, const float *x, const ft_adapter_inst *a,
                                    int T, int IC, int OC, uint64_t mask_seed) {
-    const ft_lora *lo = LORA(a);
     size_t nx = (size_t)T * IC;
-    float *xd = lo->dropout > 0 ? ref_buf(nx) : NULL;
-    if (lo->dropout > 0 && !xd) return false;
-    if (xd) dropout_in(compute, xd, x, lo->dropout, mask_seed, T, IC, 1);
-    ft_lora_forward_f64(compute, out, u, xd ? xd : x, lo, T, IC, OC);
+    float *xd = a->hp->dropout > 0 ? ref_buf(nx) : NULL;
+    if (a->hp->dropout > 0 && !xd) return false;
+    ft_lora_forward_f64(compute, out, u, dropped_in(compute, xd, x, a->hp->dropout, mask_seed, T, IC, 1), LORA(a), T,
+                        IC, OC);
     ref_free(xd, nx);
     return true;
 }
@@ -281,34 +297,23 @@ static bool kind_forward_train_ref(ft_dtype compute, float *out, float *u, const
 static void kind_backward(ft_dtype compute, float *dinp, const float *dout, const float *inp, const float *u,
                           const ft_adapter_inst *a, int T, int IC, int OC, uint64_t mask_seed, float *xd, float *g,
                           int n_threads, float *scratch) {
-    const ft_lora *lo = LORA(a);
-    const float *x = inp;
-    if (lo->dropout > 0) {
-        dropout_in(compute, xd, inp, lo->dropout, mask_seed, T, IC, n_threads);
-        x = xd;
-    }
+    const float *x = dropped_in(compute, xd, inp, a->hp->dropout, mask_seed, T, IC, n_threads);
     /* the adapter's dx lands in xd (lora_backward writes it last, after x
      * was read), then goes back through the same mask */
-    ft_lora_backward_fast(compute, dinp ? xd : NULL, dout, x, u, lo, T, IC, OC, g, n_threads, scratch);
-    if (!dinp) return;
-    if (lo->dropout > 0) ft_lora_dropout(xd, xd, lo->dropout, mask_seed, T, IC, n_threads);
-    for (size_t i = 0; i < (size_t)T * IC; i++) dinp[i] += xd[i];
+    ft_lora_backward_fast(compute, dinp ? xd : NULL, dout, x, u, LORA(a), T, IC, OC, g, n_threads, scratch);
+    if (dinp) add_through_mask(dinp, xd, a->hp->dropout, mask_seed, T, IC, n_threads);
 }
 
 static bool kind_backward_ref(ft_dtype compute, float *dinp, const float *dout, const float *inp, const float *u,
                               const ft_adapter_inst *a, int T, int IC, int OC, uint64_t mask_seed) {
-    const ft_lora *lo = LORA(a);
-    size_t nx = (size_t)T * IC, ng = (size_t)T * lo->r;
-    float *dx = ref_buf(nx), *xd = lo->dropout > 0 ? ref_buf(nx) : NULL, *g = ref_buf(ng);
-    bool ok = dx && g && (xd || lo->dropout <= 0);
+    size_t nx = (size_t)T * IC, ng = (size_t)T * a->hp->r;
+    float *dx = ref_buf(nx), *xd = a->hp->dropout > 0 ? ref_buf(nx) : NULL, *g = ref_buf(ng);
+    bool ok = dx && g && (xd || a->hp->dropout <= 0);
     if (ok) {
-        if (xd) dropout_in(compute, xd, inp, lo->dropout, mask_seed, T, IC, 1);
+        const float *x = dropped_in(compute, xd, inp, a->hp->dropout, mask_seed, T, IC, 1);
         /* dx = scale · (dout·B) · A, then back through the same dropout mask */
-        ft_lora_backward_f64(compute, dinp ? dx : NULL, dout, xd ? xd : inp, u, lo, T, IC, OC, g);
-        if (dinp) {
-            if (lo->dropout > 0) ft_lora_dropout(dx, dx, lo->dropout, mask_seed, T, IC, 1);
-            for (size_t i = 0; i < (size_t)T * IC; i++) dinp[i] += dx[i];
-        }
+        ft_lora_backward_f64(compute, dinp ? dx : NULL, dout, x, u, LORA(a), T, IC, OC, g);
+        if (dinp) add_through_mask(dinp, dx, a->hp->dropout, mask_seed, T, IC, 1);
     }
     ref_free(dx, nx); ref_free(xd, nx); ref_free(g, ng);
     return ok;
@@ -318,10 +323,36 @@ static void kind_merge_row(float *row, const ft_adapter_inst *a, int o, int IC) 
     ft_lora_merge_row(row, LORA(a), o, IC);
 }
 
+/* PEFT's order and names; B's rows are the Linear's outputs */
+static const ft_adapter_param_def lora_defs[2] = {
+    { .peft = "lora_A.weight", .gguf = "lora_a", .out_rows = false, .r_dim = 0 },
+    { .peft = "lora_B.weight", .gguf = "lora_b", .out_rows = true, .r_dim = 1 },
+};
+_Static_assert(sizeof lora_defs / sizeof lora_defs[0] <= FT_ADAPTER_MAX_PARAMS, "LoRA has too many parameters");
+
+static void kind_param_shape(int64_t shape[2], const ft_adapter_hparams *hp, int i, int IC, int OC) {
+    shape[0] = i == 0 ? hp->r : OC; /* A (R, IC), B (OC, R) */
+    shape[1] = i == 0 ? IC : hp->r;
+}
+
 static void kind_param(ft_adapter_param *p, const ft_adapter_inst *a, int i, int IC, int OC) {
     const ft_lora *lo = LORA(a);
-    if (i == 0) *p = (ft_adapter_param){ "lora_A.weight", { lo->r, IC }, lo->A, lo->dA };
-    else *p = (ft_adapter_param){ "lora_B.weight", { OC, lo->r }, lo->B, lo->dB };
+    p->def = &lora_defs[i];
+    kind_param_shape(p->shape, a->hp, i, IC, OC);
+    p->data = i == 0 ? lo->A : lo->B;
+    p->grad = i == 0 ? lo->dA : lo->dB;
+}
+
+static void kind_bind(ft_adapter_inst *a, int i, float *data, float *grad) {
+    ft_lora *lo = (ft_lora *)a;
+    if (i == 0) { lo->A = data; lo->dA = grad; }
+    else { lo->B = data; lo->dB = grad; }
+}
+
+static void kind_init(ft_adapter_inst *a, int IC, int OC, ft_rng *rng) {
+    ft_lora *lo = (ft_lora *)a;
+    ft_lora_init_A(lo->A, a->hp->r, IC, rng);
+    memset(lo->B, 0, (size_t)OC * a->hp->r * sizeof(float));
 }
 
 const ft_adapter_kind ft_lora_kind = {
@@ -335,5 +366,9 @@ const ft_adapter_kind ft_lora_kind = {
     .backward_ref = kind_backward_ref,
     .merge_row = kind_merge_row,
     .n_params = 2,
+    .defs = lora_defs,
+    .param_shape = kind_param_shape,
     .param = kind_param,
+    .bind = kind_bind,
+    .init = kind_init,
 };

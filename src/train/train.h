@@ -73,12 +73,9 @@ void ft_train_opts_default(ft_train_opts *o);
  * lora_B (LoRA) are in that file's interleaved order: exporters to Hugging
  * Face layout must permute them back. */
 typedef struct {
-    char name[128];
-    float *data, *grad;
-    int64_t numel;
-    int64_t offset;       /* of data in ft_trainer_values(), in floats */
-    int ndim;
-    int64_t shape[2];
+    ft_param opt;         /* name, data, grad, numel, ndim, shape, decay: the optimizer's
+                           * descriptor of the tensor (ft_trainer_optim_params hands these out) */
+    int64_t offset;       /* of opt.data in ft_trainer_values(), in floats */
     int layer;            /* block index, or -1 (embedding, final norm, head) */
     int target;           /* the Linear's ft_module, or -1 */
 } ft_train_param;

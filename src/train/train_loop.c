@@ -404,7 +404,7 @@ static void apply_init_adapter(run *r) {
             int64_t off = r->init_off[l * FT_N_MODS + k];
             if (!a || !off) continue;
             const ft_linear *lin = ft_model_linear(r->m, l, (ft_module)k);
-            int64_t na = (int64_t)a->r * lin->in, nb = (int64_t)a->r * lin->out;
+            int64_t na = (int64_t)a->base.hp->r * lin->in, nb = (int64_t)a->base.hp->r * lin->out;
             memcpy(a->A, r->init_vals + off - 1, (size_t)na * sizeof(float));
             memcpy(a->B, r->init_vals + off - 1 + na, (size_t)nb * sizeof(float));
         }
@@ -433,16 +433,17 @@ static ftune_status save_full_model(run *r, const char *dir) {
     v.adapter = NULL;
     int n = ft_trainer_n_params(r->tr);
     for (int i = 0; i < n; i++) {
-        const ft_train_param *p = ft_trainer_param(r->tr, i);
+        const ft_train_param *tp = ft_trainer_param(r->tr, i);
+        const ft_param *p = &tp->opt;
         if (strcmp(p->name, "model.embed_tokens.weight") == 0) v.tok_embd = ft_tensor_f32_view(p->name, p->data, p->shape[0], p->shape[1]);
         else if (strcmp(p->name, "lm_head.weight") == 0) v.lm_head.w = ft_tensor_f32_view(p->name, p->data, p->shape[0], p->shape[1]);
         else if (strcmp(p->name, "model.norm.weight") == 0) v.out_norm = p->data;
-        else if (p->layer >= 0 && p->target >= 0) {
-            ft_linear *lin = ft_model_linear(&v, p->layer, (ft_module)p->target);
+        else if (tp->layer >= 0 && tp->target >= 0) {
+            ft_linear *lin = ft_model_linear(&v, tp->layer, (ft_module)tp->target);
             if (ends_with(p->name, ".bias")) lin->bias = p->data;
             else lin->w = ft_tensor_f32_view(p->name, p->data, p->shape[0], p->shape[1]);
-        } else if (p->layer >= 0 && strstr(p->name, "input_layernorm")) v.layers[p->layer].attn_norm = p->data;
-        else if (p->layer >= 0 && strstr(p->name, "post_attention_layernorm")) v.layers[p->layer].ffn_norm = p->data;
+        } else if (tp->layer >= 0 && strstr(p->name, "input_layernorm")) v.layers[tp->layer].attn_norm = p->data;
+        else if (tp->layer >= 0 && strstr(p->name, "post_attention_layernorm")) v.layers[tp->layer].ffn_norm = p->data;
     }
     if (c->tied) v.lm_head.w = v.tok_embd;
     ft_merge_opts mo = { .dtype = "f32" };
@@ -646,7 +647,7 @@ static ftune_status write_trainable(run *r, const char *path) {
     st_out_tensor *ts = ft_calloc((size_t)n, sizeof *ts);
     if (!ts) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) {
-        const ft_train_param *p = ft_trainer_param(r->tr, i);
+        const ft_param *p = &ft_trainer_param(r->tr, i)->opt;
         ts[i] = (st_out_tensor){ .name = p->name, .dtype = FT_F32, .ndim = p->ndim, .data = p->data };
         ts[i].shape[0] = p->shape[0];
         ts[i].shape[1] = p->shape[1];
@@ -664,7 +665,7 @@ static ftune_status read_trainable(run *r, const char *path) {
     ftune_status st = FTUNE_OK;
     if (f.n != n) st = ft_err(FTUNE_ERR_FORMAT, "%s: %d tensors, the trainer has %d", path, f.n, n);
     for (int i = 0; i < n && !st; i++) {
-        const ft_train_param *p = ft_trainer_param(r->tr, i);
+        const ft_param *p = &ft_trainer_param(r->tr, i)->opt;
         const st_tensor *t = ft_st_find(&f, p->name);
         if (!t) { st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\" is missing", path, p->name); break; }
         bool shape_ok = t->dtype == FT_F32 && t->ndim == p->ndim && t->shape[0] == p->shape[0] &&
@@ -1258,7 +1259,7 @@ static ftune_status setup(run *r) {
         if (!loras) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
         for (int l = 0; l < c->L; l++)
             for (int k = 0; k < FT_N_MODS; k++) loras[l * FT_N_MODS + k] = ft_trainer_lora(r->tr, l, k);
-        ftune_status st = ft_adapter_wrap(&r->wrapped, r->m, loras, o->lora_dropout);
+        ftune_status st = ft_adapter_wrap(&r->wrapped, r->m, loras);
         free(loras);
         TRY(st);
     }

@@ -174,12 +174,13 @@ static int64_t add_param(ft_train_param *ps, int *n, int64_t *off, const char *n
     if (ps) {
         ft_train_param *p = &ps[*n];
         memset(p, 0, sizeof *p);
-        snprintf(p->name, sizeof p->name, "%s", name);
-        p->numel = numel;
+        snprintf(p->opt.name, sizeof p->opt.name, "%s", name);
+        p->opt.numel = numel;
+        p->opt.ndim = ndim;
+        p->opt.shape[0] = d0;
+        p->opt.shape[1] = ndim == 1 ? 0 : d1;
+        p->opt.decay = ndim == 2; /* matrices (every LoRA tensor is one), as Hugging Face's Trainer */
         p->offset = *off;
-        p->ndim = ndim;
-        p->shape[0] = d0;
-        p->shape[1] = ndim == 1 ? 0 : d1;
         p->layer = layer;
         p->target = target;
     }
@@ -188,7 +189,11 @@ static int64_t add_param(ft_train_param *ps, int *n, int64_t *off, const char *n
     return numel;
 }
 
-/* The trainable tensors, in order: LoRA: per layer, per target, A then B.
+/* The trainer's adapters: LoRA instances (tr->loras). */
+#define LORA_KIND (&ft_lora_kind)
+
+/* The trainable tensors, in order: LoRA: per layer, per target, the
+ * kind's parameters (A then B).
  * Full: the embedding, per layer its norms, linears and biases, the final
  * norm, the head when untied. Returns the count; *total gets the floats. */
 static int param_specs(const ft_config *c, const ft_train_opts *o, ft_train_param *ps, int64_t *total) {
@@ -201,12 +206,14 @@ static int param_specs(const ft_config *c, const ft_train_opts *o, ft_train_para
                 if (!(o->lora.targets & (1u << k))) continue;
                 int out, in;
                 lin_dims(c, k, &out, &in);
-                snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.lora_A.weight", l,
-                         ft_modules[k].path);
-                add_param(ps, &n, &off, name, 2, o->lora.r, in, l, k);
-                snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.lora_B.weight", l,
-                         ft_modules[k].path);
-                add_param(ps, &n, &off, name, 2, out, o->lora.r, l, k);
+                /* the kind's parameters, named as in the PEFT file */
+                for (int i = 0; i < LORA_KIND->n_params; i++) {
+                    int64_t sh[2];
+                    LORA_KIND->param_shape(sh, &o->lora, i, in, out);
+                    snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s", l, ft_modules[k].path,
+                             LORA_KIND->defs[i].peft);
+                    add_param(ps, &n, &off, name, 2, sh[0], sh[1], l, k);
+                }
             }
     } else {
         add_param(ps, &n, &off, "model.embed_tokens.weight", 2, c->V, c->C, -1, -1);
@@ -467,44 +474,44 @@ static void bind_full(ft_trainer *tr) {
     const ft_config *c = &tr->cfg;
     int i = 0;
     ft_train_param *p = tr->params;
-    copy_rows(p[i].data, &m->tok_embd, c->V, c->C);
-    tr->tok_embd = ft_tensor_f32_view(m->tok_embd.name, p[i].data, c->V, c->C);
-    tr->d_tok_embd = p[i].grad;
+    copy_rows(p[i].opt.data, &m->tok_embd, c->V, c->C);
+    tr->tok_embd = ft_tensor_f32_view(m->tok_embd.name, p[i].opt.data, c->V, c->C);
+    tr->d_tok_embd = p[i].opt.grad;
     i++;
     for (int l = 0; l < c->L; l++) {
         const ft_layer *src = &m->layers[l];
         ft_layer *ly = &tr->layers[l];
         layer_grads *g = &tr->lg[l];
-        memcpy(p[i].data, src->attn_norm, (size_t)c->C * sizeof(float));
-        ly->attn_norm = p[i].data; g->attn_norm = p[i].grad; i++;
+        memcpy(p[i].opt.data, src->attn_norm, (size_t)c->C * sizeof(float));
+        ly->attn_norm = p[i].opt.data; g->attn_norm = p[i].opt.grad; i++;
         for (int k = 0; k < FT_N_MODS; k++) {
             const ft_linear *sl = lin_of((ft_layer *)src, k);
             ft_linear *dl = lin_of(ly, k);
-            copy_rows(p[i].data, &sl->w, sl->out, sl->in);
-            dl->w = ft_tensor_f32_view(sl->w.name, p[i].data, sl->out, sl->in);
+            copy_rows(p[i].opt.data, &sl->w, sl->out, sl->in);
+            dl->w = ft_tensor_f32_view(sl->w.name, p[i].opt.data, sl->out, sl->in);
             bind_copy(tr, dl, &coff);
-            g->w[k] = p[i].grad;
+            g->w[k] = p[i].opt.grad;
             i++;
             if (c->qkv_bias && k <= FT_MOD_V) {
-                if (sl->bias) memcpy(p[i].data, sl->bias, (size_t)sl->out * sizeof(float));
-                dl->bias = p[i].data; g->b[k] = p[i].grad; i++;
+                if (sl->bias) memcpy(p[i].opt.data, sl->bias, (size_t)sl->out * sizeof(float));
+                dl->bias = p[i].opt.data; g->b[k] = p[i].opt.grad; i++;
             }
             if (k == FT_MOD_O) {
-                memcpy(p[i].data, src->ffn_norm, (size_t)c->C * sizeof(float));
-                ly->ffn_norm = p[i].data; g->ffn_norm = p[i].grad; i++;
+                memcpy(p[i].opt.data, src->ffn_norm, (size_t)c->C * sizeof(float));
+                ly->ffn_norm = p[i].opt.data; g->ffn_norm = p[i].opt.grad; i++;
             }
         }
     }
-    memcpy(p[i].data, m->out_norm, (size_t)c->C * sizeof(float));
-    tr->out_norm = p[i].data; tr->d_out_norm = p[i].grad; i++;
+    memcpy(p[i].opt.data, m->out_norm, (size_t)c->C * sizeof(float));
+    tr->out_norm = p[i].opt.data; tr->d_out_norm = p[i].opt.grad; i++;
     if (c->tied) {
         tr->lm_head.w = tr->tok_embd;
         tr->d_lm_head = tr->d_tok_embd;
     } else {
-        copy_rows(p[i].data, &m->lm_head.w, c->V, c->C);
-        tr->lm_head.w = ft_tensor_f32_view(m->lm_head.w.name, p[i].data, c->V, c->C);
+        copy_rows(p[i].opt.data, &m->lm_head.w, c->V, c->C);
+        tr->lm_head.w = ft_tensor_f32_view(m->lm_head.w.name, p[i].opt.data, c->V, c->C);
         bind_copy(tr, &tr->lm_head, &coff);
-        tr->d_lm_head = p[i].grad;
+        tr->d_lm_head = p[i].opt.grad;
         i++;
     }
     tr->copies_stale = true;
@@ -514,13 +521,18 @@ static void bind_lora(ft_trainer *tr) {
     const ft_config *c = &tr->cfg;
     ft_rng rng;
     ft_rng_seed(&rng, tr->o.lora.seed);
-    for (int i = 0; i < tr->n_params; i += 2) {
-        ft_train_param *pa = &tr->params[i], *pb = &tr->params[i + 1];
-        int l = pa->layer, k = pa->target;
+    for (int i = 0; i < tr->n_params; i += LORA_KIND->n_params) {
+        const ft_train_param *p = &tr->params[i];
+        int l = p->layer, k = p->target;
         ft_linear *lin = lin_of(&tr->layers[l], k);
         ft_lora *a = &tr->loras[l * FT_N_MODS + k];
-        ft_lora_init(a, tr->o.lora.r, tr->o.lora.alpha, tr->o.lora.rslora, tr->o.lora.dropout, pa->data, pb->data, pa->grad, pb->grad,
-                  lin->in, lin->out, &rng);
+        /* the instance reads its hyper-parameters from the trainer's options */
+        ft_lora_bind(a, &tr->o.lora);
+        for (int j = 0; j < LORA_KIND->n_params; j++) {
+            LORA_KIND->bind(&a->base, j, p[j].opt.data, p[j].opt.grad);
+            memset(p[j].opt.grad, 0, (size_t)p[j].opt.numel * sizeof(float));
+        }
+        LORA_KIND->init(&a->base, lin->in, lin->out, &rng);
         tr->set[l * FT_N_MODS + k] = &a->base;
     }
     (void)c;
@@ -602,8 +614,8 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
     memcpy(tr->layers, m->layers, (size_t)c->L * sizeof *tr->layers);
     param_specs(c, o, tr->params, &total);
     for (int i = 0; i < tr->n_params; i++) {
-        tr->params[i].data = tr->values + tr->params[i].offset;
-        tr->params[i].grad = tr->grads + tr->params[i].offset;
+        tr->params[i].opt.data = tr->values + tr->params[i].offset;
+        tr->params[i].opt.grad = tr->grads + tr->params[i].offset;
     }
     memset(tr->grads, 0, (size_t)total * sizeof(float));
     carver ca = { tr->act_arena, 0 }, cs = { tr->scr_arena, 0 };
@@ -672,7 +684,7 @@ const ft_train_param *ft_trainer_param(const ft_trainer *tr, int i) {
 }
 int ft_trainer_find_param(const ft_trainer *tr, const char *name) {
     for (int i = 0; i < tr->n_params; i++)
-        if (strcmp(tr->params[i].name, name) == 0) return i;
+        if (strcmp(tr->params[i].opt.name, name) == 0) return i;
     return -1;
 }
 float *ft_trainer_values(ft_trainer *tr, int64_t *n) { if (n) *n = tr->n_values; return tr->values; }
@@ -909,17 +921,9 @@ ftune_status ft_trainer_optim_params(const ft_trainer *tr, bool lora, ft_param *
     if (!ps) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     int64_t total = 0;
     for (int i = 0; i < np; i++) {
-        const ft_train_param *p = ft_trainer_param(tr, i);
-        ft_param *q = &ps[i];
-        snprintf(q->name, sizeof q->name, "%s", p->name);
-        q->data = p->data;
-        q->grad = p->grad;
-        q->numel = p->numel;
-        q->ndim = p->ndim;
-        q->shape[0] = p->shape[0];
-        q->shape[1] = p->shape[1];
-        q->decay = lora || p->ndim == 2;
-        total += p->numel;
+        ps[i] = tr->params[i].opt;
+        ps[i].decay = lora || ps[i].ndim == 2;
+        total += ps[i].numel;
     }
     *out = ps;
     *n = np;
