@@ -135,6 +135,23 @@ void ft_attention_backward_fast(float *dq, float *dk, float *dv, const float *do
 double ft_crossentropy_fast(float *dlogits, const float *logits, const int *targets, int T, int V, float dloss_scale,
                          int n_threads);
 
+/* Cross-entropy a vocabulary slice at a time (the fused LM loss, lm_loss.c,
+ * for V above its slice width): x (n, W) holds the logits of classes
+ * [v0, v0+W) of n rows whose targets (n) are in [0, V) (other rows are
+ * skipped; their x is zeroed unless STATS). Per row, m (running max),
+ * s (running sum of exp(logit - m), double) and xy (the target's logit,
+ * set by the slice holding it) carry the online log-sum-exp over slices;
+ * first starts them. Modes:
+ *   STATS: update m, s, xy; x is left as it is.
+ *   EXP:   the same, and x = exp(x - m_new) with the target's entry 0;
+ *          alpha (n) = exp(m_old - m_new), by which the caller rescales
+ *          what it accumulated from earlier slices' e (1 when first).
+ *   GRAD:  x = (exp(x - lse) - onehot) · dloss_scale, lse (n) given.
+ * Rows are independent, each on one thread: no dependence on n_threads. */
+typedef enum { FT_CE_SLICE_STATS, FT_CE_SLICE_EXP, FT_CE_SLICE_GRAD } ft_ce_slice_mode;
+void ft_ce_slice_fast(ft_ce_slice_mode mode, float *x, float *m, double *s, float *xy, float *alpha, const float *lse,
+                      const int *targets, int n, int W, int v0, int V, bool first, float dloss_scale, int n_threads);
+
 /* ------------------------------------------------ float64 twins (tests) */
 
 void ft_rmsnorm_forward_f64(double *out, double *rstd, const double *inp, const double *w, int T, int C, double eps);
