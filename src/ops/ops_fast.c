@@ -1,7 +1,8 @@
 /* ops_fast.c — fast paths for the two ops that dominate a small model's
- * training step: causal attention (forward that saves the log-sum-exp,
- * and a backward that recomputes the probabilities from it) and
- * cross-entropy. Tested against the references in ops.c.
+ * training step: causal attention (a forward tiled over queries and keys
+ * with an online softmax that saves the log-sum-exp, and a backward that
+ * recomputes the probabilities from it a query tile at a time) and
+ * cross-entropy (whole rows, or a slice of the vocabulary at a time). Tested against the references in ops.c.
  *
  * The kernels are written once with 16-float vectors (GCC vector
  * extensions) in always-inline bodies, and instantiated three times: for
@@ -39,6 +40,9 @@ typedef int32_t vi __attribute__((vector_size(64)));
 /* query rows per tile: the probabilities of a tile (BQ × Tk floats) stay
  * in cache while dK/dV accumulate over them */
 #define BQ 32
+/* keys per tile of the forward (online softmax over key tiles): a (BQ, BK)
+ * tile of scores is 32 KiB, in L1/L2 whatever T is */
+#define BK 256
 
 INLINE vf vload(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
 /* (macros, not functions: passing 64-byte vectors by value draws ABI notes
@@ -142,20 +146,33 @@ typedef struct {
 
 static size_t scr_floats(int Tk, int HS, bool bwd) {
     size_t Tkp = round16((size_t)(Tk > 0 ? Tk : 1)), HSp = round16((size_t)HS);
+    /* forward: the head's keys and values packed, one (BQ, BK) tile of
+     * scores, the tile's output and the running output */
+    if (!bwd) return round16((size_t)HS * Tkp + Tkp * HSp + BQ * BK + 2 * BQ * HSp + Tkp);
     size_t n = 2 * (size_t)HS * Tkp + Tkp * HSp + 2 * BQ * Tkp + BQ * HSp + Tkp;
-    if (bwd) n += Tkp * HSp + 2 * (size_t)HS * Tkp;
+    n += Tkp * HSp + 2 * (size_t)HS * Tkp;
     return round16(n);
 }
 
 size_t ft_attention_fast_scratch_floats(int Tk, int HS, int n_threads, bool backward) {
     int nt = n_threads > 1 ? n_threads : 1;
-    return (size_t)nt * scr_floats(Tk, HS, backward);
+    size_t f = scr_floats(Tk, HS, false), b = backward ? scr_floats(Tk, HS, true) : 0;
+    return (size_t)nt * (f > b ? f : b);
 }
 
 static att_scr scr_carve(float *base, int Tk, int HS, bool bwd) {
     size_t Tkp = round16((size_t)(Tk > 0 ? Tk : 1)), HSp = round16((size_t)HS);
     att_scr s = { 0 };
     float *p = base;
+    if (!bwd) {
+        s.Kt = p; p += (size_t)HS * Tkp;
+        s.Vp = p; p += Tkp * HSp;
+        s.P = p; p += BQ * BK;
+        s.dP = p; p += BQ * HSp; /* the key tile's part of the output */
+        s.acc = p; p += BQ * HSp;
+        s.docp = (int *)p;
+        return s;
+    }
     s.Kt = p; p += (size_t)HS * Tkp;
     s.Vt = p; p += (size_t)HS * Tkp;
     s.Vp = p; p += Tkp * HSp;
@@ -163,11 +180,9 @@ static att_scr scr_carve(float *base, int Tk, int HS, bool bwd) {
     s.dP = p; p += BQ * Tkp;
     s.acc = p; p += BQ * HSp;
     s.docp = (int *)p; p += Tkp;
-    if (bwd) {
-        s.Kp = p; p += Tkp * HSp;
-        s.dKt = p; p += (size_t)HS * Tkp;
-        s.dVt = p;
-    }
+    s.Kp = p; p += Tkp * HSp;
+    s.dKt = p; p += (size_t)HS * Tkp;
+    s.dVt = p;
     return s;
 }
 
@@ -398,6 +413,53 @@ INLINE void tile_rows(const att_unit *u, int t0, int nq, int Tkp, int *nk, int *
     (void)Tkp;
 }
 
+/* The forward's softmax over one key tile [j0, j0 + jw[r]) of each row,
+ * online: scores masked as tile_softmax does, m (running max) and l
+ * (running sum of exp(s - m), double) updated, the tile's scores replaced
+ * by exp(s - m_new) (zero up to Jw), and alpha = exp(m_old - m_new), by
+ * which the output so far is rescaled. */
+INLINE void tile_online(const att_unit *u, att_scr *s, int j0, int nq, const int *nk, const int *jw, int Jw,
+                        float *m, double *l, float *alpha) {
+    for (int r = 0; r < nq; r++) {
+        float *p = s->P + (size_t)r * BK;
+        int n = nk[r];
+        alpha[r] = 1.0f;
+        if (jw[r] == 0) { memset(p, 0, (size_t)Jw * sizeof(float)); continue; }
+        vi qdoc = (vi){ 0 } + (u->doc ? s->docp[n - 1] : 0);
+        vf mx = vset1(-INFINITY);
+        for (int j = 0; j < jw[r]; j += VL) {
+            vi idx = (vi){ 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 } + (j0 + j);
+            vi bad = idx >= n;
+            if (u->doc) {
+                vi dj;
+                memcpy(&dj, s->docp + j0 + j, sizeof dj);
+                bad |= dj != qdoc;
+            }
+            vf x = vsel(bad, vset1(-INFINITY), vload(p + j));
+            vstore(p + j, x);
+            mx = vsel(x > mx, x, mx);
+        }
+        float tm = vhmax(&mx), mn = tm > m[r] ? tm : m[r];
+        if (mn == -INFINITY) { memset(p, 0, (size_t)Jw * sizeof(float)); continue; } /* all masked so far */
+        vf vs = vset1(mn), sumv = { 0 };
+        double sum = 0;
+        for (int j = 0; j < jw[r]; j += VL) {
+            vf a = vload(p + j) - vs, e = vexp(&a);
+            vstore(p + j, e);
+            sumv += e;
+            if ((j / VL) % 64 == 63) { sum += vhsum_d(&sumv); sumv = (vf){ 0 }; }
+        }
+        sum += vhsum_d(&sumv);
+        if (jw[r] < Jw) memset(p + jw[r], 0, (size_t)(Jw - jw[r]) * sizeof(float));
+        double a = m[r] == -INFINITY ? 0.0 : exp((double)m[r] - mn);
+        l[r] = l[r] * a + sum;
+        m[r] = mn;
+        alpha[r] = (float)a;
+    }
+}
+
+/* Forward, tiled over queries (BQ) and keys (BK) with an online softmax:
+ * scratch past the packed keys and values is a (BQ, BK) tile, whatever T. */
 INLINE void unit_fwd_body(const att_unit *u, float *scratch) {
     int HS = u->HS, Tk = u->Tk, group = u->NH / u->NKV;
     int Tkp = (int)round16((size_t)(Tk > 0 ? Tk : 1)), HSp = (int)round16((size_t)HS);
@@ -410,18 +472,41 @@ INLINE void unit_fwd_body(const att_unit *u, float *scratch) {
         memcpy(s.docp, u->doc, (size_t)Tk * sizeof(int));
         for (int j = Tk; j < Tkp; j++) s.docp[j] = 0;
     }
-    int nk[BQ], jr[BQ], Jmax;
+    int nk[BQ], jr[BQ], Jmax, jw[BQ], nkw[BQ];
+    float m[BQ], alpha[BQ];
+    double l[BQ];
     for (int h = u->kvh * group; h < (u->kvh + 1) * group; h++) {
         for (int t0 = 0; t0 < u->T; t0 += BQ) {
             int nq = u->T - t0 < BQ ? u->T - t0 : BQ;
             tile_rows(u, t0, nq, Tkp, nk, jr, &Jmax);
             const float *qt = u->q + (size_t)t0 * qs + (size_t)h * HS;
-            k_rows_t(s.P, Tkp, qt, qs, u->scale, s.Kt, Tkp, HS, nq, jr);
-            tile_softmax(u, &s, Tkp, t0, nq, nk, jr, Jmax, NULL, u->lse ? u->lse + (size_t)h * u->T : NULL);
-            k_rows_p(s.acc, HSp, s.P, Tkp, s.Vp, HSp, nq, nk);
-            for (int r = 0; r < nq; r++)
-                memcpy(u->o + (size_t)(t0 + r) * qs + (size_t)h * HS, s.acc + (size_t)r * HSp,
-                       (size_t)HS * sizeof(float));
+            for (int r = 0; r < nq; r++) { m[r] = -INFINITY; l[r] = 0; }
+            memset(s.acc, 0, (size_t)nq * HSp * sizeof(float));
+            for (int j0 = 0; j0 < Jmax; j0 += BK) {
+                int Jw = 0;
+                for (int r = 0; r < nq; r++) {
+                    int a = jr[r] - j0, b = nk[r] - j0;
+                    jw[r] = a < 0 ? 0 : a > BK ? BK : a;
+                    nkw[r] = b < 0 ? 0 : b > BK ? BK : b;
+                    Jw = jw[r] > Jw ? jw[r] : Jw;
+                }
+                k_rows_t(s.P, BK, qt, qs, u->scale, s.Kt + j0, Tkp, HS, nq, jw);
+                tile_online(u, &s, j0, nq, nk, jw, Jw, m, l, alpha);
+                k_rows_p(s.dP, HSp, s.P, BK, s.Vp + (size_t)j0 * HSp, HSp, nq, nkw);
+                for (int r = 0; r < nq; r++) {
+                    float *o = s.acc + (size_t)r * HSp;
+                    const float *d = s.dP + (size_t)r * HSp;
+                    vf va = vset1(alpha[r]);
+                    for (int e = 0; e < HSp; e += VL) vstore(o + e, vload(o + e) * va + vload(d + e));
+                }
+            }
+            for (int r = 0; r < nq; r++) {
+                float *o = u->o + (size_t)(t0 + r) * qs + (size_t)h * HS;
+                const float *a = s.acc + (size_t)r * HSp;
+                float inv = l[r] > 0 ? (float)(1.0 / l[r]) : 0.0f;
+                for (int e = 0; e < HS; e++) o[e] = a[e] * inv;
+                if (u->lse) u->lse[(size_t)h * u->T + t0 + r] = l[r] > 0 ? m[r] + (float)log(l[r]) : -INFINITY;
+            }
         }
     }
 }
