@@ -5,7 +5,8 @@
 #   env: THREADS (2), FT (build/ftune), FTUNE_DATA (../shared/data),
 #        MODEL_DIR (where the random 7B is made and removed; default a new
 #        directory under ${TMPDIR:-/tmp}), CTX7B ("512"; "512 2048" for both),
-#        STEPS1B (3)
+#        STEPS1B (3), TORCH_WARMUP (1: PyTorch's untimed steps first),
+#        ROWS1B (which rows of the 1b table, from 1; default all)
 # 7b: `ftune init --preset llama-2-7b --dtype bf16` (13.5 GB on disk), then
 #     LoRA r 16 on all seven Linears, --quant nf4 --dtype bf16
 #     --grad-checkpoint 1, B 1, 2 steps, on tinyshakespeare with
@@ -28,6 +29,8 @@ DATA=${FTUNE_DATA:-../shared/data}
 FT=${FT:-build/ftune}
 CTX7B=${CTX7B:-512}
 STEPS1B=${STEPS1B:-3}
+TORCH_WARMUP=${TORCH_WARMUP:-1}
+ROWS1B=${ROWS1B:-}
 PY=/usr/bin/python3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -113,8 +116,20 @@ bench_1b() {
     fi
     echo "| llama-3.2-1b LoRA r 16 (all 7), B 1 x T 512, $THREADS threads | ftune peak RSS MiB | planned MiB | tok/s | PyTorch 1.13 peak RSS MiB | PyTorch tok/s |"
     echo "|---|---|---|---|---|---|"
+    rows+=("(PyTorch fp32 + torch.utils.checkpoint)|")
+    local i=0
     for row in "${rows[@]}"; do
+        i=$((i + 1))
+        [ -z "$ROWS1B" ] || [[ " $ROWS1B " == *" $i "* ]] || continue
         IFS='|' read -r name flags <<<"$row"
+        if [ "$name" = "(PyTorch fp32 + torch.utils.checkpoint)" ]; then
+            # PyTorch fp32 with checkpointing, on the same shape (ftune's checkpointing row is bf16)
+            read -r pt prss < <($PY bench/torch_train_bench.py --preset llama-3.2-1b --batch 1 --ctx 512 --steps "$STEPS1B" \
+                --warmup "$TORCH_WARMUP" --threads "$THREADS" --dtype float32 --grad-checkpoint --json \
+                | $PY -c 'import json, sys; j = json.loads(sys.stdin.read()); print(j["tok_s"], j["peak_rss_mb"])')
+            echo "| $name | | | | $prss | $pt |"
+            continue
+        fi
         # shellcheck disable=SC2086
         read -r rss load sps tok plan wall < <(train_measured "$tmp/out1b" -m "$tmp/l1b" --data "$tmp/text.txt" --ctx 512 \
             --batch-size 1 --steps "$STEPS1B" --lora-r 16 --lora-alpha 16 --lora-targets all --lora-dropout 0 $flags)
@@ -126,7 +141,7 @@ bench_1b() {
         esac
         if [ ${#targs[@]} -gt 0 ]; then
             read -r pt prss < <($PY bench/torch_train_bench.py --preset llama-3.2-1b --batch 1 --ctx 512 --steps "$STEPS1B" \
-                --threads "$THREADS" "${targs[@]}" --json | $PY -c 'import json, sys; j = json.loads(sys.stdin.read()); print(j["tok_s"], j["peak_rss_mb"])')
+                --warmup "$TORCH_WARMUP" --threads "$THREADS" "${targs[@]}" --json | $PY -c 'import json, sys; j = json.loads(sys.stdin.read()); print(j["tok_s"], j["peak_rss_mb"])')
         elif [[ "$name" == *NF4* ]]; then
             pt="no NF4 on CPU"
         fi
@@ -135,10 +150,6 @@ bench_1b() {
     if [ ${#opt8[@]} -eq 0 ]; then
         echo "| + 8-bit AdamW, + paged AdamW | pending: \`ftune train --help\` lists no 8-bit optimizer yet | | | | |"
     fi
-    # PyTorch fp32 with checkpointing, for the same shape (no ftune row: ftune's is bf16 + checkpointing above)
-    read -r pt prss < <($PY bench/torch_train_bench.py --preset llama-3.2-1b --batch 1 --ctx 512 --steps "$STEPS1B" \
-        --threads "$THREADS" --dtype float32 --grad-checkpoint --json | $PY -c 'import json, sys; j = json.loads(sys.stdin.read()); print(j["tok_s"], j["peak_rss_mb"])')
-    echo "| (PyTorch fp32 + torch.utils.checkpoint) | | | | $prss | $pt |"
 }
 
 case "$WHAT" in
