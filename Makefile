@@ -62,7 +62,7 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 HELPER_SRC := $(sort $(wildcard tests/helper_*.c))
 HELPER_BIN := $(HELPER_SRC:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all test debug fuzz bench bench-dist bench-gemm clean demo FORCE
+.PHONY: all test debug fuzz bench bench-dist bench-gemm bench-memory clean demo FORCE
 all: $(BUILD)/libftune.a $(BUILD)/libftune-internal.a $(BUILD)/ftune $(TEST_BIN) $(HELPER_BIN)
 
 # Objects also depend on this Makefile: its flags (visibility) are part of them.
@@ -169,6 +169,11 @@ $(BUILD)/bench_gemm: tests/bench_gemm.c $(BUILD)/libftune-internal.a Makefile
 
 bench-gemm: $(BUILD)/bench_gemm
 	BUILD=$(BUILD) bash bench/gemm.sh
+
+# memory (issue #8): QLoRA of a random llama-2-7b (13.5 GB bf16 made under
+# $$TMPDIR and removed) and the cumulative table on llama-3.2-1b (bench/memory.sh)
+bench-memory: $(BUILD)/ftune
+	FT=$(BUILD)/ftune FTUNE_DATA=$(FTUNE_DATA) bash bench/memory.sh
 
 clean:
 	rm -rf build build-debug build-fuzz

@@ -43,6 +43,9 @@ def parse():
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="bfloat16: the step under torch.autocast('cpu', torch.bfloat16)")
     ap.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
+    ap.add_argument("--grad-checkpoint", action="store_true",
+                    help="torch.utils.checkpoint around every block (non-reentrant: the frozen embedding's output "
+                         "needs no grad), as Hugging Face's gradient_checkpointing")
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--lora-alpha", type=float, default=16.0)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -63,6 +66,7 @@ os.environ["OMP_WAIT_POLICY"] = args.omp_wait.upper()
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+import torch.utils.checkpoint  # noqa: E402
 
 
 class LoraLinear(nn.Module):
@@ -151,7 +155,10 @@ class Model(nn.Module):
         cos, sin = self.cos[:T], self.sin[:T]
         mask = torch.ones(T, T, dtype=torch.bool).triu(1)
         for b in self.blocks:
-            x = b(x, cos, sin, mask)
+            if args.grad_checkpoint and self.training:
+                x = torch.utils.checkpoint.checkpoint(b, x, cos, sin, mask, use_reentrant=False)
+            else:
+                x = b(x, cos, sin, mask)
         return F.linear(rmsnorm(x, self.norm), self.emb.weight)
 
 
@@ -218,6 +225,7 @@ def main():
         "preset": args.preset,
         "dtype": args.dtype,
         "mode": "full" if args.full else "lora",
+        "grad_checkpoint": args.grad_checkpoint,
         "lora_r": 0 if args.full else args.lora_r,
         "B": B,
         "T": T,

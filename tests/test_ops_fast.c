@@ -2,7 +2,8 @@
  * references in src/ops/ops.c: vector exp against double exp, attention forward
  * (training rows, and inference over a cache prefix with a row stride),
  * attention backward, cross-entropy; at every kernel level this CPU has, on
- * awkward sizes (T = 1, 7, 65, 130; HS = 6, 8, 64; NH/NKV = 6/2, 4/4),
+ * awkward sizes (T = 1, 7, 65, 130, and 530/600/777 keys: several of the
+ * forward's key tiles; HS = 6, 8, 24, 40, 64; NH/NKV = 6/2, 4/2, 4/4),
  * with packed-document masks; and the same bits on 1 and 3 threads.
  */
 #include "check.h"
@@ -196,6 +197,9 @@ static void test_attention_train(void) {
     const att_case cs[] = {
         { 2, 7, 7, 6, 2, 6, 12, 0 },     { 1, 65, 65, 4, 4, 8, 32, 1 },  { 3, 130, 130, 6, 2, 8, 16, 1 },
         { 1, 130, 130, 4, 4, 64, 256, 0 }, { 2, 1, 1, 6, 2, 6, 12, 0 },  { 1, 33, 33, 2, 1, 64, 64, 1 },
+        /* past the forward's 256-key tiles: the online softmax across three tiles, with and without
+         * documents (whose keys lie in one tile, the others wholly masked) */
+        { 1, 600, 600, 4, 2, 40, 80, 0 }, { 2, 530, 530, 4, 2, 40, 80, 1 },
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_attention(&cs[i]);
 }
@@ -205,7 +209,7 @@ static void test_attention_train(void) {
 static void test_attention_cache(void) {
     const att_case cs[] = {
         { 1, 7, 20, 6, 2, 6, 20, 0 }, { 1, 1, 130, 6, 2, 8, 24, 0 }, { 1, 65, 130, 4, 4, 64, 300, 0 },
-        { 1, 1, 1, 4, 4, 8, 32, 0 },  { 1, 1, 67, 4, 4, 64, 256, 1 },
+        { 1, 1, 1, 4, 4, 8, 32, 0 },  { 1, 1, 67, 4, 4, 64, 256, 1 }, { 1, 3, 777, 6, 2, 24, 48, 0 },
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_attention(&cs[i]);
 }

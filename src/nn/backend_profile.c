@@ -50,7 +50,9 @@ static size_t pr_attention_scratch(const ft_backend *be, int Tk, int HS, bool ba
 }
 
 static bool is_head(const ft_backend *be, const ft_linear *l, const ft_adapter_inst *ad) {
-    return !ad && l->out == P(be)->head_rows;
+    const ft_linear *h = P(be)->head;
+    const uint8_t *w = l->w.data, *h0 = h ? h->w.data : NULL;
+    return !ad && h0 && w >= h0 && w < h0 + h->w.nbytes;
 }
 
 /* linear.c's order: the base product, then the adapter on the same scratch

@@ -17,7 +17,8 @@ enum {
 
 typedef struct {
     ft_backend inner;         /* the backend whose ops are timed (a CPU backend) */
-    int head_rows;            /* V: a Linear with this many outputs and no adapter is the LM head */
+    const ft_linear *head;    /* the LM head: a Linear without adapter over its weights (or rows of them,
+                               * lm_loss.c's vocabulary slices) is timed as the head */
     double sec[FT_PROF_N];    /* seconds spent in each class */
     long long calls[FT_PROF_N];
     double first, last;       /* monotonic seconds: start of the first op, end of the last */

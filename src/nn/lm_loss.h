@@ -1,6 +1,8 @@
 /* lm_loss.h — the one fused LM head + loss: hidden rows (after the final
  * norm) through lm_head and a loss, a chunk of rows at a time, so that only
- * (chunk rows, V) logits ever exist. Used by training (forward + backward),
+ * (chunk rows, V) logits ever exist; for V above FT_LM_LOSS_VSLICE the
+ * cross-entropy also goes a slice of the vocabulary at a time, so that only
+ * (chunk rows, FT_LM_LOSS_VSLICE) do, whatever V is. Used by training (forward + backward),
  * the trainer's validation and `ftune eval` (forward only), so all three
  * compute the same loss the same way. */
 #ifndef FT_LM_LOSS_H
@@ -20,14 +22,27 @@ typedef struct {
                  float dloss_scale, const ft_backend *be);
     void *ctx;
     const char *name;
+    /* next-token cross-entropy, which lm_loss may compute itself a slice of
+     * the vocabulary at a time (fn is then not called). A loss that needs
+     * whole rows (a distillation teacher's distribution) leaves it false
+     * and gets whole rows of logits, as many as the scratch holds (at
+     * least one) */
+    bool sliceable;
 } ft_loss;
 
 /* Next-token cross-entropy (be->crossentropy; targets >= V give NaN). */
 extern const ft_loss ft_loss_crossentropy;
 
-/* Rows per chunk for V (at most FT_LM_LOSS_CHUNK_FLOATS logits at a time),
- * capped at max_rows. */
+/* Rows per chunk for V (at most FT_LM_LOSS_CHUNK_FLOATS logits at a time:
+ * 32 MiB, in cache-sized GEMM tiles), capped at max_rows. Above
+ * FT_LM_LOSS_VSLICE classes the vocabulary is sliced, so a chunk has
+ * FT_LM_LOSS_CHUNK_FLOATS / FT_LM_LOSS_VSLICE = 256 rows whatever V is:
+ * the head's weights are streamed once per 256 rows rather than once per
+ * 65 (llama-3's 128256) or 55 (qwen2's 151936). 32768 keeps every
+ * vocabulary up to llama-2's 32000 in one slice (computed exactly as
+ * before slicing existed) and a slice's GEMM wide. */
 #define FT_LM_LOSS_CHUNK_FLOATS (8u << 20)
+#define FT_LM_LOSS_VSLICE 32768
 int ft_lm_loss_chunk_rows(int V, int max_rows);
 /* Floats of scratch ft_lm_loss_forward (backward false: a chunk's logits)
  * or ft_lm_loss_backward (true: and their gradient) need for chunks of

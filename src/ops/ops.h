@@ -181,6 +181,23 @@ void ft_swiglu_forward_fast(float *out, const float *gate, const float *up, int 
 void ft_swiglu_backward_fast(float *dgate, float *dup, const float *dout, const float *gate, const float *up, int T,
                              int F, int n_threads);
 
+/* Cross-entropy a vocabulary slice at a time (the fused LM loss, lm_loss.c,
+ * for V above its slice width): x (n, W) holds the logits of classes
+ * [v0, v0+W) of n rows whose targets (n) are in [0, V) (other rows are
+ * skipped; their x is zeroed unless STATS). Per row, m (running max),
+ * s (running sum of exp(logit - m), double) and xy (the target's logit,
+ * set by the slice holding it) carry the online log-sum-exp over slices;
+ * first starts them. Modes:
+ *   STATS: update m, s, xy; x is left as it is.
+ *   EXP:   the same, and x = exp(x - m_new) with the target's entry 0;
+ *          alpha (n) = exp(m_old - m_new), by which the caller rescales
+ *          what it accumulated from earlier slices' e (1 when first).
+ *   GRAD:  x = (exp(x - lse) - onehot) · dloss_scale, lse (n) given.
+ * Rows are independent, each on one thread: no dependence on n_threads. */
+typedef enum { FT_CE_SLICE_STATS, FT_CE_SLICE_EXP, FT_CE_SLICE_GRAD } ft_ce_slice_mode;
+void ft_ce_slice_fast(ft_ce_slice_mode mode, float *x, float *m, double *s, float *xy, float *alpha, const float *lse,
+                      const int *targets, int n, int W, int v0, int V, bool first, float dloss_scale, int n_threads);
+
 /* ------------------------------------------------ float64 twins (tests) */
 
 void ft_rmsnorm_forward_f64(double *out, double *rstd, const double *inp, const double *w, int T, int C, double eps);

@@ -1008,3 +1008,116 @@ double ft_crossentropy_fast(float *dlogits, const float *logits, const int *targ
     }
     return loss;
 }
+
+/* ------------------------------------------- cross-entropy by vocabulary slices */
+
+/* One row of one slice (see ft_ce_slice_fast): the slice's max, the sum
+ * of exp(x - m_new) in double, e stored when asked. */
+INLINE void ce_slice_row(float *x, float *m, double *s, float *alpha, int y, int W, int v0, bool first,
+                         bool store) {
+    vf mx = vset1(-INFINITY);
+    int i = 0;
+    for (; i + VL <= W; i += VL) {
+        vf a = vload(x + i);
+        mx = vsel(a > mx, a, mx);
+    }
+    float ms = vhmax(&mx);
+    for (; i < W; i++) ms = x[i] > ms ? x[i] : ms;
+    float mo = first ? -INFINITY : *m, mn = ms > mo ? ms : mo;
+    double sum = 0;
+    vf vm = vset1(mn), sv = { 0 };
+    for (i = 0; i + VL <= W; i += VL) {
+        vf a = vload(x + i) - vm, ev = vexp(&a);
+        if (store) vstore(x + i, ev);
+        sv += ev;
+        if ((i / VL) % 64 == 63) { sum += vhsum_d(&sv); sv = (vf){ 0 }; }
+    }
+    sum += vhsum_d(&sv);
+    if (i < W) {
+        float buf[VL];
+        for (int j = 0; j < VL; j++) buf[j] = i + j < W ? x[i + j] - mn : -INFINITY;
+        vf a = vload(buf);
+        vstore(buf, vexp(&a));
+        for (int j = 0; i + j < W; j++) {
+            if (store) x[i + j] = buf[j];
+            sum += buf[j];
+        }
+    }
+    /* the target's own term is left out of e (the caller adds (p_y - 1)·w_y
+     * itself): in a GEMM whose operands are rounded to bf16, e_y/S·w_y - w_y
+     * would cancel to noise when p_y is near 1 */
+    if (store && y >= v0 && y < v0 + W) x[y - v0] = 0;
+    /* rescaling the sum so far (and the caller's dh) to the new max */
+    double a = first ? 0 : exp((double)mo - mn);
+    *s = first ? sum : *s * a + sum;
+    *m = mn;
+    if (alpha) *alpha = first ? 1.0f : (float)a;
+}
+
+INLINE void ce_slice_grad_row(float *x, float lse, int y, int W, int v0, float scale) {
+    vf vl = vset1(lse), vs = vset1(scale);
+    int i = 0;
+    for (; i + VL <= W; i += VL) {
+        vf a = vload(x + i) - vl;
+        vstore(x + i, vexp(&a) * vs);
+    }
+    if (i < W) {
+        float buf[VL];
+        for (int j = 0; j < VL; j++) buf[j] = i + j < W ? x[i + j] - lse : -INFINITY;
+        vf a = vload(buf);
+        vstore(buf, vexp(&a));
+        for (int j = 0; i + j < W; j++) x[i + j] = buf[j] * scale;
+    }
+    if (y >= v0 && y < v0 + W) x[y - v0] -= scale;
+}
+
+typedef struct {
+    float *x, *m, *xy, *alpha;
+    double *s;
+    const float *lse;
+    const int *targets;
+    int n, W, v0, V;
+    ft_ce_slice_mode mode;
+    bool first;
+    float scale;
+} ces_job;
+
+#define CES_BODY(NAME)                                                                                              \
+    static void NAME(const ces_job *j, int r) {                                                                     \
+        int y = j->targets[r], W = j->W, v0 = j->v0;                                                                \
+        float *x = j->x + (size_t)r * W;                                                                            \
+        if (y < 0 || y >= j->V) {                                                                                   \
+            if (j->mode != FT_CE_SLICE_STATS) memset(x, 0, (size_t)W * sizeof(float));                              \
+            if (j->alpha) j->alpha[r] = 1.0f;                                                                       \
+            return;                                                                                                 \
+        }                                                                                                           \
+        if (j->mode == FT_CE_SLICE_GRAD) { ce_slice_grad_row(x, j->lse[r], y, W, v0, j->scale); return; }          \
+        if (y >= v0 && y < v0 + W) j->xy[r] = x[y - v0];                                                            \
+        ce_slice_row(x, j->m + r, j->s + r, j->alpha ? j->alpha + r : NULL, y, W, v0, j->first,          \
+                     j->mode == FT_CE_SLICE_EXP);                                                                   \
+    }
+T512 CES_BODY(ces_row_avx512)
+T256 CES_BODY(ces_row_avx2)
+CES_BODY(ces_row_generic)
+
+typedef struct {
+    const ces_job *j;
+    void (*fn)(const ces_job *, int);
+} ces_task_ctx;
+
+static void ces_task(void *vctx, int task, int thread) {
+    (void)thread;
+    const ces_task_ctx *c = vctx;
+    int r1 = (task + 1) * CE_TASK_ROWS < c->j->n ? (task + 1) * CE_TASK_ROWS : c->j->n;
+    for (int r = task * CE_TASK_ROWS; r < r1; r++) c->fn(c->j, r);
+}
+
+void ft_ce_slice_fast(ft_ce_slice_mode mode, float *x, float *m, double *s, float *xy, float *alpha, const float *lse,
+                      const int *targets, int n, int W, int v0, int V, bool first, float dloss_scale, int n_threads) {
+    int lv = ft_cpu_level();
+    ces_job j = { .x = x, .m = m, .xy = xy, .alpha = alpha, .s = s, .lse = lse, .targets = targets, .n = n, .W = W,
+                  .v0 = v0, .V = V, .mode = mode, .first = first, .scale = dloss_scale };
+    ces_task_ctx c = { &j, lv >= FT_CPU_AVX512 ? ces_row_avx512 : lv >= FT_CPU_AVX2 ? ces_row_avx2 : ces_row_generic };
+    int nt = (double)n * W > 65536.0 ? n_threads : 1;
+    ft_parallel_for(nt, (n + CE_TASK_ROWS - 1) / CE_TASK_ROWS, ces_task, &c);
+}

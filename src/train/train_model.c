@@ -562,7 +562,7 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
     const char *prof = getenv("FTUNE_PROFILE");
     if (prof && *prof && strcmp(prof, "0") && (tr->prof = ft_mem_calloc(FT_MEM_OTHER, sizeof *tr->prof))) {
         tr->prof->inner = tr->be;
-        tr->prof->head_rows = c->V;
+        tr->prof->head = &tr->lm_head;
         tr->be = ft_backend_profiled(tr->prof);
     }
     tr->tok_embd = m->tok_embd;
