@@ -180,10 +180,6 @@ timeout 120 "${MPI[@]}" -np 1 "$FT" train "${lora[@]}" -o "$tmp/b7" : -np 1 "$FT
 rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q 'rank 1 of 2\]: error: .*absent.jsonl' "$tmp/out.txt" &&
     pass one_rank_fails_alone || fail one_rank_fails_alone "exit $rc: $(cat "$tmp/out.txt")"
-run_mpi 2 "$FT" train "${lora[@]}" --zero 3 -o "$tmp/b6" > "$tmp/out.txt" 2>&1
-rc=$?
-[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- '--zero 3 is not implemented yet' "$tmp/out.txt" &&
-    pass zero3_refused || fail zero3_refused "exit $rc: $(cat "$tmp/out.txt")"
 
 # 5. the llama-110m preset (random bf16 weights, Llama 2's tokenizer), LoRA: 2 ranks at ZeRO 1 and 4 at ZeRO 0
 #    equal one process (full fine-tuning of it, ~2 GB a rank, is measured in BENCHMARKS.md, not here)
