@@ -427,8 +427,12 @@ typedef struct {
     int grad_checkpoint;
     /* data parallelism (a job of ftune_dist_world() ranks; one rank: no effect) */
     int zero;                  /* ZeRO stage: 0 every rank keeps the whole optimizer state,
-                                * 1 each rank keeps and updates its shard of it (2, 3: not
-                                * implemented, refused); 0 */
+                                * 1 each rank keeps and updates its shard of it, 2 and of the
+                                * gradients, 3 and of the trainable values; 0 */
+    bool consolidate;          /* ZeRO >= 1, full fine-tuning: checkpoints gathered whole to rank 0
+                                * (they resume on any number of ranks) instead of one shard per
+                                * rank (which resume on the same number only); LoRA's are always
+                                * whole; false */
     double bucket_mb;          /* the most MiB one collective call moves; 0: 16 */
     /* When *stop becomes non-zero (a signal handler may set it) the run
      * finishes the current step, saves a checkpoint and returns

@@ -188,6 +188,7 @@ typedef struct {
     int64_t *seg_off;          /* (world + 1) a segment's split over the ranks, relative to its start */
     float *full_vals;          /* (n_flat) rank 0, ZeRO 3: the whole values while saved or loaded */
     ft_batch idle;             /* ZeRO 2/3: a batch with no targets, for a rank with no rows (collectives) */
+    bool resume_sharded;       /* rank 0: --resume's checkpoint is sharded (each rank reads its own) */
 } run;
 
 static bool is_root(const run *r) { return r->rank == 0; }
@@ -736,7 +737,7 @@ static ftune_status load_optimizer(run *r, const char *path) {
     return st;
 }
 
-static ftune_status save_checkpoint(run *r);
+static ftune_status save_checkpoint(run *r, const char *shard_tmp);
 static ftune_status load_checkpoint(run *r, const char *dir);
 
 /* ZeRO 3: the whole values gathered into full_vals on rank 0 (every rank
@@ -752,9 +753,123 @@ static ftune_status gather_values(run *r) {
     return ft_dist_gather_f32(r->full_vals, r->own_vals, r->shard, 0, r->chunk);
 }
 
+/* Whether checkpoints are sharded: ZeRO >= 1 on several ranks, full
+ * fine-tuning, without --consolidate (LoRA's state is small: always whole). */
+static bool sharded_ckpt(const run *r) {
+    return r->zero >= 1 && r->world > 1 && r->o->mode == FTUNE_TRAIN_FULL && !r->o->consolidate;
+}
+
+/* This rank's shard of a checkpoint: its range's values and AdamW moments,
+ * with the range and the job's size in the metadata. */
+static ftune_status write_shard(run *r, const char *path) {
+    int64_t lo = r->shard[r->rank], n = r->shard[r->rank + 1] - lo;
+    float *mv = ft_malloc((size_t)(2 * n + 1) * sizeof(float));
+    if (!mv) return ft_err(FTUNE_ERR_NOMEM, "out of memory for the optimizer shard");
+    pack_own(r, mv, false);
+    pack_own(r, mv + n, true);
+    const float *vals = r->zero == 3 ? r->own_vals : r->vals + lo;
+    const char *names[3] = { "values", "exp_avg", "exp_avg_sq" };
+    const float *data[3] = { vals, mv, mv + n };
+    st_out_tensor ts[3];
+    for (int i = 0; i < 3; i++) {
+        ts[i] = (st_out_tensor){ .name = names[i], .dtype = FT_F32, .ndim = 1, .data = data[i] };
+        ts[i].shape[0] = n;
+    }
+    char rk[24], wd[24], los[24], his[24], nf[24];
+    snprintf(rk, sizeof rk, "%d", r->rank);
+    snprintf(wd, sizeof wd, "%d", r->world);
+    snprintf(los, sizeof los, "%lld", (long long)lo);
+    snprintf(his, sizeof his, "%lld", (long long)(lo + n));
+    snprintf(nf, sizeof nf, "%lld", (long long)r->n_flat);
+    const char *meta[] = { "ftune.kind", "checkpoint-shard", "rank", rk, "world", wd, "lo", los, "hi", his,
+                           "n_flat", nf, NULL };
+    ftune_status st = ft_st_write(path, ts, 3, meta);
+    free(mv);
+    return st;
+}
+
+/* Reads this rank's shard of checkpoint dir, checked against this rank's range. */
+static ftune_status read_shard(run *r, const char *dir) {
+    char name[64], path[4400];
+    ft_ckpt_shard_name(name, r->rank, r->world);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int64_t lo = r->shard[r->rank], n = r->shard[r->rank + 1] - lo;
+    st_file f;
+    TRY(ft_st_open(&f, path));
+    ftune_status st = FTUNE_OK;
+    const char *keys[] = { "rank", "world", "lo", "hi", "n_flat" };
+    int64_t want[] = { r->rank, r->world, lo, lo + n, r->n_flat };
+    for (int i = 0; i < 5 && !st; i++) {
+        const char *v = ft_st_meta(&f, keys[i]);
+        char *end = NULL;
+        long long got = v ? strtoll(v, &end, 10) : -1;
+        if (!v || *end || got != want[i])
+            st = ft_err(FTUNE_ERR_FORMAT, "%s: metadata %s is %s, this rank expects %lld", path, keys[i], v ? v : "missing",
+                        (long long)want[i]);
+    }
+    const char *names[3] = { "values", "exp_avg", "exp_avg_sq" };
+    float *mv = st ? NULL : ft_malloc((size_t)(2 * n + 1) * sizeof(float));
+    if (!st && !mv) st = ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < 3 && !st; i++) {
+        const st_tensor *t = ft_st_find(&f, names[i]);
+        if (!t || t->dtype != FT_F32 || t->ndim != 1 || t->shape[0] != n) {
+            st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\" is missing or not F32 of %lld elements", path, names[i],
+                        (long long)n);
+            break;
+        }
+        float *dst = i == 0 ? (r->zero == 3 ? r->own_vals : r->vals + lo) : mv + (i - 1) * n;
+        memcpy(dst, t->data, (size_t)n * sizeof(float));
+    }
+    if (!st) {
+        unpack_own(r, mv, false);
+        unpack_own(r, mv + n, true);
+    }
+    free(mv);
+    ft_st_close(&f);
+    return st;
+}
+
+/* A sharded checkpoint: rank 0 makes the temporary directory, every rank
+ * writes its shard into it, and once all have, rank 0 adds
+ * trainer_state.json (the manifest: the world size and every shard's
+ * checksum) and renames it into place, which completes the checkpoint. */
+static ftune_status checkpoint_sharded(run *r) {
+    long pid = (long)getpid();
+    TRY(ft_dist_bcast(&pid, sizeof pid, 0));
+    char tmp[4200], path[4400], name[64];
+    snprintf(tmp, sizeof tmp, "%s/checkpoint-%lld.tmp.%ld", r->o->out_dir, (long long)r->step, pid);
+    ftune_status st = FTUNE_OK;
+    if (is_root(r)) {
+        st = rm_tree(tmp);
+        if (!st) st = mkdir_p(tmp);
+    }
+    int failed = st != FTUNE_OK;
+    TRY(ft_dist_bcast(&failed, sizeof failed, 0));
+    if (failed) return st ? st : ft_err(FTUNE_ERR_IO, "rank %d: rank 0 could not create %s (its error says why)", r->rank, tmp);
+    ft_ckpt_shard_name(name, r->rank, r->world);
+    snprintf(path, sizeof path, "%s/%s", tmp, name);
+    st = write_shard(r, path);
+    int bad = st != FTUNE_OK;
+    TRY(ft_dist_allreduce_max_i32(&bad, 1));
+    if (bad) {
+        if (is_root(r)) rm_tree(tmp);
+        return st ? st : ft_err(FTUNE_ERR_IO, "rank %d: another rank could not write its shard of checkpoint-%lld (its "
+                                "error says why)", r->rank, (long long)r->step);
+    }
+    if (is_root(r)) st = save_checkpoint(r, tmp);
+    else snprintf(r->res.checkpoint, sizeof r->res.checkpoint, "%s/checkpoint-%lld", r->o->out_dir, (long long)r->step);
+    failed = st != FTUNE_OK;
+    ftune_status bst = ft_dist_bcast(&failed, sizeof failed, 0);
+    if (st || bst) return st ? st : bst;
+    if (failed) return ft_err(FTUNE_ERR_IO, "rank %d: rank 0 could not save checkpoint-%lld (its error says why)", r->rank, (long long)r->step);
+    return FTUNE_OK;
+}
+
 /* A checkpoint of the whole run, written by rank 0: under ZeRO 1 the
- * optimizer shards are gathered to it first (every rank takes part). */
+ * optimizer shards are gathered to it first (every rank takes part); or a
+ * sharded one. */
 static ftune_status checkpoint(run *r) {
+    if (sharded_ckpt(r)) return checkpoint_sharded(r);
     ftune_status st = FTUNE_OK;
     if (r->zero > 0) {
         int64_t own_n = r->shard[r->rank + 1] - r->shard[r->rank];
@@ -768,7 +883,7 @@ static ftune_status checkpoint(run *r) {
         free(mine);
     }
     if (!st) st = gather_values(r);
-    if (!st && is_root(r)) st = save_checkpoint(r);
+    if (!st && is_root(r)) st = save_checkpoint(r, NULL);
     else if (!st) snprintf(r->res.checkpoint, sizeof r->res.checkpoint, "%s/checkpoint-%lld", r->o->out_dir, (long long)r->step);
     free(r->full_vals);
     r->full_vals = NULL;
@@ -791,18 +906,28 @@ static ftune_status resume(run *r) {
     int bad = st != FTUNE_OK;
     TRY(ft_dist_allreduce_max_i32(&bad, 1));
     if (bad) return st ? st : ft_err(FTUNE_ERR_ARG, "rank %d: rank 0 could not resume from %s (its error says why)", r->rank, r->o->resume);
+    int sharded = r->resume_sharded;
+    TRY(ft_dist_bcast(&sharded, sizeof sharded, 0));
     ft_data_cursor cur = ft_batch_iter_cursor(r->it);
     int64_t v[6] = { r->step, (int64_t)ft_trainer_get_micro_step(r->tr), cur.epoch, cur.index, r->opt.step, r->skipped };
     TRY(ft_dist_bcast(v, sizeof v, 0));
     TRY(ft_dist_bcast(&r->scaler, sizeof r->scaler, 0)); /* its scale and growth tracker */
-    if (r->zero == 3) {
+    if (sharded) {
+        /* each rank its own shard (rank 0 has checked every shard's checksum) */
+        st = read_shard(r, r->o->resume);
+        bad = st != FTUNE_OK;
+        TRY(ft_dist_allreduce_max_i32(&bad, 1));
+        if (bad) return st ? st : ft_err(FTUNE_ERR_FORMAT, "rank %d: another rank could not read its shard of %s (its "
+                                         "error says why)", r->rank, r->o->resume);
+        if (r->zero < 3) TRY(ft_dist_allgather_f32(r->vals, r->shard, r->chunk));
+    } else if (r->zero == 3) {
         st = ft_dist_scatter_f32(r->full_vals, r->own_vals, r->shard, 0, r->chunk);
         free(r->full_vals);
         r->full_vals = NULL;
         TRY(st);
     } else TRY(ft_dist_bcast(r->vals, (size_t)r->n_flat * sizeof(float), 0));
-    if (r->zero == 0) TRY(ft_dist_bcast(r->opt.state, r->opt.state_bytes, 0));
-    else {
+    if (!sharded && r->zero == 0) TRY(ft_dist_bcast(r->opt.state, r->opt.state_bytes, 0));
+    else if (!sharded) {
         int64_t own_n = r->shard[r->rank + 1] - r->shard[r->rank];
         float *mine = ft_malloc((size_t)(own_n + 1) * sizeof(float));
         if (!mine) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
@@ -867,18 +992,26 @@ static ftune_status read_trainable(run *r, const char *path, float *full) {
 static const char *const ckpt_sums[] = { "trainable.safetensors", "optimizer.safetensors", "adapter_model.safetensors",
                                          "adapter_config.json" };
 
-static ftune_status save_checkpoint(run *r) {
+/* Rank 0 writes a checkpoint: whole (every file here), or sharded, where
+ * shard_tmp is the temporary directory holding every rank's shard already
+ * and only trainer_state.json (with their checksums) is added before the
+ * rename that completes it. */
+static ftune_status save_checkpoint(run *r, const char *shard_tmp) {
     char dir[4096], tmp[4200], old[4200], path[4400];
     snprintf(dir, sizeof dir, "%s/checkpoint-%lld", r->o->out_dir, (long long)r->step);
     /* the pid keeps two processes apart even where the lock cannot (a
      * directory on a file system without flock) */
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
+    if (shard_tmp) snprintf(tmp, sizeof tmp, "%s", shard_tmp);
     snprintf(old, sizeof old, "%s.old.%ld", dir, (long)getpid());
-    ftune_status st = rm_tree(tmp);
-    if (!st) st = mkdir_p(tmp);
-    if (!st) { snprintf(path, sizeof path, "%s/trainable.safetensors", tmp); st = write_trainable(r, path, r->full_vals); }
-    if (!st) { snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp); st = save_optimizer(r, path); }
-    if (!st && r->wrapped) st = save_peft(r, tmp, r->full_vals, NULL);
+    ftune_status st = FTUNE_OK;
+    if (!shard_tmp) {
+        st = rm_tree(tmp);
+        if (!st) st = mkdir_p(tmp);
+        if (!st) { snprintf(path, sizeof path, "%s/trainable.safetensors", tmp); st = write_trainable(r, path, r->full_vals); }
+        if (!st) { snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp); st = save_optimizer(r, path); }
+        if (!st && r->wrapped) st = save_peft(r, tmp, r->full_vals, NULL);
+    }
     if (!st) {
         cJSON *j = cJSON_CreateObject();
         ft_data_cursor cur = ft_batch_iter_cursor(r->it);
@@ -902,14 +1035,30 @@ static ftune_status save_checkpoint(run *r) {
         cJSON_AddItemReferenceToObject(j, "config", r->config);
         /* checksums of the files as they are on disk, read back */
         cJSON *sums = cJSON_AddObjectToObject(j, "checksums");
-        for (size_t i = 0; i < sizeof ckpt_sums / sizeof ckpt_sums[0] && !st; i++) {
-            snprintf(path, sizeof path, "%s/%s", tmp, ckpt_sums[i]);
-            if (!ft_file_exists(path)) continue;
+        size_t n_sums = sizeof ckpt_sums / sizeof ckpt_sums[0];
+        for (size_t i = 0; i < n_sums + (shard_tmp ? (size_t)r->world : 0) && !st; i++) {
+            char name[64];
+            if (i < n_sums) snprintf(name, sizeof name, "%s", ckpt_sums[i]);
+            else ft_ckpt_shard_name(name, (int)(i - n_sums), r->world);
+            snprintf(path, sizeof path, "%s/%s", tmp, name);
+            if (!ft_file_exists(path)) {
+                /* a shard rank 0 cannot see: the ranks do not share the output directory */
+                if (i >= n_sums)
+                    st = ft_err(FTUNE_ERR_IO, "%s: rank %d wrote it, but rank 0 does not see it: sharded checkpoints "
+                                "need -o on a file system every rank shares (else give --consolidate)", path,
+                                (int)(i - n_sums));
+                continue;
+            }
             uint64_t h;
             if ((st = ft_file_fnv1a(path, &h))) break;
             char hex[32];
             snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
-            cJSON_AddStringToObject(sums, ckpt_sums[i], hex);
+            cJSON_AddStringToObject(sums, name, hex);
+        }
+        if (shard_tmp) {
+            cJSON *sh = cJSON_AddObjectToObject(j, "shards");
+            cJSON_AddNumberToObject(sh, "world", r->world);
+            cJSON_AddNumberToObject(sh, "opt_step", (double)r->opt.step);
         }
         snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
         if (!st) st = ft_write_json_atomic(path, j);
@@ -1059,14 +1208,31 @@ static ftune_status load_checkpoint(run *r, const char *dir) {
             goto done;
         }
     }
-    snprintf(path, sizeof path, "%s/trainable.safetensors", dir);
-    if (r->zero == 3 && !(r->full_vals = ft_malloc((size_t)r->n_flat * sizeof(float)))) {
-        st = ft_err(FTUNE_ERR_NOMEM, "out of memory for the trainable values of %s", dir);
-        goto done;
+    if (cs.shard_world) {
+        if (cs.shard_world != r->world) {
+            st = ft_err(FTUNE_ERR_ARG, "--resume %s: the checkpoint is sharded over %d ranks (a file per rank's ZeRO "
+                        "shard) and this run has %d: resume it on %d ranks (with --consolidate there, its next "
+                        "checkpoints are whole and resume on any number of ranks)", dir, cs.shard_world, r->world,
+                        cs.shard_world);
+            goto done;
+        }
+        if (r->zero == 0) {
+            st = ft_err(FTUNE_ERR_ARG, "--resume %s: the checkpoint holds ZeRO shards of the optimizer state: resume "
+                        "with --zero 1, 2 or 3", dir);
+            goto done;
+        }
+        r->opt.step = cs.shard_opt_step;
+        r->resume_sharded = true;
+    } else {
+        snprintf(path, sizeof path, "%s/trainable.safetensors", dir);
+        if (r->zero == 3 && !(r->full_vals = ft_malloc((size_t)r->n_flat * sizeof(float)))) {
+            st = ft_err(FTUNE_ERR_NOMEM, "out of memory for the trainable values of %s", dir);
+            goto done;
+        }
+        if ((st = read_trainable(r, path, r->full_vals))) goto done;
+        snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+        if ((st = load_optimizer(r, path))) goto done;
     }
-    if ((st = read_trainable(r, path, r->full_vals))) goto done;
-    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
-    if ((st = load_optimizer(r, path))) goto done;
     /* skipped steps never reached the optimizer */
     if (r->opt.step != s - cs.skipped_steps) {
         st = ft_err(FTUNE_ERR_FORMAT, "%s: optimizer step %lld, but the checkpoint is at step %lld with %lld skipped", path,
