@@ -520,6 +520,9 @@ typedef struct {
      * trainer was never built. */
     char memory_table[2048];
     double peak_rss_mib;       /* peak resident memory of the process at the end */
+    /* data parallelism: what this rank's collectives sent during the steps of this run (the
+     * ring model of each collective's bytes; checkpoints and the final gather excluded) */
+    uint64_t comm_bytes, comm_calls, comm_steps;
 } ftune_train_result;
 
 /* Runs the training o describes. progress (may be NULL) is called on the

@@ -107,6 +107,13 @@ for z in 2 3; do
     else fail "full_np3_zero${z}_small_buckets_idle_rank" "$(tail -20 "$tmp/out.txt")"; fi
 done
 
+# 2b. ZeRO 3 with gradient checkpointing: a segment's recomputed forward gathers its blocks' values again
+gc=("${full[@]}" --grad-checkpoint 2)
+if "$FT" train "${gc[@]}" -o "$tmp/gc1" 2> "$tmp/err.txt" &&
+   run_mpi 2 "$FT" train "${gc[@]}" --zero 3 -o "$tmp/gc2" > "$tmp/out.txt" 2>&1; then
+    same_curve full_np2_zero3_grad_checkpoint_losses "$tmp/gc1/metrics.jsonl" "$tmp/gc2/metrics.jsonl"
+else fail full_np2_zero3_grad_checkpoint "$(cat "$tmp/err.txt"; tail -20 "$tmp/out.txt")"; fi
+
 # 2a. full fine-tuning in bf16 at ZeRO 3 (no compute copies: the f32 masters read rounded, the same
 #     numbers). The f32 sums' order is still the only difference, but a master that moves by one f32
 #     ulp can round to the neighbouring bf16 (2^-8 relative) in the next forward: measured 4e-5 after

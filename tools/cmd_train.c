@@ -329,6 +329,9 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
     } else if (st) rc = cli_fail(me, st);
     else if (!quiet) {
         if (res.memory_table[0]) fprintf(stderr, "%speak RSS %.1f MiB\n", res.memory_table, res.peak_rss_mib);
+        if (res.comm_calls && res.comm_steps)
+            fprintf(stderr, "communication per step and rank: %.1f MB sent (ring model), %.0f collective calls\n",
+                    (double)res.comm_bytes / 1e6 / (double)res.comm_steps, (double)res.comm_calls / (double)res.comm_steps);
         if (res.skipped_steps)
             fprintf(stderr, "%lld step(s) skipped for non-finite gradients; final loss scale %g\n",
                     (long long)res.skipped_steps, res.loss_scale);

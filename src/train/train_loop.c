@@ -1733,11 +1733,19 @@ static ftune_status train(run *r) {
         emit(r, &p);
     }
     double t0 = ft_time_s();
+    ft_dist_reset_counters();
     while (r->step < r->total_steps) {
         double ts = ft_time_s(), loss = 0, gnorm = 0, lr = 0;
         int64_t ntok;
         bool skipped = false;
+        ft_dist_counters c0, c1;
+        ft_dist_get_counters(&c0);
         TRY(train_step(r, &loss, &gnorm, &lr, &ntok, &skipped));
+        ft_dist_get_counters(&c1);
+        r->res.comm_bytes += (c1.allreduce_bytes + c1.reduce_scatter_bytes + c1.allgather_bytes + c1.other_bytes) -
+                             (c0.allreduce_bytes + c0.reduce_scatter_bytes + c0.allgather_bytes + c0.other_bytes);
+        r->res.comm_calls += c1.calls - c0.calls;
+        r->res.comm_steps++;
         double te = ft_time_s();
         r->res.last_loss = loss;
         bool scaling = ft_grad_scaler_on(&r->scaler);
