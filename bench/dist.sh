@@ -7,8 +7,8 @@
 # 3: and as much of values), rank 0's memory table total (planned), the bytes
 # its collectives sent per step, the tokens/s of steps 2-4, and the per-step
 # losses against one process. Prints a Markdown table (BENCHMARKS.md's
-# data-parallel sections were made with it). CONFIGS="ranks:zero ..." picks
-# the rows. About 2 GB of memory per rank.
+# data-parallel sections were made with it). CONFIGS="ranks:zero[:o] ..." picks
+# the rows (:o adds --overlap). About 2 GB of memory per rank.
 set -u
 BUILD=${BUILD:-build}
 FT=$BUILD/ftune
@@ -31,10 +31,11 @@ echo "| round | ranks | ZeRO | peak RSS per rank (MiB) | predicted saving vs 1 p
 echo "|---|---|---|---|---|---|---|---|---|---|"
 for round in $(seq "$ROUNDS"); do
     for nz in $CONFIGS; do
-        set -- ${nz/:/ }
-        out=$tmp/r$1z$2
+        set -- ${nz//:/ }
+        ov=(); [ "${3:-}" = o ] && ov=(--overlap)
+        out=$tmp/r$1z$2${3:-}
         if [ "$1" = 1 ]; then /usr/bin/time -f "rss %M" "$FT" "${args[@]}" -o "$out" 2> "$tmp/rss.txt"
-        else mpirun --oversubscribe --bind-to none -np "$1" /usr/bin/time -f "rss %M" "$FT" "${args[@]}" --zero "$2" -o "$out" \
+        else mpirun --oversubscribe --bind-to none -np "$1" /usr/bin/time -f "rss %M" "$FT" "${args[@]}" --zero "$2" "${ov[@]}" -o "$out" \
                  2> "$tmp/rss.txt"; fi
         rss=$(grep -o 'rss [0-9]*' "$tmp/rss.txt" | awk '{print int($2 / 1024)}' | paste -sd' ')
         pred=$($PY -c "
@@ -53,7 +54,7 @@ d = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(m, r))
 print("%s | %.1e" % (" ".join("%.0f" % x["tokens_per_s"] for x in m[1:]), d))
 PYEOF
 )
-        echo "| $round | $1 | $2 | $rss | $pred | ${total:--} | ${comm:-0} | $stats | $(cut -d' ' -f1 /proc/loadavg) |"
+        echo "| $round | $1 | $2${3:+ (overlap)} | $rss | $pred | ${total:--} | ${comm:-0} | $stats | $(cut -d' ' -f1 /proc/loadavg) |"
     done
 done
 echo

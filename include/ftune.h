@@ -429,6 +429,10 @@ typedef struct {
     int zero;                  /* ZeRO stage: 0 every rank keeps the whole optimizer state,
                                 * 1 each rank keeps and updates its shard of it, 2 and of the
                                 * gradients, 3 and of the trainable values; 0 */
+    bool overlap;              /* ZeRO 2/3: start each segment's gradient reduce-scatter without
+                                * waiting (MPI_Ireduce_scatter, two in flight, each on a copy of
+                                * the window) and wait for it when its buffer is next needed or
+                                * the micro-batch ends; false: blocking */
     bool consolidate;          /* ZeRO >= 1, full fine-tuning: checkpoints gathered whole to rank 0
                                 * (they resume on any number of ranks) instead of one shard per
                                 * rank (which resume on the same number only); LoRA's are always

@@ -124,6 +124,25 @@ if "$FT" train "${bf[@]}" -o "$tmp/bf1" 2> "$tmp/err.txt" &&
     same_curve full_bf16_np2_zero3_losses "$tmp/bf1/metrics.jsonl" "$tmp/bf2/metrics.jsonl" 1 1e-3
 else fail full_bf16_np2_zero3 "$(cat "$tmp/err.txt"; tail -20 "$tmp/out.txt")"; fi
 
+# 2c. --overlap (non-blocking reduce-scatters, finished oldest first: the blocking path's sums in the
+#     same order): on 2 ranks the same numbers as blocking, bit for bit; on 4 the one-process curve
+for z in 2 3; do
+    if run_mpi 2 "$FT" train "${full[@]}" --zero $z --overlap -o "$tmp/ov.$z" > "$tmp/out.txt" 2>&1; then
+        $PY - "$tmp/full.2.$z/metrics.jsonl" "$tmp/ov.$z/metrics.jsonl" <<'EOF' && pass "full_np2_zero${z}_overlap_is_blocking" || fail "full_np2_zero${z}_overlap_is_blocking" "$(cat "$tmp/ov.$z/metrics.jsonl")"
+import json, sys
+f = lambda p: [{k: v for k, v in json.loads(l).items() if k != "tokens_per_s"} for l in open(p)]
+assert f(sys.argv[1]) == f(sys.argv[2])
+EOF
+    else fail "full_np2_zero${z}_overlap" "$(tail -20 "$tmp/out.txt")"; fi
+done
+if run_mpi 4 "$FT" train "${lora[@]}" --zero 2 --overlap -o "$tmp/ov4" > "$tmp/out.txt" 2>&1; then
+    same_curve lora_np4_zero2_overlap_losses "$tmp/lora.1/metrics.jsonl" "$tmp/ov4/metrics.jsonl"
+else fail lora_np4_zero2_overlap "$(tail -20 "$tmp/out.txt")"; fi
+"$FT" train "${lora[@]}" --overlap -o "$tmp/ovbad" > "$tmp/out.txt" 2>&1
+rc=$?
+[ $rc -ne 0 ] && grep -q -- '--overlap .*give --zero 2 or 3' "$tmp/out.txt" && pass overlap_needs_zero2 ||
+    fail overlap_needs_zero2 "exit $rc: $(cat "$tmp/out.txt")"
+
 # 3. the memory table: ZeRO 2's gradients row is one segment's window plus this rank's shard, less
 #    than ZeRO 0's whole gradients; ZeRO 3's trainables row likewise; planned equals measured
 for z in 0 2 3; do

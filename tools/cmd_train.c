@@ -190,6 +190,8 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
         { NULL, "--zero", OPT_INT, &o.zero, "S", "under mpirun: ZeRO stage, 0 = every rank keeps the whole optimizer "
           "state, 1 = each keeps and updates its shard, 2 = and keeps only its shard of the gradients, 3 = and of "
           "the trainable values (gathered a layer at a time)" },
+        { NULL, "--overlap", OPT_FLAG, &o.overlap, "", "under mpirun, --zero 2/3: non-blocking gradient "
+          "reduce-scatters overlapped with the backward (two segment buffers more per rank)" },
         { NULL, "--consolidate", OPT_FLAG, &o.consolidate, "", "under mpirun, --zero 1-3, --full: checkpoints "
           "gathered whole to rank 0 (they resume on any number of ranks) instead of a shard per rank" },
         { NULL, "--bucket-mb", OPT_STR, &bucket_mb, "MB", "under mpirun: the most MiB one collective call moves" },

@@ -189,6 +189,16 @@ typedef struct {
     float *full_vals;          /* (n_flat) rank 0, ZeRO 3: the whole values while saved or loaded */
     ft_batch idle;             /* ZeRO 2/3: a batch with no targets, for a rank with no rows (collectives) */
     bool resume_sharded;       /* rank 0: --resume's checkpoint is sharded (each rank reads its own) */
+    /* --overlap: two non-blocking reduce-scatters in flight, each on its own copy of a segment */
+    struct ov_slot {
+        float *send, *recv;    /* (win_n), (recv_n) */
+        ft_dist_req *req;
+        int64_t dst, n;        /* recv's n floats add to own_grad + dst */
+        bool pending;
+    } ov[2];
+    int ov_next;               /* the slot started longest ago: the next to finish and reuse */
+    int64_t win_n;             /* floats of the trainer's gradient window */
+    int64_t recv_n;            /* the most of a segment this rank receives: min(win_n, own_n) + 1 */
 } run;
 
 static bool is_root(const run *r) { return r->rank == 0; }
@@ -508,9 +518,41 @@ static void seg_split(run *r, int64_t lo, int64_t hi) {
 /* A segment's gradient of one micro-batch (the trainer's window): summed
  * over the ranks onto the owners (reduce-scatter, in --bucket-mb rounds),
  * and this rank's part added to its shard. */
+/* --overlap: waits for a slot's reduce-scatter and adds its part to the shard. */
+static ftune_status ov_finish(run *r, struct ov_slot *s) {
+    if (!s->pending) return FTUNE_OK;
+    ftune_status st = ft_dist_wait(s->req);
+    s->req = NULL;
+    s->pending = false;
+    TRY(st);
+    float *dst = r->own_grad + s->dst;
+    for (int64_t i = 0; i < s->n; i++) dst[i] += s->recv[i];
+    return FTUNE_OK;
+}
+
+/* --overlap: every reduce-scatter in flight finished, oldest first (the
+ * order the blocking path adds them in, so the sums are the same). */
+static ftune_status ov_drain(run *r) {
+    if (!r->o->overlap || r->zero < 2) return FTUNE_OK;
+    TRY(ov_finish(r, &r->ov[r->ov_next]));
+    return ov_finish(r, &r->ov[r->ov_next ^ 1]);
+}
+
 static ftune_status shard_grads(void *ctx, int64_t lo, int64_t hi, float *g) {
     run *r = ctx;
     seg_split(r, lo, hi);
+    if (r->o->overlap) {
+        /* the oldest slot is finished and reused; the window goes on to the next segment */
+        struct ov_slot *s = &r->ov[r->ov_next];
+        r->ov_next ^= 1;
+        TRY(ov_finish(r, s));
+        memcpy(s->send, g, (size_t)(hi - lo) * sizeof(float));
+        s->dst = lo + r->seg_off[r->rank] - r->shard[r->rank];
+        s->n = r->seg_off[r->rank + 1] - r->seg_off[r->rank];
+        TRY(ft_dist_ireduce_scatter_sum_f32(s->send, s->recv, r->seg_off, &s->req));
+        s->pending = true;
+        return ft_dist_test(r->ov[r->ov_next].req); /* lets MPI move the other one on */
+    }
     TRY(ft_dist_reduce_scatter_sum_f32(g, r->seg_off, r->chunk));
     int64_t a = r->seg_off[r->rank], b = r->seg_off[r->rank + 1];
     float *dst = r->own_grad + (lo + a - r->shard[r->rank]);
@@ -576,6 +618,13 @@ static ftune_status setup_zero(run *r) {
 static ftune_status own_pieces(run *r) {
     r->vals = ft_trainer_values(r->tr, NULL);
     r->grads = NULL;
+    r->win_n = (int64_t)(ft_trainer_get_plan(r->tr)->grad_bytes / sizeof(float));
+    r->recv_n = (r->win_n < r->own_n ? r->win_n : r->own_n) + 1;
+    for (int k = 0; k < 2 && r->o->overlap; k++) {
+        r->ov[k].send = ft_mem_alloc(FT_MEM_GRADS, (size_t)r->win_n * sizeof(float));
+        r->ov[k].recv = ft_mem_alloc(FT_MEM_GRADS, (size_t)r->recv_n * sizeof(float));
+        if (!r->ov[k].send || !r->ov[k].recv) return ft_err(FTUNE_ERR_NOMEM, "out of memory for --overlap's buffers");
+    }
     int64_t lo = r->shard[r->rank], hi = r->shard[r->rank + 1];
     r->own_base = r->zero == 3 ? r->own_vals : r->vals + lo;
     r->own = ft_calloc((size_t)(r->n_params ? r->n_params : 1), sizeof *r->own);
@@ -1445,10 +1494,12 @@ static ftune_status train_step(run *r, double *loss, double *gnorm, double *lr, 
             uint64_t ms = ft_trainer_get_micro_step(r->tr);
             TRY(ft_trainer_step_scaled(r->tr, &r->idle, ntt, r->scaler.scale, &ls));
             ft_trainer_set_micro_step(r->tr, ms);
+            TRY(ov_drain(r));
             continue;
         }
         if (v.B == 0) continue; /* the short last batch of an epoch: nothing for this rank */
         TRY(ft_trainer_step_scaled(r->tr, &v, ntt, r->scaler.scale, &ls));
+        TRY(ov_drain(r));
         sum += ls;
     }
     /* after the backward pass: the loss and gradients of the global batch.
@@ -1597,6 +1648,9 @@ static ftune_status setup(run *r) {
     r->world = ft_dist_world();
     r->zero = o->zero;
     if (o->zero < 0 || o->zero > 3) return ft_err(FTUNE_ERR_ARG, "--zero %d: expected 0, 1, 2 or 3", o->zero);
+    if (o->overlap && o->zero < 2)
+        return ft_err(FTUNE_ERR_ARG, "--overlap overlaps ZeRO 2 and 3's gradient reduce-scatters with the backward: "
+                      "give --zero 2 or 3");
     if (o->zero == 3 && o->init_adapter)
         return ft_err(FTUNE_ERR_UNSUPPORTED, "--init-adapter with --zero 3 is not supported (the trainer holds one "
                       "layer's values at a time): use --zero 2 or less");
@@ -1835,6 +1889,7 @@ ftune_status ft_train_run_hooked(const ftune_train_opts *o, const ft_train_hooks
         /* ZeRO 2/3: the trainer's one-segment windows (its plan) and this rank's shards */
         if (r->own_grad) mt.planned[FT_MEM_GRADS] += (size_t)(r->own_n + 1) * sizeof(float);
         if (r->own_vals) mt.planned[FT_MEM_TRAINABLE] += (size_t)(r->own_n + 1) * sizeof(float);
+        if (r->ov[0].send) mt.planned[FT_MEM_GRADS] += 2 * (size_t)(r->win_n + r->recv_n) * sizeof(float);
         ft_mem_table_format(&mt, r->res.memory_table, sizeof r->res.memory_table);
     }
     r->res.peak_rss_mib = ft_peak_rss_mib();
@@ -1857,6 +1912,13 @@ ftune_status ft_train_run_hooked(const ftune_train_opts *o, const ft_train_hooks
     ft_mem_free(FT_MEM_GRADS, r->own_grad, r->own_grad ? (size_t)(r->own_n + 1) * sizeof(float) : 0);
     ft_mem_free(FT_MEM_TRAINABLE, r->own_vals, r->own_vals ? (size_t)(r->own_n + 1) * sizeof(float) : 0);
     ft_batch_free(&r->idle);
+    for (int k = 0; k < 2; k++) {
+        /* a reduce-scatter still in flight (an error stopped the step): MPI may still write its
+         * buffers and waiting could hang on a rank that stopped too; the job is ending: leave them */
+        if (r->ov[k].req) continue;
+        ft_mem_free(FT_MEM_GRADS, r->ov[k].send, r->ov[k].send ? (size_t)r->win_n * sizeof(float) : 0);
+        ft_mem_free(FT_MEM_GRADS, r->ov[k].recv, r->ov[k].recv ? (size_t)r->recv_n * sizeof(float) : 0);
+    }
     free(r->params);
     ft_trainer_free(r->tr);
     ft_dataset_free(r->train);
