@@ -440,8 +440,16 @@ typedef struct {
     int grad_checkpoint;
     /* data parallelism (a job of ftune_dist_world() ranks; one rank: no effect) */
     int zero;                  /* ZeRO stage: 0 every rank keeps the whole optimizer state,
-                                * 1 each rank keeps and updates its shard of it (2, 3: not
-                                * implemented, refused); 0 */
+                                * 1 each rank keeps and updates its shard of it, 2 and of the
+                                * gradients, 3 and of the trainable values; 0 */
+    bool overlap;              /* ZeRO 2/3: start each segment's gradient reduce-scatter without
+                                * waiting (MPI_Ireduce_scatter, two in flight, each on a copy of
+                                * the window) and wait for it when its buffer is next needed or
+                                * the micro-batch ends; false: blocking */
+    bool consolidate;          /* ZeRO >= 1, full fine-tuning: checkpoints gathered whole to rank 0
+                                * (they resume on any number of ranks) instead of one shard per
+                                * rank (which resume on the same number only); LoRA's are always
+                                * whole; false */
     double bucket_mb;          /* the most MiB one collective call moves; 0: 16 */
     /* When *stop becomes non-zero (a signal handler may set it) the run
      * finishes the current step, saves a checkpoint and returns
@@ -466,6 +474,11 @@ FTUNE_API int ftune_dist_world(void);
  * reported an error the others may not share), so that none of them waits
  * for it forever. */
 FTUNE_API _Noreturn void ftune_dist_abort(int code);
+/* True once a run has failed by a decision every rank took together (rank 0
+ * could not resume from or save a checkpoint, and told the others): each
+ * rank returns the error and reaches ftune_dist_finalize, so none needs
+ * ftune_dist_abort, which could end rank 0 before it has said why. */
+FTUNE_API bool ftune_dist_failed_together(void);
 
 /* Parsers for the names `ftune train` accepts; FTUNE_ERR_ARG names the bad
  * one. Data formats: "auto", "text", "completion", "alpaca", "chat",
@@ -529,6 +542,9 @@ typedef struct {
      * trainer was never built. */
     char memory_table[2048];
     double peak_rss_mib;       /* peak resident memory of the process at the end */
+    /* data parallelism: what this rank's collectives sent during the steps of this run (the
+     * ring model of each collective's bytes; checkpoints and the final gather excluded) */
+    uint64_t comm_bytes, comm_calls, comm_steps;
 } ftune_train_result;
 
 /* Runs the training o describes. progress (may be NULL) is called on the

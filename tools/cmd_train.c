@@ -208,7 +208,12 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
         { "-t", "--threads", OPT_INT, &o.n_threads, "N", "threads; 0 = all cores (per rank: under mpirun give "
           "cores / ranks per host)" },
         { NULL, "--zero", OPT_INT, &o.zero, "S", "under mpirun: ZeRO stage, 0 = every rank keeps the whole optimizer "
-          "state, 1 = each keeps and updates its shard" },
+          "state, 1 = each keeps and updates its shard, 2 = and keeps only its shard of the gradients, 3 = and of "
+          "the trainable values (gathered a layer at a time)" },
+        { NULL, "--overlap", OPT_FLAG, &o.overlap, "", "under mpirun, --zero 2/3: non-blocking gradient "
+          "reduce-scatters overlapped with the backward (two segment buffers more per rank)" },
+        { NULL, "--consolidate", OPT_FLAG, &o.consolidate, "", "under mpirun, --zero 1-3, --full: checkpoints "
+          "gathered whole to rank 0 (they resume on any number of ranks) instead of a shard per rank" },
         { NULL, "--bucket-mb", OPT_STR, &bucket_mb, "MB", "under mpirun: the most MiB one collective call moves" },
         { NULL, "--dtype", OPT_STR, &o.dtype, "T", "compute dtype: f32 (reference), bf16 or f16: bf16/f16 matrix "
           "inputs summed in f32, f32 master weights, norms, loss and optimizer. bf16 needs no loss scaling (f32's "
@@ -426,6 +431,9 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
         if (res.memory_table[0] && planned)
             fprintf(stderr, " (planned %.1f MiB: %+.1f%%)", plan.total_mib, 100 * (plan.total_mib / res.peak_rss_mib - 1));
         if (res.memory_table[0]) fputc('\n', stderr);
+        if (res.comm_calls && res.comm_steps)
+            fprintf(stderr, "communication per step and rank: %.1f MB sent (ring model), %.0f collective calls\n",
+                    (double)res.comm_bytes / 1e6 / (double)res.comm_steps, (double)res.comm_calls / (double)res.comm_steps);
         if (res.skipped_steps)
             fprintf(stderr, "%lld step(s) skipped for non-finite gradients; final loss scale %g\n",
                     (long long)res.skipped_steps, res.loss_scale);
@@ -452,7 +460,7 @@ int cmd_train(int argc, char **argv) {
     if (world > 1) snprintf(me, sizeof me, "train [rank %d of %d]", rank, world);
     bool together = false;
     int rc = train_main(argc, argv, me, rank, &together, false);
-    if (rc != 0 && world > 1 && !together) {
+    if (rc != 0 && world > 1 && !together && !ftune_dist_failed_together()) {
         fflush(NULL);
         ftune_dist_abort(rc);
     }

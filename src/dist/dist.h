@@ -35,6 +35,10 @@ void ft_dist_finalize(void);
  * reported an error that the others cannot know of, so that none of them
  * waits for it forever. The one-rank case exits. */
 _Noreturn void ft_dist_abort(int code);
+/* Marks (and tells) that every rank has seen the current failure: see
+ * ftune_dist_failed_together. */
+void ft_dist_set_failed_together(void);
+bool ft_dist_failed_together(void);
 
 int ft_dist_rank(void);
 int ft_dist_world(void);
@@ -65,6 +69,18 @@ ftune_status ft_dist_gather_f32(float *full, const float *mine, const int64_t *o
 /* The reverse: root's full is split into each rank's mine. */
 ftune_status ft_dist_scatter_f32(const float *full, float *mine, const int64_t *off, int root, int64_t chunk);
 ftune_status ft_dist_bcast(void *buf, size_t bytes, int root);
+
+/* A non-blocking reduce-scatter in one call (no rounds: off[world] must fit
+ * an int): recv (off[rank+1] - off[rank]) gets the sum over ranks of that
+ * range of send (off[world]); neither may be touched until ft_dist_wait.
+ * Every rank starts its non-blocking and blocking collectives in the same
+ * order. ft_dist_test lets MPI progress it (Open MPI moves a non-blocking
+ * collective only inside MPI calls); the one-rank case copies at once. */
+typedef struct ft_dist_req ft_dist_req;
+ftune_status ft_dist_ireduce_scatter_sum_f32(const float *send, float *recv, const int64_t *off, ft_dist_req **req);
+ftune_status ft_dist_test(ft_dist_req *req);
+/* Waits for req and frees it (NULL: nothing). */
+ftune_status ft_dist_wait(ft_dist_req *req);
 
 typedef struct {
     uint64_t allreduce_bytes, reduce_scatter_bytes, allgather_bytes, other_bytes; /* sent by this rank (ring model) */

@@ -221,6 +221,49 @@ ftune_status ft_dist_scatter_f32(const float *full, float *mine, const int64_t *
     return FTUNE_OK;
 }
 
+struct ft_dist_req {
+    MPI_Request r;
+    int *cnt;          /* (world) the counts MPI reads until the request completes */
+};
+
+ftune_status ft_dist_ireduce_scatter_sum_f32(const float *send, float *recv, const int64_t *off, ft_dist_req **req) {
+    *req = NULL;
+    ft_dist_count(FT_DIST_REDUCE_SCATTER, (uint64_t)off[g.world] * sizeof(float));
+    if (!g.mpi || g.world == 1) {
+        if (recv != send) memmove(recv, send, (size_t)off[1] * sizeof(float));
+        return FTUNE_OK;
+    }
+    if (off[g.world] > INT32_MAX)
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "a non-blocking reduce-scatter of %lld floats (at most 2^31 - 1)",
+                      (long long)off[g.world]);
+    ft_dist_req *q = calloc(1, sizeof *q);
+    int *cnt = q ? malloc((size_t)g.world * sizeof *cnt) : NULL;
+    if (!q || !cnt) { free(q); free(cnt); return ft_err(FTUNE_ERR_NOMEM, "out of memory"); }
+    for (int r = 0; r < g.world; r++) cnt[r] = (int)(off[r + 1] - off[r]);
+    q->cnt = cnt;
+    ft_dist_count_call();
+    int rc = MPI_Ireduce_scatter(send, recv, cnt, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &q->r);
+    if (rc != MPI_SUCCESS) { free(cnt); free(q); return mpi_fail(rc, "non-blocking reduce-scatter"); }
+    *req = q;
+    return FTUNE_OK;
+}
+
+ftune_status ft_dist_test(ft_dist_req *req) {
+    if (!req) return FTUNE_OK;
+    int done = 0;
+    MPI_TRY(MPI_Test(&req->r, &done, MPI_STATUS_IGNORE), "non-blocking reduce-scatter (test)");
+    return FTUNE_OK;
+}
+
+ftune_status ft_dist_wait(ft_dist_req *req) {
+    if (!req) return FTUNE_OK;
+    int rc = MPI_Wait(&req->r, MPI_STATUS_IGNORE);
+    free(req->cnt);
+    free(req);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "non-blocking reduce-scatter (wait)");
+    return FTUNE_OK;
+}
+
 ftune_status ft_dist_bcast(void *buf, size_t bytes, int root) {
     ft_dist_count(FT_DIST_OTHER, g.rank == root ? (uint64_t)bytes : 0);
     if (!g.mpi || g.world == 1) return FTUNE_OK;

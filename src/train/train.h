@@ -27,6 +27,31 @@ typedef enum { FT_TRAIN_LORA = 0, FT_TRAIN_FULL = 1 } ft_train_mode;
  * names ("q_proj", ...), or "all" / "all-linear". */
 ftune_status ft_lora_targets_parse(const char *s, unsigned *mask);
 
+/* ZeRO 2 and 3 (train_loop.c): the trainables as segments of the flat
+ * array, one per block (a block's parameters are contiguous, with the same
+ * layout in every block) and one per parameter outside the blocks
+ * (embedding, final norm, head). With ft_train_opts.shard set, the trainer
+ * keeps its gradients in one window the size of the largest segment,
+ * shared by all segments: it zeroes the window before a segment's
+ * backward and calls grads(lo, hi, window) once that segment's gradient of
+ * the micro-batch is complete there (a tied embedding twice: after the
+ * head and after the embedding's backward); the callee sums it where it
+ * keeps it (a reduce-scatter). With shard_values too, the values live in
+ * another such window: values(lo, hi, window, false) fills it before the
+ * trainer reads a segment (before a block's forward and again before its
+ * backward, through the block's per-layer hooks; before the embedding, the
+ * final norm and the head), and at ft_trainer_new values(..., true) hands
+ * each segment's initial values over to be kept. ft_trainer_values() and
+ * ft_trainer_grads() then return the windows, and parameters' data/grad
+ * point into them (valid only for the segment being run). A callback's
+ * error stops nothing at once (the collectives go on in the same order on
+ * every rank): the step returns the first one. */
+typedef struct {
+    ftune_status (*values)(void *ctx, int64_t lo, int64_t hi, float *vals, bool init);
+    ftune_status (*grads)(void *ctx, int64_t lo, int64_t hi, float *grad);
+    void *ctx;
+} ft_train_shard;
+
 typedef struct {
     ft_train_mode mode;
     ft_adapter_hparams lora; /* LoRA mode: r, alpha, rslora, dropout, targets;
@@ -53,6 +78,10 @@ typedef struct {
                             * optimizer and the copies' refresh read, in a file-backed mapping there that
                             * the kernel can page out (ft_mem_map_paged); NULL, or any other mode: in
                             * memory. The same numbers either way. */
+    const ft_train_shard *shard; /* ZeRO 2/3: gradients (and with shard_values, values) in one
+                                  * segment's window (above), or NULL: whole arrays */
+    bool shard_values;          /* ZeRO 3 (needs shard); full mode reads the f32 masters rounded
+                                 * (no compute copies: the same numbers) */
 } ft_train_opts;
 
 /* The compute type for ftune_train_opts.dtype: NULL the model's, else

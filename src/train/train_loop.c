@@ -17,8 +17,13 @@
  * and at fixed points: after the backward pass (sum the gradients: all-reduce,
  * or reduce-scatter under ZeRO 1), the loss scaler's found-inf flag (MAX over
  * ranks, so all skip alike), the global norm (summed over the ranks' parts),
- * the optimizer on this rank's part, and (ZeRO 1) the all-gather of the
- * updated values. Only rank 0 touches the output directory; checkpoints
+ * the optimizer on this rank's part, and (ZeRO 1, 2) the all-gather of the
+ * updated values. ZeRO 2 and 3 work through the trainer's segment windows
+ * (train.h ft_train_shard): each segment's gradient is reduce-scattered as
+ * the backward finishes it (shard_grads) and, at ZeRO 3, each segment's
+ * values are all-gathered when the trainer needs them (shard_values); a
+ * rank without rows in a micro-batch runs one without targets, so that
+ * every rank makes the same collectives. Only rank 0 touches the output directory; checkpoints
  * hold the whole state (gathered to rank 0), so a run resumes on any number
  * of ranks. With one rank every collective is the identity and the run is
  * the single-process run, bit for bit. */
@@ -181,6 +186,27 @@ typedef struct {
     int n_own;
     int64_t chunk;             /* the most floats one collective call moves (--bucket-mb) */
     float *full_mv;            /* (2 n_flat) rank 0, ZeRO 1: the whole AdamW state while saved or loaded */
+    /* ZeRO 2/3: the trainer's gradients (ZeRO 3: and values) are one segment's window (train.h);
+     * this rank keeps its shard [shard[rank], shard[rank+1]) of the summed gradient (and values) */
+    ft_train_shard shard_io;
+    int64_t own_n;             /* floats of this rank's shard */
+    float *own_grad;           /* (own_n) ZeRO 2/3 */
+    float *own_vals;           /* (own_n) ZeRO 3 */
+    float *own_base;           /* ZeRO >= 1: own[i].data - own_base is its offset in this rank's shard */
+    int64_t *seg_off;          /* (world + 1) a segment's split over the ranks, relative to its start */
+    float *full_vals;          /* (n_flat) rank 0, ZeRO 3: the whole values while saved or loaded */
+    ft_batch idle;             /* ZeRO 2/3: a batch with no targets, for a rank with no rows (collectives) */
+    bool resume_sharded;       /* rank 0: --resume's checkpoint is sharded (each rank reads its own) */
+    /* --overlap: two non-blocking reduce-scatters in flight, each on its own copy of a segment */
+    struct ov_slot {
+        float *send, *recv;    /* (win_n), (recv_n) */
+        ft_dist_req *req;
+        int64_t dst, n;        /* recv's n floats add to own_grad + dst */
+        bool pending;
+    } ov[2];
+    int ov_next;               /* the slot started longest ago: the next to finish and reuse */
+    int64_t win_n;             /* floats of the trainer's gradient window */
+    int64_t recv_n;            /* the most of a segment this rank receives: min(win_n, own_n) + 1 */
 } run;
 
 static bool is_root(const run *r) { return r->rank == 0; }
@@ -412,9 +438,41 @@ static void apply_init_adapter(run *r) {
 
 /* ------------------------------------------------------------ outputs */
 
-static ftune_status save_adapter_dir(run *r, const char *dir) {
+/* The PEFT adapter from the trainer's LoRA, or (ZeRO 3, where the
+ * trainer holds one layer's at a time) with A and B read from full, the
+ * whole flat values. */
+static ftune_status save_peft(run *r, const char *dir, const float *full, const char *gguf) {
+    if (!full) {
+        TRY(ft_adapter_save_peft(r->wrapped, dir));
+        return gguf ? ft_adapter_save_gguf(r->wrapped, gguf) : FTUNE_OK;
+    }
+    const ft_config *c = &r->m->cfg;
+    ft_lora *cp = ft_calloc((size_t)c->L * FT_N_MODS, sizeof *cp);
+    ft_lora **ptr = ft_calloc((size_t)c->L * FT_N_MODS, sizeof *ptr);
+    ftune_status st = cp && ptr ? FTUNE_OK : ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    /* LoRA's parameters: A then B of each adapted Linear */
+    for (int i = 0; !st && i + 1 < ft_trainer_n_params(r->tr); i += 2) {
+        const ft_train_param *pa = ft_trainer_param(r->tr, i), *pb = ft_trainer_param(r->tr, i + 1);
+        int j = pa->layer * FT_N_MODS + pa->target;
+        cp[j] = *ft_trainer_lora(r->tr, pa->layer, pa->target);
+        cp[j].A = (float *)full + pa->offset;
+        cp[j].B = (float *)full + pb->offset;
+        cp[j].dA = cp[j].dB = NULL;
+        ptr[j] = &cp[j];
+    }
+    ft_adapter *a = NULL;
+    if (!st) st = ft_adapter_wrap(&a, r->m, ptr);
+    if (!st) st = ft_adapter_save_peft(a, dir);
+    if (!st && gguf) st = ft_adapter_save_gguf(a, gguf);
+    ft_adapter_free(a);
+    free(ptr);
+    free(cp);
+    return st;
+}
+
+static ftune_status save_adapter_dir(run *r, const char *dir, const float *full, const char *gguf) {
     TRY(mkdir_p(dir));
-    return ft_adapter_save_peft(r->wrapped, dir);
+    return save_peft(r, dir, full, gguf);
 }
 
 static bool ends_with(const char *s, const char *suf) {
@@ -424,7 +482,7 @@ static bool ends_with(const char *s, const char *suf) {
 
 /* Full fine-tuning: writes a Hugging Face model whose weights are the
  * trainer's, through the merge writer on a shallow copy of the model. */
-static ftune_status save_full_model(run *r, const char *dir) {
+static ftune_status save_full_model(run *r, const char *dir, const float *full) {
     ftune_model v = *r->m;
     const ft_config *c = &v.cfg;
     v.layers = ft_malloc((size_t)c->L * sizeof *v.layers);
@@ -433,8 +491,10 @@ static ftune_status save_full_model(run *r, const char *dir) {
     v.adapter = NULL;
     int n = ft_trainer_n_params(r->tr);
     for (int i = 0; i < n; i++) {
-        const ft_train_param *tp = ft_trainer_param(r->tr, i);
-        const ft_param *p = &tp->opt;
+        ft_train_param pw = *ft_trainer_param(r->tr, i);
+        if (full) pw.opt.data = (float *)full + pw.offset;
+        const ft_train_param *tp = &pw;
+        const ft_param *p = &pw.opt;
         if (strcmp(p->name, "model.embed_tokens.weight") == 0) v.tok_embd = ft_tensor_f32_view(p->name, p->data, p->shape[0], p->shape[1]);
         else if (strcmp(p->name, "lm_head.weight") == 0) v.lm_head.w = ft_tensor_f32_view(p->name, p->data, p->shape[0], p->shape[1]);
         else if (strcmp(p->name, "model.norm.weight") == 0) v.out_norm = p->data;
@@ -454,9 +514,155 @@ static ftune_status save_full_model(run *r, const char *dir) {
 
 /* ------------------------------------------------------------ ranks */
 
+/* ------------------------------------------------------------ ZeRO 2 and 3 */
+
+/* Segment [lo, hi) of the flat array split over the ranks' shards:
+ * seg_off[q] .. seg_off[q+1] (relative to lo) is rank q's part. */
+static void seg_split(run *r, int64_t lo, int64_t hi) {
+    for (int q = 0; q <= r->world; q++) {
+        int64_t v = r->shard[q] < lo ? lo : r->shard[q] > hi ? hi : r->shard[q];
+        r->seg_off[q] = v - lo;
+    }
+}
+
+/* A segment's gradient of one micro-batch (the trainer's window): summed
+ * over the ranks onto the owners (reduce-scatter, in --bucket-mb rounds),
+ * and this rank's part added to its shard. */
+/* --overlap: waits for a slot's reduce-scatter and adds its part to the shard. */
+static ftune_status ov_finish(run *r, struct ov_slot *s) {
+    if (!s->pending) return FTUNE_OK;
+    ftune_status st = ft_dist_wait(s->req);
+    s->req = NULL;
+    s->pending = false;
+    TRY(st);
+    float *dst = r->own_grad + s->dst;
+    for (int64_t i = 0; i < s->n; i++) dst[i] += s->recv[i];
+    return FTUNE_OK;
+}
+
+/* --overlap: every reduce-scatter in flight finished, oldest first (the
+ * order the blocking path adds them in, so the sums are the same). */
+static ftune_status ov_drain(run *r) {
+    if (!r->o->overlap || r->zero < 2) return FTUNE_OK;
+    TRY(ov_finish(r, &r->ov[r->ov_next]));
+    return ov_finish(r, &r->ov[r->ov_next ^ 1]);
+}
+
+static ftune_status shard_grads(void *ctx, int64_t lo, int64_t hi, float *g) {
+    run *r = ctx;
+    seg_split(r, lo, hi);
+    if (r->o->overlap) {
+        /* the oldest slot is finished and reused; the window goes on to the next segment */
+        struct ov_slot *s = &r->ov[r->ov_next];
+        r->ov_next ^= 1;
+        TRY(ov_finish(r, s));
+        memcpy(s->send, g, (size_t)(hi - lo) * sizeof(float));
+        s->dst = lo + r->seg_off[r->rank] - r->shard[r->rank];
+        s->n = r->seg_off[r->rank + 1] - r->seg_off[r->rank];
+        TRY(ft_dist_ireduce_scatter_sum_f32(s->send, s->recv, r->seg_off, &s->req));
+        s->pending = true;
+        return ft_dist_test(r->ov[r->ov_next].req); /* lets MPI move the other one on */
+    }
+    TRY(ft_dist_reduce_scatter_sum_f32(g, r->seg_off, r->chunk));
+    int64_t a = r->seg_off[r->rank], b = r->seg_off[r->rank + 1];
+    float *dst = r->own_grad + (lo + a - r->shard[r->rank]);
+    for (int64_t i = a; i < b; i++) dst[i - a] += g[i];
+    return FTUNE_OK;
+}
+
+/* ZeRO 3: a segment's values into the trainer's window (all-gathered from
+ * the owners), or at init this rank's part of them kept. Every rank
+ * computes the same initial values (the same model and seed, which
+ * check_same_run compares), so init moves nothing. */
+static ftune_status shard_values(void *ctx, int64_t lo, int64_t hi, float *v, bool init) {
+    run *r = ctx;
+    seg_split(r, lo, hi);
+    int64_t a = r->seg_off[r->rank], b = r->seg_off[r->rank + 1];
+    float *mine = r->own_vals + (lo + a - r->shard[r->rank]);
+    if (init) {
+        memcpy(mine, v + a, (size_t)(b - a) * sizeof(float));
+        return FTUNE_OK;
+    }
+    memcpy(v + a, mine, (size_t)(b - a) * sizeof(float));
+    return ft_dist_allgather_f32(v, r->seg_off, r->chunk);
+}
+
+/* Before the trainer is built: the flat size, the shards and this rank's
+ * shard buffers, counted as gradients (and trainables). */
+static ftune_status setup_zero(run *r) {
+    ft_train_plan pl;
+    r->topts.shard = &r->shard_io;
+    r->topts.shard_values = r->zero == 3;
+    r->shard_io = (ft_train_shard){ .values = shard_values, .grads = shard_grads, .ctx = r };
+    TRY(ft_trainer_plan(&r->m->cfg, &r->topts, &pl));
+    r->n_flat = pl.n_trainable;
+    if (r->n_flat == 0)
+        return ft_err(FTUNE_ERR_ARG, "--zero %d shards the trainable parameters, and this run has none (every weight "
+                      "is frozen): use --zero 0", r->zero);
+    r->shard = ft_malloc((size_t)(r->world + 1) * sizeof *r->shard);
+    r->seg_off = ft_malloc((size_t)(r->world + 1) * sizeof *r->seg_off);
+    if (!r->shard || !r->seg_off) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    ft_dist_shard(r->n_flat, r->world, r->shard);
+    r->own_n = r->shard[r->rank + 1] - r->shard[r->rank];
+    r->own_grad = ft_mem_calloc(FT_MEM_GRADS, (size_t)(r->own_n + 1) * sizeof(float));
+    if (r->zero == 3) r->own_vals = ft_mem_calloc(FT_MEM_TRAINABLE, (size_t)(r->own_n + 1) * sizeof(float));
+    if (!r->own_grad || (r->zero == 3 && !r->own_vals))
+        return ft_err(FTUNE_ERR_NOMEM, "out of memory for this rank's shard (%lld floats)", (long long)r->own_n);
+    TRY(ft_batch_init(&r->idle, 1, r->T));
+    /* one row of padding: no targets, so no loss and a zero gradient */
+    for (int t = 0; t < r->T; t++) {
+        r->idle.tokens[t] = r->dt.eos_id >= 0 ? r->dt.eos_id : 0;
+        r->idle.targets[t] = -1;
+        r->idle.pos[t] = t;
+        r->idle.doc[t] = 0;
+    }
+    r->idle.B = 1;
+    r->idle.T = r->T;
+    r->idle.n_targets = 0;
+    return FTUNE_OK;
+}
+
+/* ZeRO 2/3: the pieces of the parameters in this rank's shard, their data
+ * in the trainer's whole values (ZeRO 2) or this rank's own (ZeRO 3), their
+ * gradients in own_grad. */
+static ftune_status own_pieces(run *r) {
+    r->vals = ft_trainer_values(r->tr, NULL);
+    r->grads = NULL;
+    r->win_n = (int64_t)(ft_trainer_get_plan(r->tr)->grad_bytes / sizeof(float));
+    r->recv_n = (r->win_n < r->own_n ? r->win_n : r->own_n) + 1;
+    for (int k = 0; k < 2 && r->o->overlap; k++) {
+        r->ov[k].send = ft_mem_alloc(FT_MEM_GRADS, (size_t)r->win_n * sizeof(float));
+        r->ov[k].recv = ft_mem_alloc(FT_MEM_GRADS, (size_t)r->recv_n * sizeof(float));
+        if (!r->ov[k].send || !r->ov[k].recv) return ft_err(FTUNE_ERR_NOMEM, "out of memory for --overlap's buffers");
+    }
+    int64_t lo = r->shard[r->rank], hi = r->shard[r->rank + 1];
+    r->own_base = r->zero == 3 ? r->own_vals : r->vals + lo;
+    r->own = ft_calloc((size_t)(r->n_params ? r->n_params : 1), sizeof *r->own);
+    if (!r->own) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    int64_t at = 0;
+    for (int i = 0; i < r->n_params; i++) {
+        const ft_train_param *p = ft_trainer_param(r->tr, i);
+        if (p->offset != at) return ft_err(FTUNE_ERR_UNSUPPORTED, "parameter \"%s\" is not where the flat trainable array has it", p->opt.name);
+        int64_t a = p->offset, b = a + p->opt.numel, s = a > lo ? a : lo, e = b < hi ? b : hi;
+        at = b;
+        if (s >= e) continue;
+        ft_param *q = &r->own[r->n_own++];
+        *q = r->params[i];
+        q->data = r->own_base + (s - lo);
+        q->grad = r->own_grad + (s - lo);
+        q->numel = e - s;
+        q->ndim = 1;
+        memset(q->shape, 0, sizeof q->shape);
+        q->shape[0] = e - s;
+    }
+    if (at != r->n_flat) return ft_err(FTUNE_ERR_UNSUPPORTED, "the parameters cover %lld of %lld trainable floats", (long long)at, (long long)r->n_flat);
+    return FTUNE_OK;
+}
+
 /* The trainer's flat arrays, this rank's shard of them and the parameters
  * (or pieces of parameters) its optimizer updates. */
 static ftune_status setup_shards(run *r) {
+    if (r->zero >= 2) return own_pieces(r);
     r->vals = ft_trainer_values(r->tr, &r->n_flat);
     r->grads = ft_trainer_grads(r->tr, NULL);
     /* the parameters tile the flat arrays in order (what sharding them assumes) */
@@ -475,6 +681,7 @@ static ftune_status setup_shards(run *r) {
         r->n_own = r->n_params;
         return FTUNE_OK;
     }
+    r->own_base = r->vals + r->shard[r->rank];
     return ft_params_shard(r->params, r->n_params, r->vals, r->shard[r->rank], r->shard[r->rank + 1], &r->own, &r->n_own);
 }
 
@@ -535,23 +742,42 @@ static ftune_status check_same_run(run *r) {
 
 /* ZeRO 1: this rank's pieces' m or v, packed as its flat range, or back. */
 static void pack_own(run *r, float *dst, bool v) {
-    int64_t lo = r->shard[r->rank];
     for (int i = 0; i < r->n_own; i++)
-        memcpy(dst + (r->own[i].data - r->vals - lo), v ? r->opt.v[i] : r->opt.m[i], (size_t)r->own[i].numel * sizeof(float));
+        memcpy(dst + (r->own[i].data - r->own_base), v ? r->opt.v[i] : r->opt.m[i], (size_t)r->own[i].numel * sizeof(float));
 }
 static void unpack_own(run *r, const float *src, bool v) {
-    int64_t lo = r->shard[r->rank];
     for (int i = 0; i < r->n_own; i++)
-        memcpy(v ? r->opt.v[i] : r->opt.m[i], src + (r->own[i].data - r->vals - lo), (size_t)r->own[i].numel * sizeof(float));
+        memcpy(v ? r->opt.v[i] : r->opt.m[i], src + (r->own[i].data - r->own_base), (size_t)r->own[i].numel * sizeof(float));
 }
 
 /* The optimizer file: ZeRO 0 saves rank 0's whole state; ZeRO 1 the state
  * checkpoint() gathered into full_mv, under the whole parameters' names,
  * so that either file resumes on any number of ranks at any stage. */
+/* r->params at their offsets from base (an array of n_flat floats), as
+ * ft_adamw_view reads them; the caller frees. */
+static ft_param *flat_params(run *r, float *base) {
+    ft_param *ps = ft_malloc((size_t)(r->n_params ? r->n_params : 1) * sizeof *ps);
+    if (!ps) return NULL;
+    for (int i = 0; i < r->n_params; i++) {
+        ps[i] = r->params[i];
+        ps[i].data = base + ft_trainer_param(r->tr, i)->offset;
+        ps[i].grad = NULL;
+    }
+    return ps;
+}
+
+static ftune_status mv_view(run *r, ft_adamw *view) {
+    ft_param *ps = flat_params(r, r->full_mv);
+    if (!ps) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    ftune_status st = ft_adamw_view(view, ps, r->n_params, &r->opt.cfg, r->full_mv, r->full_mv, r->full_mv + r->n_flat);
+    free(ps);
+    return st;
+}
+
 static ftune_status save_optimizer(run *r, const char *path) {
     if (r->zero == 0) return ft_adamw_save(&r->opt, path, NULL);
     ft_adamw view;
-    TRY(ft_adamw_view(&view, r->params, r->n_params, &r->opt.cfg, r->vals, r->full_mv, r->full_mv + r->n_flat));
+    TRY(mv_view(r, &view));
     view.step = r->opt.step;
     ftune_status st = ft_adamw_save(&view, path, NULL);
     ft_adamw_free(&view);
@@ -565,19 +791,152 @@ static ftune_status load_optimizer(run *r, const char *path) {
     r->full_mv = ft_malloc((size_t)(2 * r->n_flat + 1) * sizeof(float));
     if (!r->full_mv) return ft_err(FTUNE_ERR_NOMEM, "out of memory for the optimizer state of %s", path);
     ft_adamw view;
-    TRY(ft_adamw_view(&view, r->params, r->n_params, &r->opt.cfg, r->vals, r->full_mv, r->full_mv + r->n_flat));
+    TRY(mv_view(r, &view));
     ftune_status st = ft_adamw_load(&view, path);
     if (!st) r->opt.step = view.step;
     ft_adamw_free(&view);
     return st;
 }
 
-static ftune_status save_checkpoint(run *r);
+static ftune_status save_checkpoint(run *r, const char *shard_tmp);
 static ftune_status load_checkpoint(run *r, const char *dir);
 
+/* ZeRO 3: the whole values gathered into full_vals on rank 0 (every rank
+ * takes part; elsewhere nothing). */
+static ftune_status gather_values(run *r) {
+    if (r->zero != 3) return FTUNE_OK;
+    ftune_status st = FTUNE_OK;
+    if (is_root(r) && !(r->full_vals = ft_malloc((size_t)r->n_flat * sizeof(float))))
+        st = ft_err(FTUNE_ERR_NOMEM, "out of memory for the whole trainable values");
+    int bad = st != FTUNE_OK;
+    TRY(ft_dist_allreduce_max_i32(&bad, 1));
+    if (bad) ft_dist_set_failed_together();
+    if (bad) return st ? st : ft_err(FTUNE_ERR_NOMEM, "rank %d: rank 0 is out of memory for the whole values", r->rank);
+    return ft_dist_gather_f32(r->full_vals, r->own_vals, r->shard, 0, r->chunk);
+}
+
+/* Whether checkpoints are sharded: ZeRO >= 1 on several ranks, full
+ * fine-tuning, without --consolidate (LoRA's state is small: always whole). */
+static bool sharded_ckpt(const run *r) {
+    return r->zero >= 1 && r->world > 1 && r->o->mode == FTUNE_TRAIN_FULL && !r->o->consolidate;
+}
+
+/* This rank's shard of a checkpoint: its range's values and AdamW moments,
+ * with the range and the job's size in the metadata. */
+static ftune_status write_shard(run *r, const char *path) {
+    int64_t lo = r->shard[r->rank], n = r->shard[r->rank + 1] - lo;
+    float *mv = ft_malloc((size_t)(2 * n + 1) * sizeof(float));
+    if (!mv) return ft_err(FTUNE_ERR_NOMEM, "out of memory for the optimizer shard");
+    pack_own(r, mv, false);
+    pack_own(r, mv + n, true);
+    const float *vals = r->zero == 3 ? r->own_vals : r->vals + lo;
+    const char *names[3] = { "values", "exp_avg", "exp_avg_sq" };
+    const float *data[3] = { vals, mv, mv + n };
+    st_out_tensor ts[3];
+    for (int i = 0; i < 3; i++) {
+        ts[i] = (st_out_tensor){ .name = names[i], .dtype = FT_F32, .ndim = 1, .data = data[i] };
+        ts[i].shape[0] = n;
+    }
+    char rk[24], wd[24], los[24], his[24], nf[24];
+    snprintf(rk, sizeof rk, "%d", r->rank);
+    snprintf(wd, sizeof wd, "%d", r->world);
+    snprintf(los, sizeof los, "%lld", (long long)lo);
+    snprintf(his, sizeof his, "%lld", (long long)(lo + n));
+    snprintf(nf, sizeof nf, "%lld", (long long)r->n_flat);
+    const char *meta[] = { "ftune.kind", "checkpoint-shard", "rank", rk, "world", wd, "lo", los, "hi", his,
+                           "n_flat", nf, NULL };
+    ftune_status st = ft_st_write(path, ts, 3, meta);
+    free(mv);
+    return st;
+}
+
+/* Reads this rank's shard of checkpoint dir, checked against this rank's range. */
+static ftune_status read_shard(run *r, const char *dir) {
+    char name[64], path[4400];
+    ft_ckpt_shard_name(name, r->rank, r->world);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int64_t lo = r->shard[r->rank], n = r->shard[r->rank + 1] - lo;
+    st_file f;
+    TRY(ft_st_open(&f, path));
+    ftune_status st = FTUNE_OK;
+    const char *keys[] = { "rank", "world", "lo", "hi", "n_flat" };
+    int64_t want[] = { r->rank, r->world, lo, lo + n, r->n_flat };
+    for (int i = 0; i < 5 && !st; i++) {
+        const char *v = ft_st_meta(&f, keys[i]);
+        char *end = NULL;
+        long long got = v ? strtoll(v, &end, 10) : -1;
+        if (!v || *end || got != want[i])
+            st = ft_err(FTUNE_ERR_FORMAT, "%s: metadata %s is %s, this rank expects %lld", path, keys[i], v ? v : "missing",
+                        (long long)want[i]);
+    }
+    const char *names[3] = { "values", "exp_avg", "exp_avg_sq" };
+    float *mv = st ? NULL : ft_malloc((size_t)(2 * n + 1) * sizeof(float));
+    if (!st && !mv) st = ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < 3 && !st; i++) {
+        const st_tensor *t = ft_st_find(&f, names[i]);
+        if (!t || t->dtype != FT_F32 || t->ndim != 1 || t->shape[0] != n) {
+            st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\" is missing or not F32 of %lld elements", path, names[i],
+                        (long long)n);
+            break;
+        }
+        float *dst = i == 0 ? (r->zero == 3 ? r->own_vals : r->vals + lo) : mv + (i - 1) * n;
+        memcpy(dst, t->data, (size_t)n * sizeof(float));
+    }
+    if (!st) {
+        unpack_own(r, mv, false);
+        unpack_own(r, mv + n, true);
+    }
+    free(mv);
+    ft_st_close(&f);
+    return st;
+}
+
+/* A sharded checkpoint: rank 0 makes the temporary directory, every rank
+ * writes its shard into it, and once all have, rank 0 adds
+ * trainer_state.json (the manifest: the world size and every shard's
+ * checksum) and renames it into place, which completes the checkpoint. */
+static ftune_status checkpoint_sharded(run *r) {
+    long pid = (long)getpid();
+    TRY(ft_dist_bcast(&pid, sizeof pid, 0));
+    char tmp[4200], path[4400], name[64];
+    snprintf(tmp, sizeof tmp, "%s/checkpoint-%lld.tmp.%ld", r->o->out_dir, (long long)r->step, pid);
+    ftune_status st = FTUNE_OK;
+    if (is_root(r)) {
+        st = rm_tree(tmp);
+        if (!st) st = mkdir_p(tmp);
+    }
+    int failed = st != FTUNE_OK;
+    TRY(ft_dist_bcast(&failed, sizeof failed, 0));
+    if (failed) return st ? st : ft_err(FTUNE_ERR_IO, "rank %d: rank 0 could not create %s (its error says why)", r->rank, tmp);
+    ft_ckpt_shard_name(name, r->rank, r->world);
+    snprintf(path, sizeof path, "%s/%s", tmp, name);
+    st = write_shard(r, path);
+    int bad = st != FTUNE_OK;
+    TRY(ft_dist_allreduce_max_i32(&bad, 1));
+    if (bad) {
+        if (is_root(r)) rm_tree(tmp);
+        return st ? st : ft_err(FTUNE_ERR_IO, "rank %d: another rank could not write its shard of checkpoint-%lld (its "
+                                "error says why)", r->rank, (long long)r->step);
+    }
+    if (is_root(r)) st = save_checkpoint(r, tmp);
+    else snprintf(r->res.checkpoint, sizeof r->res.checkpoint, "%s/checkpoint-%lld", r->o->out_dir, (long long)r->step);
+    failed = st != FTUNE_OK;
+    ftune_status bst = ft_dist_bcast(&failed, sizeof failed, 0);
+    if (st || bst) {
+        /* rank 0 told the others of its failure: all of them return it */
+        if (!bst && (is_root(r) || failed)) ft_dist_set_failed_together();
+        return st ? st : bst;
+    }
+    if (failed) ft_dist_set_failed_together();
+    if (failed) return ft_err(FTUNE_ERR_IO, "rank %d: rank 0 could not save checkpoint-%lld (its error says why)", r->rank, (long long)r->step);
+    return FTUNE_OK;
+}
+
 /* A checkpoint of the whole run, written by rank 0: under ZeRO 1 the
- * optimizer shards are gathered to it first (every rank takes part). */
+ * optimizer shards are gathered to it first (every rank takes part); or a
+ * sharded one. */
 static ftune_status checkpoint(run *r) {
+    if (sharded_ckpt(r)) return checkpoint_sharded(r);
     ftune_status st = FTUNE_OK;
     if (r->zero > 0) {
         int64_t own_n = r->shard[r->rank + 1] - r->shard[r->rank];
@@ -590,15 +949,23 @@ static ftune_status checkpoint(run *r) {
         }
         free(mine);
     }
-    if (!st && is_root(r)) st = save_checkpoint(r);
+    if (!st) st = gather_values(r);
+    if (!st && is_root(r)) st = save_checkpoint(r, NULL);
     else if (!st) snprintf(r->res.checkpoint, sizeof r->res.checkpoint, "%s/checkpoint-%lld", r->o->out_dir, (long long)r->step);
+    free(r->full_vals);
+    r->full_vals = NULL;
     free(r->full_mv);
     r->full_mv = NULL;
     /* every rank waits for rank 0's save: one that went on (or stopped) and
      * failed would abort the job while rank 0 is still writing */
     int failed = st != FTUNE_OK;
     ftune_status bst = ft_dist_bcast(&failed, sizeof failed, 0);
-    if (st || bst) return st ? st : bst;
+    if (st || bst) {
+        /* rank 0 told the others of its failure: all of them return it */
+        if (!bst && (is_root(r) || failed)) ft_dist_set_failed_together();
+        return st ? st : bst;
+    }
+    if (failed) ft_dist_set_failed_together();
     if (failed) return ft_err(FTUNE_ERR_IO, "rank %d: rank 0 could not save checkpoint-%lld (its error says why)", r->rank, (long long)r->step);
     return FTUNE_OK;
 }
@@ -611,13 +978,28 @@ static ftune_status resume(run *r) {
     int bad = st != FTUNE_OK;
     TRY(ft_dist_allreduce_max_i32(&bad, 1));
     if (bad) return st ? st : ft_err(FTUNE_ERR_ARG, "rank %d: rank 0 could not resume from %s (its error says why)", r->rank, r->o->resume);
+    int sharded = r->resume_sharded;
+    TRY(ft_dist_bcast(&sharded, sizeof sharded, 0));
     ft_data_cursor cur = ft_batch_iter_cursor(r->it);
     int64_t v[6] = { r->step, (int64_t)ft_trainer_get_micro_step(r->tr), cur.epoch, cur.index, r->opt.step, r->skipped };
     TRY(ft_dist_bcast(v, sizeof v, 0));
     TRY(ft_dist_bcast(&r->scaler, sizeof r->scaler, 0)); /* its scale and growth tracker */
-    TRY(ft_dist_bcast(r->vals, (size_t)r->n_flat * sizeof(float), 0));
-    if (r->zero == 0) TRY(ft_dist_bcast(r->opt.state, r->opt.state_bytes, 0));
-    else {
+    if (sharded) {
+        /* each rank its own shard (rank 0 has checked every shard's checksum) */
+        st = read_shard(r, r->o->resume);
+        bad = st != FTUNE_OK;
+        TRY(ft_dist_allreduce_max_i32(&bad, 1));
+        if (bad) return st ? st : ft_err(FTUNE_ERR_FORMAT, "rank %d: another rank could not read its shard of %s (its "
+                                         "error says why)", r->rank, r->o->resume);
+        if (r->zero < 3) TRY(ft_dist_allgather_f32(r->vals, r->shard, r->chunk));
+    } else if (r->zero == 3) {
+        st = ft_dist_scatter_f32(r->full_vals, r->own_vals, r->shard, 0, r->chunk);
+        free(r->full_vals);
+        r->full_vals = NULL;
+        TRY(st);
+    } else TRY(ft_dist_bcast(r->vals, (size_t)r->n_flat * sizeof(float), 0));
+    if (!sharded && r->zero == 0) TRY(ft_dist_bcast(r->opt.state, r->opt.state_bytes, 0));
+    else if (!sharded) {
         int64_t own_n = r->shard[r->rank + 1] - r->shard[r->rank];
         float *mine = ft_malloc((size_t)(own_n + 1) * sizeof(float));
         if (!mine) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
@@ -642,13 +1024,15 @@ static ftune_status resume(run *r) {
 
 /* ------------------------------------------------------------ checkpoints */
 
-static ftune_status write_trainable(run *r, const char *path) {
+/* The trainables from the trainer, or (ZeRO 3) from full, the whole flat values. */
+static ftune_status write_trainable(run *r, const char *path, const float *full) {
     int n = ft_trainer_n_params(r->tr);
     st_out_tensor *ts = ft_calloc((size_t)n, sizeof *ts);
     if (!ts) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) {
-        const ft_param *p = &ft_trainer_param(r->tr, i)->opt;
-        ts[i] = (st_out_tensor){ .name = p->name, .dtype = FT_F32, .ndim = p->ndim, .data = p->data };
+        const ft_train_param *tp = ft_trainer_param(r->tr, i);
+        const ft_param *p = &tp->opt;
+        ts[i] = (st_out_tensor){ .name = p->name, .dtype = FT_F32, .ndim = p->ndim, .data = full ? full + tp->offset : p->data };
         ts[i].shape[0] = p->shape[0];
         ts[i].shape[1] = p->shape[1];
     }
@@ -658,20 +1042,21 @@ static ftune_status write_trainable(run *r, const char *path) {
     return st;
 }
 
-static ftune_status read_trainable(run *r, const char *path) {
+static ftune_status read_trainable(run *r, const char *path, float *full) {
     st_file f;
     TRY(ft_st_open(&f, path));
     int n = ft_trainer_n_params(r->tr);
     ftune_status st = FTUNE_OK;
     if (f.n != n) st = ft_err(FTUNE_ERR_FORMAT, "%s: %d tensors, the trainer has %d", path, f.n, n);
     for (int i = 0; i < n && !st; i++) {
-        const ft_param *p = &ft_trainer_param(r->tr, i)->opt;
+        const ft_train_param *tp = ft_trainer_param(r->tr, i);
+        const ft_param *p = &tp->opt;
         const st_tensor *t = ft_st_find(&f, p->name);
         if (!t) { st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\" is missing", path, p->name); break; }
         bool shape_ok = t->dtype == FT_F32 && t->ndim == p->ndim && t->shape[0] == p->shape[0] &&
                         (p->ndim == 1 || t->shape[1] == p->shape[1]);
         if (!shape_ok) { st = ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\": dtype or shape differs from the trainer's", path, p->name); break; }
-        memcpy(p->data, t->data, (size_t)p->numel * sizeof(float));
+        memcpy(full ? full + tp->offset : p->data, t->data, (size_t)p->numel * sizeof(float));
     }
     ft_st_close(&f);
     return st;
@@ -681,18 +1066,26 @@ static ftune_status read_trainable(run *r, const char *path) {
 static const char *const ckpt_sums[] = { "trainable.safetensors", "optimizer.safetensors", "adapter_model.safetensors",
                                          "adapter_config.json" };
 
-static ftune_status save_checkpoint(run *r) {
+/* Rank 0 writes a checkpoint: whole (every file here), or sharded, where
+ * shard_tmp is the temporary directory holding every rank's shard already
+ * and only trainer_state.json (with their checksums) is added before the
+ * rename that completes it. */
+static ftune_status save_checkpoint(run *r, const char *shard_tmp) {
     char dir[4096], tmp[4200], old[4200], path[4400];
     snprintf(dir, sizeof dir, "%s/checkpoint-%lld", r->o->out_dir, (long long)r->step);
     /* the pid keeps two processes apart even where the lock cannot (a
      * directory on a file system without flock) */
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
+    if (shard_tmp) snprintf(tmp, sizeof tmp, "%s", shard_tmp);
     snprintf(old, sizeof old, "%s.old.%ld", dir, (long)getpid());
-    ftune_status st = rm_tree(tmp);
-    if (!st) st = mkdir_p(tmp);
-    if (!st) { snprintf(path, sizeof path, "%s/trainable.safetensors", tmp); st = write_trainable(r, path); }
-    if (!st) { snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp); st = save_optimizer(r, path); }
-    if (!st && r->wrapped) st = ft_adapter_save_peft(r->wrapped, tmp);
+    ftune_status st = FTUNE_OK;
+    if (!shard_tmp) {
+        st = rm_tree(tmp);
+        if (!st) st = mkdir_p(tmp);
+        if (!st) { snprintf(path, sizeof path, "%s/trainable.safetensors", tmp); st = write_trainable(r, path, r->full_vals); }
+        if (!st) { snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp); st = save_optimizer(r, path); }
+        if (!st && r->wrapped) st = save_peft(r, tmp, r->full_vals, NULL);
+    }
     if (!st) {
         cJSON *j = cJSON_CreateObject();
         ft_data_cursor cur = ft_batch_iter_cursor(r->it);
@@ -716,14 +1109,30 @@ static ftune_status save_checkpoint(run *r) {
         cJSON_AddItemReferenceToObject(j, "config", r->config);
         /* checksums of the files as they are on disk, read back */
         cJSON *sums = cJSON_AddObjectToObject(j, "checksums");
-        for (size_t i = 0; i < sizeof ckpt_sums / sizeof ckpt_sums[0] && !st; i++) {
-            snprintf(path, sizeof path, "%s/%s", tmp, ckpt_sums[i]);
-            if (!ft_file_exists(path)) continue;
+        size_t n_sums = sizeof ckpt_sums / sizeof ckpt_sums[0];
+        for (size_t i = 0; i < n_sums + (shard_tmp ? (size_t)r->world : 0) && !st; i++) {
+            char name[64];
+            if (i < n_sums) snprintf(name, sizeof name, "%s", ckpt_sums[i]);
+            else ft_ckpt_shard_name(name, (int)(i - n_sums), r->world);
+            snprintf(path, sizeof path, "%s/%s", tmp, name);
+            if (!ft_file_exists(path)) {
+                /* a shard rank 0 cannot see: the ranks do not share the output directory */
+                if (i >= n_sums)
+                    st = ft_err(FTUNE_ERR_IO, "%s: rank %d wrote it, but rank 0 does not see it: sharded checkpoints "
+                                "need -o on a file system every rank shares (else give --consolidate)", path,
+                                (int)(i - n_sums));
+                continue;
+            }
             uint64_t h;
             if ((st = ft_file_fnv1a(path, &h))) break;
             char hex[32];
             snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
-            cJSON_AddStringToObject(sums, ckpt_sums[i], hex);
+            cJSON_AddStringToObject(sums, name, hex);
+        }
+        if (shard_tmp) {
+            cJSON *sh = cJSON_AddObjectToObject(j, "shards");
+            cJSON_AddNumberToObject(sh, "world", r->world);
+            cJSON_AddNumberToObject(sh, "opt_step", (double)r->opt.step);
         }
         snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
         if (!st) st = ft_write_json_atomic(path, j);
@@ -873,10 +1282,31 @@ static ftune_status load_checkpoint(run *r, const char *dir) {
             goto done;
         }
     }
-    snprintf(path, sizeof path, "%s/trainable.safetensors", dir);
-    if ((st = read_trainable(r, path))) goto done;
-    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
-    if ((st = load_optimizer(r, path))) goto done;
+    if (cs.shard_world) {
+        if (cs.shard_world != r->world) {
+            st = ft_err(FTUNE_ERR_ARG, "--resume %s: the checkpoint is sharded over %d ranks (a file per rank's ZeRO "
+                        "shard) and this run has %d: resume it on %d ranks (with --consolidate there, its next "
+                        "checkpoints are whole and resume on any number of ranks)", dir, cs.shard_world, r->world,
+                        cs.shard_world);
+            goto done;
+        }
+        if (r->zero == 0) {
+            st = ft_err(FTUNE_ERR_ARG, "--resume %s: the checkpoint holds ZeRO shards of the optimizer state: resume "
+                        "with --zero 1, 2 or 3", dir);
+            goto done;
+        }
+        r->opt.step = cs.shard_opt_step;
+        r->resume_sharded = true;
+    } else {
+        snprintf(path, sizeof path, "%s/trainable.safetensors", dir);
+        if (r->zero == 3 && !(r->full_vals = ft_malloc((size_t)r->n_flat * sizeof(float)))) {
+            st = ft_err(FTUNE_ERR_NOMEM, "out of memory for the trainable values of %s", dir);
+            goto done;
+        }
+        if ((st = read_trainable(r, path, r->full_vals))) goto done;
+        snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+        if ((st = load_optimizer(r, path))) goto done;
+    }
     /* skipped steps never reached the optimizer */
     if (r->opt.step != s - cs.skipped_steps) {
         st = ft_err(FTUNE_ERR_FORMAT, "%s: optimizer step %lld, but the checkpoint is at step %lld with %lld skipped", path,
@@ -970,6 +1400,7 @@ static ftune_status validate(run *r, double *loss) {
     double sum = 0;
     int64_t nt = 0;
     /* batch i on rank i mod world; every rank advances through all */
+    int64_t mine = 0;
     for (int64_t i = 0; i < nb; i++) {
         double ls;
         int64_t n;
@@ -978,6 +1409,14 @@ static ftune_status validate(run *r, double *loss) {
         TRY(ft_trainer_eval(r->tr, &r->vb, &ls, &n));
         sum += ls;
         nt += n;
+        mine++;
+    }
+    /* ZeRO 3 gathers values in every forward: every rank runs as many (a
+     * rank short of a batch evaluates one without targets) */
+    for (int64_t i = mine; r->zero == 3 && i < (nb + r->world - 1) / r->world; i++) {
+        double ls;
+        int64_t n;
+        TRY(ft_trainer_eval(r->tr, &r->idle, &ls, &n));
     }
     TRY(ft_dist_allreduce_sum_f64(&sum, 1));
     TRY(ft_dist_allreduce_sum_i64(&nt, 1));
@@ -1005,8 +1444,9 @@ static ftune_status optimizer_step(run *r, double loss, double *gnorm, double *l
     const ft_train_hooks *h = r->hooks;
     int64_t n = r->step + 1; /* this step, 1-based */
     if (h && h->inf_grad_step == n) {
-        const ft_param *p = &r->params[r->n_params / 2];
-        p->grad[p->numel / 2] = INFINITY;
+        /* ZeRO 2/3: the trainer's gradients are gone by now; this rank's piece holds its part */
+        const ft_param *p = r->zero >= 2 ? (r->n_own ? &r->own[r->n_own / 2] : NULL) : &r->params[r->n_params / 2];
+        if (p) p->grad[p->numel / 2] = INFINITY;
     }
     /* every rank decides alike: a non-finite gradient in any rank's part skips the step on all */
     int found_inf = ft_grad_scaler_unscale(&r->scaler, r->own, r->n_own);
@@ -1036,7 +1476,8 @@ static ftune_status optimizer_step(run *r, double loss, double *gnorm, double *l
     }
     ft_clip_grad_by_norm(r->own, r->n_own, *gnorm, r->o->max_grad_norm);
     ft_trainer_adamw_step(r->tr, &r->opt, *lr); /* this rank's part, through the trainer's backend */
-    if (r->zero > 0) TRY(ft_dist_allgather_f32(r->vals, r->shard, r->chunk));
+    /* ZeRO 1/2: every rank's trainer reads the whole values; ZeRO 3 gathers each segment when it is needed */
+    if (r->zero == 1 || r->zero == 2) TRY(ft_dist_allgather_f32(r->vals, r->shard, r->chunk));
     return FTUNE_OK;
 }
 
@@ -1065,21 +1506,34 @@ static ftune_status train_step(run *r, double *loss, double *gnorm, double *lr, 
     if (r->dump)
         for (int k = 0; k < kk; k++) TRY(dump_batch(r, &r->mb[k], k, ntt));
     ft_trainer_zero_grad(r->tr);
+    if (r->zero >= 2) memset(r->own_grad, 0, (size_t)r->own_n * sizeof(float));
     double sum = 0;
     for (int k = 0; k < kk; k++) {
         ft_batch v;
         ft_batch_shard(&v, &r->mb[k], r->rank, r->world);
-        if (v.B == 0) continue; /* the short last batch of an epoch: nothing for this rank */
         double ls;
+        if (v.B == 0 && r->zero >= 2) {
+            /* the short last batch of an epoch, nothing for this rank: its
+             * collectives still run, on a batch with no targets (a zero
+             * gradient), and its dropout micro-step does not advance */
+            uint64_t ms = ft_trainer_get_micro_step(r->tr);
+            TRY(ft_trainer_step_scaled(r->tr, &r->idle, ntt, r->scaler.scale, &ls));
+            ft_trainer_set_micro_step(r->tr, ms);
+            TRY(ov_drain(r));
+            continue;
+        }
+        if (v.B == 0) continue; /* the short last batch of an epoch: nothing for this rank */
         TRY(ft_trainer_step_scaled(r->tr, &v, ntt, r->scaler.scale, &ls));
+        TRY(ov_drain(r));
         sum += ls;
     }
     /* after the backward pass: the loss and gradients of the global batch.
      * (An FP16 loss scaler's found-inf flag joins here, all-reduced with
      * ft_dist_allreduce_max_i32, so that every rank skips the same steps.) */
     TRY(ft_dist_allreduce_sum_f64(&sum, 1));
+    /* (ZeRO 2/3 reduce-scattered each segment's as the backward finished it) */
     if (r->zero == 0) TRY(ft_dist_allreduce_sum_f32(r->grads, r->n_flat, r->chunk));
-    else TRY(ft_dist_reduce_scatter_sum_f32(r->grads, r->shard, r->chunk));
+    else if (r->zero == 1) TRY(ft_dist_reduce_scatter_sum_f32(r->grads, r->shard, r->chunk));
     *loss = sum / (double)ntt;
     TRY(optimizer_step(r, *loss, gnorm, lr, skipped));
     r->step++;
@@ -1224,9 +1678,12 @@ static ftune_status setup(run *r) {
     r->world = ft_dist_world();
     r->zero = o->zero;
     if (o->zero < 0 || o->zero > 3) return ft_err(FTUNE_ERR_ARG, "--zero %d: expected 0, 1, 2 or 3", o->zero);
-    if (o->zero > 1)
-        return ft_err(FTUNE_ERR_UNSUPPORTED, "--zero %d is not implemented yet: give --zero 1 (the optimizer state "
-                      "sharded) or 0", o->zero);
+    if (o->overlap && o->zero < 2)
+        return ft_err(FTUNE_ERR_ARG, "--overlap overlaps ZeRO 2 and 3's gradient reduce-scatters with the backward: "
+                      "give --zero 2 or 3");
+    if (o->zero == 3 && o->init_adapter)
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "--init-adapter with --zero 3 is not supported (the trainer holds one "
+                      "layer's values at a time): use --zero 2 or less");
     if (!(o->bucket_mb >= 0) || o->bucket_mb > 1024) return ft_err(FTUNE_ERR_ARG, "--bucket-mb %g: expected 0 to 1024", o->bucket_mb);
     r->chunk = (int64_t)((o->bucket_mb > 0 ? o->bucket_mb : 16) * 1048576.0 / sizeof(float));
     if (r->chunk < 1024) r->chunk = 1024;
@@ -1240,6 +1697,7 @@ static ftune_status setup(run *r) {
     TRY(ft_train_compute_of(r->m, o->dtype, &compute));
     ft_train_topts_of(o, r->B / r->world, r->T, compute, &r->topts); /* this rank's rows of a micro-batch */
     if (o->init_adapter) TRY(read_init_adapter(r));
+    if (r->zero >= 2) TRY(setup_zero(r));
     TRY(ft_trainer_new(&r->tr, r->m, &r->topts));
     /* each rank's dropout masks its own (a rank's rows are numbered from 0) */
     ft_trainer_set_mask_salt(r->tr, (uint64_t)r->rank);
@@ -1302,7 +1760,7 @@ static ftune_status setup(run *r) {
     if (!r->config) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     TRY(check_same_run(r));
     if (o->resume) TRY(resume(r));
-    else if (r->world > 1) TRY(ft_dist_bcast(r->vals, (size_t)r->n_flat * sizeof(float), 0)); /* one start for all */
+    else if (r->world > 1 && r->zero < 3) TRY(ft_dist_bcast(r->vals, (size_t)r->n_flat * sizeof(float), 0)); /* one start for all */
     if (!is_root(r)) return FTUNE_OK; /* the rest is the outputs' */
     if (o->overwrite) TRY(clear_old_run(r));
     TRY(open_metrics(r));
@@ -1333,10 +1791,13 @@ static ftune_status train(run *r) {
     const ftune_train_opts *o = r->o;
     TRY(setup(r));
     int64_t start = r->step;
-    if (o->save_initial_adapter && r->wrapped && start == 0 && is_root(r)) {
+    if (o->save_initial_adapter && r->wrapped && start == 0) {
         char dir[4200];
         snprintf(dir, sizeof dir, "%s/initial", o->out_dir);
-        TRY(save_adapter_dir(r, dir));
+        TRY(gather_values(r));
+        if (is_root(r)) TRY(save_adapter_dir(r, dir, r->full_vals, NULL));
+        free(r->full_vals);
+        r->full_vals = NULL;
     }
     if (r->val) {
         double vl;
@@ -1347,11 +1808,19 @@ static ftune_status train(run *r) {
         emit(r, &p);
     }
     double t0 = ft_time_s();
+    ft_dist_reset_counters();
     while (r->step < r->total_steps) {
         double ts = ft_time_s(), loss = 0, gnorm = 0, lr = 0;
         int64_t ntok;
         bool skipped = false;
+        ft_dist_counters c0, c1;
+        ft_dist_get_counters(&c0);
         TRY(train_step(r, &loss, &gnorm, &lr, &ntok, &skipped));
+        ft_dist_get_counters(&c1);
+        r->res.comm_bytes += (c1.allreduce_bytes + c1.reduce_scatter_bytes + c1.allgather_bytes + c1.other_bytes) -
+                             (c0.allreduce_bytes + c0.reduce_scatter_bytes + c0.allgather_bytes + c0.other_bytes);
+        r->res.comm_calls += c1.calls - c0.calls;
+        r->res.comm_steps++;
         double te = ft_time_s();
         r->res.last_loss = loss;
         bool scaling = ft_grad_scaler_on(&r->scaler);
@@ -1398,14 +1867,12 @@ static ftune_status train(run *r) {
         }
     }
     /* final outputs: whole, on rank 0 (ZeRO 1 has all-gathered the values) */
+    TRY(gather_values(r)); /* ZeRO 3: the whole values on rank 0 */
     if (is_root(r) && o->mode == FTUNE_TRAIN_LORA) {
-        TRY(save_adapter_dir(r, o->out_dir));
-        if (o->export_gguf) {
-            char path[4200];
-            snprintf(path, sizeof path, "%s/adapter.gguf", o->out_dir);
-            TRY(ft_adapter_save_gguf(r->wrapped, path));
-        }
-    } else if (is_root(r)) TRY(save_full_model(r, o->out_dir));
+        char path[4200];
+        snprintf(path, sizeof path, "%s/adapter.gguf", o->out_dir);
+        TRY(save_adapter_dir(r, o->out_dir, r->full_vals, o->export_gguf ? path : NULL));
+    } else if (is_root(r)) TRY(save_full_model(r, o->out_dir, r->full_vals));
     ftune_train_progress p = { .ev = FTUNE_TRAIN_DONE, .step = r->step, .start_step = start, .path = o->out_dir };
     emit(r, &p);
     return FTUNE_OK;
@@ -1445,6 +1912,10 @@ ftune_status ft_train_run_hooked(const ftune_train_opts *o, const ft_train_hooks
             mt.planned[FT_MEM_PAGED] += r->opt.cfg.paged ? ob : 0; /* with the masters, where paged */
             mt.has_plan[FT_MEM_PAGED] = true;
         }
+        /* ZeRO 2/3: the trainer's one-segment windows (its plan) and this rank's shards */
+        if (r->own_grad) mt.planned[FT_MEM_GRADS] += (size_t)(r->own_n + 1) * sizeof(float);
+        if (r->own_vals) mt.planned[FT_MEM_TRAINABLE] += (size_t)(r->own_n + 1) * sizeof(float);
+        if (r->ov[0].send) mt.planned[FT_MEM_GRADS] += 2 * (size_t)(r->win_n + r->recv_n) * sizeof(float);
         ft_mem_table_format(&mt, r->res.memory_table, sizeof r->res.memory_table);
     }
     r->res.peak_rss_mib = ft_peak_rss_mib();
@@ -1461,7 +1932,19 @@ ftune_status ft_train_run_hooked(const ftune_train_opts *o, const ft_train_hooks
     if (r->opt_ready) ft_adamw_free(&r->opt);
     if (r->own != r->params) free(r->own);
     free(r->shard);
+    free(r->seg_off);
     free(r->full_mv);
+    free(r->full_vals);
+    ft_mem_free(FT_MEM_GRADS, r->own_grad, r->own_grad ? (size_t)(r->own_n + 1) * sizeof(float) : 0);
+    ft_mem_free(FT_MEM_TRAINABLE, r->own_vals, r->own_vals ? (size_t)(r->own_n + 1) * sizeof(float) : 0);
+    ft_batch_free(&r->idle);
+    for (int k = 0; k < 2; k++) {
+        /* a reduce-scatter still in flight (an error stopped the step): MPI may still write its
+         * buffers and waiting could hang on a rank that stopped too; the job is ending: leave them */
+        if (r->ov[k].req) continue;
+        ft_mem_free(FT_MEM_GRADS, r->ov[k].send, r->ov[k].send ? (size_t)r->win_n * sizeof(float) : 0);
+        ft_mem_free(FT_MEM_GRADS, r->ov[k].recv, r->ov[k].recv ? (size_t)r->recv_n * sizeof(float) : 0);
+    }
     free(r->params);
     ft_trainer_free(r->tr);
     ft_dataset_free(r->train);

@@ -37,7 +37,8 @@
 #define FT_CKPT_FORMAT "ftune-checkpoint"
 #define FT_CKPT_VERSION FTUNE_CHECKPOINT_VERSION /* 2: per-file checksums; 3: skipped steps, loss scaler */
 #define FT_CKPT_VERSION_MIN 2                     /* the oldest version that resumes */
-#define FT_CKPT_MAX_FILES 8
+#define FT_CKPT_MAX_SHARDS 256              /* ranks of a sharded checkpoint (more: --consolidate) */
+#define FT_CKPT_MAX_FILES (8 + FT_CKPT_MAX_SHARDS)
 #define FT_FNV0 0xcbf29ce484222325ull
 
 struct cJSON;
@@ -55,6 +56,11 @@ typedef struct {
     float scale;               /* a positive finite f32 */
     int32_t growth_tracker;    /* in [0, growth_interval) */
     int32_t growth_interval;   /* >= 1 */
+    /* "shards" (a sharded checkpoint, ZeRO >= 1 without --consolidate): rank r's
+     * values and AdamW moments of its flat range are in shard-r-of-W.safetensors
+     * (ft_ckpt_shard_name) instead of trainable/optimizer.safetensors; 0: whole */
+    int shard_world;
+    int64_t shard_opt_step;    /* AdamW's step (the shards hold only tensors and their range) */
     int n_files;
     struct { char name[64]; uint64_t fnv; } files[FT_CKPT_MAX_FILES]; /* FNV-1a of each file */
     struct cJSON *root;
@@ -65,6 +71,8 @@ typedef struct {
  * version. On success free with ft_ckpt_state_free. */
 ftune_status ft_ckpt_state_parse(ft_ckpt_state *s, const char *text, size_t len, const char *path);
 void ft_ckpt_state_free(ft_ckpt_state *s);
+/* "shard-<rank>-of-<world>.safetensors" into out (64 bytes). */
+void ft_ckpt_shard_name(char *out, int rank, int world);
 /* FNV-1a 64 of n bytes, continuing from h (FT_FNV0 to start). */
 uint64_t ft_fnv1a(uint64_t h, const void *p, size_t n);
 /* FNV-1a 64 of a whole file, read in chunks. */

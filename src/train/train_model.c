@@ -112,6 +112,11 @@ struct ft_trainer {
     struct compute_copy { const float *master; void *copy; int64_t n; } *copies; /* (n_copies) */
     int n_copies;
     bool copies_stale;        /* masters may have changed since the last refresh */
+    /* ZeRO 2/3 (o.shard): values and/or grads are one segment's window (train.h) */
+    int64_t lay0, layer_n;    /* block l's segment is [lay0 + l layer_n, + layer_n) */
+    int64_t norm_lo, head_lo; /* full mode: the final norm's and the head's offsets (tied: 0) */
+    ft_block_hooks shard_hooks; /* the block hooks that fill and drain the windows, then call hooks */
+    ftune_status shard_st;    /* the first error of a shard callback in this step */
 };
 
 void ft_train_opts_default(ft_train_opts *o) {
@@ -357,6 +362,9 @@ static ftune_status check_opts(const ft_config *c, const ft_train_opts *o) {
         if ((int64_t)o->lora.r > 128 * (int64_t)min_in)
             return ft_err(FTUNE_ERR_ARG, "LoRA rank %d is more than 128 x the smallest layer width %d", o->lora.r, min_in);
     }
+    if (o->shard && (!o->shard->grads || (o->shard_values && !o->shard->values)))
+        return ft_err(FTUNE_ERR_ARG, "sharded training without its gradient (or value) callback");
+    if (o->shard_values && !o->shard) return ft_err(FTUNE_ERR_ARG, "sharded values need sharded gradients");
     return FTUNE_OK;
 }
 
@@ -366,7 +374,19 @@ enum { O_LAYERS, O_LORAS, O_SET, O_LG, O_LA, O_INV_FREQ, O_IDX, O_POS0, O_PARAMS
 
 /* Whether full mode holds compute copies, and how many matrices get one. */
 static bool has_copies(const ft_train_opts *o) {
-    return o->mode == FT_TRAIN_FULL && o->compute != FT_F32 && !o->no_compute_copies;
+    return o->mode == FT_TRAIN_FULL && o->compute != FT_F32 && !o->no_compute_copies && !o->shard_values;
+}
+
+/* One block's segment of the flat trainables (the same in every block). */
+static int64_t layer_floats(const ft_config *c, const ft_train_opts *o, int64_t total) {
+    if (o->mode == FT_TRAIN_LORA) return total / c->L;
+    return (total - (int64_t)c->V * c->C * (c->tied ? 1 : 2) - c->C) / c->L;
+}
+/* The largest segment: what a window of values or gradients holds (ZeRO 2/3). */
+static int64_t window_floats(const ft_config *c, const ft_train_opts *o, int64_t total) {
+    int64_t w = layer_floats(c, o, total);
+    if (o->mode == FT_TRAIN_FULL && (int64_t)c->V * c->C > w) w = (int64_t)c->V * c->C;
+    return w > 0 ? w : 1;
 }
 static int n_copy_matrices(const ft_config *c) { return c->L * FT_N_MODS + (c->tied ? 0 : 1); }
 /* Bytes of the copy of a (rows, cols) matrix, 64-byte aligned. */
@@ -394,6 +414,8 @@ static void plan_fill(const ft_config *c, const ft_train_opts *o, int nt, ft_tra
     int n_params = param_specs(c, o, NULL, &total);
     plan->n_trainable = total;
     plan->trainable_bytes = plan->grad_bytes = (size_t)total * sizeof(float);
+    if (o->shard) plan->grad_bytes = (size_t)window_floats(c, o, total) * sizeof(float);
+    if (o->shard_values) plan->trainable_bytes = (size_t)window_floats(c, o, total) * sizeof(float);
     plan->optim_bytes = 2 * (size_t)total * sizeof(float);
     plan->masters_paged = o->paged_dir && has_copies(o);
     carver a = { 0 }, s = { 0 };
@@ -444,6 +466,40 @@ static void copy_rows(float *dst, const ft_tensor *t, int64_t rows, int64_t cols
     for (int64_t r = 0; r < rows; r++) ft_tensor_row_f32(t, r, dst + r * cols);
 }
 
+/* ZeRO 2/3: the windows' traffic (train.h ft_train_shard); the first
+ * error is kept for the step to return. */
+static void shard_keep(ft_trainer *tr, ftune_status st) {
+    if (st && !tr->shard_st) tr->shard_st = st;
+}
+static void seg_init(ft_trainer *tr, int64_t lo, int64_t n) {
+    if (tr->o.shard_values) shard_keep(tr, tr->o.shard->values(tr->o.shard->ctx, lo, lo + n, tr->values, true));
+}
+static void seg_need(ft_trainer *tr, int64_t lo, int64_t n) {
+    if (tr->o.shard_values) shard_keep(tr, tr->o.shard->values(tr->o.shard->ctx, lo, lo + n, tr->values, false));
+}
+static void seg_zero(ft_trainer *tr, int64_t n) {
+    if (tr->o.shard) tr->be.zero(&tr->be, tr->grads, (size_t)n * sizeof(float));
+}
+static void seg_done(ft_trainer *tr, int64_t lo, int64_t n) {
+    if (tr->o.shard) shard_keep(tr, tr->o.shard->grads(tr->o.shard->ctx, lo, lo + n, tr->grads));
+}
+
+/* The block hooks under ZeRO 2/3: a block's values before its forward and
+ * backward, its gradient window zeroed before and handed on after its
+ * backward; then the caller's hooks (ft_trainer_set_hooks), if any. */
+static void shard_layer_hook(void *ctx, ft_block_event ev, int layer, const float *rows, int n, int C) {
+    ft_trainer *tr = ctx;
+    int64_t lo = tr->lay0 + layer * tr->layer_n;
+    if (ev == FT_BLOCK_PRE_FORWARD || ev == FT_BLOCK_PRE_BACKWARD) seg_need(tr, lo, tr->layer_n);
+    if (ev == FT_BLOCK_PRE_BACKWARD) seg_zero(tr, tr->layer_n);
+    if (ev == FT_BLOCK_POST_BACKWARD) seg_done(tr, lo, tr->layer_n);
+    if (tr->hooks && tr->hooks->layer) tr->hooks->layer(tr->hooks->ctx, ev, layer, rows, n, C);
+}
+static void shard_linear_hook(void *ctx, int layer, int which, const float *inp, int n, int in) {
+    ft_trainer *tr = ctx;
+    if (tr->hooks && tr->hooks->linear_input) tr->hooks->linear_input(tr->hooks->ctx, layer, which, inp, n, in);
+}
+
 /* Full mode in bf16/f16: points Linear l of the trainer's view at the next
  * compute copy of its master (filled by refresh_copies). */
 static void bind_copy(ft_trainer *tr, ft_linear *l, size_t *off) {
@@ -477,6 +533,7 @@ static void bind_full(ft_trainer *tr) {
     copy_rows(p[i].opt.data, &m->tok_embd, c->V, c->C);
     tr->tok_embd = ft_tensor_f32_view(m->tok_embd.name, p[i].opt.data, c->V, c->C);
     tr->d_tok_embd = p[i].opt.grad;
+    seg_init(tr, 0, (int64_t)c->V * c->C);
     i++;
     for (int l = 0; l < c->L; l++) {
         const ft_layer *src = &m->layers[l];
@@ -501,9 +558,12 @@ static void bind_full(ft_trainer *tr) {
                 ly->ffn_norm = p[i].opt.data; g->ffn_norm = p[i].opt.grad; i++;
             }
         }
+        seg_init(tr, tr->lay0 + l * tr->layer_n, tr->layer_n);
     }
     memcpy(p[i].opt.data, m->out_norm, (size_t)c->C * sizeof(float));
-    tr->out_norm = p[i].opt.data; tr->d_out_norm = p[i].opt.grad; i++;
+    tr->out_norm = p[i].opt.data; tr->d_out_norm = p[i].opt.grad;
+    seg_init(tr, p[i].offset, c->C);
+    i++;
     if (c->tied) {
         tr->lm_head.w = tr->tok_embd;
         tr->d_lm_head = tr->d_tok_embd;
@@ -512,6 +572,7 @@ static void bind_full(ft_trainer *tr) {
         tr->lm_head.w = ft_tensor_f32_view(m->lm_head.w.name, p[i].opt.data, c->V, c->C);
         bind_copy(tr, &tr->lm_head, &coff);
         tr->d_lm_head = p[i].opt.grad;
+        seg_init(tr, p[i].offset, (int64_t)c->V * c->C);
         i++;
     }
     tr->copies_stale = true;
@@ -534,6 +595,7 @@ static void bind_lora(ft_trainer *tr) {
         }
         LORA_KIND->init(&a->base, lin->in, lin->out, &rng);
         tr->set[l * FT_N_MODS + k] = &a->base;
+        if (i + 2 >= tr->n_params || tr->params[i + 2].layer != l) seg_init(tr, tr->lay0 + l * tr->layer_n, tr->layer_n);
     }
     (void)c;
 }
@@ -613,11 +675,19 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
     }
     memcpy(tr->layers, m->layers, (size_t)c->L * sizeof *tr->layers);
     param_specs(c, o, tr->params, &total);
+    tr->layer_n = layer_floats(c, o, total);
+    tr->lay0 = o->mode == FT_TRAIN_FULL ? (int64_t)c->V * c->C : 0;
+    tr->norm_lo = tr->lay0 + c->L * tr->layer_n;
+    tr->head_lo = c->tied ? 0 : tr->norm_lo + c->C;
+    tr->shard_hooks = (ft_block_hooks){ .layer = shard_layer_hook, .linear_input = shard_linear_hook, .ctx = tr };
     for (int i = 0; i < tr->n_params; i++) {
-        tr->params[i].opt.data = tr->values + tr->params[i].offset;
-        tr->params[i].opt.grad = tr->grads + tr->params[i].offset;
+        const ft_train_param *p = &tr->params[i];
+        /* under ZeRO 2/3 a window holds one segment: a block's, or one parameter outside the blocks */
+        int64_t seg = p->layer >= 0 ? tr->lay0 + p->layer * tr->layer_n : p->offset;
+        tr->params[i].opt.data = tr->values + (o->shard_values ? p->offset - seg : p->offset);
+        tr->params[i].opt.grad = tr->grads + (o->shard ? p->offset - seg : p->offset);
     }
-    memset(tr->grads, 0, (size_t)total * sizeof(float));
+    memset(tr->grads, 0, pl->grad_bytes);
     carver ca = { tr->act_arena, 0 }, cs = { tr->scr_arena, 0 };
     carve_acts(tr, &ca, c, o);
     carve_scratch(tr, &cs, c, o, tr->nt);
@@ -626,6 +696,11 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
     for (int t = 0; t < o->max_T; t++) tr->idx[t] = t;
     if (o->mode == FT_TRAIN_FULL) bind_full(tr);
     else bind_lora(tr);
+    if (tr->shard_st) {
+        st = tr->shard_st;
+        ft_trainer_free(tr);
+        return st;
+    }
     *out = tr;
     return FTUNE_OK;
 }
@@ -675,7 +750,7 @@ void ft_trainer_mem_table(const ft_trainer *tr, ft_mem_table *t) {
 /* ------------------------------------------------------------ accessors */
 
 void ft_trainer_zero_grad(ft_trainer *tr) {
-    tr->be.zero(&tr->be, tr->grads, (size_t)tr->n_values * sizeof(float));
+    tr->be.zero(&tr->be, tr->grads, tr->plan.grad_bytes);
     tr->copies_stale = true; /* a new step: the masters may have been written since */
 }
 int ft_trainer_n_params(const ft_trainer *tr) { return tr->n_params; }
@@ -762,7 +837,7 @@ ftune_status ft_trainer_set_kv_prefix(ft_trainer *tr, const float *k, const floa
 static ft_block_env block_env(const ft_trainer *tr) {
     return (ft_block_env){ .cfg = &tr->cfg, .inv_freq = tr->inv_freq, .be = &tr->be,
                            .lin_scratch = tr->lin_scratch, .att_scratch = tr->P ? tr->p_att_scratch : tr->att_scratch,
-                           .hooks = tr->hooks, .adapters = tr->set };
+                           .hooks = tr->o.shard ? &tr->shard_hooks : tr->hooks, .adapters = tr->set };
 }
 
 /* Block l's activations: its own, or checkpointing its slot l % K. */
@@ -818,6 +893,9 @@ static double forward(ft_trainer *tr, const ft_batch *b, const int *pos, bool tr
     const ft_backend *be = &tr->be;
     if (tr->n_copies && (tr->copies_stale || !train)) refresh_copies(tr);
     size_t BTC = (size_t)BT * C;
+    bool full = tr->o.mode == FT_TRAIN_FULL;
+    int64_t VC = (int64_t)c->V * C;
+    if (full) seg_need(tr, 0, VC);
     be->embedding_forward(be, block_in(tr, 0, BTC), b->tokens, &tr->tok_embd, BT);
     for (int l = 0; l < c->L; l++) {
         uint64_t seeds[FT_N_MODS];
@@ -826,10 +904,15 @@ static double forward(ft_trainer *tr, const ft_batch *b, const int *pos, bool tr
         if (!train) a.lse = NULL; /* nothing is saved for backward */
         ft_block_forward(&e, &tr->layers[l], l, &a, block_in(tr, l + 1, BTC), block_in(tr, l, BTC), &io);
     }
+    if (full) seg_need(tr, tr->norm_lo, C);
     be->rmsnorm_forward(be, tr->lnf, tr->rstdf, block_in(tr, c->L, BTC), tr->out_norm, BT, C, c->norm_eps);
     ft_lm_loss_env le = lm_env(tr);
-    if (train) return ft_lm_loss_backward(&le, tr->dln, tr->d_lm_head, n_targets, tr->lnf, b->targets, BT, dloss_scale);
-    return ft_lm_loss_forward(&le, n_targets, tr->lnf, b->targets, BT);
+    if (full) seg_need(tr, tr->head_lo, VC);
+    if (!train) return ft_lm_loss_forward(&le, n_targets, tr->lnf, b->targets, BT);
+    if (full) seg_zero(tr, VC);
+    double loss = ft_lm_loss_backward(&le, tr->dln, tr->d_lm_head, n_targets, tr->lnf, b->targets, BT, dloss_scale);
+    if (full) seg_done(tr, tr->head_lo, VC);
+    return loss;
 }
 
 static void backward(ft_trainer *tr, const ft_batch *b, const int *pos) {
@@ -841,8 +924,14 @@ static void backward(ft_trainer *tr, const ft_batch *b, const int *pos) {
                            .h = tr->hbuf, .dh = tr->dh, .dgate = tr->dgate, .dup = tr->dup };
     size_t BTC = (size_t)BT * C;
     be->zero(be, tr->dres, BTC * sizeof(float));
+    bool full = tr->o.mode == FT_TRAIN_FULL;
+    if (full) {
+        seg_need(tr, tr->norm_lo, C);
+        seg_zero(tr, C);
+    }
     be->rmsnorm_backward(be, tr->dres, tr->d_out_norm, tr->dln, block_in(tr, c->L, BTC), tr->out_norm, tr->rstdf, BT,
                          C);
+    if (full) seg_done(tr, tr->norm_lo, C);
     /* without checkpointing: one segment of L blocks, all saved by forward */
     int K = tr->o.grad_checkpoint ? tr->o.grad_checkpoint : c->L, n_seg = (c->L + K - 1) / K;
     for (int sg = n_seg - 1; sg >= 0; sg--) {
@@ -864,7 +953,11 @@ static void backward(ft_trainer *tr, const ft_batch *b, const int *pos) {
                               &io, &s);
         }
     }
-    if (tr->d_tok_embd) be->embedding_backward(be, tr->d_tok_embd, tr->dres, b->tokens, BT, C, c->V);
+    if (tr->d_tok_embd) {
+        seg_zero(tr, (int64_t)c->V * C);
+        be->embedding_backward(be, tr->d_tok_embd, tr->dres, b->tokens, BT, C, c->V);
+        seg_done(tr, 0, (int64_t)c->V * C);
+    }
 }
 
 /* RoPE positions: the batch's, or 0..T-1 per row; shifted by a KV prefix. */
@@ -891,10 +984,11 @@ ftune_status ft_trainer_step_scaled(ft_trainer *tr, const ft_batch *b, int64_t n
         return ft_err(FTUNE_ERR_ARG, "the loss is normalised by %lld target tokens; it must be at least 1",
                       (long long)n_targets_total);
     const int *pos = positions(tr, b);
+    tr->shard_st = FTUNE_OK;
     *loss_sum = forward(tr, b, pos, true, (float)((double)loss_scale / (double)n_targets_total), NULL);
     backward(tr, b, pos);
     tr->micro_step++;
-    return FTUNE_OK;
+    return tr->shard_st;
 }
 
 void ft_trainer_adamw_step(ft_trainer *tr, ft_adamw *o, double lr) {
@@ -910,9 +1004,10 @@ ftune_status ft_trainer_eval(ft_trainer *tr, const ft_batch *b, double *loss_sum
     /* validation is not part of a step: the profile (when on) times only steps */
     ft_backend be = tr->be;
     if (tr->prof) tr->be = tr->prof->inner;
+    tr->shard_st = FTUNE_OK;
     *loss_sum = forward(tr, b, positions(tr, b), false, 0, n_targets);
     tr->be = be;
-    return FTUNE_OK;
+    return tr->shard_st;
 }
 
 ftune_status ft_trainer_optim_params(const ft_trainer *tr, bool lora, ft_param **out, int *n, int64_t *n_trainable) {

@@ -64,9 +64,17 @@ static bool int_in(const cJSON *x, double lo, double hi, int64_t *out) {
 static const char *const ckpt_files[] = { "trainable.safetensors", "optimizer.safetensors", "adapter_model.safetensors",
                                           "adapter_config.json" };
 
-static bool known_file(const char *name) {
+void ft_ckpt_shard_name(char *out, int rank, int world) { snprintf(out, 64, "shard-%d-of-%d.safetensors", rank, world); }
+
+/* A checkpoint file, or in a sharded one (world > 0) one of its shards. */
+static bool known_file(const char *name, int world) {
     for (size_t i = 0; i < sizeof ckpt_files / sizeof ckpt_files[0]; i++)
         if (strcmp(name, ckpt_files[i]) == 0) return true;
+    for (int r = 0; r < world; r++) {
+        char sn[64];
+        ft_ckpt_shard_name(sn, r, world);
+        if (strcmp(name, sn) == 0) return true;
+    }
     return false;
 }
 
@@ -109,7 +117,7 @@ ftune_status ft_ckpt_state_parse(ft_ckpt_state *s, const char *text, size_t len,
     /* every field known, so a misspelt or foreign one is not silently ignored;
      * the last two are version 3's */
     const char *const keys[] = { "format", "version", "step", "micro_step", "data_epoch", "data_index",
-                                 "model_path", "config", "checksums", "skipped_steps", "loss_scaler" };
+                                 "model_path", "config", "checksums", "shards", "skipped_steps", "loss_scaler" };
     size_t n_keys = sizeof keys / sizeof keys[0] - (s->version >= 3 ? 0 : 2);
     const cJSON *x;
     cJSON_ArrayForEach(x, j) {
@@ -181,10 +189,23 @@ ftune_status ft_ckpt_state_parse(ft_ckpt_state *s, const char *text, size_t len,
     if (mp && !cJSON_IsString(mp)) BAD("%s: \"model_path\" must be a string", path);
     s->config = cJSON_GetObjectItemCaseSensitive(j, "config");
     if (!cJSON_IsObject(s->config)) BAD("%s: \"config\" must be an object", path);
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(j, "shards");
+    if (sh) {
+        int64_t w, os;
+        cJSON_ArrayForEach(x, sh)
+            if (!x->string || (strcmp(x->string, "world") && strcmp(x->string, "opt_step")))
+                BAD("%s: \"shards\": unknown field \"%.64s\"", path, x->string ? x->string : "");
+        if (!cJSON_IsObject(sh) || !int_in(cJSON_GetObjectItemCaseSensitive(sh, "world"), 1, FT_CKPT_MAX_SHARDS, &w))
+            BAD("%s: \"shards\".\"world\" must be an integer in [1, %d]", path, FT_CKPT_MAX_SHARDS);
+        if (!int_in(cJSON_GetObjectItemCaseSensitive(sh, "opt_step"), 0, (double)s->step, &os))
+            BAD("%s: \"shards\".\"opt_step\" must be an integer in [0, step %lld]", path, (long long)s->step);
+        s->shard_world = (int)w;
+        s->shard_opt_step = os;
+    }
     const cJSON *cs = cJSON_GetObjectItemCaseSensitive(j, "checksums");
     if (!cJSON_IsObject(cs)) BAD("%s: \"checksums\" must be an object of file name -> FNV-1a hex", path);
     cJSON_ArrayForEach(x, cs) {
-        if (!x->string || !known_file(x->string))
+        if (!x->string || !known_file(x->string, s->shard_world))
             BAD("%s: \"checksums\": \"%.64s\" is not a checkpoint file", path, x->string ? x->string : "");
         if (s->n_files == FT_CKPT_MAX_FILES) BAD("%s: \"checksums\": too many entries", path);
         for (int i = 0; i < s->n_files; i++)
@@ -194,10 +215,14 @@ ftune_status ft_ckpt_state_parse(ft_ckpt_state *s, const char *text, size_t len,
         snprintf(s->files[s->n_files].name, sizeof s->files[0].name, "%s", x->string);
         s->n_files++;
     }
-    for (int k = 0; k < 2; k++) {
+    /* whole: the trainables and the optimizer; sharded: every shard */
+    for (int k = 0; k < (s->shard_world ? s->shard_world : 2); k++) {
+        char want[64];
+        if (s->shard_world) ft_ckpt_shard_name(want, k, s->shard_world);
+        else snprintf(want, sizeof want, "%s", ckpt_files[k]);
         bool found = false;
-        for (int i = 0; i < s->n_files; i++) found |= strcmp(s->files[i].name, ckpt_files[k]) == 0;
-        if (!found) BAD("%s: \"checksums\" has no entry for %s", path, ckpt_files[k]);
+        for (int i = 0; i < s->n_files; i++) found |= strcmp(s->files[i].name, want) == 0;
+        if (!found) BAD("%s: \"checksums\" has no entry for %s", path, want);
     }
 #undef BAD
     return FTUNE_OK;
