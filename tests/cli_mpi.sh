@@ -41,8 +41,9 @@ EOF
 # a build without MPI (make MPI=0) is a one-rank program: nothing more to test here
 if ! ldd "$FT" 2>/dev/null | grep -q libmpi; then echo "SKIP: $FT is built without MPI (make MPI=1)"; exit 0; fi
 
-# dropout 0: a rank's dropout masks are drawn for its own rows, so with
-# dropout the ranks' losses are a valid run but not the one-process run's
+# dropout 0 in most runs (the curves then test the reductions alone); a
+# rank draws the one-process run's dropout masks for its rows of the global
+# batch (seeded by the row's index in it), which lora_dropout_* checks
 common=(-m "$HF" --data "$tmp/d.jsonl" --ctx 48 -t 1 --seed 3 --lora-dropout 0 --val-split 0.2 --eval-every 2 --quiet)
 # Per-step losses, validation losses and grad norms of run b against run a.
 # 1e-5 relative: the only difference is the order of the gradient and loss
@@ -105,6 +106,15 @@ for n in 2 4; do
     done
 done
 same_output lora_np4_zero1_adapter_is_whole "$tmp/l1" "$tmp/l4.1" -m "$HF" --adapter
+# with dropout 0.1: the same masks on 2 and 3 ranks (3: uneven shares, and a
+# rank with no rows in the epoch's short last batch) as in one process
+drop=("${lora[@]}" --lora-dropout 0.1 --batch-size 6 --steps 4)
+"$FT" train "${drop[@]}" -o "$tmp/d1" 2> "$tmp/err.txt" || fail lora_dropout_one_process "$(cat "$tmp/err.txt")"
+for n in 2 3; do
+    if run_mpi $n "$FT" train "${drop[@]}" --zero 1 -o "$tmp/d$n" > "$tmp/out.txt" 2>&1; then
+        same_curve "lora_dropout_np${n}_losses" "$tmp/d1/metrics.jsonl" "$tmp/d$n/metrics.jsonl"
+    else fail "lora_dropout_np${n}" "$(tail -20 "$tmp/out.txt")"; fi
+done
 # only rank 0 printed: one START summary, not four
 [ "$(run_mpi 4 "$FT" train "${lora[@]}" --steps 1 --overwrite -o "$tmp/l4.q" 2>&1 >/dev/null | grep -c '^data:')" = 0 ] &&
     pass quiet_is_quiet_on_every_rank || fail quiet_is_quiet_on_every_rank "a rank printed"

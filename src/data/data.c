@@ -859,7 +859,7 @@ void ft_batch_free(ft_batch *b) {
 void ft_batch_shard(ft_batch *view, const ft_batch *b, int rank, int world) {
     int r0 = (int)((int64_t)b->B * rank / world), r1 = (int)((int64_t)b->B * (rank + 1) / world);
     size_t o = (size_t)r0 * b->T, n = (size_t)(r1 - r0) * b->T;
-    *view = (ft_batch){ .B = r1 - r0, .T = b->T, .B_max = r1 - r0, .T_max = b->T_max, .tokens = b->tokens + o,
+    *view = (ft_batch){ .B = r1 - r0, .T = b->T, .B_max = r1 - r0, .T_max = b->T_max, .row0 = b->row0 + r0, .tokens = b->tokens + o,
                         .targets = b->targets + o, .pos = b->pos + o, .doc = b->doc + o };
     /* an example's tokens are contiguous within one row */
     int last = -1;

@@ -234,6 +234,7 @@ typedef struct {
     int *doc;            /* (B, T) example id, distinct within the batch; -1 on padding */
     int64_t n_targets;   /* targets != -1, for normalising the loss over micro-batches */
     int n_examples;      /* examples in this batch */
+    int row0;            /* a view of ft_batch_shard: its first row in the whole batch; else 0 */
 } ft_batch;
 
 ftune_status ft_batch_init(ft_batch *b, int B_max, int T_max);

@@ -124,7 +124,11 @@ void ft_lora_init(ft_lora *a, const ft_adapter_hparams *hp, float *A, float *B, 
                   ft_rng *rng);
 /* xd (T, in) = inp with each element dropped with probability p (zero) or
  * kept and scaled by 1/(1-p); the mask of row t depends only on (mask_seed,
- * t), so backward regenerates it instead of storing it. xd may be inp. */
+ * t), so backward regenerates it instead of storing it. xd may be inp.
+ * Row t is seeded with mask_seed + (t + 1) · FT_DROPOUT_ROW_STEP, so rows
+ * [r0, r0 + T) of a larger batch get that batch's masks from
+ * mask_seed + r0 · FT_DROPOUT_ROW_STEP (a data-parallel rank's share). */
+#define FT_DROPOUT_ROW_STEP 0xD1B54A32D192ED03ull
 void ft_lora_dropout(float *xd, const float *inp, float p, uint64_t mask_seed, int T, int in, int n_threads);
 /* out (T, OC) += scale · u · B^T with u (T, R) = x · A^T, where x is the
  * (already dropped-out) input. u is written. On the kernels of kernels.h

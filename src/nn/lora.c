@@ -60,7 +60,7 @@ static void dropout_row(void *vctx, int t, int thread) {
     (void)thread;
     const dropout_ctx *c = vctx;
     ft_rng rng;
-    ft_rng_seed(&rng, c->mask_seed ^ ((uint64_t)(t + 1) * 0xD1B54A32D192ED03ull));
+    ft_rng_seed(&rng, c->mask_seed + (uint64_t)(t + 1) * FT_DROPOUT_ROW_STEP);
     const float *x = c->inp + (size_t)t * c->in;
     float *y = c->xd + (size_t)t * c->in;
     for (int i = 0; i < c->in; i++) y[i] = ft_rng_uniform(&rng) < c->keep ? x[i] * c->inv : 0.0f;

@@ -190,10 +190,6 @@ ft_lora *ft_trainer_lora(ft_trainer *tr, int layer, int target);
  * and restore it to replay the same masks). */
 uint64_t ft_trainer_get_micro_step(const ft_trainer *tr);
 void ft_trainer_set_micro_step(ft_trainer *tr, uint64_t step);
-/* Mixed into every dropout mask's seed (0 by default: no change). Data
- * parallelism gives each rank its own, so that ranks, whose rows are
- * numbered from 0 on each, do not draw the same masks. */
-void ft_trainer_set_mask_salt(ft_trainer *tr, uint64_t salt);
 const ft_train_opts *ft_trainer_opts(const ft_trainer *tr);
 
 #endif

@@ -1515,14 +1515,17 @@ static ftune_status train_step(run *r, double *loss, double *gnorm, double *lr, 
         if (v.B == 0 && r->zero >= 2) {
             /* the short last batch of an epoch, nothing for this rank: its
              * collectives still run, on a batch with no targets (a zero
-             * gradient), and its dropout micro-step does not advance */
+             * gradient); its dropout micro-step advances as the others' do */
             uint64_t ms = ft_trainer_get_micro_step(r->tr);
             TRY(ft_trainer_step_scaled(r->tr, &r->idle, ntt, r->scaler.scale, &ls));
-            ft_trainer_set_micro_step(r->tr, ms);
+            ft_trainer_set_micro_step(r->tr, ms + 1);
             TRY(ov_drain(r));
             continue;
         }
-        if (v.B == 0) continue; /* the short last batch of an epoch: nothing for this rank */
+        if (v.B == 0) { /* the short last batch of an epoch: nothing for this rank */
+            ft_trainer_set_micro_step(r->tr, ft_trainer_get_micro_step(r->tr) + 1);
+            continue;
+        }
         TRY(ft_trainer_step_scaled(r->tr, &v, ntt, r->scaler.scale, &ls));
         TRY(ov_drain(r));
         sum += ls;
@@ -1699,8 +1702,6 @@ static ftune_status setup(run *r) {
     if (o->init_adapter) TRY(read_init_adapter(r));
     if (r->zero >= 2) TRY(setup_zero(r));
     TRY(ft_trainer_new(&r->tr, r->m, &r->topts));
-    /* each rank's dropout masks its own (a rank's rows are numbered from 0) */
-    ft_trainer_set_mask_salt(r->tr, (uint64_t)r->rank);
     if (r->init_vals) apply_init_adapter(r);
 
     int64_t n_trainable = 0;

@@ -62,7 +62,6 @@ struct ft_trainer {
     ft_backend be;            /* every op of a step runs through it (the CPU's, in o.compute) */
     ft_prof *prof;            /* FTUNE_PROFILE: be times the CPU backend's ops (printed at free); else NULL */
     uint64_t micro_step;
-    uint64_t mask_salt;       /* 0; a data-parallel rank's own (ft_trainer_set_mask_salt) */
     /* the trainer's view of the model */
     ft_tensor tok_embd;       /* (V, C): the model's, or the f32 trainable copy */
     float *out_norm;          /* (C) */
@@ -799,12 +798,14 @@ static ftune_status check_batch(const ft_trainer *tr, const ft_batch *b) {
     return FTUNE_OK;
 }
 
-static uint64_t mask_seed(const ft_trainer *tr, int l, int k) {
-    return tr->o.lora.seed ^ (tr->micro_step + 1) * 0x9E3779B97F4A7C15ull ^
-           (uint64_t)(l * FT_N_MODS + k + 1) * 0xC2B2AE3D27D4EB4Full ^ tr->mask_salt * 0x165667B19E3779F9ull;
+/* Block l, module k's dropout seed for batch b: a data-parallel rank's
+ * share of a batch (b->row0 > 0) gets the masks one process would draw
+ * for those rows of the whole batch. */
+static uint64_t mask_seed(const ft_trainer *tr, const ft_batch *b, int l, int k) {
+    uint64_t s = tr->o.lora.seed ^ (tr->micro_step + 1) * 0x9E3779B97F4A7C15ull ^
+                 (uint64_t)(l * FT_N_MODS + k + 1) * 0xC2B2AE3D27D4EB4Full;
+    return s + (uint64_t)b->row0 * (uint64_t)b->T * FT_DROPOUT_ROW_STEP;
 }
-
-void ft_trainer_set_mask_salt(ft_trainer *tr, uint64_t salt) { tr->mask_salt = salt; }
 
 void ft_trainer_set_hooks(ft_trainer *tr, const ft_block_hooks *h) { tr->hooks = h; }
 
@@ -860,7 +861,7 @@ static float *block_in(const ft_trainer *tr, int l, size_t BTC) {
 /* Block l's call: its own keys/values (no cache), causal over the row. */
 static ft_block_io block_io(const ft_trainer *tr, const ft_batch *b, const int *pos, int l, bool train,
                             uint64_t *seeds) {
-    for (int k = 0; k < FT_N_MODS; k++) seeds[k] = mask_seed(tr, l, k);
+    for (int k = 0; k < FT_N_MODS; k++) seeds[k] = mask_seed(tr, b, l, k);
     const layer_acts *a = acts_slot(tr, l);
     ft_block_io io = { .B = b->B, .T = b->T, .pos = pos, .q_pos = tr->idx, .keys = a->k,
                        .values = a->v, .Tk = b->T, .doc = b->doc, .train = train, .mask_seed = seeds };
