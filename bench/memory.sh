@@ -109,8 +109,8 @@ bench_1b() {
     if grep -q -- "--optim" <<<"$help" && grep -q "adamw8bit\|adamw_8bit" <<<"$help"; then
         opt8=(--optim "$(grep -o 'adamw_\?8bit' <<<"$help" | head -1)")
         rows+=("+ 8-bit AdamW|--dtype bf16 --grad-checkpoint 1 --quant nf4 ${opt8[*]}")
-        if grep -q "paged" <<<"$help"; then
-            paged=(--optim "$(grep -o 'paged_adamw_\?8bit' <<<"$help" | head -1)")
+        if grep -q -- "--paged-optim" <<<"$help"; then
+            paged=("${opt8[@]}" --paged-optim)
             rows+=("+ paged AdamW|--dtype bf16 --grad-checkpoint 1 --quant nf4 ${paged[*]}")
         fi
     fi
