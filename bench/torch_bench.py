@@ -17,14 +17,10 @@ import statistics
 import sys
 import time
 
-PRESETS = {
-    # llama2.c's stories110M shape (classifier shared with the embedding, as in both presets)
-    "llama-110m": dict(dim=768, n_layers=12, n_heads=12, n_kv_heads=12, hidden=2048, vocab=32000, ctx=1024),
-    "stories260K": dict(dim=64, n_layers=5, n_heads=8, n_kv_heads=4, hidden=172, vocab=512, ctx=512),
-    # rope theta 500000 (its llama3 frequency scaling changes no shape); a 1024-token cache is all the benchmark needs
-    "llama-3.2-1b": dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, hidden=8192, vocab=128256, ctx=1024,
-                         theta=500000.0),
-}
+import torch_common
+
+# a 1024-token cache is all the inference benchmark needs
+PRESETS = {name: dict(p, ctx=min(p["ctx"], 1024)) for name, p in torch_common.PRESETS.items()}
 
 
 def parse():
@@ -44,10 +40,7 @@ def parse():
 
 
 args = parse()
-# Thread counts must be in the environment before the libraries start their pools.
-for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[var] = str(args.threads)
-os.environ["OMP_WAIT_POLICY"] = args.omp_wait.upper()
+torch_common.set_thread_env(args.threads, args.omp_wait)
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -112,12 +105,9 @@ class Model(nn.Module):
         self.norm = nn.Parameter(torch.ones(p["dim"], dtype=dtype))
         self.head = nn.Linear(p["dim"], p["vocab"], bias=False, dtype=dtype)
         self.head.weight = self.emb.weight   # tied, as in llama2.c's stories models
-        HS = p["dim"] // p["n_heads"]
-        inv = 1.0 / p.get("theta", 10000.0) ** (torch.arange(0, HS, 2, dtype=torch.float64) / HS)
-        ang = torch.arange(p["ctx"], dtype=torch.float64)[:, None] * inv[None]
-        ang = torch.cat([ang, ang], -1)
-        self.register_buffer("cos", ang.cos().to(dtype), persistent=False)
-        self.register_buffer("sin", ang.sin().to(dtype), persistent=False)
+        cos, sin = torch_common.rope_tables(p, dtype)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, tokens, pos):
         """tokens (T,) at positions pos.. -> logits of the last position (V,)."""

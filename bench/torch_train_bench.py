@@ -23,14 +23,9 @@ import statistics
 import sys
 import time
 
-# The shapes of `ftune init --preset` and bench/torch_bench.py.
-PRESETS = {
-    "llama-110m": dict(dim=768, n_layers=12, n_heads=12, n_kv_heads=12, hidden=2048, vocab=32000, ctx=1024),
-    "stories260K": dict(dim=64, n_layers=5, n_heads=8, n_kv_heads=4, hidden=172, vocab=512, ctx=512),
-    # rope theta 500000 (its llama3 frequency scaling changes no shape or FLOP)
-    "llama-3.2-1b": dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, hidden=8192, vocab=128256, ctx=4096,
-                         theta=500000.0),
-}
+import torch_common
+
+PRESETS = torch_common.PRESETS
 
 
 def parse():
@@ -58,10 +53,7 @@ def parse():
 
 
 args = parse()
-# Thread counts must be in the environment before the libraries start their pools.
-for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[var] = str(args.threads)
-os.environ["OMP_WAIT_POLICY"] = args.omp_wait.upper()
+torch_common.set_thread_env(args.threads, args.omp_wait)
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -141,12 +133,9 @@ class Model(nn.Module):
         self.blocks = nn.ModuleList(Block(p, r, alpha) for _ in range(p["n_layers"]))
         self.norm = nn.Parameter(torch.ones(p["dim"]), requires_grad=r == 0)
         self.emb.weight.requires_grad_(r == 0)   # the head is tied to it, as in the presets
-        HS = p["dim"] // p["n_heads"]
-        inv = 1.0 / p.get("theta", 10000.0) ** (torch.arange(0, HS, 2, dtype=torch.float64) / HS)
-        ang = torch.arange(p["ctx"], dtype=torch.float64)[:, None] * inv[None]
-        ang = torch.cat([ang, ang], -1)
-        self.register_buffer("cos", ang.cos().float(), persistent=False)
-        self.register_buffer("sin", ang.sin().float(), persistent=False)
+        cos, sin = torch_common.rope_tables(p, torch.float32)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, tokens):
         """tokens (B, T) -> logits (B, T, V)."""

@@ -4,12 +4,8 @@
 # agrees with the PyTorch reference; bad input gives a clear error and a
 # non-zero exit, never a crash.
 set -u
-FT=${FTUNE:-build/ftune}
-D=${FTUNE_DATA:-../shared/data}
+. "$(dirname "$0")/lib.sh"
 S=$D/models/stories260K
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
 
 # 1. greedy from BOS. llama2.c's run loops `while (pos < steps)` and prints
 # the token sampled at every position, the last one included, so its -n 200
@@ -69,13 +65,6 @@ printf '{"text": "Once upon a time"}\n\n{"text": "The dog ran."}\n' > "$tmp/e.js
     && pass eval_jsonl || fail eval_jsonl "$(cat "$tmp/o.json")"
 
 # 6. bad input: non-zero exit, a message that names the problem, no crash (exit < 128)
-expect_error() {  # name, pattern, command...
-    local name=$1 pat=$2; shift 2
-    "$@" > "$tmp/out.txt" 2> "$tmp/err.txt" < /dev/null
-    local rc=$?
-    if [ $rc -eq 0 ] || [ $rc -ge 128 ]; then fail "$name" "exit $rc"; return; fi
-    if grep -qi -- "$pat" "$tmp/err.txt"; then pass "$name"; else fail "$name" "message lacks '$pat': $(cat "$tmp/err.txt")"; fi
-}
 expect_error err_invalid_utf8 "utf-8" "$FT" generate -m "$S/stories260K.bin" -p $'bad \xff byte' -n 5
 long=$(head -c 6000 "$D/text/tinyshakespeare/input.txt")
 expect_error err_prompt_too_long "longer than the context" "$FT" generate -m "$S/stories260K.bin" -p "$long" -n 5

@@ -7,16 +7,13 @@
 # loss and tokens as the same weights/vocabulary read from a llama2.c file.
 set -u
 cd "$(dirname "$0")/.."
-FT=${FTUNE:-build/ftune}
+. tests/lib.sh
 DATA=${FTUNE_DATA:-../shared/data}
 S=$DATA/models/stories260K
 HF=$DATA/models/stories260K-hf
 PY=.venv/bin/python
 CHECK="$PY scripts/gguf_py_check.py"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-tmp=${KEEP_TMP:-$(mktemp -d)}; [ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
 
 if ! [ -x "$PY" ] || ! "$PY" -c "import gguf" 2> /dev/null; then
     fail gguf_py "the Python package gguf (llama.cpp's gguf-py, pinned in scripts/requirements-test.txt) is not \

@@ -7,14 +7,8 @@
 # saved with it resumed without it. The printed
 # memory table plans fewer activation bytes with it.
 set -u
-FT=${FTUNE:-build/ftune}
-D=${FTUNE_DATA:-../shared/data}
-HF=$D/models/stories260K-hf
-PY=/usr/bin/python3
+. "$(dirname "$0")/lib.sh"
 export OMP_NUM_THREADS=1
-tmp=${KEEP_TMP:-$(mktemp -d)}; [ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
 
 cat > "$tmp/d.jsonl" <<'EOF'
 {"text": "Once upon a time, there was a little cat named Tom. Tom liked to play with his red ball."}
@@ -24,13 +18,6 @@ cat > "$tmp/d.jsonl" <<'EOF'
 EOF
 train() { "$FT" train -m "$HF" --data "$tmp/d.jsonl" --ctx 32 -t 1 --val-split 0 --steps 4 --grad-accum 2 \
           --batch-size 2 --lora-dropout 0.1 --lr 1e-3 --seed 3 "$@"; }
-expect_error() {  # name, pattern, command...
-    local name=$1 pat=$2; shift 2
-    "$@" > "$tmp/out.txt" 2> "$tmp/err.txt" < /dev/null
-    local rc=$?
-    if [ $rc -eq 0 ] || [ $rc -ge 128 ]; then fail "$name" "exit $rc"; return; fi
-    if grep -qi -- "$pat" "$tmp/err.txt"; then pass "$name"; else fail "$name" "message lacks '$pat': $(cat "$tmp/err.txt")"; fi
-}
 # same_run NAME DIR_A DIR_B FILE: the same FILE bytes and the same per-step metrics
 same_run() {
     local name=$1 a=$2 b=$3 f=$4

@@ -5,14 +5,8 @@
 # the scaler, and every new trainer_state.json field checked on resume.
 # (The overflow, skip and growth semantics are in test_grad_scaler.)
 set -u
-FT=${FTUNE:-build/ftune}
-D=${FTUNE_DATA:-../shared/data}
-HF=$D/models/stories260K-hf
-PY=/usr/bin/python3
+. "$(dirname "$0")/lib.sh"
 export OMP_NUM_THREADS=1
-tmp=${KEEP_TMP:-$(mktemp -d)}; [ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
 
 cat > "$tmp/d.jsonl" <<'EOF'
 {"text": "Once upon a time, there was a little cat named Tom. Tom liked to play with his red ball."}
@@ -22,13 +16,6 @@ cat > "$tmp/d.jsonl" <<'EOF'
 EOF
 train() { "$FT" train -m "$HF" --data "$tmp/d.jsonl" --ctx 32 -t 1 --val-split 0 --steps 6 --grad-accum 2 \
           --lora-dropout 0.1 --lr 1e-3 --seed 3 "$@"; }
-expect_error() {  # name, pattern, command...
-    local name=$1 pat=$2; shift 2
-    "$@" > "$tmp/out.txt" 2> "$tmp/err.txt" < /dev/null
-    local rc=$?
-    if [ $rc -eq 0 ] || [ $rc -ge 128 ]; then fail "$name" "exit $rc"; return; fi
-    if grep -qi -- "$pat" "$tmp/err.txt"; then pass "$name"; else fail "$name" "message lacks '$pat': $(cat "$tmp/err.txt")"; fi
-}
 
 # 1. --help documents the modes and that bf16 needs no scaler; a bad value is refused
 "$FT" train --help 2>&1 | grep -A3 -- "--loss-scale" | tr -s ' \n' ' ' | grep -q "dynamic.*bf16.*need no scaler" \

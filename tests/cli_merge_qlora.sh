@@ -6,14 +6,8 @@
 # f32 merge equals the adapter on the dequantized base, for a base quantized
 # on load (--quant nf4) and for a bitsandbytes 4-bit checkpoint.
 set -u
-FT=${FTUNE:-build/ftune}
-D=${FTUNE_DATA:-../shared/data}
-HF=$D/models/stories260K-hf
-PY=/usr/bin/python3
+. "$(dirname "$0")/lib.sh"
 export OMP_NUM_THREADS=1
-tmp=${KEEP_TMP:-$(mktemp -d)}; [ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
 head -c 8000 "$D/text/tinyshakespeare/input.txt" > "$tmp/d.txt"
 loss() { "$FT" eval "$@" --text "$tmp/d.txt" --json -t 1 2>/dev/null | sed -n 's/.*"loss":\([0-9.]*\).*/\1/p'; }
 # dtypes of a safetensors file's tensors, counted: "F32:47"

@@ -8,14 +8,8 @@
 # rounds once (the f32 and bf16 merges of one adapter differ by a number
 # printed here); eval and generate take --dtype.
 set -u
-FT=${FTUNE:-build/ftune}
-D=${FTUNE_DATA:-../shared/data}
-HF=$D/models/stories260K-hf
-PY=/usr/bin/python3
+. "$(dirname "$0")/lib.sh"
 export OMP_NUM_THREADS=1
-tmp=${KEEP_TMP:-$(mktemp -d)}; [ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
 expect_error() { # name, text the message must hold, command...
     local name=$1 want=$2; shift 2
     if "$@" > "$tmp/out.txt" 2> "$tmp/err.txt"; then fail "$name" "exit 0"

@@ -7,15 +7,9 @@
 # checkpoints of 8-bit state resume bit for bit; bad options and a
 # checkpoint of the other optimizer give clear errors.
 set -u
-FT=${FTUNE:-build/ftune}
-D=${FTUNE_DATA:-../shared/data}
-HF=$D/models/stories260K-hf
-PY=/usr/bin/python3
+. "$(dirname "$0")/lib.sh"
 # one thread: bit-exact comparisons need the same reduction order in every run
 export OMP_NUM_THREADS=1
-tmp=${KEEP_TMP:-$(mktemp -d)}; [ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
 
 # Shakespeare is not what stories260K was trained on: the loss has far to fall
 head -c 200000 "$D/text/tinyshakespeare/input.txt" > "$tmp/train.txt"

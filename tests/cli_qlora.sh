@@ -6,16 +6,10 @@
 # loss moves); --quant with --full, an unknown --quant, and resuming a
 # checkpoint under another quantization are clear errors.
 set -u
-FT=${FTUNE:-build/ftune}
-D=${FTUNE_DATA:-../shared/data}
-HF=$D/models/stories260K-hf
+. "$(dirname "$0")/lib.sh"
 GG=$D/models/stories260K/stories260K.gguf
-PY=/usr/bin/python3
 VPY=.venv/bin/python
 export OMP_NUM_THREADS=1
-tmp=${KEEP_TMP:-$(mktemp -d)}; [ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
 
 # 160 prompt/completion pairs: a line of tinyshakespeare and the next
 $PY - "$D/text/tinyshakespeare/input.txt" "$tmp/data.jsonl" <<'PYEOF'

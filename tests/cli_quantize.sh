@@ -8,17 +8,12 @@
 # and trains; its Linears take 4.127 bits per parameter at 1024 x 4096;
 # q8_0/q4_0 write GGUF; bad types and targets are clear errors.
 set -u
-FT=${FTUNE:-build/ftune}
-D=${FTUNE_DATA:-../shared/data}
-HF=$D/models/stories260K-hf
+. "$(dirname "$0")/lib.sh"
 GG=$D/models/stories260K/stories260K.gguf
 L2=$D/models/stories260K/stories260K.bin
 TOK=$D/models/stories260K/tok512.bin
 VPY=.venv/bin/python
 export OMP_NUM_THREADS=1
-tmp=${KEEP_TMP:-$(mktemp -d)}; [ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
 
 # every tensor of A equal to B's (dtype, shape, bytes; quant-state JSON as
 # parsed values); with "layers", only the decoder layers' tensors (a GGUF

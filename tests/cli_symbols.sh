@@ -6,13 +6,10 @@
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
-D=${FTUNE_DATA:-../shared/data}
+. tests/lib.sh
 LIB=$BUILD/libftune.a
 INTERNAL=$BUILD/libftune-internal.a
 CC=${CC:-cc}
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
 [ -f "$LIB" ] && [ -f "$INTERNAL" ] || { fail symbols "$LIB or $INTERNAL missing (run make)"; exit 1; }
 
 # 1. only ftune_* is global. Nothing else is allowed: the objects are built

@@ -6,12 +6,8 @@
 # ftune cannot run, and a clear error when
 # such a file is given to a command that runs a model.
 set -u
-FT=${FTUNE:-build/ftune}
-D=${FTUNE_DATA:-../shared/data}
+. "$(dirname "$0")/lib.sh"
 V=$D/vocab-tests
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
 
 # 1. every test case of every vocabulary-only GGUF, through the command
 for name in llama-spm phi-3 gpt-2 falcon; do

@@ -6,17 +6,11 @@
 # base + adapter; bad data, adapters and checkpoints give clear errors; a
 # disk that fills while saving leaves the previous checkpoint usable.
 set -u
-FT=${FTUNE:-build/ftune}
-D=${FTUNE_DATA:-../shared/data}
-HF=$D/models/stories260K-hf
+. "$(dirname "$0")/lib.sh"
 GG=$D/models/stories260K/stories260K.gguf
-PY=/usr/bin/python3
 # one thread: the runs are tiny, and bit-exact comparisons need the same
 # reduction order in every run
 export OMP_NUM_THREADS=1
-tmp=${KEEP_TMP:-$(mktemp -d)}; [ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
 
 cat > "$tmp/d.jsonl" <<'EOF'
 {"text": "Once upon a time, there was a little cat named Tom. Tom liked to play with his red ball."}
@@ -129,13 +123,6 @@ if [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q "interrupted after step" "$tmp/er
 else fail sigint_checkpoint_resume "exit $rc, checkpoint '$ck': $(cat "$tmp/err.txt")"; fi
 
 # 6. a checkpoint from another configuration or model is refused, naming the difference
-expect_error() {  # name, pattern, command...
-    local name=$1 pat=$2; shift 2
-    "$@" > "$tmp/out.txt" 2> "$tmp/err.txt" < /dev/null
-    local rc=$?
-    if [ $rc -eq 0 ] || [ $rc -ge 128 ]; then fail "$name" "exit $rc"; return; fi
-    if grep -qi -- "$pat" "$tmp/err.txt"; then pass "$name"; else fail "$name" "message lacks '$pat': $(cat "$tmp/err.txt")"; fi
-}
 expect_error resume_other_config "different configuration: lora_r" \
     train -o "$tmp/x" "${rt[@]}" --lora-r 4 --resume "$tmp/r/checkpoint-5"
 "$FT" init --preset stories260K "$tmp/rand" > /dev/null 2>&1; cp "$HF/tokenizer.json" "$HF/tokenizer_config.json" "$tmp/rand/"

@@ -9,15 +9,9 @@
 # the GGUF stories260K (interleaved q/k rows inside, HF layout in the saved
 # adapters) replayed on the HF model.
 set -u
-FT=${FTUNE:-build/ftune}
-D=${FTUNE_DATA:-../shared/data}
-HF=$D/models/stories260K-hf
+. "$(dirname "$0")/lib.sh"
 GGUF=$D/models/stories260K/stories260K.gguf
-PY=/usr/bin/python3
 REF=scripts/ref_train.py
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
 
 if ! "$FT" train --help > /dev/null 2>&1; then
     fail train_available "$FT train --help failed"; exit 1

@@ -20,27 +20,12 @@ import sys
 import numpy as np
 import torch
 
+from bnb_maps import create_dynamic_map  # noqa: F401 (bnb_write.py uses it from here too)
+
 NF4 = torch.tensor([-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
                     -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
                     0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
                     0.7229568362236023, 1.0], dtype=torch.float32)
-
-
-def create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8):
-    data = []
-    non_sign_bits = total_bits - 1
-    for i in range(max_exponent_bits):
-        items = int(2 ** (i + non_sign_bits - max_exponent_bits) + 1 if signed
-                    else 2 ** (i + non_sign_bits - max_exponent_bits + 1) + 1)
-        boundaries = torch.linspace(0.1, 1, items, dtype=torch.float32)
-        means = (boundaries[:-1] + boundaries[1:]) / 2.0
-        data += ((10 ** (-(max_exponent_bits - 1) + i)) * means).tolist()
-        if signed:
-            data += (-(10 ** (-(max_exponent_bits - 1) + i)) * means).tolist()
-    data += [0, 1.0]
-    assert len(data) == 2 ** total_bits
-    data.sort()
-    return torch.tensor(data, dtype=torch.float32)
 
 
 def blockwise_scale(a, bs):

@@ -24,10 +24,9 @@
 #include "train/optim.h"
 #include "train/train.h"
 #include "check.h"
+#include "check_child.h"
 
 #include <stdint.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 static char tmpdir[512], model_dir[600], small_dir[600];
 
@@ -106,9 +105,7 @@ static void fill_batch(ft_batch *b, int B, int T, int V, uint64_t seed) {
 /* One training configuration: trainer + AdamW, one step and one update. */
 /* K: gradient checkpointing every K blocks, 0 off. */
 static void run_train(ft_train_mode mode, int B, int T, int K) {
-    size_t baseline;
-    CHECK(ft_mem_rss_reset_peak());
-    CHECK(ft_mem_rss(&baseline, NULL));
+    size_t baseline = rss_baseline();
     ftune_model *m = load(model_dir);
     CHECK(m);
     if (!m) return;
@@ -157,9 +154,7 @@ static void run_train(ft_train_mode mode, int B, int T, int K) {
 }
 
 static void run_infer(int n_ctx) {
-    size_t baseline;
-    CHECK(ft_mem_rss_reset_peak());
-    CHECK(ft_mem_rss(&baseline, NULL));
+    size_t baseline = rss_baseline();
     ftune_model *m = load(model_dir);
     CHECK(m);
     if (!m) return;
@@ -186,40 +181,6 @@ static void run_infer(int n_ctx) {
     ftune_session_free(s);
     ftune_model_free(m);
     CHECK(counters_zero());
-}
-
-/* AddressSanitizer's shadow memory, redzones and quarantine are resident
- * too: there the RSS comparison means nothing, the fault injection all the
- * more (leaks on the error paths). */
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
-
-/* Runs fn in a child and passes on its verdict. */
-static void in_child(void (*fn)(void *), void *arg) {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0) { perror("fork"); CHECK(0); return; }
-    if (pid == 0) {
-        check_failed_ = 0;
-        /* the parent's peaks are not this configuration's */
-        ft_mem_reset_peaks();
-        fn(arg);
-        fflush(stdout);
-        fflush(stderr);
-        _exit(check_failed_ ? 1 : 0);
-    }
-    int ws = 0;
-    CHECK(waitpid(pid, &ws, 0) == pid);
-    CHECKF(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "child status 0x%x", ws);
 }
 
 static void lora_child(void *a) { (void)a; run_train(FT_TRAIN_LORA, 1, 256, 0); }

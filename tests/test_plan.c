@@ -19,10 +19,9 @@
 #include "core/mem.h"
 #include "model/model.h"
 #include "check.h"
+#include "check_child.h"
 
 #include <stdint.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 static char tmpdir[512], model_dir[600], data_path[600];
 
@@ -71,9 +70,7 @@ static void fill_opts(const config *c, ftune_train_opts *o, const char *out) {
 
 static void run_config(void *arg) {
     const config *c = arg;
-    size_t baseline;
-    CHECK(ft_mem_rss_reset_peak());
-    CHECK(ft_mem_rss(&baseline, NULL));
+    size_t baseline = rss_baseline();
     char out[700];
     snprintf(out, sizeof out, "%s/out-%d", tmpdir, (int)(c - configs));
     ftune_train_opts o;
@@ -123,36 +120,6 @@ static void run_config(void *arg) {
            predicted, peak, 100 * rel);
     /* the bound: the plan explains the measured peak within 10% */
     CHECKF(fabs(rel) <= 0.10, "%s: planned %.1f MiB, peak RSS %.1f MiB", c->name, predicted, peak);
-}
-
-/* AddressSanitizer's shadow memory is resident too: RSS means nothing there. */
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
-
-static void in_child(void (*fn)(void *), void *arg) {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0) { perror("fork"); CHECK(0); return; }
-    if (pid == 0) {
-        check_failed_ = 0;
-        ft_mem_reset_peaks();
-        fn(arg);
-        fflush(stdout);
-        fflush(stderr);
-        _exit(check_failed_ ? 1 : 0);
-    }
-    int ws = 0;
-    CHECK(waitpid(pid, &ws, 0) == pid);
-    CHECKF(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "child status 0x%x", ws);
 }
 
 static void test_configs(void) {

@@ -90,6 +90,14 @@ ftune_status ft_load_hf(ftune_model *m, const char *dir);
 /* FTUNE_OK unless config.json at path asks for a quantization other than
  * bitsandbytes' nf4 or 8-bit (named in the error). */
 ftune_status ft_hf_check_quant_config(const char *path);
+/* A Hugging Face directory's config.json read into cfg, its quantization_config
+ * checked (the loader and the planner alike). */
+ftune_status ft_hf_read_config(const char *dir, ft_config *cfg);
+/* dir's model.safetensors, or every shard its model.safetensors.index.json
+ * names, opened in index order (header_only: the headers alone, for the
+ * planner); *files is owned by the caller, each closed with ft_st_close.
+ * On an error nothing stays open and *files is NULL. */
+ftune_status ft_hf_open_shards(const char *dir, bool header_only, st_file **files, int *n);
 /* The config of ftune init's preset name (its weights' dtype aside). */
 ftune_status ft_preset_config(ft_config *cfg, const char *name);
 

@@ -11,16 +11,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Opens model.safetensors, or every shard named in the index. */
-static ftune_status open_shards(ftune_model *m, const char *dir) {
+/* Opens model.safetensors, or every shard named in the index (whole
+ * mappings, or with header_only their headers alone). On an error nothing
+ * stays open. */
+ftune_status ft_hf_open_shards(const char *dir, bool header_only, st_file **files_out, int *n_out) {
+    *files_out = NULL;
+    *n_out = 0;
+    ftune_status (*open_one)(st_file *, const char *) = header_only ? ft_st_open_header : ft_st_open;
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if (ft_file_exists(path)) {
-        m->shards = calloc(1, sizeof(st_file));
-        if (!m->shards) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
-        ftune_status st = ft_st_open(&m->shards[0], path);
-        if (st) return st;
-        m->n_shards = 1;
+        st_file *f = calloc(1, sizeof *f);
+        if (!f) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+        ftune_status st = open_one(&f[0], path);
+        if (st) { free(f); return st; }
+        *files_out = f;
+        *n_out = 1;
         return FTUNE_OK;
     }
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
@@ -37,9 +43,10 @@ static ftune_status open_shards(ftune_model *m, const char *dir) {
         return ft_err(FTUNE_ERR_FORMAT, "%s: no \"weight_map\" object", path);
     }
     /* distinct file names, in order of first appearance */
-    int n = cJSON_GetArraySize(wm);
-    const char **files = calloc((size_t)n + 1, sizeof *files);
-    int nf = 0;
+    int n = cJSON_GetArraySize(wm), nf = 0, nopen = 0;
+    const char **names = calloc((size_t)n + 1, sizeof *names);
+    st_file *f = calloc((size_t)n + 1, sizeof *f);
+    if (!names || !f) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
     const cJSON *e;
     cJSON_ArrayForEach(e, wm) {
         if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || strcmp(e->valuestring, "..") == 0) {
@@ -47,18 +54,22 @@ static ftune_status open_shards(ftune_model *m, const char *dir) {
             goto done;
         }
         int k = 0;
-        while (k < nf && strcmp(files[k], e->valuestring)) k++;
-        if (k == nf) files[nf++] = e->valuestring;
+        while (k < nf && strcmp(names[k], e->valuestring)) k++;
+        if (k == nf) names[nf++] = e->valuestring;
     }
-    m->shards = calloc((size_t)nf + 1, sizeof(st_file));
-    if (!m->shards) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
-    for (int k = 0; k < nf; k++) {
-        snprintf(path, sizeof path, "%s/%s", dir, files[k]);
-        if ((st = ft_st_open(&m->shards[k], path))) goto done;
-        m->n_shards = k + 1;
+    for (; nopen < nf; nopen++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[nopen]);
+        if ((st = open_one(&f[nopen], path))) goto done;
     }
 done:
-    free(files);
+    if (st) {
+        for (int k = 0; k < nopen; k++) ft_st_close(&f[k]);
+        free(f);
+    } else {
+        *files_out = f;
+        *n_out = nf;
+    }
+    free(names);
     cJSON_Delete(j);
     return st;
 }
@@ -227,14 +238,20 @@ ftune_status ft_hf_check_quant_config(const char *path) {
     return st;
 }
 
+ftune_status ft_hf_read_config(const char *dir, ft_config *cfg) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    ftune_status st = ft_config_from_hf_json(cfg, path);
+    if (!st) st = ft_hf_check_quant_config(path);
+    return st;
+}
+
 ftune_status ft_load_hf(ftune_model *m, const char *dir) {
     char path[4096];
     snprintf(m->format, sizeof m->format, "hf");
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    ftune_status st = ft_config_from_hf_json(&m->cfg, path);
+    ftune_status st = ft_hf_read_config(dir, &m->cfg);
     if (st) return st;
-    if ((st = ft_hf_check_quant_config(path))) return st;
-    if ((st = open_shards(m, dir))) return st;
+    if ((st = ft_hf_open_shards(dir, false, &m->shards, &m->n_shards))) return st;
     ft_config *c = &m->cfg;
     m->layers = calloc((size_t)c->L, sizeof *m->layers);
     uint8_t **used = calloc((size_t)m->n_shards, sizeof *used);

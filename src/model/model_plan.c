@@ -6,7 +6,6 @@
 #include "model/model.h"
 #include "formats/bnb.h"
 
-#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,66 +143,14 @@ static ftune_status shard_lookup(void *ctx, const char *name, hdr_tensor *t) {
     return FTUNE_OK;
 }
 
-/* The headers of model.safetensors, or of every shard the index names. */
-static ftune_status open_headers(shard_set *s, const char *dir) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    if (ft_file_exists(path)) {
-        if (!(s->f = calloc(1, sizeof *s->f))) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
-        ftune_status st = ft_st_open_header(&s->f[0], path);
-        if (!st) s->n = 1;
-        return st;
-    }
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-    if (!ft_file_exists(path))
-        return ft_err(FTUNE_ERR_IO, "%s: no model.safetensors or model.safetensors.index.json", dir);
-    char *text;
-    ftune_status st = ft_read_file(path, &text, NULL);
-    if (st) return st;
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(j, "weight_map");
-    if (!cJSON_IsObject(wm)) {
-        cJSON_Delete(j);
-        return ft_err(FTUNE_ERR_FORMAT, "%s: no \"weight_map\" object", path);
-    }
-    int n = cJSON_GetArraySize(wm);
-    const char **files = calloc((size_t)n + 1, sizeof *files);
-    s->f = calloc((size_t)n + 1, sizeof *s->f);
-    int nf = 0;
-    if (!files || !s->f) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
-    const cJSON *e;
-    cJSON_ArrayForEach(e, wm) {
-        if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || strcmp(e->valuestring, "..") == 0) {
-            st = ft_err(FTUNE_ERR_FORMAT, "%s: weight_map entry \"%s\" is not a file name", path, e->string);
-            goto done;
-        }
-        int k = 0;
-        while (k < nf && strcmp(files[k], e->valuestring)) k++;
-        if (k == nf) files[nf++] = e->valuestring;
-    }
-    for (int k = 0; k < nf; k++) {
-        snprintf(path, sizeof path, "%s/%s", dir, files[k]);
-        if ((st = ft_st_open_header(&s->f[k], path))) goto done;
-        s->n = k + 1;
-    }
-done:
-    free(files);
-    cJSON_Delete(j);
-    return st;
-}
-
 ftune_status ft_weights_describe_hf(const char *dir, ft_config *cfg, ft_weight_desc **descs, int *n) {
     *descs = NULL;
     *n = 0;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    ftune_status st = ft_config_from_hf_json(cfg, path);
-    if (!st) st = ft_hf_check_quant_config(path);
+    ftune_status st = ft_hf_read_config(dir, cfg);
     if (st) return st;
     shard_set s = { 0 };
     desc_list l = { 0 };
-    st = open_headers(&s, dir);
+    st = ft_hf_open_shards(dir, true, &s.f, &s.n);
     if (!st) st = describe(cfg, shard_lookup, &s, &l);
     for (int i = 0; i < s.n; i++) ft_st_close(&s.f[i]);
     free(s.f);

@@ -47,6 +47,20 @@ static long arena_add(arena_t *a, const void *s, size_t n) {
     return off;
 }
 
+/* A SentencePiece-kind spec over n pieces held in arena a at offs (the
+ * llama2.c tokenizer.bin and tokenizer.model readers): their pointers are
+ * written to tok once the arena no longer moves. */
+static void spm_spec(ft_vocab_spec *spec, int n, const char **tok, const arena_t *a, const long *offs, int *lens,
+                     float *scores, int *types) {
+    for (int i = 0; i < n; i++) tok[i] = a->p + offs[i];
+    spec_init(spec, FT_TOK_SPM);
+    spec->n_vocab = n;
+    spec->tokens = tok;
+    spec->token_lens = lens;
+    spec->scores = scores;
+    spec->types = types;
+}
+
 /* ------------------------------------------------------------- llama2.c .bin */
 
 ftune_status ft_tokenizer_from_llama2c(ftune_tokenizer **out, const char *path, int n_vocab) {
@@ -117,14 +131,8 @@ ftune_status ft_tokenizer_from_llama2c(ftune_tokenizer **out, const char *path, 
         if (o < 0) goto done;
         offs[i] = o;
     }
-    for (int i = 0; i < n; i++) tok[i] = a.p + offs[i];
     ft_vocab_spec spec;
-    spec_init(&spec, FT_TOK_SPM);
-    spec.n_vocab = n;
-    spec.tokens = tok;
-    spec.token_lens = lens;
-    spec.scores = scores;
-    spec.types = types;
+    spm_spec(&spec, n, tok, &a, offs, lens, scores, types);
     spec.unk_id = 0; spec.bos_id = 1; spec.eos_id = 2;
     spec.add_bos = 1;
     spec.add_space_prefix = 1;
@@ -355,14 +363,8 @@ ftune_status ft_tokenizer_from_spm_model(ftune_tokenizer **out, const char *path
         st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: SentencePiece model type %d; only BPE (2) is supported", path, model_type);
         goto done;
     }
-    for (int k = 0; k < n; k++) tok[k] = a.p + offs[k];
     ft_vocab_spec spec;
-    spec_init(&spec, FT_TOK_SPM);
-    spec.n_vocab = n;
-    spec.tokens = tok;
-    spec.token_lens = lens;
-    spec.scores = scores;
-    spec.types = types;
+    spm_spec(&spec, n, tok, &a, offs, lens, scores, types);
     int32_t *dst[4] = { &spec.unk_id, &spec.bos_id, &spec.eos_id, &spec.pad_id };
     for (int k = 0; k < 4; k++) *dst[k] = ids[k] >= 0 && ids[k] < n ? (int32_t)ids[k] : -1;
     spec.add_bos = spec.bos_id >= 0;

@@ -197,6 +197,39 @@ void ft_adam8_prepare(void) { pthread_once(&q_once, q_build); }
 
 /* ------------------------------------------------------------- the step */
 
+/* adamw_task's update on dequantized moments for elements [k0, k1) of one
+ * block (codes qm, qv with absmaxes am, av): the new weights in w, the new
+ * moments in mt, vt and their max |.| folded into *nm, *nv. The reference
+ * runs it on the whole block, the AVX-512 path on its tail. */
+static inline void adam8_update(const ft_adam8_job *j, float *w, const float *g, const uint8_t *qm, const uint8_t *qv,
+                                float am, float av, float *mt, float *vt, float *nm, float *nv, int k0, int k1) {
+    const float *smap = Q.map[1], *umap = Q.map[0];
+    float m_max = *nm, v_max = *nv;   /* locals: w may alias *nm for the compiler */
+    for (int k = k0; k < k1; k++) {
+        float x = j->wd ? w[k] * j->decay : w[k];
+        float gk = g[k];
+        float mk = smap[qm[k]] * am * j->b1 + gk * j->omb1;
+        float vk = umap[qv[k]] * av * j->b2 + gk * gk * j->omb2;
+        float denom = sqrtf(vk) / j->bc2_sqrt + j->eps;
+        w[k] = x + j->neg_step * mk / denom;
+        mt[k] = mk;
+        vt[k] = vk;
+        m_max = fmaxf(m_max, fabsf(mk));
+        v_max = fmaxf(v_max, fabsf(vk));
+    }
+    *nm = m_max;
+    *nv = v_max;
+}
+
+/* The codes of m * im and v * iv for elements [k0, k1), by the fast quantizer. */
+static inline void adam8_codes_fast(uint8_t *qm, uint8_t *qv, const float *mt, const float *vt, float im, float iv,
+                                    int k0, int k1) {
+    for (int k = k0; k < k1; k++) {
+        qm[k] = quantize_fast(true, mt[k] * im);
+        qv[k] = quantize_fast(false, vt[k] * iv);
+    }
+}
+
 /* 16 elements of adamw_task's update on dequantized moments, as the scalar
  * loop below computes each (the same IEEE operations in the same order;
  * no fused multiply-add), returning the new m and v. */
@@ -252,18 +285,7 @@ ISA_TARGET static void adam8_blocks_avx512(const ft_adam8_job *j, int64_t b0, in
             nmv = _mm512_max_ps(nmv, _mm512_and_ps(mk, absmask));
             nvv = _mm512_max_ps(nvv, _mm512_and_ps(vk, absmask));
         }
-        for (; k < n; k++) {
-            float xk = j->wd ? w[k] * j->decay : w[k];
-            float gs = g[k];
-            float mk = smap[qm[k]] * am * j->b1 + gs * j->omb1;
-            float vk = umap[qv[k]] * av * j->b2 + gs * gs * j->omb2;
-            float denom = sqrtf(vk) / j->bc2_sqrt + j->eps;
-            w[k] = xk + j->neg_step * mk / denom;
-            mt[k] = mk;
-            vt[k] = vk;
-            nm = fmaxf(nm, fabsf(mk));
-            nv = fmaxf(nv, fabsf(vk));
-        }
+        adam8_update(j, w, g, qm, qv, am, av, mt, vt, &nm, &nv, k, n);
         nm = fmaxf(nm, _mm512_reduce_max_ps(nmv));
         nv = fmaxf(nv, _mm512_reduce_max_ps(nvv));
         j->am[b] = nm;
@@ -274,10 +296,7 @@ ISA_TARGET static void adam8_blocks_avx512(const ft_adam8_job *j, int64_t b0, in
             _mm_storeu_si128((void *)(qm + k), _mm512_cvtepi32_epi8(quantize16(true, _mm512_mul_ps(_mm512_loadu_ps(mt + k), imv))));
             _mm_storeu_si128((void *)(qv + k), _mm512_cvtepi32_epi8(quantize16(false, _mm512_mul_ps(_mm512_loadu_ps(vt + k), ivv))));
         }
-        for (; k < n; k++) {
-            qm[k] = quantize_fast(true, mt[k] * im);
-            qv[k] = quantize_fast(false, vt[k] * iv);
-        }
+        adam8_codes_fast(qm, qv, mt, vt, im, iv, k, n);
     }
 }
 
@@ -291,7 +310,6 @@ void ft_adam8_blocks(const ft_adam8_job *j, int64_t b0, int64_t b1) {
         adam8_blocks_avx512(j, b0, b1);
         return;
     }
-    const float *smap = Q.map[1], *umap = Q.map[0];
     float mt[FT_ADAM8_MAX_BLOCK], vt[FT_ADAM8_MAX_BLOCK];
     for (int64_t b = b0; b < b1; b++) {
         int64_t k0 = b * j->block, k1 = k0 + j->block < j->N ? k0 + j->block : j->N;
@@ -300,18 +318,7 @@ void ft_adam8_blocks(const ft_adam8_job *j, int64_t b0, int64_t b1) {
         uint8_t *qm = j->qm + k0, *qv = j->qv + k0;
         float am = j->am[b], av = j->av[b], nm = 0, nv = 0;
         int n = (int)(k1 - k0);
-        for (int k = 0; k < n; k++) {
-            float x = j->wd ? w[k] * j->decay : w[k];
-            float gk = g[k];
-            float mk = smap[qm[k]] * am * j->b1 + gk * j->omb1;
-            float vk = umap[qv[k]] * av * j->b2 + gk * gk * j->omb2;
-            float denom = sqrtf(vk) / j->bc2_sqrt + j->eps;
-            w[k] = x + j->neg_step * mk / denom;
-            mt[k] = mk;
-            vt[k] = vk;
-            nm = fmaxf(nm, fabsf(mk));
-            nv = fmaxf(nv, fabsf(vk));
-        }
+        adam8_update(j, w, g, qm, qv, am, av, mt, vt, &nm, &nv, 0, n);
         j->am[b] = nm;
         j->av[b] = nv;
         float im = 1.0f / fmaxf(nm, 1e-38f), iv = 1.0f / fmaxf(nv, 1e-38f);
@@ -321,9 +328,6 @@ void ft_adam8_blocks(const ft_adam8_job *j, int64_t b0, int64_t b1) {
                 qv[k] = ft_dynamic_quantize_ref(false, vt[k] * iv);
             }
         else
-            for (int k = 0; k < n; k++) {
-                qm[k] = quantize_fast(true, mt[k] * im);
-                qv[k] = quantize_fast(false, vt[k] * iv);
-            }
+            adam8_codes_fast(qm, qv, mt, vt, im, iv, 0, n);
     }
 }

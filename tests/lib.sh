@@ -1,0 +1,22 @@
+# lib.sh — what every tests/cli_*.sh shares; sourced, never run (tests/run.sh
+# runs only cli_*.sh). Sets FT (the ftune command, $FTUNE or build/ftune), D
+# (the test data, $FTUNE_DATA or ../shared/data), HF (the HF stories260K),
+# PY (Debian's Python with torch) and tmp (a scratch directory removed at
+# exit unless KEEP_TMP names one to keep), and defines pass, fail and
+# expect_error. A script that wants other values sets them after sourcing.
+FT=${FTUNE:-build/ftune}
+D=${FTUNE_DATA:-../shared/data}
+HF=$D/models/stories260K-hf
+PY=/usr/bin/python3
+tmp=${KEEP_TMP:-$(mktemp -d)}; [ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; }
+# expect_error NAME PATTERN COMMAND...: COMMAND exits non-zero without a
+# crash (exit < 128) and its stderr holds PATTERN (grep -i)
+expect_error() {
+    local name=$1 pat=$2; shift 2
+    "$@" > "$tmp/out.txt" 2> "$tmp/err.txt" < /dev/null
+    local rc=$?
+    if [ $rc -eq 0 ] || [ $rc -ge 128 ]; then fail "$name" "exit $rc"; return; fi
+    if grep -qi -- "$pat" "$tmp/err.txt"; then pass "$name"; else fail "$name" "message lacks '$pat': $(cat "$tmp/err.txt")"; fi
+}
