@@ -80,3 +80,40 @@ need=$(sed -n 's/.*would need about \([0-9.]*\) MiB at its peak (4 ranks on this
 if [ -n "$need" ] && [ ! -e "$tmp/four" ] && /usr/bin/python3 -c "import sys; o, n = map(float, sys.argv[1:]); sys.exit(0 if 3 * o < n < 4 * o else 1)" "$one" "$need"; then
     pass refuse_ranks_per_host
 else fail refuse_ranks_per_host "one rank $one MiB; $(cat "$tmp/four.log")"; fi
+
+# the 8-bit optimizer: full fine-tuning (stories260K's matrices are over bitsandbytes' 4096-element
+# minimum, its norms under it), its state per tensor as bitsandbytes sizes it: 2 bytes per element
+# and an f32 absmax per 256 from the safetensors header, 8 bytes per element of the small ones
+want=$(/usr/bin/python3 - "$HF/model.safetensors" <<'PY'
+import json, math, struct, sys
+f = open(sys.argv[1], "rb"); h = json.loads(f.read(struct.unpack("<Q", f.read(8))[0])); h.pop("__metadata__", None)
+a = b = 0
+for v in h.values():
+    n = math.prod(v["shape"]); a += 8 * n; b += 2 * n + 8 * math.ceil(n / 256) if n >= 4096 else 8 * n
+print(a / 2**20, b / 2**20)
+PY
+)
+"$FT" plan -m "$HF" --full --data "$tmp/data.txt" > "$tmp/f32.out" 2>&1
+"$FT" plan -m "$HF" --full --data "$tmp/data.txt" --optim adamw8bit > "$tmp/a8.out" 2>&1
+"$FT" plan -m "$HF" --full --data "$tmp/data.txt" --dtype bf16 --optim adamw8bit --paged-optim > "$tmp/pg.out" 2>&1
+row() { sed -n "s/^  $2 *\([0-9.-]*\).*/\1/p" "$1" | head -1; }
+if [ -n "$want" ] && grep -q "^  --optim adamw8bit  *-[0-9.]*  (total " "$tmp/f32.out" &&
+    grep -q "^  --paged-optim  *[0-9.-]*  (total [0-9.]*; [0-9.]* MiB file-backed" "$tmp/f32.out" &&
+    /usr/bin/python3 -c "
+import sys
+wa, w8, oa, o8, sw, ta, t8, pa, p8 = map(float, sys.argv[1:])
+# the rows print MiB to 0.1: each is within 0.05 of its value (the saving is one rounded number)
+ok = abs(oa - wa) <= 0.05 and abs(o8 - w8) <= 0.05 and abs(-sw - (wa - w8)) <= 0.05
+# the two plans' totals differ by the optimizer's saving and by their measured process rows:
+# four rounded numbers, 0.2 at most
+ok = ok and abs((ta - pa) - (t8 - p8) - (wa - w8)) <= 0.2
+sys.exit(0 if ok else 1)" $want "$(row "$tmp/f32.out" "optimizer state (AdamW m, v)")" \
+        "$(row "$tmp/a8.out" "optimizer state (AdamW m, v: 8-bit blocks)")" "$(row "$tmp/f32.out" "--optim adamw8bit")" \
+        "$(row "$tmp/f32.out" total)" "$(row "$tmp/a8.out" total)" "$(row "$tmp/f32.out" "process (code, libraries: measured)")" \
+        "$(row "$tmp/a8.out" "process (code, libraries: measured)")"; then pass plan_adamw8bit
+else fail plan_adamw8bit "want $want: $(cat "$tmp/f32.out" "$tmp/a8.out")"; fi
+# --paged-optim: the state and (bf16 with compute copies) the f32 masters in the paged row, counted as resident
+if grep -q "^  paged (file-backed): AdamW m, v; f32 masters " "$tmp/pg.out" && ! grep -q "^  trainables" "$tmp/pg.out" &&
+    ! grep -q "^  optimizer state" "$tmp/pg.out" && grep -q "^the paged bytes count as resident" "$tmp/pg.out"; then
+    pass plan_paged_optim
+else fail plan_paged_optim "$(cat "$tmp/pg.out")"; fi

@@ -18,6 +18,7 @@
 #include "ftune.h"
 #include "core/mem.h"
 #include "model/model.h"
+#include "train/train_loop.h"
 #include "check.h"
 #include "check_child.h"
 
@@ -39,6 +40,8 @@ typedef struct {
     bool full;
     const char *dtype, *quant;
     int grad_checkpoint, B, T;
+    ftune_optim optim;
+    bool paged;
 } config;
 
 static const config configs[] = {
@@ -46,10 +49,11 @@ static const config configs[] = {
     { "bf16 LoRA", false, "bf16", NULL, 0, 1, 256 },
     { "NF4 QLoRA, bf16, --grad-checkpoint 1", false, "bf16", "nf4", 1, 2, 256 },
     { "full, bf16", true, "bf16", NULL, 0, 1, 64 },
-    /* HERE: the 8-bit optimizer's row, { "LoRA, --optim adamw8bit", ... }. It reached main
-     * (with --paged-optim and the FT_MEM_PAGED row) after this branch was cut; on merging, the
-     * planner's optimizer term must come from main's ft_optim_state_bytes (per tensor: its
-     * 8-bit blocks are per parameter) instead of ft_train_plan.optim_bytes, and this row added */
+    /* the 8-bit optimizer where its state matters: full fine-tuning, whose f32 AdamW state
+     * (184 MB here) is twice the masters; 8-bit (47 MB) would miss the 10% if the plan still
+     * counted f32. Paged: the state and the f32 masters in the file mapping, resident. */
+    { "full, bf16, --optim adamw8bit", true, "bf16", NULL, 0, 1, 64, FTUNE_OPTIM_ADAMW8BIT, false },
+    { "full, bf16, --optim adamw8bit --paged-optim", true, "bf16", NULL, 0, 1, 64, FTUNE_OPTIM_ADAMW8BIT, true },
 };
 
 static void fill_opts(const config *c, ftune_train_opts *o, const char *out) {
@@ -66,6 +70,8 @@ static void fill_opts(const config *c, ftune_train_opts *o, const char *out) {
     o->steps = 2;
     o->n_threads = 2;
     o->pack = true;
+    o->optim = c->optim;
+    o->paged_optim = c->paged;
 }
 
 static void run_config(void *arg) {
@@ -106,11 +112,28 @@ static void run_config(void *arg) {
            ft_mem_current(FT_MEM_WEIGHTS), wp.owned_total);
     CHECKF(t.planned[FT_MEM_OTHER] == wp.other, "%s: owned list %zu, planned %zu", c->name, t.planned[FT_MEM_OTHER], wp.other);
 
+    /* the trainer's optimizer term, as the planner has it */
+    ft_train_opts to;
+    ft_train_plan tp;
+    int T = 0;
+    ft_dtype compute = FT_F32;
+    CHECK_OK(ft_train_seq_len(&cfg, &o, &T));
+    CHECK_OK(ft_compute_parse(c->dtype, "dtype", &compute));
+    ft_train_topts_of(&o, o.batch_size, T, compute, &to);
+    CHECK_OK(ft_trainer_plan(&cfg, &to, &tp));
+    CHECK(tp.optim_paged == c->paged);
+
     o.model = m;
     o.model_path = model_dir;
     ftune_train_result res;
     CHECK_OK(ftune_train_run(&o, NULL, NULL, &res));
     ftune_model_free(m);
+    /* what ft_adamw_init allocated (and, paged, the trainer's masters): the plan's bytes exactly */
+    size_t want_optim = c->paged ? 0 : tp.optim_bytes;
+    size_t want_paged = (c->paged ? tp.optim_bytes : 0) + (tp.masters_paged ? tp.trainable_bytes : 0);
+    CHECKF(ft_mem_peak(FT_MEM_OPTIM) == want_optim && ft_mem_peak(FT_MEM_PAGED) == want_paged,
+           "%s: optimizer state %zu, paged %zu; planned %zu, %zu", c->name, ft_mem_peak(FT_MEM_OPTIM),
+           ft_mem_peak(FT_MEM_PAGED), want_optim, want_paged);
     size_t rss_peak;
     CHECK(ft_mem_rss(NULL, &rss_peak));
     double predicted = plan.total_mib - plan.process_mib + baseline / 1048576.0, peak = rss_peak / 1048576.0;

@@ -82,6 +82,11 @@ typedef struct {
                                   * segment's window (above), or NULL: whole arrays */
     bool shard_values;          /* ZeRO 3 (needs shard); full mode reads the f32 masters rounded
                                  * (no compute copies: the same numbers) */
+    /* The optimizer the trainables get (the trainer does not allocate it; its
+     * plan sizes it with ft_optim_state_bytes, as ft_adamw_init does) */
+    ft_optim_kind optim;  /* FT_OPTIM_ADAMW */
+    int optim_block;      /* ADAMW8BIT's elements per absmax: FT_ADAM8_BLOCK */
+    bool paged_optim;     /* its state in a file-backed mapping (FT_MEM_PAGED) */
 } ft_train_opts;
 
 /* The compute type for ftune_train_opts.dtype: NULL the model's, else
@@ -111,8 +116,9 @@ typedef struct {
 
 /* Memory a trainer needs, in bytes, by lifetime class: exactly what
  * ft_trainer_new allocates (optim_bytes: what ft_adamw_init allocates for
- * these trainables, AdamW's m and v). Weights and a KV prefix are not in
- * it: ft_trainer_mem_table adds them. */
+ * these trainables with opts' optim, optim_block and paged_optim, from
+ * ft_optim_state_bytes over their sizes). Weights and a KV prefix are not
+ * in it: ft_trainer_mem_table adds them. */
 typedef struct {
     int64_t n_trainable;  /* floats */
     size_t trainable_bytes, grad_bytes, activation_bytes, scratch_bytes;
@@ -124,6 +130,7 @@ typedef struct {
                            * head's masters (FT_MEM_WEIGHTS), refreshed from them before a
                            * forward that follows an optimizer step or zero_grad; else 0 */
     bool masters_paged;   /* trainable_bytes are FT_MEM_PAGED (opts paged_dir with compute copies) */
+    bool optim_paged;     /* optim_bytes are FT_MEM_PAGED (opts paged_optim) */
 } ft_train_plan;
 
 typedef struct ft_trainer ft_trainer;

@@ -86,6 +86,8 @@ ftune_status ftune_trainer_new(ftune_trainer **out, const ftune_model *m, const 
     to.n_threads = o->n_threads;
     to.grad_checkpoint = o->grad_checkpoint;
     to.paged_dir = o->paged_optim ? o->paged_dir : NULL;
+    to.optim = (ft_optim_kind)o->optim;
+    to.paged_optim = o->paged_optim;
     t->n_threads = ft_num_threads(o->n_threads);
     ftune_status st = ft_train_compute_of(m, o->dtype, &to.compute);
     if (!st) st = ft_trainer_new(&t->tr, m, &to);
@@ -93,7 +95,7 @@ ftune_status ftune_trainer_new(ftune_trainer **out, const ftune_model *m, const 
     if ((st = ft_trainer_optim_params(t->tr, o->mode == FTUNE_TRAIN_LORA, &t->params, &t->n_params, &t->n_trainable)))
         goto fail;
     ft_adamw_cfg ac = { .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps, .weight_decay = o->weight_decay,
-                        .n_threads = o->n_threads, .kind = (ft_optim_kind)o->optim, .block = FT_ADAM8_BLOCK,
+                        .n_threads = o->n_threads, .kind = to.optim, .block = to.optim_block,
                         .paged = o->paged_optim, .paged_dir = o->paged_dir };
     if (o->optim != FTUNE_OPTIM_ADAMW && o->optim != FTUNE_OPTIM_ADAMW8BIT) {
         st = ft_err(FTUNE_ERR_ARG, "optim %d: expected FTUNE_OPTIM_ADAMW or FTUNE_OPTIM_ADAMW8BIT", (int)o->optim);

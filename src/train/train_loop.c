@@ -1708,8 +1708,8 @@ static ftune_status setup(run *r) {
     TRY(ft_trainer_optim_params(r->tr, o->mode == FTUNE_TRAIN_LORA, &r->params, &r->n_params, &n_trainable));
     TRY(setup_shards(r));
     ft_adamw_cfg ac = { .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps, .weight_decay = o->weight_decay,
-                        .n_threads = o->n_threads, .kind = (ft_optim_kind)o->optim, .block = FT_ADAM8_BLOCK,
-                        .paged = o->paged_optim, .paged_dir = o->paged_dir ? o->paged_dir : o->out_dir };
+                        .n_threads = o->n_threads, .kind = r->topts.optim, .block = r->topts.optim_block,
+                        .paged = r->topts.paged_optim, .paged_dir = o->paged_dir ? o->paged_dir : o->out_dir };
     TRY(ft_adamw_init(&r->opt, r->own, r->n_own, &ac));
     r->opt_ready = true;
 
@@ -1902,16 +1902,13 @@ ftune_status ft_train_run_hooked(const ftune_train_opts *o, const ft_train_hooks
     if (r->tr) {
         ft_mem_table mt = { 0 }; /* ft_trainer_mem_table adds to the planned rows */
         ft_trainer_mem_table(r->tr, &mt);
-        /* the optimizer's rows from its kind and paging (the trainer plans f32
-         * AdamW); under ZeRO 1 this rank plans (and holds) only its shard */
-        if (r->opt_ready) {
-            int64_t *ne = malloc((size_t)(r->n_own + 1) * sizeof *ne);
-            for (int i = 0; ne && i < r->n_own; i++) ne[i] = r->own[i].numel;
-            size_t ob = ne ? ft_optim_state_bytes(ne, r->n_own, r->opt.cfg.kind, r->opt.cfg.block, r->opt.cfg.paged) : 0;
-            free(ne);
-            mt.planned[FT_MEM_OPTIM] = r->opt.cfg.paged ? 0 : ob;
-            mt.planned[FT_MEM_PAGED] += r->opt.cfg.paged ? ob : 0; /* with the masters, where paged */
-            mt.has_plan[FT_MEM_PAGED] = true;
+        /* the trainer plans the optimizer over every trainable (its kind and paging
+         * from r->topts); under ZeRO 1 this rank holds only its shard's state, which
+         * ft_adamw_init sized with the same ft_optim_state_bytes */
+        if (r->opt_ready && r->own != r->params) {
+            const ft_train_plan *tp = ft_trainer_get_plan(r->tr);
+            ft_mem_class k = tp->optim_paged ? FT_MEM_PAGED : FT_MEM_OPTIM;
+            mt.planned[k] = mt.planned[k] - tp->optim_bytes + r->opt.state_bytes;
         }
         /* ZeRO 2/3: the trainer's one-segment windows (its plan) and this rank's shards */
         if (r->own_grad) mt.planned[FT_MEM_GRADS] += (size_t)(r->own_n + 1) * sizeof(float);

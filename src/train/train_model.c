@@ -126,6 +126,8 @@ void ft_train_opts_default(ft_train_opts *o) {
     o->lora.targets = FT_MOD_ALL;
     o->max_B = 1;
     o->max_T = 512;
+    o->optim = FT_OPTIM_ADAMW;
+    o->optim_block = FT_ADAM8_BLOCK;
 }
 
 ftune_status ft_train_compute_of(const ftune_model *m, const char *dtype, ft_dtype *out) {
@@ -364,6 +366,11 @@ static ftune_status check_opts(const ft_config *c, const ft_train_opts *o) {
     if (o->shard && (!o->shard->grads || (o->shard_values && !o->shard->values)))
         return ft_err(FTUNE_ERR_ARG, "sharded training without its gradient (or value) callback");
     if (o->shard_values && !o->shard) return ft_err(FTUNE_ERR_ARG, "sharded values need sharded gradients");
+    if (o->optim != FT_OPTIM_ADAMW && o->optim != FT_OPTIM_ADAMW8BIT)
+        return ft_err(FTUNE_ERR_ARG, "optimizer kind %d is not adamw or adamw8bit", (int)o->optim);
+    if (o->optim == FT_OPTIM_ADAMW8BIT &&
+        (o->optim_block < 64 || o->optim_block > FT_ADAM8_MAX_BLOCK || (o->optim_block & (o->optim_block - 1))))
+        return ft_err(FTUNE_ERR_ARG, "adamw8bit block %d is not a power of two in 64..%d", o->optim_block, FT_ADAM8_MAX_BLOCK);
     return FTUNE_OK;
 }
 
@@ -407,7 +414,7 @@ static void other_sizes(const ft_config *c, const ft_train_opts *o, int n_params
 
 /* The one size table: ft_trainer_plan reports it, ft_trainer_new allocates
  * exactly these bytes per class. */
-static void plan_fill(const ft_config *c, const ft_train_opts *o, int nt, ft_train_plan *plan) {
+static ftune_status plan_fill(const ft_config *c, const ft_train_opts *o, int nt, ft_train_plan *plan) {
     memset(plan, 0, sizeof *plan);
     int64_t total;
     int n_params = param_specs(c, o, NULL, &total);
@@ -415,7 +422,21 @@ static void plan_fill(const ft_config *c, const ft_train_opts *o, int nt, ft_tra
     plan->trainable_bytes = plan->grad_bytes = (size_t)total * sizeof(float);
     if (o->shard) plan->grad_bytes = (size_t)window_floats(c, o, total) * sizeof(float);
     if (o->shard_values) plan->trainable_bytes = (size_t)window_floats(c, o, total) * sizeof(float);
-    plan->optim_bytes = 2 * (size_t)total * sizeof(float);
+    /* the optimizer's state per tensor (8-bit blocks are per parameter, small ones f32),
+     * as ft_adamw_init sizes it for ft_trainer_optim_params' list, in this order */
+    ft_train_param *ps = ft_calloc((size_t)n_params + 1, sizeof *ps);
+    int64_t *ne = ft_calloc((size_t)n_params + 1, sizeof *ne);
+    if (!ps || !ne) {
+        free(ps);
+        free(ne);
+        return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    }
+    param_specs(c, o, ps, &total);
+    for (int i = 0; i < n_params; i++) ne[i] = ps[i].opt.numel;
+    plan->optim_bytes = ft_optim_state_bytes(ne, n_params, o->optim, o->optim_block, o->paged_optim);
+    plan->optim_paged = o->paged_optim;
+    free(ps);
+    free(ne);
     plan->masters_paged = o->paged_dir && has_copies(o);
     carver a = { 0 }, s = { 0 };
     carve_acts(NULL, &a, c, o);
@@ -436,21 +457,22 @@ static void plan_fill(const ft_config *c, const ft_train_opts *o, int nt, ft_tra
         }
         if (!c->tied) plan->copy_bytes += copy_size(o->compute, c->V, c->C);
     }
+    return FTUNE_OK;
 }
 
 ftune_status ft_trainer_plan(const ft_config *c, const ft_train_opts *o, ft_train_plan *plan) {
     memset(plan, 0, sizeof *plan);
     ftune_status st = check_opts(c, o);
     if (st) return st;
-    plan_fill(c, o, ft_num_threads(o->n_threads), plan);
-    return FTUNE_OK;
+    return plan_fill(c, o, ft_num_threads(o->n_threads), plan);
 }
 
 void ft_train_plan_table(const ft_train_plan *p, ft_mem_table *t) {
     t->planned[p->masters_paged ? FT_MEM_PAGED : FT_MEM_TRAINABLE] += p->trainable_bytes;
     if (p->masters_paged) t->has_plan[FT_MEM_PAGED] = true;
     t->planned[FT_MEM_GRADS] += p->grad_bytes;
-    t->planned[FT_MEM_OPTIM] += p->optim_bytes;
+    t->planned[p->optim_paged ? FT_MEM_PAGED : FT_MEM_OPTIM] += p->optim_bytes;
+    if (p->optim_paged) t->has_plan[FT_MEM_PAGED] = true;
     t->planned[FT_MEM_ACTS] += p->activation_bytes;
     t->planned[FT_MEM_SCRATCH] += p->scratch_bytes;
     t->planned[FT_MEM_OTHER] += p->other_bytes;
@@ -613,6 +635,8 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
                       "an f32 trainer needs the model loaded in f32", ft_types[m->compute].name);
     /* a model loaded in f32 (or bf16) has not been range-checked for f16 */
     if (o->compute != m->compute && (st = ft_model_check_range(m, o->compute))) return st;
+    ft_train_plan plan;
+    if ((st = plan_fill(c, o, ft_num_threads(o->n_threads), &plan))) return st;
     ft_trainer *tr = ft_mem_calloc(FT_MEM_OTHER, sizeof *tr);
     if (!tr) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     tr->m = m;
@@ -632,7 +656,7 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
     int64_t total;
     tr->n_params = param_specs(c, o, NULL, &total);
     tr->n_values = total;
-    plan_fill(c, o, tr->nt, &tr->plan);
+    tr->plan = plan;
     const ft_train_plan *pl = &tr->plan;
     size_t sz[N_OTHER];
     other_sizes(c, o, tr->n_params, sz);

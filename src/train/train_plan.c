@@ -2,9 +2,10 @@
  * run will hold, before anything is loaded. Every term comes from the
  * function that sizes the real allocation: the weights from
  * ft_weights_plan_of (the loader's ft_held_bytes), the trainer's arenas
- * from ft_trainer_plan (what ft_trainer_new allocates), AdamW's state from
- * the same plan, the batches from ft_batch_bytes; the run's trainer options
- * from ft_train_topts_of, which ftune_train_run uses too. */
+ * from ft_trainer_plan (what ft_trainer_new allocates), the optimizer's
+ * state from the same plan (ft_optim_state_bytes, as ft_adamw_init), the
+ * batches from ft_batch_bytes; the run's trainer options from
+ * ft_train_topts_of, which ftune_train_run uses too. */
 #include "train/train_loop.h"
 #include "model/model.h"
 #include "core/mem.h"
@@ -31,6 +32,8 @@ void ft_train_topts_of(const ftune_train_opts *o, int B_rank, int T, ft_dtype co
     t->grad_checkpoint = o->grad_checkpoint;
     t->compute = compute;
     if (o->paged_optim) t->paged_dir = o->paged_dir ? o->paged_dir : o->out_dir;
+    t->optim = (ft_optim_kind)o->optim;
+    t->paged_optim = o->paged_optim;
 }
 
 ftune_status ft_train_seq_len(const ft_config *c, const ftune_train_opts *o, int *T) {
@@ -86,6 +89,8 @@ static ftune_status plan_terms_of(const ft_config *c0, const ft_weight_desc *d, 
                       "multiple of %d", o->batch_size, world, world);
     ft_train_opts t;
     ft_train_topts_of(o, o->batch_size / world, T, compute, &t);
+    /* a plan without OUT_DIR: the masters' file would be there too (only the flag matters here) */
+    if (o->paged_optim && !t.paged_dir) t.paged_dir = ".";
     if ((st = ft_trainer_plan(&c, &t, &p->tp))) return st;
     /* the micro-batches, a validation batch, the tokenized files */
     bool val = o->val_path || o->val_split > 0;
@@ -177,9 +182,13 @@ ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o,
     }
     int first_other = nt;
     if (p.tp.copy_bytes) { terms[nt].name = "weights (compute copies)"; terms[nt++].n = p.tp.copy_bytes; }
-    terms[nt].name = "trainables"; terms[nt++].n = p.tp.trainable_bytes;
+    /* --paged-optim: the optimizer state (and full mode's f32 masters when there are
+     * compute copies) in one file-backed row, counted in the total as resident */
+    size_t paged = (p.tp.optim_paged ? p.tp.optim_bytes : 0) + (p.tp.masters_paged ? p.tp.trainable_bytes : 0);
+    if (!p.tp.masters_paged) { terms[nt].name = "trainables"; terms[nt++].n = p.tp.trainable_bytes; }
     terms[nt].name = "gradients"; terms[nt++].n = p.tp.grad_bytes;
-    terms[nt].name = "optimizer state"; terms[nt++].n = p.tp.optim_bytes;
+    if (!p.tp.optim_paged) { terms[nt].name = "optimizer state"; terms[nt++].n = p.tp.optim_bytes; }
+    if (paged) { terms[nt].name = "paged (file-backed)"; terms[nt++].n = paged; }
     terms[nt].name = "activations"; terms[nt++].n = p.tp.activation_bytes;
     terms[nt].name = "attention workspace"; terms[nt++].n = p.tp.attention_scratch_bytes;
     terms[nt].name = "LM head + loss workspace"; terms[nt++].n = p.tp.loss_scratch_bytes;
@@ -203,19 +212,26 @@ ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o,
     char mode[64];
     if (o->mode == FTUNE_TRAIN_FULL) snprintf(mode, sizeof mode, "full");
     else snprintf(mode, sizeof mode, "LoRA r %d", o->lora_r);
-    char extra[96] = "";
+    char extra[128] = "";
     if (quant != FT_NTYPES) snprintf(extra, sizeof extra, ", --quant %s", po->quant);
     if (o->grad_checkpoint)
         snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", --grad-checkpoint %d", o->grad_checkpoint);
+    if (o->optim == FTUNE_OPTIM_ADAMW8BIT) snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", --optim adamw8bit");
+    if (o->paged_optim) snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", --paged-optim");
     put(&t, "memory plan: %s, %s, %s%s, micro-batch %d x %d", what, mode, o->dtype ? o->dtype : "f32", extra,
         o->batch_size, T);
     if (ft_dist_world() > 1) put(&t, " (one rank of %d)", ft_dist_world());
     put(&t, "\n");
     put(&t, "  %-48s %10s\n", "term", "MiB");
     for (int i = 0; i < first_other; i++) put(&t, "  %-48s %10.1f\n", terms[i].name, MIB(terms[i].n));
+    const char *optim_why = o->optim == FTUNE_OPTIM_ADAMW8BIT ? " (AdamW m, v: 8-bit blocks)" : " (AdamW m, v)";
+    char paged_why[64];
+    snprintf(paged_why, sizeof paged_why, ": %s%s%s", p.tp.optim_paged ? "AdamW m, v" : "",
+             p.tp.optim_paged && p.tp.masters_paged ? "; " : "", p.tp.masters_paged ? "f32 masters" : "");
     for (int i = first_other; i < nt; i++) {
         const char *why = strcmp(terms[i].name, "trainables") == 0 ? " (f32 masters)"
-                        : strcmp(terms[i].name, "optimizer state") == 0 ? " (AdamW m, v)"
+                        : strcmp(terms[i].name, "optimizer state") == 0 ? optim_why
+                        : strcmp(terms[i].name, "paged (file-backed)") == 0 ? paged_why
                         : strcmp(terms[i].name, "activations") == 0 ? " (saved for backward)"
                         : strcmp(terms[i].name, "LM head + loss workspace") == 0 ? " (a chunk's logits)"
                         : strcmp(terms[i].name, "other scratch") == 0 ? " (activation gradients, Linears)"
@@ -226,10 +242,13 @@ ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o,
         put(&t, "  %-48s %10.1f\n", label, MIB(terms[i].n));
     }
     put(&t, "  %-48s %10.1f\n", "total", MIB(p.total));
+    if (paged)
+        put(&t, "the paged bytes count as resident (the kernel keeps a file's pages in memory until it runs short, "
+            "then writes them back and drops them)\n");
 
     /* what each switch would save: the same plan with it */
     typedef struct { const char *name; ftune_train_opts o; ft_dtype quant; } alt;
-    alt sw[6]; /* at most five below; --optim adamw8bit joins them once the 8-bit optimizer is in */
+    alt sw[8]; /* at most seven below */
     int ns = 0;
     bool bnb = false;
     for (int i = 0; i < nd; i++) bnb |= d[i].bnb;
@@ -247,10 +266,31 @@ ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o,
         sw[ns++].o.batch_size = ft_dist_world();
     }
     if (o->mode == FTUNE_TRAIN_FULL) { sw[ns] = (alt){ "LoRA instead of --full", *o, quant, }; sw[ns++].o.mode = FTUNE_TRAIN_LORA; }
+    /* --zero 1 with the 8-bit optimizer is refused (its state is not sharded) */
+    if (o->optim == FTUNE_OPTIM_ADAMW && o->zero == 0) {
+        sw[ns] = (alt){ "--optim adamw8bit", *o, quant, };
+        sw[ns++].o.optim = FTUNE_OPTIM_ADAMW8BIT;
+    }
+    /* paging moves bytes to a file the kernel may write them out to, which the
+     * total still counts as resident: it is listed by what it makes pageable */
+    int paged_sw = -1;
+    if (!o->paged_optim) {
+        paged_sw = ns;
+        sw[ns] = (alt){ "--paged-optim", *o, quant, };
+        sw[ns++].o.paged_optim = true;
+    }
     bool header = false;
     for (int i = 0; i < ns; i++) {
         plan_terms q;
         if (plan_terms_of(&c, d, nd, &sw[i].o, sw[i].quant, process, &q)) { ft_err_clear(); continue; }
+        if (i == paged_sw) {
+            size_t pg = (q.tp.optim_paged ? q.tp.optim_bytes : 0) + (q.tp.masters_paged ? q.tp.trainable_bytes : 0);
+            if (!header) put(&t, "what each switch would save:\n");
+            header = true;
+            put(&t, "  %-48s %10.1f  (total %.1f; %.1f MiB file-backed, which the kernel may page out)\n", sw[i].name,
+                MIB(q.total) - MIB(p.total), MIB(q.total), MIB(pg));
+            continue;
+        }
         if (q.total >= p.total) continue;
         if (!header) put(&t, "what each switch would save:\n");
         header = true;
