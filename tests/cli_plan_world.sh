@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# `ftune plan --world N --zero S` against `mpirun -np N ftune train` with the same arguments on
+# stories260K (LoRA and full, ZeRO 0-3, gradient accumulation, --grad-checkpoint, --overlap,
+# uneven shards): the bytes each rank sends per step (the dist layer's ring model, counted as the
+# collectives run) are exactly the plan's, and the plan's per-rank trainables, gradients and
+# optimizer state rows are the memory table's allocated rows (rank 0's, in the 0.1 MiB both print).
+set -u
+FT=${FTUNE:-build/ftune}
+D=${FTUNE_DATA:-../shared/data}
+HF=$D/models/stories260K-hf
+tmp=${KEEP_TMP:-$(mktemp -d)}; [ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
+bad=0
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; bad=1; }
+
+if ! command -v mpirun > /dev/null; then echo "SKIP: no mpirun (scripts/setup.sh installs Open MPI)"; exit 0; fi
+if ! ldd "$FT" 2>/dev/null | grep -q libmpi; then echo "SKIP: $FT is built without MPI (make MPI=1)"; exit 0; fi
+if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+MPI=(mpirun --oversubscribe --bind-to none --mca btl self,vader,tcp --mca btl_tcp_if_include lo)
+
+for i in 1 2 3 4 5 6 7 8; do
+    echo "{\"text\": \"Once upon a time, there was a little cat number $i. It liked to play with a red ball in the sun.\"}"
+done > "$tmp/d.jsonl"
+
+# a row's value in the plan ("  gradients   0.7") and in train's memory table (its peak column)
+plan_row() { grep -E "^  $2( \(|  )" "$1" | head -1 | awk '{print $NF}'; }
+train_row() { grep -E "^$2 " "$1" | head -1 | awk '{print $NF}'; }
+
+check() {  # name ranks args...
+    local name=$1 n=$2; shift 2
+    local args=(-m "$HF" --data "$tmp/d.jsonl" --ctx 32 -t 1 --seed 3 --lora-dropout 0 --val-split 0 "$@")
+    if ! "$FT" plan "${args[@]}" --world "$n" > "$tmp/plan.txt" 2>&1; then fail "$name" "$(cat "$tmp/plan.txt")"; return; fi
+    if ! timeout 120 "${MPI[@]}" -np "$n" "$FT" train "${args[@]}" --steps 2 -o "$tmp/out" --overwrite \
+        > "$tmp/train.txt" 2>&1; then fail "$name" "$(tail -5 "$tmp/train.txt")"; return; fi
+    local planned sent
+    planned=$(grep -E '^  sent ' "$tmp/plan.txt" | sed -E 's/.*\(([0-9]+) bytes\).*/\1/')
+    sent=$(grep -E '^communication per step and rank' "$tmp/train.txt" | sed -E 's/.*; ([0-9]+) bytes\).*/\1/')
+    # one rank sends nothing (and train prints no line)
+    [ "$n" -eq 1 ] && sent=${sent:-0}
+    if [ -z "$planned" ] || [ "$planned" != "$sent" ]; then
+        fail "$name" "planned $planned bytes per step and rank, train sent ${sent:-none}"; return
+    fi
+    local row p t
+    for row in trainables gradients "optimizer state"; do
+        p=$(plan_row "$tmp/plan.txt" "$row"); t=$(train_row "$tmp/train.txt" "$row")
+        if [ -z "$p" ] || [ "$p" != "$t" ]; then fail "$name" "$row: planned ${p:-none} MiB, allocated ${t:-none} MiB"; return; fi
+    done
+    pass "$name ($sent bytes per step and rank; gradients $(plan_row "$tmp/plan.txt" gradients) MiB)"
+}
+
+check lora_np1_zero2 1 --zero 2 --batch-size 2
+check full_np1_zero3 1 --full --zero 3 --batch-size 2
+for z in 0 1 2 3; do
+    check "lora_np2_zero$z" 2 --zero $z --batch-size 2
+    check "full_np2_zero$z" 2 --full --zero $z --batch-size 2 --grad-accum 2
+done
+check full_np4_zero1 4 --full --zero 1 --batch-size 4
+check full_np4_zero2_overlap 4 --full --zero 2 --batch-size 4 --grad-accum 2 --overlap
+check full_np4_zero3_checkpoint 4 --full --zero 3 --batch-size 4 --grad-checkpoint 2
+check lora_np4_zero3 4 --zero 3 --batch-size 4 --grad-accum 2
+exit $bad
