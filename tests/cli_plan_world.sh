@@ -58,4 +58,32 @@ check full_np4_zero1 4 --full --zero 1 --batch-size 4
 check full_np4_zero2_overlap 4 --full --zero 2 --batch-size 4 --grad-accum 2 --overlap
 check full_np4_zero3_checkpoint 4 --full --zero 3 --batch-size 4 --grad-checkpoint 2
 check lora_np4_zero3 4 --zero 3 --batch-size 4 --grad-accum 2
+
+# the time model: at 8 Gbit/s with no latency a step takes its bytes / 1e9 seconds; a latency adds
+# (N-1) per reduce-scatter / all-gather and 2(N-1) per all-reduce (3 decimals: what the plan prints)
+if "$FT" plan -m "$HF" --full --zero 3 --world 4 --batch-size 4 --ctx 32 --net-gbps 8 > "$tmp/t0.txt" 2>&1 &&
+   "$FT" plan -m "$HF" --full --zero 3 --world 4 --batch-size 4 --ctx 32 --net-gbps 8 --net-latency-us 1000 > "$tmp/t1.txt" 2>&1; then
+    b=$(grep -E '^  sent ' "$tmp/t0.txt" | sed -E 's/.*\(([0-9]+) bytes\).*/\1/')
+    t0=$(grep 'communication time per step' "$tmp/t0.txt" | awk '{print $5}')
+    t1=$(grep 'communication time per step' "$tmp/t1.txt" | awk '{print $5}')
+    calls=$(grep -E '^  (reduce-scatter|all-gather) \(' "$tmp/t1.txt" | sed -E 's/.*\(([0-9]+) calls\).*/\1/' |
+            awk '{ n += $1 } END { print n }')
+    want0=$(awk -v b="$b" 'BEGIN { printf "%.6f", b / 1e9 }')
+    want1=$(awk -v b="$b" -v n="$calls" 'BEGIN { printf "%.6f", b / 1e9 + n * 3 * 0.001 }')
+    if [ -n "$b" ] && awk -v a="$t0" -v w="$want0" -v c="$t1" -v x="$want1" \
+        'BEGIN { exit !((a - w < 0.0011 && w - a < 0.0011) && (c - x < 0.0011 && x - c < 0.0011)) }'; then
+        pass "time_model ($t0 s, with $calls collectives of 3 hops at 1 ms: $t1 s)"
+    else fail time_model "$b bytes, $calls collectives: $t0 s (want $want0), $t1 s (want $want1)"; fi
+else fail time_model "$(cat "$tmp/t0.txt" "$tmp/t1.txt")"; fi
+
+# refusals: the run's, and the flags' own
+refuse() {  # name pattern args...
+    local name=$1 pat=$2; shift 2
+    if "$FT" "$@" > "$tmp/r.txt" 2>&1; then fail "$name" "exit 0: $(cat "$tmp/r.txt")"
+    elif grep -q -- "$pat" "$tmp/r.txt"; then pass "$name"; else fail "$name" "$(cat "$tmp/r.txt")"; fi
+}
+refuse overlap_needs_zero2 "give --zero 2 or 3" plan -m "$HF" --overlap --zero 1 --world 2 --batch-size 2
+refuse latency_needs_rate "needs --net-gbps" plan -m "$HF" --net-latency-us 5
+refuse bad_rate "expected a positive rate" plan -m "$HF" --net-gbps 0
+refuse world_is_plans "are ftune plan's" train -m "$HF" --data "$tmp/d.jsonl" -o "$tmp/x" --world 2
 exit $bad

@@ -142,7 +142,7 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
     int warmup = 0, steps = 0, epochs = 0;
     bool full = false, quiet = false, no_shuffle = false, progress = false, profile = false;
     const char *truncate = "end", *bucket_mb = "16", *loss_scale = NULL, *quant = NULL, *optim = "adamw";
-    const char *preset = NULL, *preset_dtype = NULL, *memory_limit = NULL, *net_gbps = NULL, *net_latency = "0";
+    const char *preset = NULL, *preset_dtype = NULL, *memory_limit = NULL, *net_gbps = NULL, *net_latency = NULL;
     int plan_world = 0;
     cli_opt opts[] = {
         { "-m", "--model", OPT_STR, &model, "MODEL", "base model: Hugging Face directory, .gguf, or llama2.c .bin" },
@@ -341,6 +341,10 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
     /* the memory plan, before anything is loaded or written */
     ftune_plan_opts po = { .preset = preset, .preset_dtype = preset_dtype, .quant = quant, .tokenizer = tokenizer,
                            .world = plan_world };
+    if (net_latency && !net_gbps) {
+        fprintf(stderr, "ftune %s: --net-latency-us needs --net-gbps (the link's rate)\n", plan_only ? "plan" : "train");
+        return 2;
+    }
     if (!plan_only && (plan_world || net_gbps)) {
         fprintf(stderr, "ftune train: --world and --net-gbps are ftune plan's (mpirun -np N sets a run's size)\n");
         return 2;
@@ -352,10 +356,11 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
     if (net_gbps) {
         char *e1, *e2;
         po.net_gbps = strtod(net_gbps, &e1);
-        po.net_latency_us = strtod(net_latency, &e2);
-        if (*e1 || e1 == net_gbps || !(po.net_gbps > 0) || *e2 || e2 == net_latency || !(po.net_latency_us >= 0)) {
+        const char *lat = net_latency ? net_latency : "0";
+        po.net_latency_us = strtod(lat, &e2);
+        if (*e1 || e1 == net_gbps || !(po.net_gbps > 0) || *e2 || e2 == lat || !(po.net_latency_us >= 0)) {
             fprintf(stderr, "ftune plan: --net-gbps %s --net-latency-us %s: expected a positive rate and a latency of "
-                    "at least 0\n", net_gbps, net_latency);
+                    "at least 0\n", net_gbps, lat);
             return 2;
         }
     }

@@ -185,7 +185,11 @@ static ftune_status plan_terms_of(const ft_config *c0, const ft_weight_desc *d, 
                       "multiple of %d", o->batch_size, world, world);
     ft_train_opts t;
     ft_train_topts_of(o, o->batch_size / world, T, compute, &t);
+    /* the run's refusals (train_loop.c) of the stages' combinations the plan would size wrongly */
     if (o->zero < 0 || o->zero > 3) return ft_err(FTUNE_ERR_ARG, "--zero %d: expected 0, 1, 2 or 3", o->zero);
+    if (o->overlap && o->zero < 2) return ft_err(FTUNE_ERR_ARG, "--overlap overlaps ZeRO 2/3's reduce-scatters: give --zero 2 or 3");
+    if (o->optim == FTUNE_OPTIM_ADAMW8BIT && o->zero > 0)
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "--optim adamw8bit with --zero %d is not implemented: give --zero 0", o->zero);
     if (o->zero >= 2) {
         t.shard = &plan_shard;
         t.shard_values = o->zero == 3;
