@@ -570,6 +570,9 @@ typedef struct {
     const char *preset_dtype;  /* the preset's weights as stored: "f32" (NULL), "bf16", "f16" */
     const char *quant;         /* "nf4", "int8" or NULL */
     const char *tokenizer;     /* a llama2.c model's tokenizer .bin (as ftune_load_opts.tokenizer_path); NULL */
+    int world;                 /* plan one rank of a job of this many ranks (with o->zero); 0: this job's size */
+    double net_gbps;           /* > 0: the link's Gbit/s, for the communication time per step (ring model) */
+    double net_latency_us;     /* the link's latency per message, with net_gbps */
 } ftune_plan_opts;
 
 typedef struct {
@@ -581,6 +584,8 @@ typedef struct {
     char best_switch[64];      /* the switch that would save most ("--quant nf4"), "" if none helps */
     double best_saving_mib;
     char table[4096];          /* the plan and what each switch would save, as text lines */
+    double comm_bytes;         /* bytes one rank sends per optimizer step (the ring model of ftune_train_result.comm_bytes) */
+    double comm_s;             /* with net_gbps: the time they take per step */
 } ftune_train_plan_result;
 
 /* A GGUF or llama2.c model is loaded as stored to be planned (its file

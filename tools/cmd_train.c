@@ -142,7 +142,8 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
     int warmup = 0, steps = 0, epochs = 0;
     bool full = false, quiet = false, no_shuffle = false, progress = false, profile = false;
     const char *truncate = "end", *bucket_mb = "16", *loss_scale = NULL, *quant = NULL, *optim = "adamw";
-    const char *preset = NULL, *preset_dtype = NULL, *memory_limit = NULL;
+    const char *preset = NULL, *preset_dtype = NULL, *memory_limit = NULL, *net_gbps = NULL, *net_latency = NULL;
+    int plan_world = 0;
     cli_opt opts[] = {
         { "-m", "--model", OPT_STR, &model, "MODEL", "base model: Hugging Face directory, .gguf, or llama2.c .bin" },
         { NULL, "--data", OPT_STR, &o.data_path, "FILE", "training data: JSONL, JSON array, or .txt" },
@@ -235,6 +236,12 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
           "(stories260K, llama-110m, smollm2-360m, llama-3.2-1b, llama-2-7b, qwen2-0.5b)" },
         { NULL, "--preset-dtype", OPT_STR, &preset_dtype, "T", "ftune plan only: the preset's weights as stored: f32, "
           "bf16 or f16 (default f32, as ftune init writes them)" },
+        { NULL, "--world", OPT_INT, &plan_world, "N", "ftune plan only: plan one rank of N (default: this job's size) "
+          "with --zero, and the bytes each rank sends per step" },
+        { NULL, "--net-gbps", OPT_STR, &net_gbps, "G", "ftune plan only: a link of G Gbit/s: the communication time "
+          "per step (ring model)" },
+        { NULL, "--net-latency-us", OPT_STR, &net_latency, "L", "ftune plan only, with --net-gbps: the latency per "
+          "message in microseconds (default 0)" },
         { NULL, "--quiet", OPT_FLAG, &quiet, "", "no progress output" },
         { NULL, "--progress", OPT_FLAG, &progress, "", "show the tokenization progress even when stderr is not a terminal" },
         { 0 },
@@ -332,7 +339,31 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
     }
 
     /* the memory plan, before anything is loaded or written */
-    ftune_plan_opts po = { .preset = preset, .preset_dtype = preset_dtype, .quant = quant, .tokenizer = tokenizer };
+    ftune_plan_opts po = { .preset = preset, .preset_dtype = preset_dtype, .quant = quant, .tokenizer = tokenizer,
+                           .world = plan_world };
+    if (net_latency && !net_gbps) {
+        fprintf(stderr, "ftune %s: --net-latency-us needs --net-gbps (the link's rate)\n", plan_only ? "plan" : "train");
+        return 2;
+    }
+    if (!plan_only && (plan_world || net_gbps)) {
+        fprintf(stderr, "ftune train: --world and --net-gbps are ftune plan's (mpirun -np N sets a run's size)\n");
+        return 2;
+    }
+    if (plan_world < 0) {
+        fprintf(stderr, "ftune plan: --world %d: expected at least 1\n", plan_world);
+        return 2;
+    }
+    if (net_gbps) {
+        char *e1, *e2;
+        po.net_gbps = strtod(net_gbps, &e1);
+        const char *lat = net_latency ? net_latency : "0";
+        po.net_latency_us = strtod(lat, &e2);
+        if (*e1 || e1 == net_gbps || !(po.net_gbps > 0) || *e2 || e2 == lat || !(po.net_latency_us >= 0)) {
+            fprintf(stderr, "ftune plan: --net-gbps %s --net-latency-us %s: expected a positive rate and a latency of "
+                    "at least 0\n", net_gbps, lat);
+            return 2;
+        }
+    }
     ftune_train_plan_result plan;
     if (plan_only && !model && !preset) {
         fprintf(stderr, "ftune plan: give -m MODEL or --preset NAME\n(see ftune plan --help)\n");
@@ -432,8 +463,9 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
             fprintf(stderr, " (planned %.1f MiB: %+.1f%%)", plan.total_mib, 100 * (plan.total_mib / res.peak_rss_mib - 1));
         if (res.memory_table[0]) fputc('\n', stderr);
         if (res.comm_calls && res.comm_steps)
-            fprintf(stderr, "communication per step and rank: %.1f MB sent (ring model), %.0f collective calls\n",
-                    (double)res.comm_bytes / 1e6 / (double)res.comm_steps, (double)res.comm_calls / (double)res.comm_steps);
+            fprintf(stderr, "communication per step and rank: %.1f MB sent (ring model; %.0f bytes), %.0f collective calls\n",
+                    (double)res.comm_bytes / 1e6 / (double)res.comm_steps,
+                    (double)res.comm_bytes / (double)res.comm_steps, (double)res.comm_calls / (double)res.comm_steps);
         if (res.skipped_steps)
             fprintf(stderr, "%lld step(s) skipped for non-finite gradients; final loss scale %g\n",
                     (long long)res.skipped_steps, res.loss_scale);

@@ -137,6 +137,11 @@ typedef struct ft_trainer ft_trainer;
 
 /* Sizes a trainer for cfg without building it (for `ftune plan`). */
 ftune_status ft_trainer_plan(const ft_config *cfg, const ft_train_opts *o, ft_train_plan *plan);
+/* ZeRO 2/3's segments (the flat trainables' split the windows follow):
+ * block l's segment is [lay0 + l layer_n, + layer_n); full mode adds the
+ * embedding's [0, V C), the final norm's C and an untied head's V C. What
+ * `ftune plan` counts the collectives of (o as for ft_trainer_plan). */
+void ft_trainer_segments(const ft_config *cfg, const ft_train_opts *o, int64_t *lay0, int64_t *layer_n);
 
 /* Builds a trainer on m, which must outlive it and is not modified: base
  * weights stay where the model has them (shared, never copied in LoRA

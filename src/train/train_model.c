@@ -467,6 +467,13 @@ ftune_status ft_trainer_plan(const ft_config *c, const ft_train_opts *o, ft_trai
     return plan_fill(c, o, ft_num_threads(o->n_threads), plan);
 }
 
+void ft_trainer_segments(const ft_config *c, const ft_train_opts *o, int64_t *lay0, int64_t *layer_n) {
+    int64_t total;
+    param_specs(c, o, NULL, &total);
+    *layer_n = layer_floats(c, o, total);
+    *lay0 = o->mode == FT_TRAIN_FULL ? (int64_t)c->V * c->C : 0;
+}
+
 void ft_train_plan_table(const ft_train_plan *p, ft_mem_table *t) {
     t->planned[p->masters_paged ? FT_MEM_PAGED : FT_MEM_TRAINABLE] += p->trainable_bytes;
     if (p->masters_paged) t->has_plan[FT_MEM_PAGED] = true;

@@ -10,6 +10,7 @@
 #include "model/model.h"
 #include "core/mem.h"
 #include "dist/dist.h"
+#include "dist/dist_impl.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -61,10 +62,107 @@ typedef struct {
     ft_train_plan tp;
     size_t data, process;
     size_t total;
+    int world;
+    int64_t own_n;      /* ZeRO >= 1: the floats of rank 0's shard (the largest) */
+    size_t shard_bytes; /* ZeRO 2/3: of the gradients (ZeRO 3: and trainables), the shard itself */
+    ft_config cfg;
+    ft_train_opts t;    /* the trainer's options, as the run builds them */
 } plan_terms;
 
+/* One optimizer step's collectives on one rank, by kind: bytes sent (the
+ * dist layer's ring model, ft_dist_ring_bytes, per call as the trainer
+ * makes it) and how many collectives. The small all-reduces of counts,
+ * losses and flags move a few bytes each and are not counted (nor by the
+ * dist layer's counters). */
+typedef struct {
+    uint64_t bytes[3], n[3]; /* all-reduce, reduce-scatter, all-gather */
+} plan_comm;
+
+static void comm_add(plan_comm *m, ft_dist_kind k, int64_t floats, int world, uint64_t times) {
+    m->bytes[k] += times * ft_dist_ring_bytes(k, (uint64_t)floats * sizeof(float), world);
+    m->n[k] += world > 1 ? times : 0;
+}
+
+/* What train_loop.c's train_step and the trainer's segment hooks
+ * (train_model.c forward/backward) call per step: ZeRO 0 all-reduces the
+ * flat gradient once; ZeRO 1 reduce-scatters it and all-gathers the
+ * updated values; ZeRO 2 reduce-scatters each segment's gradient as each
+ * micro-batch's backward finishes it (the head's in forward, the final
+ * norm's, each block's, the embedding's: a tied embedding twice) and
+ * all-gathers the values once; ZeRO 3 instead all-gathers each segment's
+ * values before it is used: a block before its forward, again before its
+ * backward, and once more for a block recomputed by --grad-checkpoint;
+ * full mode's embedding, norm (twice) and head each micro-batch. */
+static void comm_of(const plan_terms *p, const ftune_train_opts *o, plan_comm *m) {
+    memset(m, 0, sizeof *m);
+    int W = p->world;
+    int64_t n = p->tp.n_trainable;
+    uint64_t A = (uint64_t)o->grad_accum;
+    if (n == 0) return;
+    if (o->zero == 0) { comm_add(m, FT_DIST_ALLREDUCE, n, W, 1); return; }
+    if (o->zero == 1) {
+        comm_add(m, FT_DIST_REDUCE_SCATTER, n, W, 1);
+        comm_add(m, FT_DIST_ALLGATHER, n, W, 1);
+        return;
+    }
+    const ft_config *c = &p->cfg;
+    int64_t lay0, layer_n, VC = (int64_t)c->V * c->C;
+    ft_trainer_segments(c, &p->t, &lay0, &layer_n);
+    bool full = o->mode == FTUNE_TRAIN_FULL;
+    /* per micro-batch: the gradients' segments */
+    comm_add(m, FT_DIST_REDUCE_SCATTER, layer_n, W, A * (uint64_t)c->L);
+    if (full) {
+        comm_add(m, FT_DIST_REDUCE_SCATTER, VC, W, 2 * A); /* the head (tied: the embedding) and the embedding */
+        comm_add(m, FT_DIST_REDUCE_SCATTER, c->C, W, A);
+    }
+    if (o->zero == 2) { comm_add(m, FT_DIST_ALLGATHER, n, W, 1); return; }
+    /* ZeRO 3's gathers: blocks in every segment but the last are run forward again in backward */
+    int K = o->grad_checkpoint, L = c->L;
+    int recomputed = K > 0 ? ((L + K - 1) / K - 1) * K : 0;
+    comm_add(m, FT_DIST_ALLGATHER, layer_n, W, A * (uint64_t)(2 * L + recomputed));
+    if (full) {
+        comm_add(m, FT_DIST_ALLGATHER, VC, W, 2 * A); /* the embedding and the head */
+        comm_add(m, FT_DIST_ALLGATHER, c->C, W, 2 * A);
+    }
+}
+
+/* The trainer's ZeRO 2/3 callbacks as the plan sets them: ft_trainer_plan
+ * only checks they are there (sizing the windows), never calls them. */
+static ftune_status plan_no_values(void *ctx, int64_t lo, int64_t hi, float *v, bool init) {
+    return ft_err(FTUNE_ERR_UNSUPPORTED, "a plan moves no values");
+}
+static ftune_status plan_no_grads(void *ctx, int64_t lo, int64_t hi, float *g) {
+    return ft_err(FTUNE_ERR_UNSUPPORTED, "a plan moves no gradients");
+}
+static const ft_train_shard plan_shard = { .values = plan_no_values, .grads = plan_no_grads };
+
+/* ZeRO's per-rank terms on rank 0 (the largest shard), as train_loop.c's
+ * setup_zero and own_pieces allocate them: the trainer's one-segment
+ * windows come from ft_trainer_plan (with the shard callbacks set); the
+ * shard of n_flat is ft_dist_shard's, plus the one float of padding the
+ * run allocates; --overlap's two send windows and receive buffers. */
+static void plan_zero(const ftune_train_opts *o, int world, plan_terms *p) {
+    if (o->zero < 1) return;
+    int64_t *off = malloc((size_t)(world + 1) * sizeof *off);
+    if (!off) return;
+    ft_dist_shard(p->tp.n_trainable, world, off);
+    p->own_n = off[1] - off[0];
+    free(off);
+    /* AdamW's m and v of this rank's pieces (f32: 8 bytes a float, what ft_optim_state_bytes gives) */
+    if (p->tp.n_trainable > 0) p->tp.optim_bytes = p->tp.optim_bytes / (size_t)p->tp.n_trainable * (size_t)p->own_n;
+    if (o->zero < 2) return;
+    p->shard_bytes = (size_t)(p->own_n + 1) * sizeof(float);
+    p->tp.grad_bytes += p->shard_bytes;
+    if (o->zero == 3) p->tp.trainable_bytes += p->shard_bytes;
+    if (o->overlap) {
+        int64_t win = (int64_t)((p->tp.grad_bytes - p->shard_bytes) / sizeof(float));
+        int64_t recv = (win < p->own_n ? win : p->own_n) + 1;
+        p->tp.grad_bytes += 2 * (size_t)(win + recv) * sizeof(float);
+    }
+}
+
 static ftune_status plan_terms_of(const ft_config *c0, const ft_weight_desc *d, int nd, const ftune_train_opts *o,
-                                  ft_dtype quant, size_t process, plan_terms *p) {
+                                  ft_dtype quant, size_t process, int world, plan_terms *p) {
     memset(p, 0, sizeof *p);
     ft_config c = *c0;
     ft_dtype load = FT_F32, compute;
@@ -80,7 +178,8 @@ static ftune_status plan_terms_of(const ft_config *c0, const ft_weight_desc *d, 
         if (d[i].bnb && o->mode == FTUNE_TRAIN_FULL)
             return ft_err(FTUNE_ERR_ARG, "--full trains the base weights, which are quantized (bitsandbytes): train a "
                           "LoRA adapter on them (QLoRA)");
-    int T, world = ft_dist_world();
+    int T;
+    p->world = world;
     if ((st = ft_train_seq_len(&c, o, &T))) return st;
     if (o->batch_size < 1 || o->grad_accum < 1)
         return ft_err(FTUNE_ERR_ARG, "--batch-size %d, --grad-accum %d: both must be at least 1", o->batch_size, o->grad_accum);
@@ -91,15 +190,25 @@ static ftune_status plan_terms_of(const ft_config *c0, const ft_weight_desc *d, 
     ft_train_topts_of(o, o->batch_size / world, T, compute, &t);
     /* a plan without OUT_DIR: the masters' file would be there too (only the flag matters here) */
     if (o->paged_optim && !t.paged_dir) t.paged_dir = ".";
+    /* the run's refusals (train_loop.c) of the stages' combinations the plan would size wrongly */
+    if (o->zero < 0 || o->zero > 3) return ft_err(FTUNE_ERR_ARG, "--zero %d: expected 0, 1, 2 or 3", o->zero);
+    if (o->overlap && o->zero < 2) return ft_err(FTUNE_ERR_ARG, "--overlap overlaps ZeRO 2/3's reduce-scatters: give --zero 2 or 3");
+    if (o->optim == FTUNE_OPTIM_ADAMW8BIT && o->zero > 0)
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "--optim adamw8bit with --zero %d is not implemented: give --zero 0", o->zero);
+    if (o->zero >= 2) {
+        t.shard = &plan_shard;
+        t.shard_values = o->zero == 3;
+    }
     if ((st = ft_trainer_plan(&c, &t, &p->tp))) return st;
+    p->cfg = c;
+    p->t = t;
     /* the micro-batches, a validation batch, the tokenized files */
     bool val = o->val_path || o->val_split > 0;
     p->data = (size_t)o->grad_accum * ft_batch_bytes(o->batch_size, T) + (val ? ft_batch_bytes(o->batch_size / world, T) : 0);
     p->data += dataset_bytes(o->data_path, 1) + dataset_bytes(o->val_path, 1);
     /* --val-split: the held-out examples are copied into a dataset of their own */
     if (!o->val_path && o->val_split > 0) p->data += dataset_bytes(o->data_path, o->val_split);
-    /* ZeRO 1: this rank's shard of AdamW's state */
-    if (o->zero > 0 && world > 1) p->tp.optim_bytes /= (size_t)world;
+    plan_zero(o, world, p);
     p->process = process;
     p->total = p->w.mapped_total + p->w.owned_total + p->w.other + p->tp.trainable_bytes + p->tp.grad_bytes +
                p->tp.optim_bytes + p->tp.activation_bytes + p->tp.scratch_bytes + p->tp.other_bytes + p->tp.copy_bytes +
@@ -122,6 +231,40 @@ static void put(text *t, const char *fmt, ...) {
     int w = vsnprintf(t->buf + t->len, t->cap - t->len, fmt, ap);
     va_end(ap);
     if (w > 0) t->len = t->len + (size_t)w < t->cap ? t->len + (size_t)w : t->cap;
+}
+
+/* The communication rows: bytes per step and rank by collective, and with
+ * --net-gbps the time: each collective's bytes at the link's rate plus a
+ * latency per ring step (2(N-1) for an all-reduce, N-1 for the others;
+ * one message per step, whatever --bucket-mb splits it into). */
+static void comm_table(text *t, const plan_terms *p, const ftune_train_opts *o, const ftune_plan_opts *po,
+                       ftune_train_plan_result *res) {
+    plan_comm m;
+    comm_of(p, o, &m);
+    static const char *names[3] = { "all-reduce", "reduce-scatter", "all-gather" };
+    uint64_t total = m.bytes[0] + m.bytes[1] + m.bytes[2];
+    double secs = 0;
+    put(t, "communication per step and rank (ring model, %d rank%s, --zero %d, %d micro-batch%s):\n", p->world,
+        p->world == 1 ? "" : "s", o->zero, o->grad_accum, o->grad_accum == 1 ? "" : "es");
+    for (int k = 0; k < 3; k++) {
+        if (!m.n[k]) continue;
+        double s = 0;
+        if (po->net_gbps > 0) {
+            double hops = (double)(k == 0 ? 2 : 1) * (p->world - 1);
+            s = (double)m.bytes[k] * 8 / (po->net_gbps * 1e9) + (double)m.n[k] * hops * po->net_latency_us * 1e-6;
+            secs += s;
+        }
+        char label[64];
+        snprintf(label, sizeof label, "%s (%llu calls)", names[k], (unsigned long long)m.n[k]);
+        if (po->net_gbps > 0) put(t, "  %-48s %10.1f MB %10.3f s\n", label, (double)m.bytes[k] / 1e6, s);
+        else put(t, "  %-48s %10.1f MB\n", label, (double)m.bytes[k] / 1e6);
+    }
+    put(t, "  %-48s %10.1f MB (%llu bytes)\n", "sent", (double)total / 1e6, (unsigned long long)total);
+    if (po->net_gbps > 0)
+        put(t, "  %-48s %10.3f s at %g Gbit/s, %g us latency\n", "communication time per step", secs, po->net_gbps,
+            po->net_latency_us);
+    res->comm_bytes = (double)total;
+    res->comm_s = secs;
 }
 
 ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o, const ftune_plan_opts *po,
@@ -161,8 +304,10 @@ ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o,
     }
     size_t process = 0;
     ft_mem_rss(&process, NULL);
+    int world = po->world > 0 ? po->world : ft_dist_world();
+    if (po->world < 0) { free(d); return ft_err(FTUNE_ERR_ARG, "--world %d: expected at least 1", po->world); }
     plan_terms p;
-    if ((st = plan_terms_of(&c, d, nd, o, quant, process, &p))) { free(d); return st; }
+    if ((st = plan_terms_of(&c, d, nd, o, quant, process, world, &p))) { free(d); return st; }
 
     /* the terms, largest first in the summary */
     struct { const char *name; size_t n; } terms[2 * FT_NTYPES + 12]; /* weights per dtype, and 11 more */
@@ -220,7 +365,7 @@ ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o,
     if (o->paged_optim) snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", --paged-optim");
     put(&t, "memory plan: %s, %s, %s%s, micro-batch %d x %d", what, mode, o->dtype ? o->dtype : "f32", extra,
         o->batch_size, T);
-    if (ft_dist_world() > 1) put(&t, " (one rank of %d)", ft_dist_world());
+    if (world > 1) put(&t, " (one rank of %d)", world);
     put(&t, "\n");
     put(&t, "  %-48s %10s\n", "term", "MiB");
     for (int i = 0; i < first_other; i++) put(&t, "  %-48s %10.1f\n", terms[i].name, MIB(terms[i].n));
@@ -245,6 +390,7 @@ ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o,
     if (paged)
         put(&t, "the paged bytes count as resident (the kernel keeps a file's pages in memory until it runs short, "
             "then writes them back and drops them)\n");
+    comm_table(&t, &p, o, po, res);
 
     /* what each switch would save: the same plan with it */
     typedef struct { const char *name; ftune_train_opts o; ft_dtype quant; } alt;
@@ -258,12 +404,12 @@ ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o,
     if (o->mode == FTUNE_TRAIN_LORA && quant == FT_NTYPES && !bnb) sw[ns++] = (alt){ "--quant nf4", *o, FT_NF4, };
     if (!o->grad_checkpoint) { sw[ns] = (alt){ "--grad-checkpoint 1", *o, quant, }; sw[ns++].o.grad_checkpoint = 1; }
     char bname[64];
-    if (o->batch_size > ft_dist_world()) {
-        snprintf(bname, sizeof bname, "--batch-size %d --grad-accum %d", ft_dist_world(),
-                 o->grad_accum * o->batch_size / ft_dist_world());
+    if (o->batch_size > world) {
+        snprintf(bname, sizeof bname, "--batch-size %d --grad-accum %d", world,
+                 o->grad_accum * o->batch_size / world);
         sw[ns] = (alt){ bname, *o, quant, };
-        sw[ns].o.grad_accum = o->grad_accum * o->batch_size / ft_dist_world();
-        sw[ns++].o.batch_size = ft_dist_world();
+        sw[ns].o.grad_accum = o->grad_accum * o->batch_size / world;
+        sw[ns++].o.batch_size = world;
     }
     if (o->mode == FTUNE_TRAIN_FULL) { sw[ns] = (alt){ "LoRA instead of --full", *o, quant, }; sw[ns++].o.mode = FTUNE_TRAIN_LORA; }
     /* --zero 1 with the 8-bit optimizer is refused (its state is not sharded) */
@@ -282,7 +428,7 @@ ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o,
     bool header = false;
     for (int i = 0; i < ns; i++) {
         plan_terms q;
-        if (plan_terms_of(&c, d, nd, &sw[i].o, sw[i].quant, process, &q)) { ft_err_clear(); continue; }
+        if (plan_terms_of(&c, d, nd, &sw[i].o, sw[i].quant, process, world, &q)) { ft_err_clear(); continue; }
         if (i == paged_sw) {
             size_t pg = (q.tp.optim_paged ? q.tp.optim_bytes : 0) + (q.tp.masters_paged ? q.tp.trainable_bytes : 0);
             if (!header) put(&t, "what each switch would save:\n");
