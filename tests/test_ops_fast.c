@@ -401,6 +401,9 @@ static void test_attention_bf16(void) {
         { 2, 7, 7, 6, 2, 6, 12, 0 },      { 1, 65, 65, 4, 4, 8, 32, 1 }, { 3, 130, 130, 6, 2, 8, 16, 1 },
         { 1, 130, 130, 4, 4, 64, 256, 0 }, { 2, 1, 1, 6, 2, 6, 12, 0 },  { 1, 33, 33, 2, 1, 64, 64, 1 },
         { 1, 65, 130, 4, 2, 64, 300, 0 }, { 1, 1, 67, 4, 4, 64, 256, 1 }, { 1, 40, 40, 3, 1, 7, 21, 1 },
+        /* past the forward's 256-key tiles: both of the bf16 forward's passes over three and four
+         * tiles, with documents, and a cache prefix */
+        { 1, 600, 600, 4, 2, 40, 80, 1 }, { 1, 3, 777, 6, 2, 24, 48, 0 },
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_attention_bf16(&cs[i]);
 }

@@ -111,7 +111,10 @@ void ft_matmul_backward_ref(float *dinp, float *dw, float *dbias, const float *d
 void ft_exp_fast(float *y, const float *x, size_t n);
 
 /* Floats of scratch ft_attention_forward_fast (backward false) or
- * ft_attention_backward_fast (true) need for Tk keys on n_threads threads. */
+ * ft_attention_backward_fast (true; also enough for the forward) need for
+ * Tk keys on n_threads threads. The forward is tiled over keys: beyond
+ * the kv head's packed keys, values and document ids, its scratch does
+ * not grow with Tk. */
 size_t ft_attention_fast_scratch_floats(int Tk, int HS, int n_threads, bool backward);
 
 /* attention_forward over B independent batch rows: row b's queries are

@@ -1,6 +1,7 @@
 /* ops_fast.c — fast paths for the two ops that dominate a small model's
- * training step: causal attention (forward that saves the log-sum-exp,
- * and a backward that recomputes the probabilities from it) and
+ * training step: causal attention (a forward tiled over queries and keys
+ * with an online softmax that saves the log-sum-exp, and a backward that
+ * recomputes the probabilities from it a query tile at a time) and
  * cross-entropy. Tested against the references in ops.c.
  *
  * The kernels are written once with 16-float vectors (GCC vector
@@ -28,6 +29,10 @@
 /* query rows per tile: the probabilities of a tile (BQ × Tk floats) stay
  * in cache while dK/dV accumulate over them */
 #define BQ 32
+/* keys per tile of the forward (online softmax over key tiles): a (BQ, BK)
+ * tile of scores is 32 KiB, in L1/L2 whatever T is; even, so a key tile
+ * starts on a bf16 pair of keys */
+#define BK 256
 
 static size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
 
@@ -101,21 +106,39 @@ typedef struct {
 
 static size_t scr_floats(int Tk, int HS, bool bwd) {
     size_t Tkp = round16((size_t)(Tk > 0 ? Tk : 1)), HSp = round16((size_t)HS);
+    /* forward: the head's keys and values packed, one (BQ, BK) tile of
+     * scores, the key tile's output and the running output, the document
+     * ids; the bf16 modes' q tile (floats and pairs) and P tile as pairs */
+    if (!bwd) return round16((size_t)HS * Tkp + Tkp * HSp + BQ * BK + 2 * BQ * HSp + Tkp + BQ * HSp + BQ * HSp / 2 +
+                             BQ * BK / 2);
     size_t n = 2 * (size_t)HS * Tkp + Tkp * HSp + 2 * BQ * Tkp + BQ * HSp + Tkp;
-    if (bwd) n += Tkp * HSp + 2 * (size_t)HS * Tkp;
+    n += Tkp * HSp + 2 * (size_t)HS * Tkp;
     n += 3 * BQ * HSp + BQ * Tkp / 2; /* the bf16 modes' tiles */
     return round16(n);
 }
 
 size_t ft_attention_fast_scratch_floats(int Tk, int HS, int n_threads, bool backward) {
     int nt = n_threads > 1 ? n_threads : 1;
-    return (size_t)nt * scr_floats(Tk, HS, backward);
+    size_t f = scr_floats(Tk, HS, false), b = backward ? scr_floats(Tk, HS, true) : 0;
+    return (size_t)nt * (f > b ? f : b);
 }
 
 static att_scr scr_carve(float *base, int Tk, int HS, bool bwd) {
     size_t Tkp = round16((size_t)(Tk > 0 ? Tk : 1)), HSp = round16((size_t)HS);
     att_scr s = { 0 };
     float *p = base;
+    if (!bwd) { /* as scr_floats(Tk, HS, false) counts */
+        s.Kt = p; p += (size_t)HS * Tkp;
+        s.Vp = p; p += Tkp * HSp;
+        s.P = p; p += BQ * BK;
+        s.dP = p; p += BQ * HSp; /* the key tile's part of the output */
+        s.acc = p; p += BQ * HSp;
+        s.docp = (int *)p; p += Tkp;
+        s.qf = p; p += BQ * HSp;
+        s.q16 = (uint32_t *)p; p += BQ * HSp / 2;
+        s.p16 = (uint32_t *)p;
+        return s;
+    }
     s.Kt = p; p += (size_t)HS * Tkp;
     s.Vt = p; p += (size_t)HS * Tkp;
     s.Vp = p; p += Tkp * HSp;
@@ -123,11 +146,9 @@ static att_scr scr_carve(float *base, int Tk, int HS, bool bwd) {
     s.dP = p; p += BQ * Tkp;
     s.acc = p; p += BQ * HSp;
     s.docp = (int *)p; p += Tkp;
-    if (bwd) {
-        s.Kp = p; p += Tkp * HSp;
-        s.dKt = p; p += (size_t)HS * Tkp;
-        s.dVt = p; p += (size_t)HS * Tkp;
-    }
+    s.Kp = p; p += Tkp * HSp;
+    s.dKt = p; p += (size_t)HS * Tkp;
+    s.dVt = p; p += (size_t)HS * Tkp;
     s.qf = p; p += BQ * HSp;
     s.dyf = p; p += BQ * HSp;
     s.q16 = (uint32_t *)p; p += BQ * HSp / 2;
@@ -653,13 +674,95 @@ INLINE void tile_rows(const att_unit *u, int t0, int nq, int Tkp, int *nk, int *
     (void)Tkp;
 }
 
+/* The forward's softmax over one key tile [j0, j0 + jw[r]) of each row,
+ * online: the tile's scores (in s->P, rows BK apart) masked as
+ * tile_softmax does, m (running max) and l (running sum of exp(s - m), in
+ * double) updated, the scores replaced by exp(s - m_new) (zero from jw[r]
+ * up to Jw), and alpha = exp(m_old - m_new), by which the output so far is
+ * rescaled. */
+INLINE void tile_online(const att_unit *u, att_scr *s, int j0, int nq, const int *nk, const int *jw, int Jw,
+                        float *m, double *l, float *alpha) {
+    for (int r = 0; r < nq; r++) {
+        float *p = s->P + (size_t)r * BK;
+        int n = nk[r];
+        alpha[r] = 1.0f;
+        if (jw[r] == 0) { memset(p, 0, (size_t)Jw * sizeof(float)); continue; }
+        vi qdoc = (vi){ 0 } + (u->doc ? s->docp[n - 1] : 0);
+        vf mx = vset1(-INFINITY);
+        for (int j = 0; j < jw[r]; j += VL) {
+            vi idx = (vi){ 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 } + (j0 + j);
+            vi bad = idx >= n;
+            if (u->doc) {
+                vi dj;
+                memcpy(&dj, s->docp + j0 + j, sizeof dj);
+                bad |= dj != qdoc;
+            }
+            vf x = vsel(bad, vset1(-INFINITY), vload(p + j));
+            vstore(p + j, x);
+            mx = vsel(x > mx, x, mx);
+        }
+        float tm = vhmax(&mx), mn = tm > m[r] ? tm : m[r];
+        if (mn == -INFINITY) { memset(p, 0, (size_t)Jw * sizeof(float)); continue; } /* all masked so far */
+        vf vs = vset1(mn), sumv = { 0 };
+        double sum = 0;
+        for (int j = 0; j < jw[r]; j += VL) {
+            vf a = vload(p + j) - vs, e = vexp(&a);
+            vstore(p + j, e);
+            sumv += e;
+        }
+        sum += vhsum_d(&sumv); /* at most BK/VL = 16 terms a lane: no long float sum */
+        if (jw[r] < Jw) memset(p + jw[r], 0, (size_t)(Jw - jw[r]) * sizeof(float));
+        double a = m[r] == -INFINITY ? 0.0 : exp((double)m[r] - mn);
+        l[r] = l[r] * a + sum;
+        m[r] = mn;
+        alpha[r] = (float)a;
+    }
+}
+
+/* The bf16 modes' second pass over a key tile: with the row's final max m
+ * and inv = 1/l known, the tile's scores masked as above and replaced by
+ * the probabilities exp(s - m)·inv (zero from jw[r] up to Jw), as
+ * tile_softmax forms them, so that they are rounded to bf16 normalised. */
+INLINE void tile_probs(const att_unit *u, att_scr *s, int j0, int nq, const int *nk, const int *jw, int Jw,
+                       const float *m, const float *inv) {
+    for (int r = 0; r < nq; r++) {
+        float *p = s->P + (size_t)r * BK;
+        int n = nk[r];
+        if (jw[r] == 0 || m[r] == -INFINITY) { memset(p, 0, (size_t)Jw * sizeof(float)); continue; }
+        vi qdoc = (vi){ 0 } + (u->doc ? s->docp[n - 1] : 0);
+        vf vs = vset1(m[r]), vinv = vset1(inv[r]);
+        for (int j = 0; j < jw[r]; j += VL) {
+            vi idx = (vi){ 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 } + (j0 + j);
+            vi bad = idx >= n;
+            if (u->doc) {
+                vi dj;
+                memcpy(&dj, s->docp + j0 + j, sizeof dj);
+                bad |= dj != qdoc;
+            }
+            vf a = vsel(bad, vset1(-INFINITY), vload(p + j)) - vs, e = vexp(&a);
+            vstore(p + j, e * vinv);
+        }
+        if (jw[r] < Jw) memset(p + jw[r], 0, (size_t)(Jw - jw[r]) * sizeof(float));
+    }
+}
+
+/* Forward, tiled over queries (BQ) and keys (BK) with an online softmax:
+ * scratch past the packed keys and values is a (BQ, BK) tile, whatever T.
+ * Per key tile, the scores and P·V run in the mode's arithmetic. f32: one
+ * pass, the running output rescaled by alpha, divided by l at the end. The
+ * bf16 modes round the normalised probabilities before P·V (as PyTorch's
+ * bf16 attention and the backward do; rounding exp(s - m_running) instead,
+ * as FlashAttention does, moves the output by a bf16 rounding of P, as far
+ * as the f32 path is from the bf16 maths): a first pass over the key tiles
+ * finds each row's max and sum, a second recomputes the scores and runs
+ * P·V on the probabilities, so QKᵀ runs twice there. */
 INLINE void unit_fwd_body(const att_unit *u, float *scratch) {
     int HS = u->HS, Tk = u->Tk, group = u->NH / u->NKV;
     int Tkp = (int)round16((size_t)(Tk > 0 ? Tk : 1)), HSp = (int)round16((size_t)HS);
     size_t qs = (size_t)u->NH * HS;
     att_scr s = scr_carve(scratch, Tk, HS, false);
     const float *kh = u->k + (size_t)u->kvh * HS, *vh = u->v + (size_t)u->kvh * HS;
-    const int cm = u->cmode, HSh = (HS + 1) / 2, Tkh = Tkp / 2;
+    const int cm = u->cmode, HSh = (HS + 1) / 2;
     if (cm == ATT_DPBF16) {
         pack_pairs_t((uint32_t *)s.Kt, kh, u->kv_stride, Tk, Tkp, HS);
         pack_pairs_p((uint32_t *)s.Vp, vh, u->kv_stride, Tk, Tkp, HS, HSp);
@@ -671,34 +774,67 @@ INLINE void unit_fwd_body(const att_unit *u, float *scratch) {
         memcpy(s.docp, u->doc, (size_t)Tk * sizeof(int));
         for (int j = Tk; j < Tkp; j++) s.docp[j] = 0;
     }
-    int nk[BQ], jr[BQ], Jmax;
+    int nk[BQ], jr[BQ], Jmax, jw[BQ], nkw[BQ];
+    float m[BQ], alpha[BQ], inv[BQ];
+    double l[BQ];
     for (int h = u->kvh * group; h < (u->kvh + 1) * group; h++) {
         for (int t0 = 0; t0 < u->T; t0 += BQ) {
             int nq = u->T - t0 < BQ ? u->T - t0 : BQ;
             tile_rows(u, t0, nq, Tkp, nk, jr, &Jmax);
             const float *qt = u->q + (size_t)t0 * qs + (size_t)h * HS;
-            if (cm == ATT_F32) {
-                k_rows_t(s.P, Tkp, qt, qs, u->scale, s.Kt, Tkp, HS, nq, jr);
-            } else if (cm == ATT_BF16) {
-                tile_round(s.qf, HSp, NULL, 0, qt, qs, nq, HS);
-                k_rows_t(s.P, Tkp, s.qf, HSp, u->scale, s.Kt, Tkp, HS, nq, jr);
-            } else {
-                rows_to_pairs16(s.q16, HSh, qt, qs, nq, HS);
-                k_rows_t16(s.P, Tkp, s.q16, HSh, u->scale, (const uint32_t *)s.Kt, Tkp, HSh, nq, jr);
+            if (cm == ATT_BF16) tile_round(s.qf, HSp, NULL, 0, qt, qs, nq, HS);
+            else if (cm == ATT_DPBF16) rows_to_pairs16(s.q16, HSh, qt, qs, nq, HS);
+            for (int r = 0; r < nq; r++) { m[r] = -INFINITY; l[r] = 0; }
+            memset(s.acc, 0, (size_t)nq * HSp * sizeof(float));
+            /* pass 0 (bf16 modes only): the rows' max and sum; pass 1: P·V */
+            for (int pass = cm == ATT_F32; pass < 2; pass++) {
+                for (int j0 = 0; j0 < Jmax; j0 += BK) {
+                    int Jw = 0;
+                    for (int r = 0; r < nq; r++) {
+                        int a = jr[r] - j0, b = nk[r] - j0;
+                        jw[r] = a < 0 ? 0 : a > BK ? BK : a;
+                        nkw[r] = b < 0 ? 0 : b > BK ? BK : b;
+                        Jw = jw[r] > Jw ? jw[r] : Jw;
+                    }
+                    if (cm == ATT_F32) {
+                        k_rows_t(s.P, BK, qt, qs, u->scale, s.Kt + j0, Tkp, HS, nq, jw);
+                    } else if (cm == ATT_BF16) {
+                        k_rows_t(s.P, BK, s.qf, HSp, u->scale, s.Kt + j0, Tkp, HS, nq, jw);
+                    } else {
+                        k_rows_t16(s.P, BK, s.q16, HSh, u->scale, (const uint32_t *)s.Kt + j0, Tkp, HSh, nq, jw);
+                    }
+                    if (pass == 0) {
+                        tile_online(u, &s, j0, nq, nk, jw, Jw, m, l, alpha);
+                        continue;
+                    }
+                    if (cm == ATT_F32) tile_online(u, &s, j0, nq, nk, jw, Jw, m, l, alpha);
+                    else tile_probs(u, &s, j0, nq, nk, jw, Jw, m, inv);
+                    if (cm == ATT_F32) {
+                        k_rows_p(s.dP, HSp, s.P, BK, s.Vp + (size_t)j0 * HSp, HSp, nq, nkw);
+                    } else if (cm == ATT_BF16) {
+                        tile_round(s.P, BK, NULL, 0, s.P, BK, nq, Jw);
+                        k_rows_p(s.dP, HSp, s.P, BK, s.Vp + (size_t)j0 * HSp, HSp, nq, nkw);
+                    } else {
+                        rows_to_pairs16(s.p16, BK / 2, s.P, BK, nq, Jw);
+                        k_rows_p16(s.dP, HSp, s.p16, BK / 2, (const uint32_t *)s.Vp + (size_t)(j0 / 2) * HSp, HSp, nq,
+                                   nkw);
+                    }
+                    for (int r = 0; r < nq; r++) {
+                        float *o = s.acc + (size_t)r * HSp;
+                        const float *d = s.dP + (size_t)r * HSp;
+                        vf va = vset1(cm == ATT_F32 ? alpha[r] : 1.0f);
+                        for (int e = 0; e < HSp; e += VL) vstore(o + e, vload(o + e) * va + vload(d + e));
+                    }
+                }
+                for (int r = 0; r < nq; r++) inv[r] = l[r] > 0 ? (float)(1.0 / l[r]) : 0.0f;
             }
-            tile_softmax(u, &s, Tkp, t0, nq, nk, jr, Jmax, NULL, u->lse ? u->lse + (size_t)h * u->T : NULL);
-            if (cm == ATT_F32) {
-                k_rows_p(s.acc, HSp, s.P, Tkp, s.Vp, HSp, nq, nk);
-            } else if (cm == ATT_BF16) {
-                tile_round(s.P, Tkp, NULL, 0, s.P, Tkp, nq, Jmax);
-                k_rows_p(s.acc, HSp, s.P, Tkp, s.Vp, HSp, nq, nk);
-            } else {
-                rows_to_pairs16(s.p16, Tkh, s.P, Tkp, nq, Jmax);
-                k_rows_p16(s.acc, HSp, s.p16, Tkh, (const uint32_t *)s.Vp, HSp, nq, nk);
+            for (int r = 0; r < nq; r++) {
+                float *o = u->o + (size_t)(t0 + r) * qs + (size_t)h * HS;
+                const float *a = s.acc + (size_t)r * HSp;
+                float sc = cm == ATT_F32 ? inv[r] : 1.0f; /* the bf16 modes' P is normalised */
+                for (int e = 0; e < HS; e++) o[e] = a[e] * sc;
+                if (u->lse) u->lse[(size_t)h * u->T + t0 + r] = l[r] > 0 ? m[r] + (float)log(l[r]) : -INFINITY;
             }
-            for (int r = 0; r < nq; r++)
-                memcpy(u->o + (size_t)(t0 + r) * qs + (size_t)h * HS, s.acc + (size_t)r * HSp,
-                       (size_t)HS * sizeof(float));
         }
     }
 }
