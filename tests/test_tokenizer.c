@@ -672,6 +672,9 @@ static void test_tokenizer_json_rejects(void) {
         /* HF: "invalid value: integer `-1`, expected u32" */
         { "negative id", "{\"a\":-1,\"b\":1,\"ab\":2}", "[\"a b\"]", FTUNE_ERR_FORMAT, "bad id" },
         { "fractional id", "{\"a\":0.5,\"b\":1,\"ab\":2}", "[\"a b\"]", FTUNE_ERR_FORMAT, "bad id" },
+        /* HF makes a vocabulary of 9000001 with holes; a fuzzer found that it costs
+         * seconds and hundreds of MB: refused (real vocabularies are dense) */
+        { "sparse ids", "{\"a\":0,\"b\":1,\"ab\":9000000}", "[\"a b\"]", FTUNE_ERR_FORMAT, "expected to be dense" },
         /* HF keeps one of them (vocab size 3 for 4 entries) */
         { "duplicate id", "{\"a\":0,\"b\":1,\"ab\":1}", "[]", FTUNE_ERR_FORMAT, "same id 1" },
         { "duplicate token", "{\"a\":0,\"b\":1,\"ab\":2,\"a\":3}", "[]", FTUNE_ERR_FORMAT, "\"a\" appears twice" },

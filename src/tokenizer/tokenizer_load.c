@@ -718,6 +718,16 @@ static ftune_status hf_load(ftune_tokenizer **out, const char *dir, const char *
     }
     n = (int)max_id + 1;
     if (n <= 0) { st = ft_err(FTUNE_ERR_FORMAT, "%s: empty vocabulary", src); goto done; }
+    /* ids between the named ones become placeholders; a file whose largest
+     * id leaves most of the range unnamed is damaged (real vocabularies
+     * are dense, with at most a few hundred unnamed ids), and would cost
+     * memory and time in proportion to that id */
+    long n_named = (long)n_vocab_entries + cJSON_GetArraySize(added) + cJSON_GetArraySize(added_dec);
+    if ((long)n > 2 * n_named + 1024) {
+        st = ft_err(FTUNE_ERR_FORMAT, "%s: the largest token id is %ld, but only %ld tokens are named: ids are expected "
+                    "to be dense (0..%ld)", src, max_id, n_named, n_named - 1);
+        goto done;
+    }
     tok = ft_calloc((size_t)n, sizeof *tok);
     types = ft_calloc((size_t)n, sizeof *types);
     placeholders = ft_calloc((size_t)n, sizeof *placeholders);
