@@ -891,6 +891,19 @@ static ftune_status read_shard(run *r, const char *dir) {
     return st;
 }
 
+/* After rank 0's save (st: this rank's status): every rank waits for rank
+ * 0's word, since one that went on (or stopped) and failed would abort the
+ * job while rank 0 is still writing; a failure of rank 0 is then one every
+ * rank returns together (ftune_dist_failed_together), a rank's own is not. */
+static ftune_status after_root_save(run *r, ftune_status st) {
+    int failed = st != FTUNE_OK;
+    ftune_status bst = ft_dist_bcast(&failed, sizeof failed, 0);
+    if (!bst && failed) ft_dist_set_failed_together();
+    if (st || bst) return st ? st : bst;
+    if (failed) return ft_err(FTUNE_ERR_IO, "rank %d: rank 0 could not save checkpoint-%lld (its error says why)", r->rank, (long long)r->step);
+    return FTUNE_OK;
+}
+
 /* A sharded checkpoint: rank 0 makes the temporary directory, every rank
  * writes its shard into it, and once all have, rank 0 adds
  * trainer_state.json (the manifest: the world size and every shard's
@@ -907,6 +920,7 @@ static ftune_status checkpoint_sharded(run *r) {
     }
     int failed = st != FTUNE_OK;
     TRY(ft_dist_bcast(&failed, sizeof failed, 0));
+    if (failed) ft_dist_set_failed_together();
     if (failed) return st ? st : ft_err(FTUNE_ERR_IO, "rank %d: rank 0 could not create %s (its error says why)", r->rank, tmp);
     ft_ckpt_shard_name(name, r->rank, r->world);
     snprintf(path, sizeof path, "%s/%s", tmp, name);
@@ -914,22 +928,14 @@ static ftune_status checkpoint_sharded(run *r) {
     int bad = st != FTUNE_OK;
     TRY(ft_dist_allreduce_max_i32(&bad, 1));
     if (bad) {
+        ft_dist_set_failed_together(); /* every rank knows: none aborts the others */
         if (is_root(r)) rm_tree(tmp);
         return st ? st : ft_err(FTUNE_ERR_IO, "rank %d: another rank could not write its shard of checkpoint-%lld (its "
                                 "error says why)", r->rank, (long long)r->step);
     }
     if (is_root(r)) st = save_checkpoint(r, tmp);
     else snprintf(r->res.checkpoint, sizeof r->res.checkpoint, "%s/checkpoint-%lld", r->o->out_dir, (long long)r->step);
-    failed = st != FTUNE_OK;
-    ftune_status bst = ft_dist_bcast(&failed, sizeof failed, 0);
-    if (st || bst) {
-        /* rank 0 told the others of its failure: all of them return it */
-        if (!bst && (is_root(r) || failed)) ft_dist_set_failed_together();
-        return st ? st : bst;
-    }
-    if (failed) ft_dist_set_failed_together();
-    if (failed) return ft_err(FTUNE_ERR_IO, "rank %d: rank 0 could not save checkpoint-%lld (its error says why)", r->rank, (long long)r->step);
-    return FTUNE_OK;
+    return after_root_save(r, st);
 }
 
 /* A checkpoint of the whole run, written by rank 0: under ZeRO 1 the
@@ -956,18 +962,7 @@ static ftune_status checkpoint(run *r) {
     r->full_vals = NULL;
     free(r->full_mv);
     r->full_mv = NULL;
-    /* every rank waits for rank 0's save: one that went on (or stopped) and
-     * failed would abort the job while rank 0 is still writing */
-    int failed = st != FTUNE_OK;
-    ftune_status bst = ft_dist_bcast(&failed, sizeof failed, 0);
-    if (st || bst) {
-        /* rank 0 told the others of its failure: all of them return it */
-        if (!bst && (is_root(r) || failed)) ft_dist_set_failed_together();
-        return st ? st : bst;
-    }
-    if (failed) ft_dist_set_failed_together();
-    if (failed) return ft_err(FTUNE_ERR_IO, "rank %d: rank 0 could not save checkpoint-%lld (its error says why)", r->rank, (long long)r->step);
-    return FTUNE_OK;
+    return after_root_save(r, st);
 }
 
 /* --resume: rank 0 reads and checks the checkpoint, then hands every rank
@@ -977,6 +972,7 @@ static ftune_status resume(run *r) {
     ftune_status st = is_root(r) ? load_checkpoint(r, r->o->resume) : FTUNE_OK;
     int bad = st != FTUNE_OK;
     TRY(ft_dist_allreduce_max_i32(&bad, 1));
+    if (bad) ft_dist_set_failed_together();
     if (bad) return st ? st : ft_err(FTUNE_ERR_ARG, "rank %d: rank 0 could not resume from %s (its error says why)", r->rank, r->o->resume);
     int sharded = r->resume_sharded;
     TRY(ft_dist_bcast(&sharded, sizeof sharded, 0));
