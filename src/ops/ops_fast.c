@@ -1038,54 +1038,57 @@ void ft_attention_backward_fast_in(ft_dtype compute, float *dq, float *dk, float
 
 /* ------------------------------------------------------------- cross-entropy */
 
-/* One row: max, e = exp(x - max) once into dx (float), the sum in double,
- * then dx = (e / sum - onehot) · scale. Returns the row's loss. */
-INLINE double ce_row_body(float *dx, const float *x, int y, int V, float dloss_scale) {
+/* The largest of x[0..n). */
+INLINE float row_max(const float *x, int n) {
     vf mx = vset1(-INFINITY);
     int i = 0;
-    for (; i + VL <= V; i += VL) {
+    for (; i + VL <= n; i += VL) {
         vf a = vload(x + i);
         mx = vsel(a > mx, a, mx);
     }
     float m = vhmax(&mx);
-    for (; i < V; i++) m = x[i] > m ? x[i] : m;
-    float *e = dx;
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+/* The sum in double of exp(x[i] - m) over [0, n) (vector partial sums
+ * folded into the double every 64 vectors), each term stored in e[i] when
+ * e is non-NULL (e may be x). */
+INLINE double exp_sum(float *e, const float *x, int n, float m) {
     double sum = 0;
-    vf vm = vset1(m);
-    i = 0;
-    if (dx) {
-        vf sv = { 0 };
-        for (; i + VL <= V; i += VL) {
-            vf a = vload(x + i) - vm, ev = vexp(&a);
-            vstore(e + i, ev);
-            sv += ev;
-            if ((i / VL) % 64 == 63) { sum += vhsum_d(&sv); sv = (vf){ 0 }; }
-        }
-        sum += vhsum_d(&sv);
-    } else {
-        /* loss only: exp a chunk at a time into the small buffer */
-        vf sv = { 0 };
-        for (; i + VL <= V; i += VL) {
-            vf a = vload(x + i) - vm;
-            sv += vexp(&a);
-            if ((i / VL) % 64 == 63) { sum += vhsum_d(&sv); sv = (vf){ 0 }; }
-        }
-        sum += vhsum_d(&sv);
+    vf vm = vset1(m), sv = { 0 };
+    int i = 0;
+    for (; i + VL <= n; i += VL) {
+        vf a = vload(x + i) - vm, ev = vexp(&a);
+        if (e) vstore(e + i, ev);
+        sv += ev;
+        if ((i / VL) % 64 == 63) { sum += vhsum_d(&sv); sv = (vf){ 0 }; }
     }
-    if (i < V) {
+    sum += vhsum_d(&sv);
+    if (i < n) {
         float buf[VL];
-        for (int j = 0; j < VL; j++) buf[j] = i + j < V ? x[i + j] - m : -INFINITY;
+        for (int j = 0; j < VL; j++) buf[j] = i + j < n ? x[i + j] - m : -INFINITY;
         vf a = vload(buf);
         vstore(buf, vexp(&a));
-        for (int j = 0; i + j < V; j++) {
-            if (dx) e[i + j] = buf[j];
+        for (int j = 0; i + j < n; j++) {
+            if (e) e[i + j] = buf[j];
             sum += buf[j];
         }
     }
+    return sum;
+}
+
+/* One row: max, e = exp(x - max) once into dx (float), the sum in double,
+ * then dx = (e / sum - onehot) · scale. Returns the row's loss. */
+INLINE double ce_row_body(float *dx, const float *x, int y, int V, float dloss_scale) {
+    float m = row_max(x, V);
+    float *e = dx;
+    double sum = exp_sum(e, x, V, m);
     double lse = m + log(sum);
     if (dx) {
         vf f = vset1((float)(dloss_scale / sum));
-        for (i = 0; i + VL <= V; i += VL) vstore(dx + i, vload(dx + i) * f);
+        int i = 0;
+        for (; i + VL <= V; i += VL) vstore(dx + i, vload(dx + i) * f);
         for (; i < V; i++) dx[i] *= f[0];
         dx[y] -= dloss_scale;
     }
@@ -1151,34 +1154,9 @@ double ft_crossentropy_fast(float *dlogits, const float *logits, const int *targ
  * of exp(x - m_new) in double, e stored when asked. */
 INLINE void ce_slice_row(float *x, float *m, double *s, float *alpha, int y, int W, int v0, bool first,
                          bool store) {
-    vf mx = vset1(-INFINITY);
-    int i = 0;
-    for (; i + VL <= W; i += VL) {
-        vf a = vload(x + i);
-        mx = vsel(a > mx, a, mx);
-    }
-    float ms = vhmax(&mx);
-    for (; i < W; i++) ms = x[i] > ms ? x[i] : ms;
+    float ms = row_max(x, W);
     float mo = first ? -INFINITY : *m, mn = ms > mo ? ms : mo;
-    double sum = 0;
-    vf vm = vset1(mn), sv = { 0 };
-    for (i = 0; i + VL <= W; i += VL) {
-        vf a = vload(x + i) - vm, ev = vexp(&a);
-        if (store) vstore(x + i, ev);
-        sv += ev;
-        if ((i / VL) % 64 == 63) { sum += vhsum_d(&sv); sv = (vf){ 0 }; }
-    }
-    sum += vhsum_d(&sv);
-    if (i < W) {
-        float buf[VL];
-        for (int j = 0; j < VL; j++) buf[j] = i + j < W ? x[i + j] - mn : -INFINITY;
-        vf a = vload(buf);
-        vstore(buf, vexp(&a));
-        for (int j = 0; i + j < W; j++) {
-            if (store) x[i + j] = buf[j];
-            sum += buf[j];
-        }
-    }
+    double sum = exp_sum(store ? x : NULL, x, W, mn);
     /* the target's own term is left out of e (the caller adds (p_y - 1)·w_y
      * itself): in a GEMM whose operands are rounded to bf16, e_y/S·w_y - w_y
      * would cancel to noise when p_y is near 1 */
