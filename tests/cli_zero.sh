@@ -5,78 +5,13 @@
 # gradient accumulation, uneven shards, small buckets and a rank with no rows; what rank 0
 # writes is whole; the memory table's gradients (and trainables) rows show the shards.
 set -u
-FT=${FTUNE:-build/ftune}
-D=${FTUNE_DATA:-../shared/data}
-HF=$D/models/stories260K-hf
-PY=/usr/bin/python3
-tmp=${KEEP_TMP:-$(mktemp -d)}; [ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/mpi_lib.sh"
 
-if ! command -v mpirun > /dev/null; then echo "SKIP: no mpirun (scripts/setup.sh installs Open MPI)"; exit 0; fi
-if ! ldd "$FT" 2>/dev/null | grep -q libmpi; then echo "SKIP: $FT is built without MPI (make MPI=1)"; exit 0; fi
-if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-MPI=(mpirun --oversubscribe --bind-to none --mca btl self,vader,tcp --mca btl_tcp_if_include lo)
-run_mpi() { local n=$1; shift; timeout 120 "${MPI[@]}" -np "$n" "$@"; }
+stories_jsonl "$tmp/d.jsonl"
 
-cat > "$tmp/d.jsonl" <<'EOF'
-{"text": "Once upon a time, there was a little cat named Tom. Tom liked to play with his red ball."}
-{"text": "The sun was hot. Lily went to the park with her mom. She saw a big dog and said hello."}
-{"text": "Ben had a toy car. He drove it around the room. The car was fast and blue."}
-{"text": "One day, a bird sat on a tree. The bird sang a happy song for all the kids."}
-{"text": "Sara wanted a cake. Her dad made a big cake with red cherries. Sara was very happy."}
-{"text": "The frog jumped into the pond. Splash! The water was cold, but the frog liked it."}
-{"text": "Max found a shiny stone in the garden. He gave it to his sister, and she smiled."}
-{"text": "It was raining. Tim and Sue stayed inside and built a tall tower with blocks."}
-{"text": "A little fish swam in the sea. It met a crab who wanted to be its friend."}
-{"text": "Anna lost her hat in the wind. Her brother ran fast and caught it for her."}
-EOF
-
-# dropout 0: each rank draws its own rows' masks (see cli_mpi.sh)
+# dropout 0: the curves test the reductions alone (cli_mpi.sh checks dropout)
 common=(-m "$HF" --data "$tmp/d.jsonl" --ctx 48 -t 1 --seed 3 --lora-dropout 0 --val-split 0.2 --eval-every 2 --quiet)
-# 1e-5 relative: as in cli_mpi.sh, the order of the sums is the only difference; under ZeRO 2/3
-# each micro-batch's gradient is summed over ranks and then added to the shard (one process:
-# the micro-batches are added in the backward), measured up to 1e-7 here.
-same_curve() {  # name metrics_a metrics_b [from_step [tolerance]]
-    $PY - "$2" "$3" "${4:-1}" "${5:-1e-5}" <<'EOF' && pass "$1" || fail "$1" "$(cat "$2" "$3")"
-import json, sys
-a = [json.loads(l) for l in open(sys.argv[1])]
-b = [json.loads(l) for l in open(sys.argv[2])]
-first = int(sys.argv[3])
-a = [x for x in a if x["step"] >= first]
-b = [x for x in b if x["step"] >= first]
-assert [x["step"] for x in a] == [x["step"] for x in b] and a, "the same steps"
-worst = 0
-for x, y in zip(a, b):
-    for k in ("loss", "grad_norm", "val_loss"):
-        assert (k in x) == (k in y), k
-        if k in x:
-            worst = max(worst, abs(x[k] - y[k]) / max(abs(x[k]), 1e-30))
-print("max relative difference over %d steps: %.2e" % (len(a), worst))
-assert worst <= float(sys.argv[4]), worst
-EOF
-}
-# rank 0's output is whole: the same tensors as one process's, the same eval loss (1e-5, as above)
-same_output() {  # name dir_a dir_b eval-args...
-    local name=$1 a=$2 b=$3; shift 3
-    local la lb
-    la=$("$FT" eval "$@" "$a" --jsonl "$tmp/d.jsonl" --ctx 48 -t 1 --json 2> "$tmp/err.txt") &&
-    lb=$("$FT" eval "$@" "$b" --jsonl "$tmp/d.jsonl" --ctx 48 -t 1 --json 2>> "$tmp/err.txt") || {
-        fail "$name" "$(cat "$tmp/err.txt")"; return; }
-    $PY - "$a" "$b" "$la" "$lb" <<'EOF' && pass "$name" || fail "$name" "$la / $lb"
-import json, struct, sys, os
-def header(d):
-    p = [os.path.join(d, f) for f in ("adapter_model.safetensors", "model.safetensors") if os.path.exists(os.path.join(d, f))][0]
-    b = open(p, "rb").read(8)
-    h = json.loads(open(p, "rb").read(8 + struct.unpack("<Q", b)[0])[8:])
-    h.pop("__metadata__", None)
-    return {k: (v["dtype"], v["shape"]) for k, v in h.items()}
-assert header(sys.argv[1]) == header(sys.argv[2]), "the same tensors"
-la, lb = json.loads(sys.argv[3])["loss"], json.loads(sys.argv[4])["loss"]
-print("eval loss %.9g (one process), %.9g (ranks): relative difference %.2e" % (la, lb, abs(la - lb) / la))
-assert abs(la - lb) <= 1e-5 * la
-EOF
-}
 
 # 1. LoRA and full, global batch 4 in 2 micro-batches per step: 1 process, then 2 and 4 ranks at ZeRO 2 and 3
 lora=("${common[@]}" --steps 4 --lr 1e-2 --batch-size 4 --grad-accum 2)
