@@ -2,7 +2,8 @@
  * against the references of src/ops/ops.c, at every kernel level this CPU
  * has, on awkward sizes, on 1 and 3 threads (the same bits either way):
  * RoPE and the bf16 conversions bit for bit; SwiGLU and RMSNorm against
- * the float64 twins within stated tolerances.
+ * the float64 twins within stated tolerances; and the threaded references
+ * the f32 backend uses (ft_*_mt) bit for bit against the references.
  */
 #include "check.h"
 #include "cpu/cpu.h"
@@ -267,6 +268,52 @@ static void test_rmsnorm(void) {
     run_rmsnorm(130, 2000);
 }
 
+/* ------------------------------------------------ threaded references */
+
+/* ft_rmsnorm_*_mt and ft_swiglu_*_mt split the reference's rows or spans:
+ * the same bits on 1, 2 and 3 threads, dinp and dw accumulating onto
+ * nonzero values as the reference's do, sizes below and above the
+ * one-thread cut-off and not multiples of a task. */
+static void run_mt(int T, int C) {
+    size_t n = (size_t)T * C;
+    float *x = rand_f(n, 1.5f), *u = rand_f(n, 1.0f), *dy = rand_f(n, 1.0f), *w = rand_f((size_t)C, 1.0f);
+    float *dx0 = rand_f(n, 0.1f), *dw0 = rand_f((size_t)C, 0.1f);
+    float *ro = malloc(n * sizeof(float)), *rr = malloc((size_t)T * sizeof(float));
+    float *rdx = dup_f(dx0, n), *rdw = dup_f(dw0, (size_t)C);
+    float *so = malloc(n * sizeof(float)), *sg = malloc(n * sizeof(float)), *su = malloc(n * sizeof(float));
+    ft_rmsnorm_forward(ro, rr, x, w, T, C, 1e-5f);
+    ft_rmsnorm_backward(rdx, rdw, dy, x, w, rr, T, C);
+    ft_swiglu_forward(so, x, u, T, C);
+    ft_swiglu_backward(sg, su, dy, x, u, T, C);
+    for (int nt = 1; nt <= 3; nt++) {
+        float *o = malloc(n * sizeof(float)), *r = malloc((size_t)T * sizeof(float));
+        float *dx = dup_f(dx0, n), *dw = dup_f(dw0, (size_t)C), *dxn = dup_f(dx0, n);
+        float *o2 = malloc(n * sizeof(float)), *g2 = malloc(n * sizeof(float)), *u2 = malloc(n * sizeof(float));
+        ft_rmsnorm_forward_mt(o, r, x, w, T, C, 1e-5f, nt);
+        ft_rmsnorm_backward_mt(dx, dw, dy, x, w, rr, T, C, nt);
+        ft_rmsnorm_backward_mt(dxn, NULL, dy, x, w, rr, T, C, nt); /* dw NULL: dinp alone */
+        ft_swiglu_forward_mt(o2, x, u, T, C, nt);
+        ft_swiglu_backward_mt(g2, u2, dy, x, u, T, C, nt);
+        CHECKF(!memcmp(o, ro, n * 4) && !memcmp(r, rr, (size_t)T * 4), "rmsnorm_forward_mt T=%d C=%d threads %d", T,
+               C, nt);
+        CHECKF(!memcmp(dx, rdx, n * 4) && !memcmp(dw, rdw, (size_t)C * 4) && !memcmp(dxn, rdx, n * 4),
+               "rmsnorm_backward_mt T=%d C=%d threads %d", T, C, nt);
+        CHECKF(!memcmp(o2, so, n * 4) && !memcmp(g2, sg, n * 4) && !memcmp(u2, su, n * 4),
+               "swiglu_mt T=%d C=%d threads %d", T, C, nt);
+        free(o), free(r), free(dx), free(dw), free(dxn), free(o2), free(g2), free(u2);
+    }
+    printf("  threaded references T=%d C=%d: the references' bits on 1, 2 and 3 threads\n", T, C);
+    free(x), free(u), free(dy), free(w), free(dx0), free(dw0), free(ro), free(rr), free(rdx), free(rdw);
+    free(so), free(sg), free(su);
+}
+
+static void test_threaded_references(void) {
+    run_mt(1, 7);
+    run_mt(3, 257);
+    run_mt(37, 1000); /* above the one-thread cut-off, rows not a multiple of 16 */
+    run_mt(129, 771); /* columns not a multiple of dw's 256 */
+}
+
 int main(void) {
     ft_rng_seed(&rng, 4321);
     find_levels();
@@ -274,5 +321,6 @@ int main(void) {
     RUN(test_bf16_convert);
     RUN(test_swiglu);
     RUN(test_rmsnorm);
+    RUN(test_threaded_references);
     CHECK_EXIT();
 }

@@ -50,13 +50,13 @@ static void cpu_linear_backward(const ft_backend *be, float *dinp, float *dw, fl
 
 static void cpu_rmsnorm_forward(const ft_backend *be, float *out, float *rstd, const float *inp, const float *w,
                                 int T, int C, float eps) {
-    /* f32: the reference, bit for bit; a compute type: float sums, FMA */
-    if (be->compute == FT_F32) ft_rmsnorm_forward(out, rstd, inp, w, T, C, eps);
+    /* f32: the reference (threaded), bit for bit; a compute type: float sums, FMA */
+    if (be->compute == FT_F32) ft_rmsnorm_forward_mt(out, rstd, inp, w, T, C, eps, be->n_threads);
     else ft_rmsnorm_forward_fast(out, rstd, inp, w, T, C, eps, be->n_threads);
 }
 static void cpu_rmsnorm_backward(const ft_backend *be, float *dinp, float *dw, const float *dout, const float *inp,
                                  const float *w, const float *rstd, int T, int C) {
-    if (be->compute == FT_F32) ft_rmsnorm_backward(dinp, dw, dout, inp, w, rstd, T, C);
+    if (be->compute == FT_F32) ft_rmsnorm_backward_mt(dinp, dw, dout, inp, w, rstd, T, C, be->n_threads);
     else ft_rmsnorm_backward_fast(dinp, dw, dout, inp, w, rstd, T, C, be->n_threads);
 }
 static void cpu_rope_forward(const ft_backend *be, float *x, const int *pos, const float *inv_freq, int T, int nh,
@@ -81,13 +81,13 @@ static void cpu_attention_backward(const ft_backend *be, float *dq, float *dk, f
                                   be->n_threads, scratch);
 }
 static void cpu_swiglu_forward(const ft_backend *be, float *out, const float *gate, const float *up, int T, int F) {
-    /* f32: the reference, bit for bit; a compute type: the vector exp */
-    if (be->compute == FT_F32) ft_swiglu_forward(out, gate, up, T, F);
+    /* f32: the reference (threaded), bit for bit; a compute type: the vector exp */
+    if (be->compute == FT_F32) ft_swiglu_forward_mt(out, gate, up, T, F, be->n_threads);
     else ft_swiglu_forward_fast(out, gate, up, T, F, be->n_threads);
 }
 static void cpu_swiglu_backward(const ft_backend *be, float *dgate, float *dup, const float *dout,
                                 const float *gate, const float *up, int T, int F) {
-    if (be->compute == FT_F32) ft_swiglu_backward(dgate, dup, dout, gate, up, T, F);
+    if (be->compute == FT_F32) ft_swiglu_backward_mt(dgate, dup, dout, gate, up, T, F, be->n_threads);
     else ft_swiglu_backward_fast(dgate, dup, dout, gate, up, T, F, be->n_threads);
 }
 static void cpu_embedding_forward(const ft_backend *be, float *out, const int32_t *tokens, const ft_tensor *wte,

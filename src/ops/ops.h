@@ -55,6 +55,18 @@ void ft_rope_backward(float *dx, const int *pos, const float *inv_freq, int T, i
 void ft_swiglu_forward(float *out, const float *gate, const float *up, int T, int F);
 void ft_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, int T, int F);
 
+/* The four references above on n_threads threads (ft_parallel_for), bit for
+ * bit the same results (rows or spans split, each element computed by the
+ * reference's expression in its order; dw's column sums over rows in order):
+ * the f32 backends use them. */
+void ft_rmsnorm_forward_mt(float *out, float *rstd, const float *inp, const float *w, int T, int C, float eps,
+                           int n_threads);
+void ft_rmsnorm_backward_mt(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                            const float *rstd, int T, int C, int n_threads);
+void ft_swiglu_forward_mt(float *out, const float *gate, const float *up, int T, int F, int n_threads);
+void ft_swiglu_backward_mt(float *dgate, float *dup, const float *dout, const float *gate, const float *up, int T,
+                           int F, int n_threads);
+
 /* Token embedding: out (T, C) = rows tokens[t] of wte (V, C). Backward adds
  * dout rows into dwte (+=). FTUNE_ERR_RANGE if a token is not in [0, V)
  * (backward then changes nothing). */
