@@ -448,7 +448,8 @@ static void test_gemm_layouts(void) {
  * along n) with weights stored in the compute type, in the other one, in
  * f32 and quantized; the GEMV paths (M = 1, N = 1); sizes off every tile
  * edge (mr 12/16, nr 16/32), odd K (the last bf16 pair padded) within a
- * register block, across it (256) and across the K chunk (1025 = 1024 + 1).
+ * register block, across it (256) and across the K chunk (1025 = 1024 + 1),
+ * N across the pairs' N chunk (1030).
  * The error is the f32 summation's alone (the products of rounded values
  * are exact, and VDPBF16PS's pair sums are f32 sums too; no denormals
  * here), so the f32 bound holds: 1e-5 of the unit-normal products' scale
@@ -457,14 +458,15 @@ static void test_gemm_compute(void) {
     ft_rng rng;
     ft_rng_seed(&rng, 23);
     const ft_dtype computes[] = { FT_BF16, FT_F16 };
-    int Ms[] = { 1, 6, 13, 45 }, Ns[] = { 1, 9, 17, 64 }, Ks[] = { 3, 64, 301, 1025 };
+    /* N = 1030 crosses the bf16 pairs' N chunk (FT_GEMM_NC16 = 1024) */
+    int Ms[] = { 1, 6, 13, 45 }, Ns[] = { 1, 9, 17, 64, 1030 }, Ks[] = { 3, 64, 301, 1025 };
     int n_cases = 0;
     for (int li = 0; li < n_levels; li++) {
         ft_cpu_force_level(levels[li]);
         double worst = 0;
         for (int ci = 0; ci < 2; ci++)
             for (int mi = 0; mi < 4; mi++)
-                for (int ni = 0; ni < 4; ni++)
+                for (int ni = 0; ni < 5; ni++)
                     for (int ki = 0; ki < 4; ki++) {
                         int M = Ms[mi], N = Ns[ni], K = Ks[ki];
                         if ((size_t)M * N * K > 1500000) continue; /* keep the double reference quick */

@@ -41,16 +41,19 @@ static inline ft_mat ft_mat_rows_t(const void *p, ft_dtype dt, int64_t cols) {
                         : (ft_mat){ .p = p, .dt = dt, .rs = ft_dtype_nbytes(dt, cols), .cs = 1, .t = true };
 }
 
-/* The driver's blocking: N is covered FT_GEMM_NC columns at a time and K
- * FT_GEMM_KCH at a time (a chunk's sum goes into C before the next chunk
- * starts), the register tile running over FT_GEMM_KC of it at a time.
- * Fixed sizes, so the order of the sums, and with it the result, never
- * depends on the thread count or the scratch given. */
+/* The driver's blocking: N is covered FT_GEMM_NC columns at a time (bf16
+ * pairs: FT_GEMM_NC16) and K FT_GEMM_KCH at a time (a chunk's sum goes into
+ * C before the next chunk starts), the register tile running over
+ * FT_GEMM_KC of it at a time. Fixed sizes, so the order of the sums, and
+ * with it the result, never depends on the thread count or the scratch
+ * given (N's chunking enters no sum at all). */
 #define FT_GEMM_KC 256
 #define FT_GEMM_KCH 1024
 #define FT_GEMM_NC 256
-/* Floats of scratch ft_gemm needs (the packed chunk of B). */
-#define FT_GEMM_SCRATCH_FLOATS ((size_t)FT_GEMM_KCH * FT_GEMM_NC)
+#define FT_GEMM_NC16 1024
+/* Floats of scratch ft_gemm needs (the packed chunk of B: KCH × NC f32, or
+ * KCH/2 × NC16 words of bf16 pairs, the larger). */
+#define FT_GEMM_SCRATCH_FLOATS ((size_t)FT_GEMM_KCH / 2 * FT_GEMM_NC16)
 
 /* C(m, n) at C[m·c_rs + n·c_cs] becomes alpha · Σ_k A(m, k)·B(k, n), plus
  * its old value when accumulate. On n_threads threads (ft_parallel_for);
