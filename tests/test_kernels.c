@@ -657,6 +657,68 @@ static void test_linear_backward(void) {
     ft_cpu_force_level(FT_CPU_TOP);
 }
 
+/* The pair-packing primitives of a level with tile16, bit for bit against
+ * ft_f32_to_bf16 one value at a time: values across every rounding case
+ * (ties to even, NaN with payloads, ±inf, ±0, subnormals, the largest
+ * finite values that round to inf), lengths and row counts off 16, odd kc
+ * (the last pair's high half zero), rows < 16 (rows past them untouched). */
+static uint32_t pair_ref(const float *lo, const float *hi) {
+    return (uint32_t)ft_f32_to_bf16(*lo) | (hi ? (uint32_t)ft_f32_to_bf16(*hi) << 16 : 0);
+}
+
+static void test_pair_packing(void) {
+    const ft_kernel_isa *isa = ft_kernels_for_level(ft_cpu_level());
+    if (!isa->tile16[0]) {
+        printf("  no pair kernels on this CPU (%s): nothing to test\n", isa->name);
+        return;
+    }
+    ft_rng rng;
+    ft_rng_seed(&rng, 29);
+    enum { N = 300, KC = 257, CS = 21 };
+    float *v = malloc(sizeof(float) * KC * CS);
+    for (int i = 0; i < KC * CS; i++) {
+        uint32_t u = ft_rng_u32(&rng);
+        switch (i % 8) {
+        case 0: u = (u & 0xFFFF0000u) | 0x8000u; break;          /* a tie: to even */
+        case 1: u = 0x7F800000u | (u & 0x807FFFFFu) | 1u; break; /* NaN, any payload and sign */
+        case 2: u = (u & 0x80000000u) | (u & 0x007FFFFFu); break; /* subnormal or ±0 */
+        case 3: u = (u & 0x80000000u) | 0x7F7FFFFFu; break;      /* rounds to ±inf */
+        case 4: u = (u & 0x80000000u) | 0x7F800000u; break;      /* ±inf */
+        default: break;                                          /* anything */
+        }
+        memcpy(&v[i], &u, 4);
+    }
+    uint32_t *dst = malloc(sizeof(uint32_t) * N), *wp = malloc(sizeof(uint32_t) * 16 * 140);
+    int bad = 0;
+    for (int n = 1; n <= N; n += 37) {
+        isa->pair_rows16_f32(dst, v, v + N, n);
+        for (int l = 0; l < n; l++) bad += dst[l] != pair_ref(v + l, v + N + l);
+        isa->pair_rows16_f32(dst, v + 7, NULL, n);
+        for (int l = 0; l < n; l++) bad += dst[l] != pair_ref(v + 7 + l, NULL);
+        uint16_t lo[N], hi[N];
+        for (int l = 0; l < n; l++) lo[l] = ft_f32_to_bf16(v[l]), hi[l] = ft_f32_to_bf16(v[N + l]);
+        isa->pair_rows16(dst, lo, hi, n);
+        for (int l = 0; l < n; l++) bad += dst[l] != pair_ref(v + l, v + N + l);
+    }
+    /* A (m, k) = v[k·CS + m]: rows 1..16, kc 1..257 */
+    for (int rows = 1; rows <= 16; rows += 5)
+        for (int kc = 1; kc <= KC; kc += 32) {
+            for (int i = 0; i < 16 * 140; i++) wp[i] = 0xA5A5A5A5u;
+            isa->pack_at16(wp, 140, v, CS, rows, kc);
+            for (int r = 0; r < 16; r++)
+                for (int p = 0; p < (kc + 1) / 2; p++) {
+                    uint32_t want = r < rows ? pair_ref(v + (2 * p) * CS + r, 2 * p + 1 < kc ? v + (2 * p + 1) * CS + r : NULL)
+                                             : 0xA5A5A5A5u;
+                    bad += wp[r * 140 + p] != want;
+                }
+        }
+    CHECKF(bad == 0, "%s: %d pair words differ from ft_f32_to_bf16's", isa->name, bad);
+    printf("  %s: pair_rows16, pair_rows16_f32 and pack_at16 give ft_f32_to_bf16's bits\n", isa->name);
+    free(v);
+    free(dst);
+    free(wp);
+}
+
 int main(void) {
     find_levels();
     RUN(test_cpu_levels);
@@ -668,6 +730,7 @@ int main(void) {
     RUN(test_gemm_layouts);
     RUN(test_gemm_compute);
     RUN(test_gemm_bf16_subnormal);
+    RUN(test_pair_packing);
     RUN(test_linear_backward);
     CHECK_EXIT();
 }

@@ -283,14 +283,24 @@ static void pack_b16(void *vctx, int task, int thread) {
     }
     uint16_t h0[NC16], h1[NC16];
     int p1 = (task + 1) * PACK_ROWS / 2 < kp ? (task + 1) * PACK_ROWS / 2 : kp;
-    for (int p = task * PACK_ROWS / 2; p < p1; p++) {
+    for (int p = task * PACK_ROWS / 2; p < p1 && B->dt == FT_F32; p++) { /* f32 rows: rounded straight into pairs */
+        const float *r0 = (const float *)row_at(B, g->k0 + 2 * p) + g->n0;
+        const float *r1 = 2 * p + 1 < kc ? (const float *)row_at(B, g->k0 + 2 * p + 1) + g->n0 : NULL;
+        for (int s = 0; s < ns; s++) {
+            uint32_t *dst = bp + ((size_t)s * kp + p) * nr;
+            int n = g->nw - s * nr < nr ? g->nw - s * nr : nr;
+            g->isa->pair_rows16_f32(dst, r0 + s * nr, r1 ? r1 + s * nr : NULL, n);
+            for (int l = n; l < nr; l++) dst[l] = 0;
+        }
+    }
+    for (int p = task * PACK_ROWS / 2; p < p1 && B->dt != FT_F32; p++) {
         span_bf16(h0, g, B->dt, row_at(B, g->k0 + 2 * p), g->n0, g->nw);
         if (2 * p + 1 < kc) span_bf16(h1, g, B->dt, row_at(B, g->k0 + 2 * p + 1), g->n0, g->nw);
         else memset(h1, 0, sizeof h1);
         for (int s = 0; s < ns; s++) {
             uint32_t *dst = bp + ((size_t)s * kp + p) * nr;
             int n = g->nw - s * nr < nr ? g->nw - s * nr : nr;
-            for (int l = 0; l < n; l++) dst[l] = (uint32_t)h0[s * nr + l] | (uint32_t)h1[s * nr + l] << 16;
+            g->isa->pair_rows16(dst, h0 + s * nr, h1 + s * nr, n);
             for (int l = n; l < nr; l++) dst[l] = 0;
         }
     }
@@ -301,23 +311,13 @@ static void pack_b16(void *vctx, int task, int thread) {
 static void pack_a16(uint32_t *wp, const gemm_ctx *g, int m0, int k0, int kc) {
     const ft_mat *A = g->A;
     int kp = (kc + 1) / 2;
-    if (A->dt == FT_F32 && A->rs == 1 && A->cs != 1) { /* Aᵀ stored: read along m, as pack_a */
-        float t[MR_MAX * FT_GEMM_KC];
+    if (A->dt == FT_F32 && A->rs == 1 && A->cs != 1) { /* Aᵀ stored: read along m, 16 rows a register transpose */
         int rows = g->M - m0 < g->mr ? g->M - m0 : g->mr;
-        for (int k = 0; k < kc; k++) {
-            const float *src = (const float *)A->p + (int64_t)(k0 + k) * A->cs + m0;
-            if (k + 8 < kc) __builtin_prefetch(src + 8 * A->cs); /* as in pack_a */
-            for (int r = 0; r < rows; r++) t[r * FT_GEMM_KC + k] = src[r];
-        }
-        for (int r = 0; r < g->mr; r++) {
-            uint32_t *dst = wp + (size_t)r * (FT_GEMM_KC / 2);
-            if (r >= rows) {
-                memset(dst, 0, (size_t)kp * sizeof(uint32_t));
-                continue;
-            }
-            g->isa->to_bf16((uint16_t *)dst, t + r * FT_GEMM_KC, kc);
-            if (kc % 2) ((uint16_t *)dst)[kc] = 0;
-        }
+        const float *src = (const float *)A->p + (int64_t)k0 * A->cs + m0;
+        for (int r0 = 0; r0 < rows; r0 += 16)
+            g->isa->pack_at16(wp + (size_t)r0 * (FT_GEMM_KC / 2), FT_GEMM_KC / 2, src + r0, A->cs,
+                              rows - r0 < 16 ? rows - r0 : 16, kc);
+        for (int r = rows; r < g->mr; r++) memset(wp + (size_t)r * (FT_GEMM_KC / 2), 0, (size_t)kp * sizeof(uint32_t));
         return;
     }
     for (int r = 0; r < g->mr; r++) {
@@ -480,9 +480,24 @@ bool ft_gemm_in(ft_dtype compute, float *C, int64_t c_rs, int64_t c_cs, const ft
         return ft_gemm_in(compute, C, c_cs, c_rs, &At, &Bt, N, M, K, alpha, accumulate, n_threads, scratch,
                           scratch_floats);
     }
+    /* bf16 pairs, few columns against many rows with A stored k-major (the
+     * LoRA dB += s·dYᵀ·u): as Cᵀ = Bᵀ·Aᵀ, so the long operand is packed from
+     * its rows (k), read in order, instead of gathered a 64-byte piece of a
+     * row of k at a time (that gather took 74% of the product). Every
+     * output's sum is the same pairs in the same order: the same bits. */
+    if (pairs && N <= g.isa->nr16[1] && M >= 4 * N && A->dt == FT_F32 && A->rs == 1 && A->cs != 1 &&
+        B->dt == FT_F32) {
+        At = (ft_mat){ .p = B->p, .dt = FT_F32, .rs = B->cs, .cs = B->rs };
+        Bt = (ft_mat){ .p = A->p, .dt = FT_F32, .rs = A->cs, .cs = A->rs };
+        return ft_gemm_in(compute, C, c_cs, c_rs, &At, &Bt, N, M, K, alpha, accumulate, n_threads, scratch,
+                          scratch_floats);
+    }
     /* bf16 in pairs on VDPBF16PS where the level has it; the chunk of B
-     * then takes half the scratch */
-    g.shape = N <= (pairs ? g.isa->nr16[1] : g.isa->nr[1]);
+     * then takes half the scratch. The narrow tile for few columns, or for
+     * rows the narrow tile covers in one panel where the wide one needs
+     * two (the LoRA dA += gᵀ·x: 16 rows, one panel of 16 rather than 12 + 4) */
+    g.shape = N <= (pairs ? g.isa->nr16[1] : g.isa->nr[1]) ||
+              (pairs && M > g.isa->mr16[0] && M <= g.isa->mr16[1]);
     g.mr = pairs ? g.isa->mr16[g.shape] : g.isa->mr[g.shape];
     g.nr = pairs ? g.isa->nr16[g.shape] : g.isa->nr[g.shape];
     g.bp = scratch;

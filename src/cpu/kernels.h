@@ -113,6 +113,15 @@ typedef struct {
     void (*dot_rows16)(float *out, const uint32_t *x, const uint8_t *w, size_t rb, int K, int nrows);
     /* dst[0..n) = src rounded to bf16 as ft_f32_to_bf16 does (RNE, NaN kept) */
     void (*to_bf16)(uint16_t *dst, const float *src, int n);
+    /* Packing for tile16 (with it, or NULL): dst[l] = lo[l] | hi[l] << 16,
+     * two bf16 rows of k as pair words; and an A panel stored k-major
+     * (element (m, k) at src[k·cs + m]) as rows r < rows <= 16 of wp, ld
+     * words apart, each the kc elements of k rounded to bf16 in pairs (an
+     * odd kc's last pair's high half zero) */
+    void (*pair_rows16)(uint32_t *dst, const uint16_t *lo, const uint16_t *hi, int n);
+    /* the same from two f32 rows, rounded as to_bf16 (hi NULL: zeros) */
+    void (*pair_rows16_f32)(uint32_t *dst, const float *lo, const float *hi, int n);
+    void (*pack_at16)(uint32_t *wp, int64_t ld, const float *src, int64_t cs, int rows, int kc);
 } ft_kernel_isa;
 
 /* The kernel set for a level (FT_CPU_*), falling back to the best one

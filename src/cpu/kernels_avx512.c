@@ -168,20 +168,105 @@ BF16_TARGET static void dot_rows16(float *out, const uint32_t *x, const uint8_t 
     for (int r = 0; r < nrows; r++) dot16_body(out + r, x, w + r * rb, rb, K, 1);
 }
 
-/* ft_f32_to_bf16 on 16 lanes: add 0x7FFF plus the kept lsb, keep the top
- * half; a NaN keeps its payload's top bits and is made quiet */
+/* ft_f32_to_bf16 on 16 lanes, each result in its lane's low half: add
+ * 0x7FFF plus the kept lsb, keep the top half; a NaN keeps its payload's
+ * top bits and is made quiet */
+LOCAL16 __m512i bf16_round16(__m512 x) {
+    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
+    __m512i u = _mm512_castps_si512(x);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+    return _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+}
+
 BF16_TARGET static void to_bf16(uint16_t *dst, const float *src, int n) {
     int i = 0;
-    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
-    for (; i + 16 <= n; i += 16) {
-        __m512i u = _mm512_castps_si512(_mm512_loadu_ps(src + i));
-        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
-        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-        r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-        _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(r));
-    }
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(bf16_round16(_mm512_loadu_ps(src + i))));
     for (; i < n; i++) dst[i] = ft_f32_to_bf16(src[i]);
+}
+
+/* dst[l] = lo[l] | hi[l] << 16: two rows of bf16 (k and k+1) as pair words */
+BF16_TARGET static void pair_rows16(uint32_t *dst, const uint16_t *lo, const uint16_t *hi, int n) {
+    int l = 0;
+    for (; l + 16 <= n; l += 16) {
+        __m512i a = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(lo + l)));
+        __m512i b = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(hi + l)));
+        _mm512_storeu_si512(dst + l, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
+    }
+    for (; l < n; l++) dst[l] = (uint32_t)lo[l] | (uint32_t)hi[l] << 16;
+}
+
+/* The same from two f32 rows, each rounded to bf16 as to_bf16 does; hi
+ * NULL: zeros (an odd K's last pair) */
+BF16_TARGET static void pair_rows16_f32(uint32_t *dst, const float *lo, const float *hi, int n) {
+    int l = 0;
+    for (; l + 16 <= n; l += 16) {
+        __m512i a = bf16_round16(_mm512_loadu_ps(lo + l));
+        __m512i b = hi ? bf16_round16(_mm512_loadu_ps(hi + l)) : _mm512_setzero_si512();
+        _mm512_storeu_si512(dst + l, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
+    }
+    for (; l < n; l++) dst[l] = (uint32_t)ft_f32_to_bf16(lo[l]) | (hi ? (uint32_t)ft_f32_to_bf16(hi[l]) << 16 : 0);
+}
+
+/* The 16 × 16 words v[0..16) transposed in place (v[i] lane j <-> v[j] lane i) */
+LOCAL16 void transpose16(__m512i v[16]) {
+    __m512i t[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 16; i += 4) {
+        v[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        v[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        v[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        v[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* lane q of v[4g + c] now holds column 4q + c's words of rows 4g..4g+3;
+     * column 4q + c is lane q of v[c], v[c + 4], v[c + 8], v[c + 12] */
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        __m512i a = v[i], b = v[i + 4], c = v[i + 8], d = v[i + 12];
+        __m512i ab0 = _mm512_shuffle_i32x4(a, b, 0x44), ab1 = _mm512_shuffle_i32x4(a, b, 0xEE);
+        __m512i cd0 = _mm512_shuffle_i32x4(c, d, 0x44), cd1 = _mm512_shuffle_i32x4(c, d, 0xEE);
+        t[i] = _mm512_shuffle_i32x4(ab0, cd0, 0x88);
+        t[i + 4] = _mm512_shuffle_i32x4(ab0, cd0, 0xDD);
+        t[i + 8] = _mm512_shuffle_i32x4(ab1, cd1, 0x88);
+        t[i + 12] = _mm512_shuffle_i32x4(ab1, cd1, 0xDD);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) v[i] = t[i]; /* t[j]: column j */
+}
+
+/* An A panel stored k-major (element (m, k) at src[k·cs + m]): rows r <
+ * rows of wp (rows ld words apart) get the pairs of k in [0, kc), rounded
+ * to bf16 (an odd kc's last pair padded with a zero); 16 pairs × 16 rows a
+ * register transpose at a time. rows <= 16. */
+BF16_TARGET static void pack_at16(uint32_t *wp, int64_t ld, const float *src, int64_t cs, int rows, int kc) {
+    const __mmask16 m = rows >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rows) - 1);
+    int kp = (kc + 1) / 2;
+    for (int p0 = 0; p0 < kp; p0 += 16) {
+        int np = kp - p0 < 16 ? kp - p0 : 16;
+        __m512i v[16];
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++) {
+            int k = 2 * (p0 + j);
+            if (j >= np) {
+                v[j] = _mm512_setzero_si512();
+                continue;
+            }
+            __m512i lo = bf16_round16(_mm512_maskz_loadu_ps(m, src + (int64_t)k * cs));
+            __m512i hi = k + 1 < kc ? bf16_round16(_mm512_maskz_loadu_ps(m, src + (int64_t)(k + 1) * cs))
+                                    : _mm512_setzero_si512();
+            v[j] = _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(hi, 16));
+        }
+        transpose16(v); /* v[r] lane j: row r's pair p0 + j */
+        const __mmask16 pm = np >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << np) - 1);
+        for (int r = 0; r < rows; r++) _mm512_mask_storeu_epi32(wp + (int64_t)r * ld + p0, pm, v[r]);
+    }
 }
 
 const ft_kernel_isa ft_kernels_avx512bf16 = {
@@ -197,6 +282,9 @@ const ft_kernel_isa ft_kernels_avx512bf16 = {
     .tile16 = { tile16_wide, tile16_narrow },
     .dot_rows16 = dot_rows16,
     .to_bf16 = to_bf16,
+    .pair_rows16 = pair_rows16,
+    .pair_rows16_f32 = pair_rows16_f32,
+    .pack_at16 = pack_at16,
 };
 
 #endif
