@@ -712,8 +712,23 @@ static void test_pair_packing(void) {
                     bad += wp[r * 140 + p] != want;
                 }
         }
-    CHECKF(bad == 0, "%s: %d pair words differ from ft_f32_to_bf16's", isa->name, bad);
-    printf("  %s: pair_rows16, pair_rows16_f32 and pack_at16 give ft_f32_to_bf16's bits\n", isa->name);
+    /* pack_cols16: column j's words at src + j·ld to dst[p·32 + j], zeros past ncols */
+    uint32_t *src = malloc(sizeof(uint32_t) * 16 * 131), *strip = malloc(sizeof(uint32_t) * 130 * 32);
+    for (int i = 0; i < 16 * 131; i++) src[i] = ft_rng_u32(&rng);
+    for (int ncols = 0; ncols <= 16; ncols += 3)
+        for (int kp = 1; kp <= 130; kp += 43) {
+            for (int i = 0; i < 130 * 32; i++) strip[i] = 0x5A5A5A5Au;
+            isa->pack_cols16(strip + 16, 32, src, 131, ncols, kp); /* the strip's second 16 columns */
+            for (int p = 0; p < 130; p++)
+                for (int l = 0; l < 32; l++) {
+                    uint32_t want = p >= kp || l < 16 ? 0x5A5A5A5Au : l - 16 < ncols ? src[(l - 16) * 131 + p] : 0;
+                    bad += strip[p * 32 + l] != want;
+                }
+        }
+    free(src);
+    free(strip);
+    CHECKF(bad == 0, "%s: %d pair words differ from ft_f32_to_bf16's (or from the words given)", isa->name, bad);
+    printf("  %s: pair_rows16, pair_rows16_f32, pack_at16 and pack_cols16 give ft_f32_to_bf16's bits\n", isa->name);
     free(v);
     free(dst);
     free(wp);

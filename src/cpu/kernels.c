@@ -252,6 +252,17 @@ static void strided_bf16(uint16_t *dst, const gemm_ctx *g, const float *p, int64
     g->isa->to_bf16(dst, tmp, n);
 }
 
+/* Column n of B over the chunk's K as bf16, h[kc] = 0 (an odd kc's pad) */
+static void column_bf16(uint16_t *h, const gemm_ctx *g, const ft_mat *B, int n, int kc) {
+    if (b_along_k(B) && B->dt != FT_F32)
+        span_bf16(h, g, B->dt, (const uint8_t *)B->p + (int64_t)n * B->rs, g->k0, kc);
+    else if (b_along_k(B))
+        span_bf16(h, g, FT_F32, (const uint8_t *)((const float *)B->p + (int64_t)n * B->cs), g->k0, kc);
+    else
+        strided_bf16(h, g, (const float *)B->p + (int64_t)n * B->cs + (int64_t)g->k0 * B->rs, B->rs, kc);
+    h[kc] = 0;
+}
+
 /* B's chunk in pairs: strip s at bp + s·kp·nr words, (kp, nr), kp =
  * ceil(kc/2); tasks as in pack_b (a strip, or PACK_ROWS rows of k). */
 static void pack_b16(void *vctx, int task, int thread) {
@@ -264,19 +275,25 @@ static void pack_b16(void *vctx, int task, int thread) {
         uint16_t h[FT_GEMM_KCH + 2];
         uint32_t *dst = bp + (size_t)task * kp * nr;
         int nl = g->nw - task * nr < nr ? g->nw - task * nr : nr;
+        if (g->isa->pack_cols16 && nr % 16 == 0) { /* 16 columns' pairs, then one transpose per 16 pairs */
+            uint16_t hs[16][FT_GEMM_KCH + 2] __attribute__((aligned(64)));
+            for (int l0 = 0; l0 < nr; l0 += 16) {
+                int nc = nl - l0 < 16 ? (nl - l0 > 0 ? nl - l0 : 0) : 16;
+                for (int j = 0; j < nc; j++) {
+                    int n = g->n0 + task * nr + l0 + j;
+                    column_bf16(hs[j], g, B, n, kc);
+                }
+                g->isa->pack_cols16(dst + l0, nr, (const uint32_t *)hs[0], (FT_GEMM_KCH + 2) / 2, nc, kp);
+            }
+            return;
+        }
         for (int l = 0; l < nr; l++) {
             int n = g->n0 + task * nr + l;
             if (l >= nl) {
                 for (int p = 0; p < kp; p++) dst[(size_t)p * nr + l] = 0;
                 continue;
             }
-            if (b_along_k(B) && B->dt != FT_F32)
-                span_bf16(h, g, B->dt, (const uint8_t *)B->p + (int64_t)n * B->rs, g->k0, kc);
-            else if (b_along_k(B))
-                span_bf16(h, g, FT_F32, (const uint8_t *)((const float *)B->p + (int64_t)n * B->cs), g->k0, kc);
-            else
-                strided_bf16(h, g, (const float *)B->p + (int64_t)n * B->cs + (int64_t)g->k0 * B->rs, B->rs, kc);
-            h[kc] = 0;
+            column_bf16(h, g, B, n, kc);
             for (int p = 0; p < kp; p++) dst[(size_t)p * nr + l] = (uint32_t)h[2 * p] | (uint32_t)h[2 * p + 1] << 16;
         }
         return;

@@ -122,6 +122,10 @@ typedef struct {
     /* the same from two f32 rows, rounded as to_bf16 (hi NULL: zeros) */
     void (*pair_rows16_f32)(uint32_t *dst, const float *lo, const float *hi, int n);
     void (*pack_at16)(uint32_t *wp, int64_t ld, const float *src, int64_t cs, int rows, int kc);
+    /* 16 columns of a strip (nr words wide, nr a multiple of 16) from their
+     * pair words: column j's kp words at src + j·ld for j < ncols (the
+     * rest zero) to dst[p·nr + j] */
+    void (*pack_cols16)(uint32_t *dst, int nr, const uint32_t *src, int ld, int ncols, int kp);
 } ft_kernel_isa;
 
 /* The kernel set for a level (FT_CPU_*), falling back to the best one

@@ -241,6 +241,22 @@ LOCAL16 void transpose16(__m512i v[16]) {
     for (int i = 0; i < 16; i++) v[i] = t[i]; /* t[j]: column j */
 }
 
+/* A strip of B from 16 columns' pair words: column j's kp words at src +
+ * j·ld (j < ncols; later columns zero) to dst[p·nr + j], p < kp: 16 pairs
+ * a register transpose at a time */
+BF16_TARGET static void pack_cols16(uint32_t *dst, int nr, const uint32_t *src, int ld, int ncols, int kp) {
+    for (int p0 = 0; p0 < kp; p0 += 16) {
+        int np = kp - p0 < 16 ? kp - p0 : 16;
+        const __mmask16 pm = np >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << np) - 1);
+        __m512i v[16];
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++)
+            v[j] = j < ncols ? _mm512_maskz_loadu_epi32(pm, src + (size_t)j * ld + p0) : _mm512_setzero_si512();
+        transpose16(v); /* v[i]: pair p0 + i of the 16 columns */
+        for (int i = 0; i < np; i++) _mm512_storeu_si512(dst + (size_t)(p0 + i) * nr, v[i]);
+    }
+}
+
 /* An A panel stored k-major (element (m, k) at src[k·cs + m]): rows r <
  * rows of wp (rows ld words apart) get the pairs of k in [0, kc), rounded
  * to bf16 (an odd kc's last pair padded with a zero); 16 pairs × 16 rows a
@@ -285,6 +301,7 @@ const ft_kernel_isa ft_kernels_avx512bf16 = {
     .pair_rows16 = pair_rows16,
     .pair_rows16_f32 = pair_rows16_f32,
     .pack_at16 = pack_at16,
+    .pack_cols16 = pack_cols16,
 };
 
 #endif
