@@ -1,0 +1,24 @@
+/* kernels_amx.c — kernels_amx.h's micro-kernel on the real tile unit
+ * (ldtilecfg, tilezero, tileloadd, tdpbf16ps, tilestored through gcc's
+ * intrinsics). The functions carry the target attribute (no global -march),
+ * so this compiles everywhere and runs only where cpu.c's probe passed. */
+#include "cpu/kernels.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+#define AMX_LOADCFG(cfg) _tile_loadconfig(cfg)
+#define AMX_ZERO(t) _tile_zero(t)
+#define AMX_LOAD(t, p, st) _tile_loadd(t, (const void *)(p), (long)(st))
+#define AMX_DP(c, a, b) _tile_dpbf16ps(c, a, b)
+#define AMX_STORE(t, p, st) _tile_stored(t, (void *)(p), (long)(st))
+#define AMX_WIDE ft_amx_tile16_wide
+#define AMX_NARROW ft_amx_tile16_narrow
+
+void ft_amx_tile16_wide(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add);
+void ft_amx_tile16_narrow(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add);
+
+#include "cpu/kernels_amx.h"
+
+#endif
