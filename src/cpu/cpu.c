@@ -276,3 +276,4 @@ const char *ft_cpu_level_name(int level) {
 }
 
 FTUNE_API const char *ftune_kernel_level(void) { return ft_cpu_level_name(ft_cpu_level()); }
+FTUNE_API const char *ftune_kernel_note(void) { return ft_cpu_amx_note(); }
