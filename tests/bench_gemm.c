@@ -69,6 +69,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static double tdpbf16_loop(long ite
     uint32_t a[16 * 16], b[16 * 16];
     for (int i = 0; i < 16 * 16; i++) a[i] = 0x3F803F80, b[i] = 0x33803380; /* 1 and 6e-8: the sums stay finite */
     float c[16 * 16];
+    __asm__ volatile("" ::: "memory"); /* gcc's tile asm declares no memory read (kernels_amx.c) */
     _tile_loadconfig(&cfg);
     _tile_zero(0);
     _tile_zero(1);

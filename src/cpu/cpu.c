@@ -72,6 +72,9 @@ __attribute__((target("amx-tile,amx-bf16"))) static void probe_tiles(float *c) {
             a[i][j] = ulo >> 16 | (uone >> 16) << 16;  /* row m = i, pair k = j */
             b[i][j] = un >> 16 | (uk >> 16) << 16;      /* pair row k = i, column n = j */
         }
+    /* gcc's ldtilecfg and tileloadd asm declare (almost) no memory read:
+     * a compiler barrier so the stores above land first (kernels_amx.c) */
+    __asm__ volatile("" ::: "memory");
     _tile_loadconfig(&cfg);
     _tile_zero(0);
     _tile_loadd(1, a, 64);
