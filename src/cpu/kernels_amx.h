@@ -39,7 +39,10 @@ _Static_assert(sizeof(amx_cfg) == 64, "the tile configuration is 64 bytes");
  * process), so each thread that runs the kernel loads its own before its
  * first tile instruction: ft_parallel_for's workers are long-lived
  * pthreads, so that is once per worker. Nothing else in the process
- * loads a tile configuration, so once loaded it stays ours. Worker tile
+ * loads a tile configuration (cpu.c's probe loads and releases its own
+ * before the level exists, so before any thread can get here; a thread
+ * that ran the probe still has its flag clear), so once loaded it stays
+ * ours. Worker tile
  * instructions are not guarded (a sigsetjmp per call would cost more than
  * the call): cpu.c ran the same sequence (ldtilecfg in a fresh thread,
  * then tile loads and tdpbf16ps) before it let the level be chosen; a
