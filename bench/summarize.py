@@ -131,9 +131,13 @@ for kind, name in (("dpbf16_gflops", "AVX512-BF16 VDPBF16PS GFLOP/s"), ("fma_f32
                    ("read_gbs", "memory read GB/s")):
     out.append(f"| {name} | {num(peak(kind, 1), '{:.1f}')} | " +
                (f"{num(peak(kind, threads), '{:.1f}')} |" if threads > 1 else ""))
-out.append("| AMX bf16 GFLOP/s | " + ("measured by none of our programs (ftune has no AMX kernels) |"
-                                       if has_amx else "not on this CPU (no amx_bf16) |") +
-           (" |" if threads > 1 else ""))
+if has_amx and peak("tdpbf16_gflops", 1) == peak("tdpbf16_gflops", 1):
+    out.append(f"| AMX TDPBF16PS GFLOP/s | {num(peak('tdpbf16_gflops', 1), '{:.1f}')} | " +
+               (f"{num(peak('tdpbf16_gflops', threads), '{:.1f}')} |" if threads > 1 else ""))
+else:
+    out.append("| AMX bf16 GFLOP/s | " + ("not measured: the amx level's probe failed here (ftune -v says why) |"
+                                           if has_amx else "not on this CPU (no amx_bf16) |") +
+               (" |" if threads > 1 else ""))
 
 inf = []
 for r in rows:

@@ -83,9 +83,13 @@ FTUNE_API const char *ftune_model_dtype(const ftune_model *m);
  * slower) or the name is not a compute dtype; "f32" is always 1. */
 FTUNE_API int ftune_dtype_is_native(const char *dtype);
 /* The kernel level this process's matrix products run on: "generic",
- * "avx2", "avx512" or "avx512bf16" (the best this CPU supports, capped by
- * the environment variable FTUNE_CPU). */
+ * "avx2", "avx512", "avx512bf16" or "amx" (the best this CPU supports,
+ * capped by the environment variable FTUNE_CPU). */
 FTUNE_API const char *ftune_kernel_level(void);
+/* One line, "AMX: ...", on the run-time probe of the AMX tile unit: why the
+ * amx level is not available here (not on this CPU, the OS or the kernel
+ * refused the tile state, a trial tile product failed) or that it passed. */
+FTUNE_API const char *ftune_kernel_note(void);
 
 typedef struct {
     char arch[32];         /* "llama", "qwen2", "mistral", ... */

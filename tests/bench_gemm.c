@@ -1,6 +1,6 @@
 /* bench_gemm.c — this machine's peaks and ftune's matrix products on the
  * Linear and LoRA shapes of the llama-110m and llama-3.2-1b presets: fp32
- * FMA and VDPBF16PS peaks and read bandwidth on 1 and n threads, then per
+ * FMA and VDPBF16PS peaks (and TDPBF16PS where the amx level's probe passed) and read bandwidth on 1 and n threads, then per
  * shape GFLOP/s of ft_gemm (f32 compute, bf16 weights widened), ft_gemm_in
  * in bf16 and, built with DNNL=1, oneDNN's bf16 matmul (bf16 operands,
  * f32 accumulation and output), interleaved round by round; medians.
@@ -53,8 +53,43 @@ __attribute__((target("avx512f,avx512bf16"))) static double dpbf16_loop(long ite
     return (double)_mm512_reduce_add_ps(s);
 }
 
+/* TDPBF16PS on four independent C tiles (16×16 f32 += 16×32 bf16 ·
+ * 32×16 bf16: 16384 flops each); only where ft_cpu_has_amx() passed, which
+ * also got the process its tile permission. Each thread loads its own
+ * tile configuration, as the kernels' threads do. */
 typedef struct {
-    int kind; /* 0 fma, 1 dpbf16, 2 read */
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_cfg;
+
+__attribute__((target("amx-tile,amx-bf16"))) static double tdpbf16_loop(long iters) {
+    tile_cfg cfg = { .palette = 1 };
+    for (int t = 0; t < 6; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    uint32_t a[16 * 16], b[16 * 16];
+    for (int i = 0; i < 16 * 16; i++) a[i] = 0x3F803F80, b[i] = 0x33803380; /* 1 and 6e-8: the sums stay finite */
+    float c[16 * 16];
+    __asm__ volatile("" ::: "memory"); /* gcc's tile asm declares no memory read (kernels_amx.c) */
+    _tile_loadconfig(&cfg);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, a, 64);
+    _tile_loadd(5, b, 64);
+    for (long it = 0; it < iters; it++) {
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_dpbf16ps(1, 4, 5);
+        _tile_dpbf16ps(2, 4, 5);
+        _tile_dpbf16ps(3, 4, 5);
+    }
+    _tile_stored(0, c, 64);
+    _tile_release();
+    return c[0];
+}
+
+typedef struct {
+    int kind; /* 0 fma, 1 dpbf16, 2 read, 3 tdpbf16 */
     long iters;
     const float *buf;
     size_t n;
@@ -75,15 +110,18 @@ __attribute__((target("avx512f"))) static double read_loop(const float *p, size_
 
 static void *peak_thread(void *v) {
     peak_job *j = v;
-    j->sink = j->kind == 0 ? fma_loop(j->iters) : j->kind == 1 ? dpbf16_loop(j->iters) : read_loop(j->buf, j->n, j->iters);
+    j->sink = j->kind == 0   ? fma_loop(j->iters)
+            : j->kind == 1 ? dpbf16_loop(j->iters)
+            : j->kind == 3 ? tdpbf16_loop(j->iters)
+                           : read_loop(j->buf, j->n, j->iters);
     return NULL;
 }
 
-/* GFLOP/s (kind 0, 1) or GB/s (kind 2) of kind on nt threads at once */
+/* GFLOP/s (kind 0, 1, 3) or GB/s (kind 2) of kind on nt threads at once */
 static double peak(int kind, int nt, const float *buf, size_t n) {
     pthread_t th[64];
     peak_job jobs[64];
-    long iters = kind == 2 ? 4 : PEAK_ITERS / (kind == 1 ? 2 : 1);
+    long iters = kind == 2 ? 4 : kind == 3 ? PEAK_ITERS / 16 : PEAK_ITERS / (kind == 1 ? 2 : 1);
     double t0 = bench_now();
     for (int i = 0; i < nt; i++) {
         /* each thread reads its own part of the buffer */
@@ -93,6 +131,7 @@ static double peak(int kind, int nt, const float *buf, size_t n) {
     for (int i = 0; i < nt; i++) pthread_join(th[i], NULL);
     double dt = bench_now() - t0;
     if (kind == 2) return (double)nt * (n / nt) * sizeof(float) * iters / dt * 1e-9;
+    if (kind == 3) return (double)nt * iters * 4 * 16384 / dt * 1e-9;
     return (double)nt * iters * CHAINS * (kind == 0 ? 32 : 64) / dt * 1e-9;
 }
 
@@ -305,7 +344,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: bench_gemm [--peaks-only] [THREADS] [ROUNDS] [SECONDS]\n");
         return 2;
     }
-    printf("cpu\tlevel=%s\tavx512bf16=%d\n", ft_cpu_level_name(ft_cpu_level()), ft_cpu_has_avx512bf16());
+    printf("cpu\tlevel=%s\tavx512bf16=%d\tamx=%d\n", ft_cpu_level_name(ft_cpu_level()), ft_cpu_has_avx512bf16(),
+           ft_cpu_has_amx());
 #ifndef FT_DNNL
     if (thread_check) {
         fprintf(stderr, "bench_gemm: --dnnl-threads needs a build with DNNL=1\n");
@@ -317,10 +357,11 @@ int main(int argc, char **argv) {
     float *buf = ft_aligned_alloc(nbuf * sizeof(float));
     if (!buf) return 1;
     for (size_t i = 0; i < nbuf; i++) buf[i] = 1.0f;
-    const char *pk[] = { "fma_f32_gflops", "dpbf16_gflops", "read_gbs" };
+    const char *pk[] = { "fma_f32_gflops", "dpbf16_gflops", "read_gbs", "tdpbf16_gflops" };
     for (int r = 0; r < rounds && !thread_check; r++)
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < 4; k++) {
             if (k == 1 && !ft_cpu_has_avx512bf16()) continue;
+            if (k == 3 && !ft_cpu_has_amx()) continue;
             if (k < 2 && !ft_cpu_has_avx512f()) continue;
             for (int t = 1; t <= nt; t += nt > 1 ? nt - 1 : 1)
                 printf("peak\t%s\tthreads=%d\tround=%d\tvalue=%.1f\n", pk[k], t, r, peak(k, t, buf, nbuf));

@@ -65,7 +65,9 @@ static void test_cpu_levels(void) {
     CHECK(best >= FT_CPU_GENERIC && best <= FT_CPU_TOP);
     CHECK(!ft_cpu_has_avx512f() || ft_cpu_has_avx2());
     CHECK(!ft_cpu_has_avx512bf16() || ft_cpu_has_avx512f());
-    CHECK(best == (ft_cpu_has_avx512bf16() ? FT_CPU_AVX512BF16
+    CHECK(!ft_cpu_has_amx() || ft_cpu_has_avx512bf16());
+    CHECK(best == (ft_cpu_has_amx()          ? FT_CPU_AMX
+                   : ft_cpu_has_avx512bf16() ? FT_CPU_AVX512BF16
                    : ft_cpu_has_avx512f()  ? FT_CPU_AVX512
                    : ft_cpu_has_avx2()     ? FT_CPU_AVX2
                                            : FT_CPU_GENERIC));
@@ -82,8 +84,9 @@ static void test_cpu_levels(void) {
     ft_cpu_force_level(-1);
     CHECK(ft_cpu_level() == env_cap);
     ft_cpu_force_level(FT_CPU_TOP);
-    printf("  cpu: avx2 %d, avx512 %d, avx512bf16 %d; dispatch level %s\n", ft_cpu_has_avx2(),
-           ft_cpu_has_avx512f(), ft_cpu_has_avx512bf16(), ft_cpu_level_name(best));
+    printf("  cpu: avx2 %d, avx512 %d, avx512bf16 %d, amx %d; dispatch level %s\n  %s\n", ft_cpu_has_avx2(),
+           ft_cpu_has_avx512f(), ft_cpu_has_avx512bf16(), ft_cpu_has_amx(), ft_cpu_level_name(best),
+           ft_cpu_amx_note());
 }
 
 /* ft_linear_forward (and so the kernels) against the reference for every
@@ -346,6 +349,9 @@ static double rounded(float x, ft_dtype compute) {
                               : x;
 }
 
+/* the name of the table ft_kernels_force put in place, for messages */
+static const char *forced_name;
+
 static double gemm_case(ft_dtype compute, int M, int N, int K, ft_dtype adt, bool at, ft_dtype bdt, bool bt, bool c_t,
                         float alpha, bool accumulate, ft_rng *rng) {
     operand A, B;
@@ -378,7 +384,7 @@ static double gemm_case(ft_dtype compute, int M, int N, int K, ft_dtype adt, boo
     CHECKF(ok1 && ok3, "M=%d N=%d K=%d A %s B %s: declined", M, N, K, layout(&A), layout(&B));
     if (!ok1 || !ok3) goto done;
     CHECKF(!memcmp(c1, c3, nc * sizeof(float)), "%s M=%d N=%d K=%d A %s B %s: 1 and 3 threads differ",
-           ft_cpu_level_name(ft_cpu_level()), M, N, K, layout(&A), layout(&B));
+           forced_name ? forced_name : ft_cpu_level_name(ft_cpu_level()), M, N, K, layout(&A), layout(&B));
     /* as in test_linear_kernels: products of unit normals summed at most
      * FT_GEMM_KCH = 1024 per running f32 sum, measured against
      * their scale |alpha|·sqrt(K) (plus the unit-normal C when adding) */
@@ -540,6 +546,177 @@ static void test_gemm_bf16_subnormal(void) {
     }
     ft_cpu_force_level(FT_CPU_TOP);
     free(scratch);
+}
+
+/* Whether /proc/cpuinfo lists amx_bf16 (Linux's own reading of cpuid). */
+static bool cpuinfo_lists_amx(void) {
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return false;
+    char line[8192];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f))
+        if (!strncmp(line, "flags", 5) && strstr(line, " amx_bf16")) found = true;
+    fclose(f);
+    return found;
+}
+
+/* The AMX probe: a level only when it passed; asking for amx (the cap, as
+ * FTUNE_CPU=amx does) on a CPU without working tiles runs the best level
+ * there is, and the note says why in one line. */
+static void test_amx_probe(void) {
+    ft_cpu_force_level(FT_CPU_TOP);
+    int best = ft_cpu_level();
+    const char *note = ft_cpu_amx_note();
+    CHECKF(!strncmp(note, "AMX: ", 5) && !strchr(note, '\n'), "note \"%s\"", note);
+    CHECK(!strcmp(ft_cpu_level_name(FT_CPU_AMX), "amx"));
+    if (!cpuinfo_lists_amx()) CHECKF(!ft_cpu_has_amx(), "probe passed where /proc/cpuinfo lists no amx_bf16");
+    ft_cpu_force_level(FT_CPU_AMX);
+    CHECK(ft_cpu_level() == best);
+    CHECK((best == FT_CPU_AMX) == ft_cpu_has_amx());
+    if (!ft_cpu_has_amx()) CHECK(ft_kernels_for_level(best) != ft_kernels_for_level(FT_CPU_AMX));
+    ft_cpu_force_level(FT_CPU_AVX512BF16); /* a cap below amx is obeyed */
+    CHECK(ft_cpu_level() <= FT_CPU_AVX512BF16);
+    ft_cpu_force_level(FT_CPU_TOP);
+    printf("  level %s; %s\n", ft_cpu_level_name(best), note);
+}
+
+/* cb = ap · bp for one call of a tile16, in double from the pairs. */
+static void tile16_ref(double *ref, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, int mr, int nr) {
+    for (int m = 0; m < mr; m++)
+        for (int n = 0; n < nr; n++) {
+            double s = 0;
+            for (int p = 0; p < kp; p++)
+                for (int h = 0; h < 2; h++)
+                    s += (double)ft_bf16_to_f32((uint16_t)(ap[m * lda + p] >> 16 * h)) *
+                         ft_bf16_to_f32((uint16_t)(bp[(size_t)p * nr + n] >> 16 * h));
+            ref[m * nr + n] = s;
+        }
+}
+
+/* One table's tile16 called directly: every kp from 1 to FT_GEMM_KC/2
+ * (every tail length), lda the driver's and another, with add, and NaN
+ * bits everywhere past kp in the panel and the strip: a kernel that read
+ * past the pairs it was given would turn its outputs into NaN. */
+static double tile16_direct(const ft_kernel_isa *isa, ft_rng *rng) {
+    enum { KP = FT_GEMM_KC / 2, LDA2 = KP + 3 };
+    double worst = 0;
+    uint32_t *ap = malloc((size_t)32 * LDA2 * sizeof(uint32_t)), *bp = malloc((size_t)(KP + 16) * 32 * sizeof(uint32_t));
+    float *cb = malloc(32 * 32 * sizeof(float)), *c0 = malloc(32 * 32 * sizeof(float));
+    double *ref = malloc(32 * 32 * sizeof(double));
+    if (!ap || !bp || !cb || !c0 || !ref) {
+        CHECKF(0, "out of memory");
+        goto done;
+    }
+    for (int shape = 0; shape < 2; shape++)
+        for (int kp = 1; kp <= KP; kp++) {
+            int mr = isa->mr16[shape], nr = isa->nr16[shape];
+            int64_t lda = kp % 2 ? KP : LDA2;
+            bool add = kp % 3 == 0;
+            const uint32_t nan2 = 0x7FC17FC1; /* two bf16 NaNs */
+            for (size_t i = 0; i < (size_t)32 * LDA2; i++) ap[i] = nan2;
+            for (size_t i = 0; i < (size_t)(KP + 16) * 32; i++) bp[i] = nan2;
+            for (int m = 0; m < mr; m++)
+                for (int p = 0; p < kp; p++)
+                    ap[m * lda + p] = (uint32_t)ft_f32_to_bf16(ft_rng_normal(rng)) |
+                                      (uint32_t)ft_f32_to_bf16(ft_rng_normal(rng)) << 16;
+            for (size_t i = 0; i < (size_t)kp * nr; i++)
+                bp[i] = (uint32_t)ft_f32_to_bf16(ft_rng_normal(rng)) | (uint32_t)ft_f32_to_bf16(ft_rng_normal(rng)) << 16;
+            for (int i = 0; i < mr * nr; i++) cb[i] = c0[i] = ft_rng_normal(rng);
+            isa->tile16[shape](cb, bp, ap, lda, kp, add);
+            tile16_ref(ref, bp, ap, lda, kp, mr, nr);
+            for (int i = 0; i < mr * nr; i++) {
+                double want = ref[i] + (add ? c0[i] : 0);
+                /* 2·kp products of unit normals (scale sqrt(2kp)) in one running f32 sum: as in gemm_case */
+                double e = fabs(cb[i] - want) / (sqrt(2.0 * kp) + (add ? 1 : 0));
+                if (!(e < 1e-5)) {
+                    CHECKF(0, "%s shape %d kp=%d lda=%lld add=%d: element %d = %g, want %g", isa->name, shape, kp,
+                           (long long)lda, add, i, cb[i], want);
+                    goto done;
+                }
+                if (e > worst) worst = e;
+            }
+        }
+done:
+    free(ap); free(bp); free(cb); free(c0); free(ref);
+    return worst;
+}
+
+/* The amx micro-kernel (kernels_amx.h) through the driver, on the
+ * emulated tile unit everywhere the avx512bf16 level runs and on the real
+ * one where the probe passed: every M, N, K of 1, 15, 16, 17, 31, 33, 257
+ * and 1000+ (tile edges at 16 and 32, the k tail, K chunks of 256 and
+ * 1024) in the layouts linear.c and lora.c hand ft_gemm_in, against the
+ * double product of the bf16-rounded operands, with the same 1e-5 bound as
+ * test_gemm_compute (the products are exact and every sum is an f32 sum;
+ * the worst seen is ~3e-6, as on avx512bf16) and the same bits on 1 and 3
+ * threads (gemm_case); the subnormal inputs read as zero. The emulation
+ * checks our data movement and tile configuration, not Intel's
+ * instruction: only the real table's run tests that. */
+static void test_amx_tiles(void) {
+    const ft_kernel_isa *tables[2];
+    int n_tables = 0;
+    if (ft_cpu_has_avx512bf16()) tables[n_tables++] = &ft_kernels_amx_emulated;
+    if (ft_cpu_has_amx()) tables[n_tables++] = ft_kernels_for_level(FT_CPU_AMX);
+    if (!n_tables) {
+        printf("  skipped: no avx512bf16 here, which the amx tables' other kernels need\n");
+        return;
+    }
+    ft_rng rng;
+    ft_rng_seed(&rng, 29);
+    const int sz[] = { 1, 15, 16, 17, 31, 33, 257, 1030 };
+    enum { NS = sizeof sz / sizeof sz[0] };
+    float *scratch = ft_aligned_alloc(FT_GEMM_SCRATCH_FLOATS * sizeof(float));
+    if (!scratch) {
+        CHECKF(0, "out of memory");
+        return;
+    }
+    for (int ti = 0; ti < n_tables; ti++) {
+        const ft_kernel_isa *isa = tables[ti];
+        CHECK(isa->tile16[0] && isa->mr16[0] == 32 && isa->nr16[0] == 32 && isa->nr16[1] == 16);
+        double direct = tile16_direct(isa, &rng);
+        ft_kernels_force(isa);
+        forced_name = isa->name;
+        double worst = 0;
+        int n_cases = 0;
+        for (int mi = 0; mi < NS; mi++)
+            for (int ni = 0; ni < NS; ni++)
+                for (int ki = 0; ki < NS; ki++) {
+                    int M = sz[mi], N = sz[ni], K = sz[ki], i = mi + ni + ki;
+                    if ((size_t)M * N * K > 2500000) continue; /* the emulation and the double reference are slow */
+                    struct { ft_dtype adt; bool at; ft_dtype bdt; bool bt, ct; float alpha; } lay[] = {
+                        { FT_F32, false, FT_BF16, true, false, 1.0f },  /* forward: X·Wᵀ */
+                        { FT_F32, false, FT_BF16, false, false, 1.0f }, /* dX = dY·W */
+                        { FT_F32, true, FT_F32, false, false, 1.0f },   /* dW += doutᵀ·X */
+                        { FT_F32, false, FT_F32, true, true, -0.5f },   /* LoRA products, C transposed */
+                        { FT_BF16, false, FT_F32, true, true, 1.0f },   /* few rows: W·Xᵀ into outᵀ */
+                    };
+                    int j = i % 5;
+                    double e = gemm_case(FT_BF16, M, N, K, lay[j].adt, lay[j].at, lay[j].bdt, lay[j].bt, lay[j].ct,
+                                         lay[j].alpha, i % 2, &rng);
+                    CHECKF(e >= 0 && e < 1e-5, "%s M=%d N=%d K=%d layout %d: max rel err %.3g", isa->name, M, N, K, j,
+                           e);
+                    if (e > worst) worst = e;
+                    n_cases++;
+                }
+        /* subnormal bf16 inputs are read as zero, as VDPBF16PS does */
+        enum { M = 3, N = 20, K = 33 };
+        float a[M * K], b[K * N], c[M * N];
+        for (int i = 0; i < M * K; i++) a[i] = i < K ? 1e-39f : 1.0f;
+        for (int i = 0; i < K * N; i++) b[i] = 0.5f;
+        ft_mat A = ft_mat_f32(a, K, 1), B = ft_mat_f32(b, N, 1);
+        CHECK(ft_gemm_in(FT_BF16, c, N, 1, &A, &B, M, N, K, 1.0f, false, 2, scratch, FT_GEMM_SCRATCH_FLOATS));
+        for (int n = 0; n < N; n++)
+            CHECKF(c[n] == 0.0f && c[N + n] == 16.5f && c[2 * N + n] == 16.5f, "%s: subnormal rows give %g %g %g",
+                   isa->name, c[n], c[N + n], c[2 * N + n]);
+        ft_kernels_force(NULL);
+        forced_name = NULL;
+        printf("  %s: %d driver cases, max rel err %.3g; direct tile16 calls (kp 1..%d), max rel err %.3g\n",
+               isa->name, n_cases, worst, FT_GEMM_KC / 2, direct);
+    }
+    free(scratch);
+    printf("  tested: %s\n", ft_cpu_has_amx() ? "the emulated tile unit and the real one (tdpbf16ps ran here)"
+                                              : "the emulated tile unit only: our tiling, tails, strides and tile "
+                                                "configuration; the real tdpbf16ps did not run (no AMX here)");
 }
 
 /* linear_backward for every base dtype and level, with bias and a LoRA
@@ -746,6 +923,8 @@ int main(void) {
     RUN(test_gemm_compute);
     RUN(test_gemm_bf16_subnormal);
     RUN(test_pair_packing);
+    RUN(test_amx_probe);
+    RUN(test_amx_tiles);
     RUN(test_linear_backward);
     CHECK_EXIT();
 }

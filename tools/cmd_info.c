@@ -74,6 +74,7 @@ int cmd_info(int argc, char **argv) {
     printf("dtypes:         %s\n", i.dtypes);
     printf("kernels:        %s (this CPU; bf16 products %s)\n", ftune_kernel_level(),
            ftune_dtype_is_native("bf16") ? "native" : "widened to f32");
+    printf("amx:            %s\n", ftune_kernel_note() + 5); /* past "AMX: " */
     printf("weight bytes:   %lld (%.2f MiB)\n", (long long)i.weight_bytes, i.weight_bytes / 1048576.0);
     printf("layers:         %d\n", i.n_layers);
     printf("hidden size:    %d\n", i.dim);

@@ -34,6 +34,7 @@ int main(int argc, char **argv) {
 #endif
         printf("ftune %s (checkpoint format %d; built %s with %s %s)\n", FTUNE_CLI_VERSION, FTUNE_CHECKPOINT_VERSION, __DATE__,
                cc, __VERSION__);
+        printf("kernels: %s; %s\n", ftune_kernel_level(), ftune_kernel_note());
         return 0;
     }
     if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "help") == 0) {

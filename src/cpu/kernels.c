@@ -21,11 +21,16 @@
 
 extern const ft_kernel_isa ft_kernels_generic;
 #if defined(__x86_64__)
-extern const ft_kernel_isa ft_kernels_avx2, ft_kernels_avx512, ft_kernels_avx512bf16;
+extern const ft_kernel_isa ft_kernels_avx2, ft_kernels_avx512, ft_kernels_avx512bf16, ft_kernels_amx;
 #endif
+
+static const ft_kernel_isa *forced_isa; /* ft_kernels_force's table, or NULL */
+
+void ft_kernels_force(const ft_kernel_isa *isa) { __atomic_store_n(&forced_isa, isa, __ATOMIC_RELAXED); }
 
 const ft_kernel_isa *ft_kernels_for_level(int level) {
 #if defined(__x86_64__)
+    if (level >= FT_CPU_AMX) return &ft_kernels_amx;
     if (level >= FT_CPU_AVX512BF16) return &ft_kernels_avx512bf16;
     if (level >= FT_CPU_AVX512) return &ft_kernels_avx512;
     if (level >= FT_CPU_AVX2) return &ft_kernels_avx2;
@@ -33,8 +38,10 @@ const ft_kernel_isa *ft_kernels_for_level(int level) {
     return &ft_kernels_generic;
 }
 
-/* bounds of every ISA's register tile */
+/* bounds of every ISA's register tile: f32 (tile), bf16 pairs (tile16;
+ * amx's 32 rows) */
 #define MR_MAX 16
+#define MR16_MAX 32
 /* rows of B's chunk one packing task widens */
 #define PACK_ROWS 16
 /* GEMV: output rows per task */
@@ -355,8 +362,8 @@ static void pack_a16(uint32_t *wp, const gemm_ctx *g, int m0, int k0, int kc) {
 static void panels16(void *vctx, int task, int thread) {
     (void)thread;
     const gemm_ctx *g = vctx;
-    uint32_t wp[MR_MAX * FT_GEMM_KC / 2] __attribute__((aligned(64)));
-    float cb[MR_MAX * NC16] __attribute__((aligned(64))); /* strip s at cb + s·mr·nr, (mr, nr) */
+    uint32_t wp[MR16_MAX * FT_GEMM_KC / 2] __attribute__((aligned(64)));
+    float cb[MR16_MAX * NC16] __attribute__((aligned(64))); /* strip s at cb + s·mr·nr, (mr, nr) */
     const uint32_t *bp = (const uint32_t *)g->bp;
     int mr = g->mr, nr = g->nr, ns = (g->nw + nr - 1) / nr, kpc = (g->kc + 1) / 2;
     int p1 = (task + 1) * g->group < g->n_panels ? (task + 1) * g->group : g->n_panels;
@@ -468,7 +475,8 @@ bool ft_gemm_in(ft_dtype compute, float *C, int64_t c_rs, int64_t c_cs, const ft
      * transposed, along k */
     if (M < 1 || N < 1 || K < 1 || !operand_ok(A, K, false) || !operand_ok(B, B->t ? K : N, true)) return false;
     if (n_threads < 1) n_threads = 1;
-    gemm_ctx g = { .isa = ft_kernels_for_level(ft_cpu_level()), .C = C, .c_rs = c_rs, .c_cs = c_cs, .A = A, .B = B,
+    const ft_kernel_isa *isa = __atomic_load_n(&forced_isa, __ATOMIC_RELAXED);
+    gemm_ctx g = { .isa = isa ? isa : ft_kernels_for_level(ft_cpu_level()), .C = C, .c_rs = c_rs, .c_cs = c_cs, .A = A, .B = B,
                    .M = M, .N = N, .K = K, .alpha = alpha, .overwrite = !accumulate, .compute = compute };
     const uint8_t *rp;
     size_t rb;

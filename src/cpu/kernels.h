@@ -6,7 +6,8 @@
  * kernels.c holds the driver, written once: K and N chunks, packing, the
  * hand-out of panels to threads (ft_parallel_for), the one-column GEMV path.
  * Each instruction set (kernels_generic.c, kernels_avx2.c,
- * kernels_avx512.c) provides only the primitives below: widen a span of a
+ * kernels_avx512.c; the amx level's tile micro-kernel in kernels_amx.h,
+ * compiled on the tile unit and on an emulation of it) provides only the primitives below: widen a span of a
  * row to f32, dot rows with a vector, and the register-tile micro-kernel
  * (the last two written once in kernels_isa.h and compiled per ISA). The
  * level comes from ft_cpu_level() (cpu.h). Every output is computed by one
@@ -70,7 +71,8 @@ bool ft_gemm(float *C, int64_t c_rs, int64_t c_cs, const ft_mat *A, const ft_mat
  * type (round to nearest even; exact for an operand already stored in it;
  * f16 overflows to inf), then multiplied exactly and summed in f32: what a
  * mixed-precision matrix unit (AMX, VDPBF16PS) computes, up to the order of
- * the f32 sums. At the avx512bf16 level bf16 products run on VDPBF16PS,
+ * the f32 sums. At the avx512bf16 level bf16 products run on VDPBF16PS
+ * (at the amx level on TDPBF16PS, the same rules per tile element),
  * which sums pairs of products along k and treats subnormal bf16 inputs
  * and f32 results as zero (DAZ/FTZ, whatever MXCSR says): results then
  * differ from the plain semantics also for magnitudes below 1.2e-38. The same conditions and thread-count independence as
@@ -100,7 +102,8 @@ typedef struct {
     /* out[r] = row r · x (K elements) for r < nrows <= 4, rows rb bytes apart */
     void (*dot_rows)(float *out, const float *x, const uint8_t *w, size_t rb, ft_dtype dt, int K, int nrows);
 
-    /* Products in bf16 (VDPBF16PS; NULL below the avx512bf16 level, where
+    /* Products in bf16 (VDPBF16PS, or tdpbf16ps at the amx level: 32 × 32
+     * and 32 × 16 tiles; NULL below the avx512bf16 level, where
      * bf16 compute rounds while packing f32 and uses tile). Operands are
      * packed as 32-bit words, each a pair of bf16 along k (element 2p in
      * the low half, 2p+1 in the high half, an odd K padded with a zero):
@@ -131,5 +134,14 @@ typedef struct {
 /* The kernel set for a level (FT_CPU_*), falling back to the best one
  * compiled in below it. */
 const ft_kernel_isa *ft_kernels_for_level(int level);
+
+/* The amx level's kernels with the tile unit emulated in plain C
+ * (kernels_amx_emu.c): the real micro-kernel's tiling, tails and strides,
+ * runnable where the avx512bf16 level is. Not a level: only tests reach it,
+ * through ft_kernels_force. */
+extern const ft_kernel_isa ft_kernels_amx_emulated;
+/* For tests: every ft_gemm_in uses `isa` from now on whatever the level
+ * (NULL: the level's again). Not meant to be changed while kernels run. */
+void ft_kernels_force(const ft_kernel_isa *isa);
 
 #endif

@@ -304,4 +304,26 @@ const ft_kernel_isa ft_kernels_avx512bf16 = {
     .pack_cols16 = pack_cols16,
 };
 
+/* ------------------------------------------------ amx: the tile unit */
+
+/* The amx level is avx512bf16 with tile16 on tdpbf16ps (kernels_amx.c):
+ * f32 products, decode's row-dots and the conversions stay as above. The
+ * emulated table runs the same micro-kernel on kernels_amx_emu.c's C
+ * model of the tiles; no level dispatches to it, only tests. */
+void ft_amx_tile16_wide(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add);
+void ft_amx_tile16_narrow(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add);
+void ft_amx_emu_tile16_wide(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add);
+void ft_amx_emu_tile16_narrow(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add);
+
+#define AMX_TABLE(nm, wide, narrow)                                                                                \
+    {                                                                                                              \
+        .name = nm, .mr = { MR_W, MR_N }, .nr = { VL * NV_W, VL * NV_N }, .tile = { tile_wide, tile_narrow },      \
+        .widen = widen, .store = store, .dot_rows = dot_rows, .mr16 = { 32, 32 }, .nr16 = { 32, 16 },             \
+        .tile16 = { wide, narrow }, .dot_rows16 = dot_rows16, .to_bf16 = to_bf16, .pair_rows16 = pair_rows16,     \
+        .pair_rows16_f32 = pair_rows16_f32, .pack_at16 = pack_at16, .pack_cols16 = pack_cols16,                    \
+    }
+const ft_kernel_isa ft_kernels_amx = AMX_TABLE("amx", ft_amx_tile16_wide, ft_amx_tile16_narrow);
+const ft_kernel_isa ft_kernels_amx_emulated = AMX_TABLE("amx (emulated tiles)", ft_amx_emu_tile16_wide,
+                                                        ft_amx_emu_tile16_narrow);
+
 #endif

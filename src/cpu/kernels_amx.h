@@ -1,0 +1,135 @@
+/* kernels_amx.h — the tile-unit bf16 micro-kernel (kernels.h's tile16 at
+ * the amx level), written once against five tile primitives and included
+ * twice: by kernels_amx.c with the real AMX intrinsics, and by
+ * kernels_amx_emu.c with a plain C emulation of the tile registers, so the
+ * tests run this file's data movement (tiling, the k tail, add, strides)
+ * on a CPU without AMX. The including file defines first:
+ *   AMX_TARGET            the functions' target attribute (empty: emulated)
+ *   AMX_LOADCFG(cfg)      ldtilecfg from a 64-byte amx_cfg
+ *   AMX_ZERO(t)           tilezero tmm t
+ *   AMX_LOAD(t, p, st)    tileloadd: tmm t's rows from p, st bytes apart
+ *   AMX_DP(c, a, b)       tdpbf16ps tmm c += tmm a · tmm b
+ *   AMX_STORE(t, p, st)   tilestored: tmm t's rows to p, st bytes apart
+ *   AMX_WIDE, AMX_NARROW  the names of the two tile16 functions to define
+ * Tile numbers are literals (the instructions encode them).
+ *
+ * The shapes: mr16 = 32 rows (2 A tiles of 16 rows × 16 pair-words = 32
+ * bf16 along k), nr16 = 32 columns (wide: 2 B tiles of 16 pair-rows × 16
+ * words, 2×2 C tiles of 16×16 f32: 8 tile registers) or 16 (narrow: 1 B
+ * tile, 2 C tiles). The driver pads a panel's rows past M with zeros and a
+ * strip's columns past N with zeros, so every call is whole tiles except
+ * along k: kp pairs need not be a multiple of 16, and what lies past kp in
+ * the panel and the strip is not ours to read as zeros (other data, maybe
+ * NaN bits: 0·NaN is NaN). The k tail is copied into zero-padded local
+ * tiles, so one fixed configuration (every tile 16 rows × 64 bytes) serves
+ * every call and is loaded once per thread.
+ * Not a header for anything else to include. */
+
+#include <string.h>
+
+/* The 64-byte ldtilecfg operand, palette 1. */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16]; /* bytes per row of tile t */
+    uint8_t rows[16];   /* rows of tile t */
+} amx_cfg;
+_Static_assert(sizeof(amx_cfg) == 64, "the tile configuration is 64 bytes");
+
+/* Tile configuration is per thread (the permission, cpu.c's probe, per
+ * process), so each thread that runs the kernel loads its own before its
+ * first tile instruction: ft_parallel_for's workers are long-lived
+ * pthreads, so that is once per worker. Nothing else in the process
+ * loads a tile configuration (cpu.c's probe loads and releases its own
+ * before the level exists, so before any thread can get here; a thread
+ * that ran the probe still has its flag clear), so once loaded it stays
+ * ours. Worker tile
+ * instructions are not guarded (a sigsetjmp per call would cost more than
+ * the call): cpu.c ran the same sequence (ldtilecfg in a fresh thread,
+ * then tile loads and tdpbf16ps) before it let the level be chosen; a
+ * worker could still fault only where the kernel cannot give that thread
+ * its tile state buffer (Linux then kills the process with SIGSEGV), and
+ * FTUNE_CPU=avx512bf16 avoids the level. */
+static __thread bool amx_thread_ready;
+
+AMX_TARGET static inline __attribute__((always_inline)) void amx_ready(void) {
+    if (amx_thread_ready) return;
+    amx_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    AMX_LOADCFG(&cfg);
+    amx_thread_ready = true;
+}
+
+/* Tiles: C 0 (rows 0-15, cols 0-15), 1 (rows 0-15, cols 16-31), 2 (rows
+ * 16-31, cols 0-15), 3 (rows 16-31, cols 16-31); A 4 (rows 0-15), 5 (rows
+ * 16-31); B 6 (cols 0-15), 7 (cols 16-31). NB = B tiles (1 or 2). */
+#define AMX_STEP(a0, a1, ast, b, bst, NB)                                                                              \
+    do {                                                                                                           \
+        AMX_LOAD(4, (a0), (ast));                                                                                  \
+        AMX_LOAD(5, (a1), (ast));                                                                                  \
+        AMX_LOAD(6, (b), (bst));                                                                                   \
+        AMX_DP(0, 4, 6);                                                                                           \
+        AMX_DP(2, 5, 6);                                                                                           \
+        if ((NB) == 2) {                                                                                           \
+            AMX_LOAD(7, (b) + 16, (bst));                                                                          \
+            AMX_DP(1, 4, 7);                                                                                       \
+            AMX_DP(3, 5, 7);                                                                                       \
+        }                                                                                                          \
+    } while (0)
+
+/* cb (32, 16·NB; row-major) (+)= ap (32 rows lda words apart, kp pair
+ * words) · bp (kp pair rows × 16·NB words) */
+AMX_TARGET static inline __attribute__((always_inline)) void amx_body(float *cb, const uint32_t *bp,
+                                                                      const uint32_t *ap, int64_t lda, int kp,
+                                                                      bool add, const int NB) {
+    const int NR = 16 * NB;
+    const int64_t cst = (int64_t)NR * sizeof(float), ast = lda * (int64_t)sizeof(uint32_t);
+    const int64_t bst = (int64_t)NR * sizeof(uint32_t);
+    amx_ready();
+    if (add) {
+        AMX_LOAD(0, cb, cst);
+        AMX_LOAD(2, cb + 16 * NR, cst);
+        if (NB == 2) {
+            AMX_LOAD(1, cb + 16, cst);
+            AMX_LOAD(3, cb + 16 * NR + 16, cst);
+        }
+    } else {
+        AMX_ZERO(0);
+        AMX_ZERO(2);
+        if (NB == 2) {
+            AMX_ZERO(1);
+            AMX_ZERO(3);
+        }
+    }
+    int p = 0;
+    for (; p + 16 <= kp; p += 16) AMX_STEP(ap + p, ap + 16 * lda + p, ast, bp + (size_t)p * NR, bst, NB);
+    if (p < kp) { /* the k tail: kt < 16 pairs, zero-padded to a whole tile */
+        const int kt = kp - p;
+        uint32_t at[32 * 16] __attribute__((aligned(64)));
+        uint32_t bt[16 * 32] __attribute__((aligned(64)));
+        for (int r = 0; r < 32; r++) {
+            memcpy(at + r * 16, ap + r * lda + p, (size_t)kt * sizeof(uint32_t));
+            memset(at + r * 16 + kt, 0, (size_t)(16 - kt) * sizeof(uint32_t));
+        }
+        memcpy(bt, bp + (size_t)p * NR, (size_t)kt * NR * sizeof(uint32_t));
+        memset(bt + kt * NR, 0, (size_t)(16 - kt) * NR * sizeof(uint32_t));
+        AMX_STEP(at, at + 16 * 16, 16 * (int64_t)sizeof(uint32_t), bt, bst, NB);
+    }
+    AMX_STORE(0, cb, cst);
+    AMX_STORE(2, cb + 16 * NR, cst);
+    if (NB == 2) {
+        AMX_STORE(1, cb + 16, cst);
+        AMX_STORE(3, cb + 16 * NR + 16, cst);
+    }
+}
+
+/* the driver's panels are rows FT_GEMM_KC/2 words apart: a constant stride */
+AMX_TARGET void AMX_WIDE(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add) {
+    if (lda == FT_GEMM_KC / 2) amx_body(cb, bp, ap, FT_GEMM_KC / 2, kp, add, 2);
+    else amx_body(cb, bp, ap, lda, kp, add, 2);
+}
+AMX_TARGET void AMX_NARROW(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add) {
+    if (lda == FT_GEMM_KC / 2) amx_body(cb, bp, ap, FT_GEMM_KC / 2, kp, add, 1);
+    else amx_body(cb, bp, ap, lda, kp, add, 1);
+}
