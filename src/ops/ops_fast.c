@@ -448,6 +448,57 @@ TBF16 static void rpairs16(uint32_t *w, size_t ldw, const float *a, size_t lda, 
     }
 }
 
+/* The 16×16 transpose of 32-bit words r[0..16) in registers (unpack
+ * 32- and 64-bit halves, then swap 128-bit lanes twice). */
+TBF16 static inline void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 16; i += 8)
+        for (int k = 0; k < 4; k++) {
+            t[i + k] = _mm512_shuffle_i32x4(r[i + k], r[i + k + 4], 0x88);
+            t[i + k + 4] = _mm512_shuffle_i32x4(r[i + k], r[i + k + 4], 0xdd);
+        }
+    for (int k = 0; k < 8; k++) {
+        r[k] = _mm512_shuffle_i32x4(t[k], t[k + 8], 0x88);
+        r[k + 8] = _mm512_shuffle_i32x4(t[k], t[k + 8], 0xdd);
+    }
+}
+
+/* pack_pairs_t's words for the keys [0, 16·floor(Tk/16)), 16 keys at a
+ * time: each key's 32 floats of d converted to 16 pair words as
+ * rows_to_pairs16 converts them (the same instruction on the same
+ * operands, a ragged end of d masked the same way), the 16×16 block of
+ * words transposed in registers and stored as 16 rows of Xt, instead of
+ * 16 scattered words per key (decode packs every cached key of every head
+ * per token: the scattered stores took most of its attention's time).
+ * Returns the keys done. */
+TBF16 static int pack_pairs_t_blocks(uint32_t *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS) {
+    int J = Tk / 16 * 16;
+    for (int j0 = 0; j0 < J; j0 += 16)
+        for (int d = 0; d < HS; d += 32) {
+            int m = HS - d < 32 ? HS - d : 32;
+            __mmask16 mlo = (__mmask16)(m >= 16 ? 0xFFFF : (1u << m) - 1);
+            __mmask16 mhi = (__mmask16)(m >= 32 ? 0xFFFF : m > 16 ? (1u << (m - 16)) - 1 : 0);
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) {
+                const float *xi = x + (size_t)(j0 + i) * stride + d;
+                r[i] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(mhi, xi + 16), _mm512_maskz_loadu_ps(mlo, xi));
+            }
+            transpose16(r);
+            for (int p = 0; p < (m + 1) / 2; p++) _mm512_storeu_si512(Xt + (size_t)(d / 2 + p) * Tkp + j0, r[p]);
+        }
+    return J;
+}
+
 /* k_acc_t on bf16 pairs of rows: Ct[d][j] += Σ_rp A[rp][d]·B[rp][j] for
  * d < HS, j < J (a multiple of 16); A (nrp, HS words), B (nrp, J words). */
 TBF16 static void k_acc_t16(float *Ct, size_t ldc, const uint32_t *A, size_t lda, const uint32_t *B, size_t ldb, int HS,
@@ -562,6 +613,10 @@ static void rpairs16(uint32_t *w, size_t ldw, const float *a, size_t lda, int nr
         for (int d = 0; d < n; d++)
             w[rp * ldw + d] = bf16_pair(a[2 * rp * lda + d], 2 * rp + 1 < nr ? a[(2 * rp + 1) * lda + d] : 0.0f);
 }
+static int pack_pairs_t_blocks(uint32_t *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS) {
+    (void)Xt, (void)x, (void)stride, (void)Tk, (void)Tkp, (void)HS;
+    return 0; /* pack_pairs_t converts every key itself */
+}
 static void k_acc_t16(float *Ct, size_t ldc, const uint32_t *A, size_t lda, const uint32_t *B, size_t ldb, int HS,
                       int nrp, int J) {
     for (int d = 0; d < HS; d++)
@@ -583,12 +638,13 @@ static void k_rows_p16(float *O, size_t ldo, const uint32_t *P, size_t ldp, cons
 #endif
 
 /* K or V of one kv head as bf16 pairs along d, word (p, j) = (x[j][2p],
- * x[j][2p+1]) in (HSp/2, Tkp): each key's row converted, then its words
- * dealt down a column; zeros past Tk. */
+ * x[j][2p+1]) in (HSp/2, Tkp): blocks of 16 keys transposed in registers
+ * where the level has them, then each remaining key's row converted and
+ * its words dealt down a column; zeros past Tk. */
 static void pack_pairs_t(uint32_t *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS) {
     int HSh = (HS + 1) / 2;
     uint32_t tmp[256];
-    for (int j = 0; j < Tk; j++)
+    for (int j = pack_pairs_t_blocks(Xt, x, stride, Tk, Tkp, HS); j < Tk; j++)
         for (int d0 = 0; d0 < HS; d0 += 512) {
             int n = HS - d0 < 512 ? HS - d0 : 512;
             rows_to_pairs16(tmp, 0, x + (size_t)j * stride + d0, 0, 1, n);
