@@ -435,15 +435,19 @@ TBF16 static void rows_to_pairs16(uint32_t *w, size_t ldw, const float *a, size_
     }
 }
 TBF16 static void rpairs16(uint32_t *w, size_t ldw, const float *a, size_t lda, int nr, int n) {
+    /* word i of the result: bf16 i (row 2rp) low, bf16 16 + i (row 2rp + 1) high */
+    const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                           21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     for (int rp = 0; rp < (nr + 1) / 2; rp++) {
         const float *x0 = a + (size_t)(2 * rp) * lda, *x1 = 2 * rp + 1 < nr ? x0 + lda : NULL;
         uint32_t *row = w + (size_t)rp * ldw;
         for (int d = 0; d < n; d += 16) {
+            /* both rows' 16 floats in one conversion (x0's to the low
+             * half), then interleaved by one word permutation */
             __mmask16 m = (__mmask16)(n - d >= 16 ? 0xFFFF : (1u << (n - d)) - 1);
-            __m512i h0 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x0 + d)));
-            __m512i h1 = x1 ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x1 + d)))
-                            : _mm512_setzero_si512();
-            _mm512_mask_storeu_epi32(row + d, m, _mm512_or_si512(h0, _mm512_slli_epi32(h1, 16)));
+            __m512 f1 = x1 ? _mm512_maskz_loadu_ps(m, x1 + d) : _mm512_setzero_ps();
+            __m512i h = (__m512i)_mm512_cvtne2ps_pbh(f1, _mm512_maskz_loadu_ps(m, x0 + d));
+            _mm512_mask_storeu_epi32(row + d, m, _mm512_permutexvar_epi16(pairs, h));
         }
     }
 }
