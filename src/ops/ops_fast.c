@@ -304,12 +304,17 @@ INLINE uint32_t bf16_pair(float lo, float hi) {
     return (uint32_t)ft_f32_to_bf16(lo) | (uint32_t)ft_f32_to_bf16(hi) << 16;
 }
 
+static int pack_t_blocks(float *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS);
+
 /* Keys (and values) of one kv head packed: transposed (HS, Tkp) and/or as
- * padded rows (Tkp, HSp); zeros past Tk; rounded to bf16 when rnd. */
+ * padded rows (Tkp, HSp); zeros past Tk; rounded to bf16 when rnd. The
+ * transpose runs 16 keys at a time in registers where the level has
+ * AVX-512 (pack_t_blocks), the rest element by element down the columns. */
 INLINE void pack_t(float *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS, bool rnd) {
+    int j0 = pack_t_blocks(Xt, x, stride, Tk, Tkp, HS);
     for (int d = 0; d < HS; d++) {
         float *row = Xt + (size_t)d * Tkp;
-        for (int j = 0; j < Tk; j++) row[j] = x[(size_t)j * stride + d];
+        for (int j = j0; j < Tk; j++) row[j] = x[(size_t)j * stride + d];
         for (int j = Tk; j < Tkp; j++) row[j] = 0;
         if (rnd)
             for (int j = 0; j < Tk; j++) row[j] = bf16r(row[j]);
@@ -454,7 +459,7 @@ TBF16 static void rpairs16(uint32_t *w, size_t ldw, const float *a, size_t lda, 
 
 /* The 16×16 transpose of 32-bit words r[0..16) in registers (unpack
  * 32- and 64-bit halves, then swap 128-bit lanes twice). */
-TBF16 static inline void transpose16(__m512i r[16]) {
+__attribute__((target("avx512f"))) static inline void transpose16(__m512i r[16]) {
     __m512i t[16];
     for (int i = 0; i < 16; i += 2) {
         t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
@@ -475,6 +480,29 @@ TBF16 static inline void transpose16(__m512i r[16]) {
         r[k] = _mm512_shuffle_i32x4(t[k], t[k + 8], 0x88);
         r[k + 8] = _mm512_shuffle_i32x4(t[k], t[k + 8], 0xdd);
     }
+}
+
+/* pack_t's copy for the keys [0, 16·floor(Tk/16)) at the AVX-512 levels
+ * (0 keys below them): 16 keys × 16 floats of d loaded (a ragged end of d
+ * masked), transposed in registers and stored as 16 rows of Xt, instead of
+ * reading each column of the cache with a stride (decode repacks every
+ * cached key of every head per token). A copy: the same bits. */
+__attribute__((target("avx512f"))) static int pack_t_blocks_avx512(float *Xt, const float *x, size_t stride, int Tk,
+                                                                  int Tkp, int HS) {
+    int J = Tk / 16 * 16;
+    for (int j0 = 0; j0 < J; j0 += 16)
+        for (int d = 0; d < HS; d += 16) {
+            int m = HS - d < 16 ? HS - d : 16;
+            __mmask16 mk = (__mmask16)(m == 16 ? 0xFFFF : (1u << m) - 1);
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) r[i] = _mm512_maskz_loadu_epi32(mk, x + (size_t)(j0 + i) * stride + d);
+            transpose16(r);
+            for (int p = 0; p < m; p++) _mm512_storeu_si512(Xt + (size_t)(d + p) * Tkp + j0, r[p]);
+        }
+    return J;
+}
+static int pack_t_blocks(float *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS) {
+    return ft_cpu_level() >= FT_CPU_AVX512 ? pack_t_blocks_avx512(Xt, x, stride, Tk, Tkp, HS) : 0;
 }
 
 /* pack_pairs_t's words for the keys [0, 16·floor(Tk/16)), 16 keys at a
@@ -620,6 +648,10 @@ static void rpairs16(uint32_t *w, size_t ldw, const float *a, size_t lda, int nr
 static int pack_pairs_t_blocks(uint32_t *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS) {
     (void)Xt, (void)x, (void)stride, (void)Tk, (void)Tkp, (void)HS;
     return 0; /* pack_pairs_t converts every key itself */
+}
+static int pack_t_blocks(float *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS) {
+    (void)Xt, (void)x, (void)stride, (void)Tk, (void)Tkp, (void)HS;
+    return 0; /* pack_t copies every key itself */
 }
 static void k_acc_t16(float *Ct, size_t ldc, const uint32_t *A, size_t lda, const uint32_t *B, size_t ldb, int HS,
                       int nrp, int J) {
