@@ -404,6 +404,9 @@ static void test_attention_bf16(void) {
         /* past the forward's 256-key tiles: both of the bf16 forward's passes over three and four
          * tiles, with documents, and a cache prefix */
         { 1, 600, 600, 4, 2, 40, 80, 1 }, { 1, 3, 777, 6, 2, 24, 48, 0 },
+        /* one query row (decode's unpacked path) past the 256-key tiles: grouped heads, a ragged
+         * HS (24: part of a 32-float block; 7: odd), documents, two batch rows */
+        { 1, 1, 300, 6, 2, 24, 48, 0 }, { 2, 1, 531, 4, 1, 7, 21, 1 },
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_attention_bf16(&cs[i]);
 }

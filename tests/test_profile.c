@@ -1,7 +1,9 @@
 /* test_profile.c — FTUNE_PROFILE (the timing backend of nn/backend_profile.c)
  * changes no number: three trainer steps of stories260K give bit-identical
  * losses with it and without it, for LoRA (with dropout) and full
- * fine-tuning, in f32 and bf16. Its table goes to stderr. */
+ * fine-tuning, in f32 and bf16; and an inference session's decode steps
+ * (one-token forwards, which it times) give bit-identical logits. Its
+ * tables go to stderr. */
 #include "ftune.h"
 #include "check.h"
 
@@ -51,8 +53,38 @@ static void test_same_numbers(void) {
         }
 }
 
+/* A prefill of 5 tokens, then 4 decode steps: every step's logits. */
+static void decode_logits(float *out, int V, const char *dtype, int profile) {
+    if (profile) setenv("FTUNE_PROFILE", "1", 1); else unsetenv("FTUNE_PROFILE");
+    ftune_model *m = NULL;
+    ftune_load_opts lo = { .dtype = dtype };
+    CHECK_OK(ftune_model_load(&m, stories_hf, &lo));
+    ftune_session *s = NULL;
+    CHECK_OK(ftune_session_new(&s, m, 16, 2));
+    int32_t tok[9] = { 1, 40, 300, 7, 99, 12, 260, 5, 511 };
+    CHECK_OK(ftune_session_forward(s, tok, 5, out, 0));
+    for (int i = 5; i < 9; i++) CHECK_OK(ftune_session_forward(s, tok + i, 1, out + (size_t)(i - 4) * V, 0));
+    ftune_session_free(s);
+    ftune_model_free(m);
+    unsetenv("FTUNE_PROFILE");
+}
+
+static void test_same_decode(void) {
+    enum { V = 512 }; /* stories260K's vocabulary */
+    const char *dts[] = { "f32", "bf16" };
+    static float a[5 * V], b[5 * V];
+    for (int d = 0; d < 2; d++) {
+        decode_logits(a, V, dts[d], 0);
+        decode_logits(b, V, dts[d], 1);
+        /* exact, as for training */
+        CHECKF(!memcmp(a, b, sizeof a), "%s: decode logits differ with the profile", dts[d]);
+        CHECK(memcmp(a + V, a + 2 * V, V * sizeof(float))); /* the steps see different tokens */
+    }
+}
+
 int main(void) {
     check_data_path(stories_hf, sizeof stories_hf, "models/stories260K-hf");
     RUN(test_same_numbers);
+    RUN(test_same_decode);
     CHECK_EXIT();
 }

@@ -2,6 +2,7 @@
  * the wrapped backend between two clock reads, its time added to a class. */
 #include "nn/backend_profile.h"
 
+#include <string.h>
 #include <time.h>
 
 static double now(void) {
@@ -177,6 +178,10 @@ ft_backend ft_backend_profiled(ft_prof *p) {
 }
 
 void ft_prof_print(const ft_prof *p, long long steps, FILE *f) {
+    ft_prof_print_per(p, steps, "optimizer step", f);
+}
+
+void ft_prof_print_per(const ft_prof *p, long long steps, const char *unit, FILE *f) {
     static const char *const names[FT_PROF_N] = {
         [FT_PROF_LINEAR_FWD] = "Linear forward", [FT_PROF_LINEAR_DX] = "Linear dX", [FT_PROF_LINEAR_DW] = "Linear dW",
         [FT_PROF_LORA_FWD] = "LoRA forward", [FT_PROF_LORA_BWD] = "LoRA backward",
@@ -187,17 +192,21 @@ void ft_prof_print(const ft_prof *p, long long steps, FILE *f) {
         [FT_PROF_ELEMWISE] = "add/copy/zero", [FT_PROF_OPTIM] = "AdamW",
     };
     if (steps < 1) steps = 1;
-    double sum = 0, span = p->last > p->first ? p->last - p->first : 0;
+    double sum = 0, span = p->wall > 0 ? p->wall : p->last > p->first ? p->last - p->first : 0;
     for (int k = 0; k < FT_PROF_N; k++) sum += p->sec[k];
-    fprintf(f, "profile: %lld optimizer step%s (warm-up included, validation not), %s compute, %d threads\n", steps,
-            steps == 1 ? "" : "s",
-            ft_types[p->inner.compute].name, p->inner.n_threads);
-    fprintf(f, "  %-22s %10s %6s %8s\n", "op", "ms/step", "%", "calls");
+    bool step = !strcmp(unit, "optimizer step");
+    fprintf(f, "profile: %lld %s%s%s, %s compute, %d threads\n", steps, unit, steps == 1 ? "" : "s",
+            step ? " (warm-up included, validation not)" : "", ft_types[p->inner.compute].name,
+            p->inner.n_threads);
+    fprintf(f, "  %-22s %10s %6s %8s\n", "op", step ? "ms/step" : "ms/token", "%", "calls");
     for (int k = 0; k < FT_PROF_N; k++)
         if (p->calls[k])
-            fprintf(f, "  %-22s %10.1f %5.1f%% %8lld\n", names[k], 1e3 * p->sec[k] / steps,
+            fprintf(f, step ? "  %-22s %10.1f %5.1f%% %8lld\n" : "  %-22s %10.3f %5.1f%% %8lld\n", names[k],
+                    1e3 * p->sec[k] / steps,
                     span > 0 ? 100 * p->sec[k] / span : 0, p->calls[k] / steps);
-    fprintf(f, "  %-22s %10.1f %5.1f%%\n", "ops total", 1e3 * sum / steps, span > 0 ? 100 * sum / span : 0);
-    fprintf(f, "  %-22s %10.1f %5.1f%%\n", "outside the ops", 1e3 * (span - sum) / steps,
-            span > 0 ? 100 * (span - sum) / span : 0); /* clipping, the caller's loop */
+    fprintf(f, step ? "  %-22s %10.1f %5.1f%%\n" : "  %-22s %10.3f %5.1f%%\n", "ops total", 1e3 * sum / steps,
+            span > 0 ? 100 * sum / span : 0);
+    fprintf(f, step ? "  %-22s %10.1f %5.1f%%\n" : "  %-22s %10.3f %5.1f%%\n", "outside the ops",
+            1e3 * (span - sum) / steps,
+            span > 0 ? 100 * (span - sum) / span : 0); /* clipping, the caller's loop; a session's checks */
 }

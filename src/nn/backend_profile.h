@@ -22,6 +22,8 @@ typedef struct {
     double sec[FT_PROF_N];    /* seconds spent in each class */
     long long calls[FT_PROF_N];
     double first, last;       /* monotonic seconds: start of the first op, end of the last */
+    double wall;              /* > 0: the seconds the profiled work took, timed by the caller (a session's
+                               * decode steps, which other work separates), used instead of last - first */
 } ft_prof;
 
 /* A backend computing exactly what p->inner computes (the same functions on
@@ -34,5 +36,8 @@ ft_backend ft_backend_profiled(ft_prof *p);
 /* The table of p: seconds per optimizer step (steps: how many, >= 1) and
  * share of each class, the ops' sum, and the time between ops. */
 void ft_prof_print(const ft_prof *p, long long steps, FILE *f);
+/* The same per unit of work named by unit ("decode token": a session's
+ * one-token forwards, FTUNE_PROFILE=1 on an inference session). */
+void ft_prof_print_per(const ft_prof *p, long long steps, const char *unit, FILE *f);
 
 #endif

@@ -304,12 +304,17 @@ INLINE uint32_t bf16_pair(float lo, float hi) {
     return (uint32_t)ft_f32_to_bf16(lo) | (uint32_t)ft_f32_to_bf16(hi) << 16;
 }
 
+static int pack_t_blocks(float *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS);
+
 /* Keys (and values) of one kv head packed: transposed (HS, Tkp) and/or as
- * padded rows (Tkp, HSp); zeros past Tk; rounded to bf16 when rnd. */
+ * padded rows (Tkp, HSp); zeros past Tk; rounded to bf16 when rnd. The
+ * transpose runs 16 keys at a time in registers where the level has
+ * AVX-512 (pack_t_blocks), the rest element by element down the columns. */
 INLINE void pack_t(float *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS, bool rnd) {
+    int j0 = pack_t_blocks(Xt, x, stride, Tk, Tkp, HS);
     for (int d = 0; d < HS; d++) {
         float *row = Xt + (size_t)d * Tkp;
-        for (int j = 0; j < Tk; j++) row[j] = x[(size_t)j * stride + d];
+        for (int j = j0; j < Tk; j++) row[j] = x[(size_t)j * stride + d];
         for (int j = Tk; j < Tkp; j++) row[j] = 0;
         if (rnd)
             for (int j = 0; j < Tk; j++) row[j] = bf16r(row[j]);
@@ -435,18 +440,153 @@ TBF16 static void rows_to_pairs16(uint32_t *w, size_t ldw, const float *a, size_
     }
 }
 TBF16 static void rpairs16(uint32_t *w, size_t ldw, const float *a, size_t lda, int nr, int n) {
+    /* word i of the result: bf16 i (row 2rp) low, bf16 16 + i (row 2rp + 1) high */
+    const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                           21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     for (int rp = 0; rp < (nr + 1) / 2; rp++) {
         const float *x0 = a + (size_t)(2 * rp) * lda, *x1 = 2 * rp + 1 < nr ? x0 + lda : NULL;
         uint32_t *row = w + (size_t)rp * ldw;
         for (int d = 0; d < n; d += 16) {
+            /* both rows' 16 floats in one conversion (x0's to the low
+             * half), then interleaved by one word permutation */
             __mmask16 m = (__mmask16)(n - d >= 16 ? 0xFFFF : (1u << (n - d)) - 1);
-            __m512i h0 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x0 + d)));
-            __m512i h1 = x1 ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x1 + d)))
-                            : _mm512_setzero_si512();
-            _mm512_mask_storeu_epi32(row + d, m, _mm512_or_si512(h0, _mm512_slli_epi32(h1, 16)));
+            __m512 f1 = x1 ? _mm512_maskz_loadu_ps(m, x1 + d) : _mm512_setzero_ps();
+            __m512i h = (__m512i)_mm512_cvtne2ps_pbh(f1, _mm512_maskz_loadu_ps(m, x0 + d));
+            _mm512_mask_storeu_epi32(row + d, m, _mm512_permutexvar_epi16(pairs, h));
         }
     }
 }
+
+/* The 16×16 transpose of 32-bit words r[0..16) in registers (unpack
+ * 32- and 64-bit halves, then swap 128-bit lanes twice). */
+__attribute__((target("avx512f"))) static inline void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 16; i += 8)
+        for (int k = 0; k < 4; k++) {
+            t[i + k] = _mm512_shuffle_i32x4(r[i + k], r[i + k + 4], 0x88);
+            t[i + k + 4] = _mm512_shuffle_i32x4(r[i + k], r[i + k + 4], 0xdd);
+        }
+    for (int k = 0; k < 8; k++) {
+        r[k] = _mm512_shuffle_i32x4(t[k], t[k + 8], 0x88);
+        r[k + 8] = _mm512_shuffle_i32x4(t[k], t[k + 8], 0xdd);
+    }
+}
+
+/* pack_t's copy for the keys [0, 16·floor(Tk/16)) at the AVX-512 levels
+ * (0 keys below them): 16 keys × 16 floats of d loaded (a ragged end of d
+ * masked), transposed in registers and stored as 16 rows of Xt, instead of
+ * reading each column of the cache with a stride (decode repacks every
+ * cached key of every head per token). A copy: the same bits. */
+__attribute__((target("avx512f"))) static int pack_t_blocks_avx512(float *Xt, const float *x, size_t stride, int Tk,
+                                                                  int Tkp, int HS) {
+    int J = Tk / 16 * 16;
+    for (int j0 = 0; j0 < J; j0 += 16)
+        for (int d = 0; d < HS; d += 16) {
+            int m = HS - d < 16 ? HS - d : 16;
+            __mmask16 mk = (__mmask16)(m == 16 ? 0xFFFF : (1u << m) - 1);
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) r[i] = _mm512_maskz_loadu_epi32(mk, x + (size_t)(j0 + i) * stride + d);
+            transpose16(r);
+            for (int p = 0; p < m; p++) _mm512_storeu_si512(Xt + (size_t)(d + p) * Tkp + j0, r[p]);
+        }
+    return J;
+}
+static int pack_t_blocks(float *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS) {
+    return ft_cpu_level() >= FT_CPU_AVX512 ? pack_t_blocks_avx512(Xt, x, stride, Tk, Tkp, HS) : 0;
+}
+
+/* pack_pairs_t's words for the keys [0, 16·floor(Tk/16)), 16 keys at a
+ * time: each key's 32 floats of d converted to 16 pair words as
+ * rows_to_pairs16 converts them (the same instruction on the same
+ * operands, a ragged end of d masked the same way), the 16×16 block of
+ * words transposed in registers and stored as 16 rows of Xt, instead of
+ * 16 scattered words per key (decode packs every cached key of every head
+ * per token: the scattered stores took most of its attention's time).
+ * Returns the keys done. */
+TBF16 static int pack_pairs_t_blocks(uint32_t *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS) {
+    int J = Tk / 16 * 16;
+    for (int j0 = 0; j0 < J; j0 += 16)
+        for (int d = 0; d < HS; d += 32) {
+            int m = HS - d < 32 ? HS - d : 32;
+            __mmask16 mlo = (__mmask16)(m >= 16 ? 0xFFFF : (1u << m) - 1);
+            __mmask16 mhi = (__mmask16)(m >= 32 ? 0xFFFF : m > 16 ? (1u << (m - 16)) - 1 : 0);
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) {
+                const float *xi = x + (size_t)(j0 + i) * stride + d;
+                r[i] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(mhi, xi + 16), _mm512_maskz_loadu_ps(mlo, xi));
+            }
+            transpose16(r);
+            for (int p = 0; p < (m + 1) / 2; p++) _mm512_storeu_si512(Xt + (size_t)(d / 2 + p) * Tkp + j0, r[p]);
+        }
+    return J;
+}
+
+/* Decode (one query row) without packing: k_rows_t16's scores for the
+ * keys [0, J) (J a multiple of 16) from the f32 cache, each 16-key block
+ * converted and transposed in registers as pack_pairs_t_blocks does (keys
+ * from Tk on as zero words, as the packed layout has them) and fed to the
+ * same VDPBF16PS chain, pair by pair in order; S[j] = alpha · score. */
+TBF16 static void dec_scores16(float *S, const uint32_t *q, const float *k, size_t stride, int Tk, int J, int HS,
+                               float alpha) {
+    __m512 al = _mm512_set1_ps(alpha);
+    for (int j0 = 0; j0 < J; j0 += 16) {
+        __m512 c0 = _mm512_setzero_ps();
+        for (int d = 0; d < HS; d += 32) {
+            int m = HS - d < 32 ? HS - d : 32;
+            __mmask16 mlo = (__mmask16)(m >= 16 ? 0xFFFF : (1u << m) - 1);
+            __mmask16 mhi = (__mmask16)(m >= 32 ? 0xFFFF : m > 16 ? (1u << (m - 16)) - 1 : 0);
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) {
+                const float *xi = k + (size_t)(j0 + i) * stride + d;
+                r[i] = j0 + i < Tk ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(mhi, xi + 16),
+                                                                  _mm512_maskz_loadu_ps(mlo, xi))
+                                   : _mm512_setzero_si512();
+            }
+            transpose16(r);
+            for (int p = 0; p < (m + 1) / 2; p++) DP(c0, SETBH(q[d / 2 + p]), (__m512bh)r[p]);
+        }
+        _mm512_storeu_ps(S + j0, _mm512_mul_ps(c0, al));
+    }
+}
+
+/* Decode's P·V without packing: k_rows_p16 on one row, O[d] = Σ_jp
+ * P[jp]·(pair jp of the keys j0 + 2jp, j0 + 2jp + 1) over the first n keys
+ * of the tile, each value pair formed from the f32 cache as rpairs16 forms
+ * it (a key from Tk on, and d from HS on, as zeros) and fed to the same
+ * VDPBF16PS chain per 16 lanes of d, pair by pair in order. */
+TBF16 static void dec_pv16(float *O, const uint32_t *P, const float *v, size_t stride, int Tk, int j0, int n, int HS,
+                           int HSp) {
+    const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                           21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    int nv = HSp / 16, JP = (n + 1) / 2;
+    for (int v0 = 0; v0 < nv; v0 += 4) {
+        int vv = nv - v0 < 4 ? nv - v0 : 4;
+        __m512 c[4] = { _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps() };
+        for (int jp = 0; jp < JP; jp++) {
+            __m512bh x = SETBH(P[jp]);
+            const float *x0 = v + (size_t)(j0 + 2 * jp) * stride, *x1 = j0 + 2 * jp + 1 < Tk ? x0 + stride : NULL;
+            for (int w = 0; w < vv; w++) {
+                int d = (v0 + w) * 16;
+                __mmask16 m = (__mmask16)(d >= HS ? 0 : HS - d >= 16 ? 0xFFFF : (1u << (HS - d)) - 1);
+                __m512 f1 = x1 ? _mm512_maskz_loadu_ps(m, x1 + d) : _mm512_setzero_ps();
+                __m512i h = (__m512i)_mm512_cvtne2ps_pbh(f1, _mm512_maskz_loadu_ps(m, x0 + d));
+                DP(c[w], x, (__m512bh)_mm512_permutexvar_epi16(pairs, h));
+            }
+        }
+        for (int w = 0; w < vv; w++) _mm512_storeu_ps(O + (v0 + w) * 16, c[w]);
+    }
+}
+#define HAVE_DEC16 1
 
 /* k_acc_t on bf16 pairs of rows: Ct[d][j] += Σ_rp A[rp][d]·B[rp][j] for
  * d < HS, j < J (a multiple of 16); A (nrp, HS words), B (nrp, J words). */
@@ -562,6 +702,15 @@ static void rpairs16(uint32_t *w, size_t ldw, const float *a, size_t lda, int nr
         for (int d = 0; d < n; d++)
             w[rp * ldw + d] = bf16_pair(a[2 * rp * lda + d], 2 * rp + 1 < nr ? a[(2 * rp + 1) * lda + d] : 0.0f);
 }
+static int pack_pairs_t_blocks(uint32_t *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS) {
+    (void)Xt, (void)x, (void)stride, (void)Tk, (void)Tkp, (void)HS;
+    return 0; /* pack_pairs_t converts every key itself */
+}
+static int pack_t_blocks(float *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS) {
+    (void)Xt, (void)x, (void)stride, (void)Tk, (void)Tkp, (void)HS;
+    return 0; /* pack_t copies every key itself */
+}
+#define HAVE_DEC16 0 /* decode packs, as every other shape does */
 static void k_acc_t16(float *Ct, size_t ldc, const uint32_t *A, size_t lda, const uint32_t *B, size_t ldb, int HS,
                       int nrp, int J) {
     for (int d = 0; d < HS; d++)
@@ -583,12 +732,13 @@ static void k_rows_p16(float *O, size_t ldo, const uint32_t *P, size_t ldp, cons
 #endif
 
 /* K or V of one kv head as bf16 pairs along d, word (p, j) = (x[j][2p],
- * x[j][2p+1]) in (HSp/2, Tkp): each key's row converted, then its words
- * dealt down a column; zeros past Tk. */
+ * x[j][2p+1]) in (HSp/2, Tkp): blocks of 16 keys transposed in registers
+ * where the level has them, then each remaining key's row converted and
+ * its words dealt down a column; zeros past Tk. */
 static void pack_pairs_t(uint32_t *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS) {
     int HSh = (HS + 1) / 2;
     uint32_t tmp[256];
-    for (int j = 0; j < Tk; j++)
+    for (int j = pack_pairs_t_blocks(Xt, x, stride, Tk, Tkp, HS); j < Tk; j++)
         for (int d0 = 0; d0 < HS; d0 += 512) {
             int n = HS - d0 < 512 ? HS - d0 : 512;
             rows_to_pairs16(tmp, 0, x + (size_t)j * stride + d0, 0, 1, n);
@@ -763,7 +913,13 @@ INLINE void unit_fwd_body(const att_unit *u, float *scratch) {
     att_scr s = scr_carve(scratch, Tk, HS, false);
     const float *kh = u->k + (size_t)u->kvh * HS, *vh = u->v + (size_t)u->kvh * HS;
     const int cm = u->cmode, HSh = (HS + 1) / 2;
-    if (cm == ATT_DPBF16) {
+    /* one query row (decode) on VDPBF16PS: the products read the cache
+     * directly (dec_scores16, dec_pv16: the same words, the same chains),
+     * the scores computed once into Kt's room, for both passes */
+    const bool dec = HAVE_DEC16 && cm == ATT_DPBF16 && u->T == 1;
+    float *dec_s = s.Kt;
+    if (dec) {
+    } else if (cm == ATT_DPBF16) {
         pack_pairs_t((uint32_t *)s.Kt, kh, u->kv_stride, Tk, Tkp, HS);
         pack_pairs_p((uint32_t *)s.Vp, vh, u->kv_stride, Tk, Tkp, HS, HSp);
     } else {
@@ -784,6 +940,9 @@ INLINE void unit_fwd_body(const att_unit *u, float *scratch) {
             const float *qt = u->q + (size_t)t0 * qs + (size_t)h * HS;
             if (cm == ATT_BF16) tile_round(s.qf, HSp, NULL, 0, qt, qs, nq, HS);
             else if (cm == ATT_DPBF16) rows_to_pairs16(s.q16, HSh, qt, qs, nq, HS);
+#if HAVE_DEC16
+            if (dec) dec_scores16(dec_s, s.q16, kh, u->kv_stride, Tk, Jmax, HS, u->scale);
+#endif
             for (int r = 0; r < nq; r++) { m[r] = -INFINITY; l[r] = 0; }
             memset(s.acc, 0, (size_t)nq * HSp * sizeof(float));
             /* pass 0 (bf16 modes only): the rows' max and sum; pass 1: P·V */
@@ -800,6 +959,8 @@ INLINE void unit_fwd_body(const att_unit *u, float *scratch) {
                         k_rows_t(s.P, BK, qt, qs, u->scale, s.Kt + j0, Tkp, HS, nq, jw);
                     } else if (cm == ATT_BF16) {
                         k_rows_t(s.P, BK, s.qf, HSp, u->scale, s.Kt + j0, Tkp, HS, nq, jw);
+                    } else if (dec) {
+                        memcpy(s.P, dec_s + j0, (size_t)Jw * sizeof(float));
                     } else {
                         k_rows_t16(s.P, BK, s.q16, HSh, u->scale, (const uint32_t *)s.Kt + j0, Tkp, HSh, nq, jw);
                     }
@@ -816,8 +977,13 @@ INLINE void unit_fwd_body(const att_unit *u, float *scratch) {
                         k_rows_p(s.dP, HSp, s.P, BK, s.Vp + (size_t)j0 * HSp, HSp, nq, nkw);
                     } else {
                         rows_to_pairs16(s.p16, BK / 2, s.P, BK, nq, Jw);
-                        k_rows_p16(s.dP, HSp, s.p16, BK / 2, (const uint32_t *)s.Vp + (size_t)(j0 / 2) * HSp, HSp, nq,
-                                   nkw);
+#if HAVE_DEC16
+                        if (dec)
+                            dec_pv16(s.dP, s.p16, vh, u->kv_stride, Tk, j0, nkw[0], HS, HSp);
+                        else
+#endif
+                            k_rows_p16(s.dP, HSp, s.p16, BK / 2, (const uint32_t *)s.Vp + (size_t)(j0 / 2) * HSp, HSp,
+                                       nq, nkw);
                     }
                     for (int r = 0; r < nq; r++) {
                         float *o = s.acc + (size_t)r * HSp;

@@ -4,12 +4,14 @@
  * fused LM head + loss (the same op the trainer's validation uses).
  * All buffers are allocated once, when the session is created. */
 #include "adapter/adapter.h"
+#include "nn/backend_profile.h"
 #include "nn/block.h"
 #include "nn/lm_loss.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define CHUNK 128 /* tokens per batched pass; bounds the scratch memory */
 
@@ -17,6 +19,9 @@ struct ftune_session {
     const ftune_model *m;
     int n_ctx, n_threads, pos;
     ft_backend be;            /* every op of the forward runs through it (the CPU's, in the model's compute type) */
+    ft_prof *prof;            /* FTUNE_PROFILE: decode steps (one-token forwards) run on be_prof, which times
+                               * be's ops (the table is printed at free); else NULL */
+    ft_backend be_prof;
     int n_prefix;             /* KV prefix rows pinned at the cache's start (ft_session_set_kv_prefix) */
     const ft_block_hooks *hooks;
     const ft_adapter *adapter; /* the session's adapter (borrowed): the model's default at creation, or
@@ -95,6 +100,12 @@ ftune_status ftune_session_new(ftune_session **out, const ftune_model *m, int n_
     s->n_ctx = n_ctx;
     s->n_threads = ft_num_threads(n_threads);
     s->be = ft_backend_cpu_in(m->compute, s->n_threads);
+    const char *prof = getenv("FTUNE_PROFILE");
+    if (prof && *prof && strcmp(prof, "0") && (s->prof = ft_mem_calloc(FT_MEM_OTHER, sizeof *s->prof))) {
+        s->prof->inner = s->be;
+        s->prof->head = &m->lm_head;
+        s->be_prof = ft_backend_profiled(s->prof);
+    }
     size_t kv = (size_t)c->L * n_ctx * c->NKV * c->HS;
     session_sizes(c, n_ctx, s->n_threads, s->sz);
     void **slot[S_N] = { [S_K] = (void **)&s->k_cache, [S_V] = (void **)&s->v_cache,
@@ -121,6 +132,10 @@ void ftune_session_free(ftune_session *s) {
                      [S_HB2] = s->hb2, [S_SCRATCH] = s->scratch, [S_ATT] = s->att_scratch };
     for (int i = 0; i < S_N; i++) s->be.free(&s->be, session_class(i), p[i], s->sz[i]);
     ft_mem_free(FT_MEM_SCRATCH, s->lm_scratch, s->lm_bytes);
+    if (s->prof) {
+        ft_prof_print_per(s->prof, s->prof->calls[FT_PROF_EMBED], "decode token", stderr);
+        ft_mem_free(FT_MEM_OTHER, s->prof, sizeof *s->prof);
+    }
     ft_mem_free(FT_MEM_OTHER, s, sizeof *s);
 }
 
@@ -163,6 +178,12 @@ ftune_status ft_session_get_kv(const ftune_session *s, int l, int n, float *k, f
     return FTUNE_OK;
 }
 
+/* The backend a forward of n tokens runs on: the timed one for a decode
+ * step when profiling (the same functions: bit-identical results). */
+static const ft_backend *backend_for(const ftune_session *s, int n) {
+    return s->prof && n == 1 ? &s->be_prof : &s->be;
+}
+
 /* One batched pass over n <= CHUNK tokens at positions s->pos.. ; writes
  * the final-norm hidden states of the rows [first_row, n) to s->xb and
  * returns them (NULL when first_row >= n). Buffers alias where lifetimes
@@ -170,7 +191,7 @@ ftune_status ft_session_get_kv(const ftune_session *s, int l, int n, float *k, f
 static const float *forward_chunk(ftune_session *s, const int32_t *tokens, int n, int first_row) {
     const ftune_model *m = s->m;
     const ft_config *c = &m->cfg;
-    const ft_backend *be = &s->be;
+    const ft_backend *be = backend_for(s, n);
     int C = c->C, kvd = c->NKV * c->HS, p0 = s->pos;
     be->embedding_forward(be, s->x, tokens, &m->tok_embd, n);
     for (int t = 0; t < n; t++) s->qpos[t] = p0 + t;
@@ -192,7 +213,8 @@ static const float *forward_chunk(ftune_session *s, const int32_t *tokens, int n
 
 static void forward_logits(ftune_session *s, const int32_t *tokens, int n, float *logits, int first_row) {
     const float *h = forward_chunk(s, tokens, n, logits ? first_row : n);
-    if (h) s->be.linear_forward(&s->be, logits, h, &s->m->lm_head, NULL, n - first_row, s->scratch);
+    const ft_backend *be = backend_for(s, n);
+    if (h) be->linear_forward(be, logits, h, &s->m->lm_head, NULL, n - first_row, s->scratch);
 }
 
 ftune_status ftune_session_forward(ftune_session *s, const int32_t *tokens, int n, float *logits, int all_logits) {
@@ -212,7 +234,15 @@ ftune_status ftune_session_forward(ftune_session *s, const int32_t *tokens, int 
         int first = k;
         if (logits && all_logits) { dst = logits + (size_t)i0 * c->V; first = 0; }
         else if (logits && last) { dst = logits; first = k - 1; }
-        forward_logits(s, tokens + i0, k, dst, first);
+        if (s->prof && k == 1) {
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            forward_logits(s, tokens + i0, k, dst, first);
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            s->prof->wall += (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
+        } else {
+            forward_logits(s, tokens + i0, k, dst, first);
+        }
     }
     return FTUNE_OK;
 }
