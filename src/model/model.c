@@ -319,7 +319,8 @@ int ftune_dtype_is_native(const char *dtype) {
     ft_dtype c;
     if (ft_compute_parse(dtype, "dtype", &c)) { ft_err_clear(); return 0; }
     if (c == FT_F32) return 1;
-    /* f16: no AVX512_FP16 / AMX-FP16 kernels exist here; F16C only widens */
+    /* f16: no AVX512_FP16 / AMX-FP16 kernels exist here (AVX512-FP16 sums in f16 and has no f16
+     * dot product into f32, which f16 compute needs); F16C only widens */
     return c == FT_BF16 && ft_cpu_has_avx512bf16() && ft_cpu_level() >= FT_CPU_AVX512BF16;
 }
 
