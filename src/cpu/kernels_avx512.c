@@ -12,6 +12,8 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "cpu/transpose16.h"
+
 #define ISA_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 #define VL 16
 #define VFMA(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
@@ -210,37 +212,6 @@ BF16_TARGET static void pair_rows16_f32(uint32_t *dst, const float *lo, const fl
     for (; l < n; l++) dst[l] = (uint32_t)ft_f32_to_bf16(lo[l]) | (hi ? (uint32_t)ft_f32_to_bf16(hi[l]) << 16 : 0);
 }
 
-/* The 16 × 16 words v[0..16) transposed in place (v[i] lane j <-> v[j] lane i) */
-LOCAL16 void transpose16(__m512i v[16]) {
-    __m512i t[16];
-#pragma GCC unroll 8
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < 16; i += 4) {
-        v[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        v[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        v[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        v[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    /* lane q of v[4g + c] now holds column 4q + c's words of rows 4g..4g+3;
-     * column 4q + c is lane q of v[c], v[c + 4], v[c + 8], v[c + 12] */
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        __m512i a = v[i], b = v[i + 4], c = v[i + 8], d = v[i + 12];
-        __m512i ab0 = _mm512_shuffle_i32x4(a, b, 0x44), ab1 = _mm512_shuffle_i32x4(a, b, 0xEE);
-        __m512i cd0 = _mm512_shuffle_i32x4(c, d, 0x44), cd1 = _mm512_shuffle_i32x4(c, d, 0xEE);
-        t[i] = _mm512_shuffle_i32x4(ab0, cd0, 0x88);
-        t[i + 4] = _mm512_shuffle_i32x4(ab0, cd0, 0xDD);
-        t[i + 8] = _mm512_shuffle_i32x4(ab1, cd1, 0x88);
-        t[i + 12] = _mm512_shuffle_i32x4(ab1, cd1, 0xDD);
-    }
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; i++) v[i] = t[i]; /* t[j]: column j */
-}
-
 /* A strip of B from 16 columns' pair words: column j's kp words at src +
  * j·ld (j < ncols; later columns zero) to dst[p·nr + j], p < kp: 16 pairs
  * a register transpose at a time */
@@ -252,7 +223,7 @@ BF16_TARGET static void pack_cols16(uint32_t *dst, int nr, const uint32_t *src, 
 #pragma GCC unroll 16
         for (int j = 0; j < 16; j++)
             v[j] = j < ncols ? _mm512_maskz_loadu_epi32(pm, src + (size_t)j * ld + p0) : _mm512_setzero_si512();
-        transpose16(v); /* v[i]: pair p0 + i of the 16 columns */
+        ft_transpose16(v); /* v[i]: pair p0 + i of the 16 columns */
         for (int i = 0; i < np; i++) _mm512_storeu_si512(dst + (size_t)(p0 + i) * nr, v[i]);
     }
 }
@@ -279,7 +250,7 @@ BF16_TARGET static void pack_at16(uint32_t *wp, int64_t ld, const float *src, in
                                     : _mm512_setzero_si512();
             v[j] = _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(hi, 16));
         }
-        transpose16(v); /* v[r] lane j: row r's pair p0 + j */
+        ft_transpose16(v); /* v[r] lane j: row r's pair p0 + j */
         const __mmask16 pm = np >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << np) - 1);
         for (int r = 0; r < rows; r++) _mm512_mask_storeu_epi32(wp + (int64_t)r * ld + p0, pm, v[r]);
     }

@@ -359,6 +359,9 @@ INLINE void tile_round(float *dst, size_t ldd, uint32_t *w, size_t ldw, const fl
 }
 #if defined(__x86_64__)
 #include <immintrin.h>
+
+#include "cpu/transpose16.h"
+
 #define TBF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
 #define DP(c, a, b) ((c) = _mm512_dpbf16_ps((c), (a), (b)))
 #define LOADBH(p) ((__m512bh)_mm512_loadu_si512(p))
@@ -457,31 +460,6 @@ TBF16 static void rpairs16(uint32_t *w, size_t ldw, const float *a, size_t lda, 
     }
 }
 
-/* The 16×16 transpose of 32-bit words r[0..16) in registers (unpack
- * 32- and 64-bit halves, then swap 128-bit lanes twice). */
-__attribute__((target("avx512f"))) static inline void transpose16(__m512i r[16]) {
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    for (int i = 0; i < 16; i += 8)
-        for (int k = 0; k < 4; k++) {
-            t[i + k] = _mm512_shuffle_i32x4(r[i + k], r[i + k + 4], 0x88);
-            t[i + k + 4] = _mm512_shuffle_i32x4(r[i + k], r[i + k + 4], 0xdd);
-        }
-    for (int k = 0; k < 8; k++) {
-        r[k] = _mm512_shuffle_i32x4(t[k], t[k + 8], 0x88);
-        r[k + 8] = _mm512_shuffle_i32x4(t[k], t[k + 8], 0xdd);
-    }
-}
-
 /* pack_t's copy for the keys [0, 16·floor(Tk/16)) at the AVX-512 levels
  * (0 keys below them): 16 keys × 16 floats of d loaded (a ragged end of d
  * masked), transposed in registers and stored as 16 rows of Xt, instead of
@@ -496,13 +474,29 @@ __attribute__((target("avx512f"))) static int pack_t_blocks_avx512(float *Xt, co
             __mmask16 mk = (__mmask16)(m == 16 ? 0xFFFF : (1u << m) - 1);
             __m512i r[16];
             for (int i = 0; i < 16; i++) r[i] = _mm512_maskz_loadu_epi32(mk, x + (size_t)(j0 + i) * stride + d);
-            transpose16(r);
+            ft_transpose16(r);
             for (int p = 0; p < m; p++) _mm512_storeu_si512(Xt + (size_t)(d + p) * Tkp + j0, r[p]);
         }
     return J;
 }
 static int pack_t_blocks(float *Xt, const float *x, size_t stride, int Tk, int Tkp, int HS) {
     return ft_cpu_level() >= FT_CPU_AVX512 ? pack_t_blocks_avx512(Xt, x, stride, Tk, Tkp, HS) : 0;
+}
+
+/* Keys j0..j0+15's elements [d, d+m) (m <= 32) as 16 pair words each,
+ * converted as rows_to_pairs16 converts them (one VCVTNE2PS2BF16 on the
+ * same masked loads; a key from Tk on as zeros), then transposed: r[p] is
+ * pair p of the 16 keys. */
+TBF16 static inline __attribute__((always_inline)) void key_pairs_block(__m512i r[16], const float *x, size_t stride, int Tk, int j0, int d, int m) {
+    __mmask16 mlo = (__mmask16)(m >= 16 ? 0xFFFF : (1u << m) - 1);
+    __mmask16 mhi = (__mmask16)(m >= 32 ? 0xFFFF : m > 16 ? (1u << (m - 16)) - 1 : 0);
+    for (int i = 0; i < 16; i++) {
+        const float *xi = x + (size_t)(j0 + i) * stride + d;
+        r[i] = j0 + i < Tk ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(mhi, xi + 16),
+                                                          _mm512_maskz_loadu_ps(mlo, xi))
+                           : _mm512_setzero_si512();
+    }
+    ft_transpose16(r);
 }
 
 /* pack_pairs_t's words for the keys [0, 16·floor(Tk/16)), 16 keys at a
@@ -518,14 +512,8 @@ TBF16 static int pack_pairs_t_blocks(uint32_t *Xt, const float *x, size_t stride
     for (int j0 = 0; j0 < J; j0 += 16)
         for (int d = 0; d < HS; d += 32) {
             int m = HS - d < 32 ? HS - d : 32;
-            __mmask16 mlo = (__mmask16)(m >= 16 ? 0xFFFF : (1u << m) - 1);
-            __mmask16 mhi = (__mmask16)(m >= 32 ? 0xFFFF : m > 16 ? (1u << (m - 16)) - 1 : 0);
             __m512i r[16];
-            for (int i = 0; i < 16; i++) {
-                const float *xi = x + (size_t)(j0 + i) * stride + d;
-                r[i] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(mhi, xi + 16), _mm512_maskz_loadu_ps(mlo, xi));
-            }
-            transpose16(r);
+            key_pairs_block(r, x, stride, Tk, j0, d, m);
             for (int p = 0; p < (m + 1) / 2; p++) _mm512_storeu_si512(Xt + (size_t)(d / 2 + p) * Tkp + j0, r[p]);
         }
     return J;
@@ -543,16 +531,8 @@ TBF16 static void dec_scores16(float *S, const uint32_t *q, const float *k, size
         __m512 c0 = _mm512_setzero_ps();
         for (int d = 0; d < HS; d += 32) {
             int m = HS - d < 32 ? HS - d : 32;
-            __mmask16 mlo = (__mmask16)(m >= 16 ? 0xFFFF : (1u << m) - 1);
-            __mmask16 mhi = (__mmask16)(m >= 32 ? 0xFFFF : m > 16 ? (1u << (m - 16)) - 1 : 0);
             __m512i r[16];
-            for (int i = 0; i < 16; i++) {
-                const float *xi = k + (size_t)(j0 + i) * stride + d;
-                r[i] = j0 + i < Tk ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(mhi, xi + 16),
-                                                                  _mm512_maskz_loadu_ps(mlo, xi))
-                                   : _mm512_setzero_si512();
-            }
-            transpose16(r);
+            key_pairs_block(r, k, stride, Tk, j0, d, m);
             for (int p = 0; p < (m + 1) / 2; p++) DP(c0, SETBH(q[d / 2 + p]), (__m512bh)r[p]);
         }
         _mm512_storeu_ps(S + j0, _mm512_mul_ps(c0, al));
