@@ -307,24 +307,22 @@ static void pack_b16(void *vctx, int task, int thread) {
     }
     uint16_t h0[NC16], h1[NC16];
     int p1 = (task + 1) * PACK_ROWS / 2 < kp ? (task + 1) * PACK_ROWS / 2 : kp;
-    for (int p = task * PACK_ROWS / 2; p < p1 && B->dt == FT_F32; p++) { /* f32 rows: rounded straight into pairs */
-        const float *r0 = (const float *)row_at(B, g->k0 + 2 * p) + g->n0;
-        const float *r1 = 2 * p + 1 < kc ? (const float *)row_at(B, g->k0 + 2 * p + 1) + g->n0 : NULL;
-        for (int s = 0; s < ns; s++) {
-            uint32_t *dst = bp + ((size_t)s * kp + p) * nr;
-            int n = g->nw - s * nr < nr ? g->nw - s * nr : nr;
-            g->isa->pair_rows16_f32(dst, r0 + s * nr, r1 ? r1 + s * nr : NULL, n);
-            for (int l = n; l < nr; l++) dst[l] = 0;
+    const bool f32 = B->dt == FT_F32; /* f32 rows are rounded straight into pairs; others through h0, h1 */
+    for (int p = task * PACK_ROWS / 2; p < p1; p++) {
+        const float *r0 = NULL, *r1 = NULL;
+        if (f32) {
+            r0 = (const float *)row_at(B, g->k0 + 2 * p) + g->n0;
+            if (2 * p + 1 < kc) r1 = (const float *)row_at(B, g->k0 + 2 * p + 1) + g->n0;
+        } else {
+            span_bf16(h0, g, B->dt, row_at(B, g->k0 + 2 * p), g->n0, g->nw);
+            if (2 * p + 1 < kc) span_bf16(h1, g, B->dt, row_at(B, g->k0 + 2 * p + 1), g->n0, g->nw);
+            else memset(h1, 0, sizeof h1);
         }
-    }
-    for (int p = task * PACK_ROWS / 2; p < p1 && B->dt != FT_F32; p++) {
-        span_bf16(h0, g, B->dt, row_at(B, g->k0 + 2 * p), g->n0, g->nw);
-        if (2 * p + 1 < kc) span_bf16(h1, g, B->dt, row_at(B, g->k0 + 2 * p + 1), g->n0, g->nw);
-        else memset(h1, 0, sizeof h1);
         for (int s = 0; s < ns; s++) {
             uint32_t *dst = bp + ((size_t)s * kp + p) * nr;
             int n = g->nw - s * nr < nr ? g->nw - s * nr : nr;
-            g->isa->pair_rows16(dst, h0 + s * nr, h1 + s * nr, n);
+            if (f32) g->isa->pair_rows16_f32(dst, r0 + s * nr, r1 ? r1 + s * nr : NULL, n);
+            else g->isa->pair_rows16(dst, h0 + s * nr, h1 + s * nr, n);
             for (int l = n; l < nr; l++) dst[l] = 0;
         }
     }
