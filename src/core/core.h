@@ -35,6 +35,14 @@ typedef enum {
     FT_NF4,   /* bitsandbytes NF4: blocks of 64: f32 absmax + 32 bytes of nibbles, x = code[q]*absmax */
     FT_I8ROW, /* int8 with one f32 absmax per row (bitsandbytes' LLM.int8 row-wise): a row is the absmax, then int8 */
     FT_I8,    /* plain int8 storage (safetensors I8), not a weight type */
+    /* the rest of ggml's types (their blocks below; ggml-common.h's layouts) */
+    FT_Q4_1, FT_Q5_0, FT_Q5_1, FT_Q8_1,
+    FT_Q2_K, FT_Q3_K, FT_Q4_K, FT_Q5_K, FT_Q6_K, FT_Q8_K,
+    FT_IQ4_NL, FT_IQ4_XS,
+    /* ggml types ftune describes (so files holding them are read and
+     * checked, and errors name them) but does not compute with */
+    FT_IQ2_XXS, FT_IQ2_XS, FT_IQ2_S, FT_IQ3_XXS, FT_IQ3_S, FT_IQ1_S, FT_IQ1_M,
+    FT_TQ1_0, FT_TQ2_0, FT_MXFP4, FT_I16,
     FT_NTYPES
 } ft_dtype;
 
@@ -53,6 +61,9 @@ typedef struct {
     /* n elements (a multiple of block); NULL where not a weight type */
     void (*to_f32)(const void *src, float *dst, int64_t n);
     void (*from_f32)(const float *src, void *dst, int64_t n);
+    /* its ggml type id when GGUF holds it (in_gguf) */
+    bool in_gguf;
+    uint8_t ggml_type;
 } ft_type_traits;
 
 extern const ft_type_traits ft_types[FT_NTYPES];
@@ -66,6 +77,62 @@ typedef struct { uint16_t d; int8_t qs[FT_QK]; } ft_block_q8_0;
 typedef struct { uint16_t d; uint8_t qs[FT_QK / 2]; } ft_block_q4_0;
 _Static_assert(sizeof(ft_block_q8_0) == 34, "q8_0 block is 34 bytes");
 _Static_assert(sizeof(ft_block_q4_0) == 18, "q4_0 block is 18 bytes");
+
+/* The rest of ggml's weight blocks (ggml-common.h), dequantized in
+ * dtype_ggml.c value for value as gguf-py's gguf.quants.dequantize (and
+ * ggml's dequantize_row_*) compute them. f16 fields are little-endian bits.
+ * q4_1: x = d·q + m, nibbles as q4_0. q5_0/q5_1: a fifth bit per element in
+ * qh (bit j of the little-endian u32 for element j); x = d·(q-16), or
+ * d·q + m. The K-quants hold super-blocks of 256 in sub-blocks of 16 or 32,
+ * each with its own scale (and min) quantized against the f16 d (dmin). */
+#define FT_QK_K 256
+typedef struct { uint16_t d, m; uint8_t qs[FT_QK / 2]; } ft_block_q4_1;
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[FT_QK / 2]; } ft_block_q5_0;
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[FT_QK / 2]; } ft_block_q5_1;
+typedef struct { uint16_t d, s; int8_t qs[FT_QK]; } ft_block_q8_1; /* s = d·Σq */
+/* q2_K: 16 sub-blocks of 16; scales[i]: low nibble the scale, high the min;
+ * x = d·sc·q - dmin·m with q 2 bits */
+typedef struct { uint8_t scales[FT_QK_K / 16]; uint8_t qs[FT_QK_K / 4]; uint16_t d, dmin; } ft_block_q2_K;
+/* q3_K: 16 sub-blocks of 16, 6-bit signed scales packed in 12 bytes; q is
+ * 2 bits from qs and a third from hmask (set: +0, clear: -4) */
+typedef struct { uint8_t hmask[FT_QK_K / 8]; uint8_t qs[FT_QK_K / 4]; uint8_t scales[12]; uint16_t d; } ft_block_q3_K;
+/* q4_K/q5_K: 8 sub-blocks of 32, 6-bit scales and mins packed in 12 bytes;
+ * x = d·sc·q - dmin·m */
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[FT_QK_K / 2]; } ft_block_q4_K;
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[FT_QK_K / 8]; uint8_t qs[FT_QK_K / 2]; } ft_block_q5_K;
+/* q6_K: 16 sub-blocks of 16 with int8 scales; q 4 bits from ql, 2 from qh, -32 */
+typedef struct { uint8_t ql[FT_QK_K / 2]; uint8_t qh[FT_QK_K / 4]; int8_t scales[FT_QK_K / 16]; uint16_t d; } ft_block_q6_K;
+/* q8_K: the activation side of the K-quants' dot products: f32 d, 256 int8
+ * and the sums of each 16 of them */
+typedef struct { float d; int8_t qs[FT_QK_K]; int16_t bsums[FT_QK_K / 16]; } ft_block_q8_K;
+/* iq4_nl: q4_0's layout with a non-linear code, x = d·ft_iq4nl_code[q];
+ * iq4_xs: 8 sub-blocks of 32, 6-bit scales (low 4 bits in scales_l, high 2
+ * in scales_h), x = d·(ls-32)·ft_iq4nl_code[q] */
+typedef struct { uint16_t d; uint8_t qs[FT_QK / 2]; } ft_block_iq4_nl;
+typedef struct { uint16_t d; uint16_t scales_h; uint8_t scales_l[FT_QK_K / 64]; uint8_t qs[FT_QK_K / 2]; } ft_block_iq4_xs;
+_Static_assert(sizeof(ft_block_q4_1) == 20, "q4_1 block is 20 bytes");
+_Static_assert(sizeof(ft_block_q5_0) == 22, "q5_0 block is 22 bytes");
+_Static_assert(sizeof(ft_block_q5_1) == 24, "q5_1 block is 24 bytes");
+_Static_assert(sizeof(ft_block_q8_1) == 36, "q8_1 block is 36 bytes");
+_Static_assert(sizeof(ft_block_q2_K) == 84, "q2_K block is 84 bytes");
+_Static_assert(sizeof(ft_block_q3_K) == 110, "q3_K block is 110 bytes");
+_Static_assert(sizeof(ft_block_q4_K) == 144, "q4_K block is 144 bytes");
+_Static_assert(sizeof(ft_block_q5_K) == 176, "q5_K block is 176 bytes");
+_Static_assert(sizeof(ft_block_q6_K) == 210, "q6_K block is 210 bytes");
+_Static_assert(sizeof(ft_block_q8_K) == 292, "q8_K block is 292 bytes");
+_Static_assert(sizeof(ft_block_iq4_nl) == 18, "iq4_nl block is 18 bytes");
+_Static_assert(sizeof(ft_block_iq4_xs) == 136, "iq4_xs block is 136 bytes");
+extern const int8_t ft_iq4nl_code[16];
+/* The scale and min of sub-block j (0..7) of q4_K/q5_K's 12 packed bytes. */
+static inline void ft_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *mn) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *mn = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4));
+        *mn = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
 
 /* bitsandbytes' NF4 (FORMATS.md §4.2) in memory: one block is 64
  * elements, its absmax in f32 (for a double-quantized checkpoint, the value
@@ -100,6 +167,16 @@ void ft_dtype_span_to_f32(ft_dtype t, const void *row, int64_t k0, float *dst, i
  * (for a pad_rows dtype: the bytes of ceil(n/block) blocks). For a dtype
  * with a row header, n is one row's length and the header is counted. */
 int64_t ft_dtype_nbytes(ft_dtype t, int64_t n);
+/* The dtype whose traits name is `name` (or, with ggml's spelling, "Q4_K",
+ * case-insensitively); FT_NTYPES if none. The dtype of a ggml type id;
+ * FT_NTYPES if ftune does not know it. */
+ft_dtype ft_dtype_by_name(const char *name);
+ft_dtype ft_dtype_of_ggml(uint32_t ggml_type);
+/* A weight dtype: one a Linear or embedding can hold (has to_f32). */
+static inline bool ft_dtype_is_weight(ft_dtype t) { return t < FT_NTYPES && ft_types[t].to_f32 != NULL; }
+/* The names of the weight dtypes GGUF holds, ", "-separated, into buf (for
+ * messages: "supported: ..."). */
+const char *ft_dtype_gguf_weight_names(char *buf, size_t n);
 
 float ft_f16_to_f32(uint16_t h);
 uint16_t ft_f32_to_f16(float f);

@@ -1,10 +1,14 @@
-/* dtype.c — the type-traits table: for every dtype, its block size, bytes
- * per block and reference conversions to and from f32 (ggml's Q8_0 and
- * Q4_0 block layouts are in core.h). */
+/* dtype.c — the type-traits table: for every dtype, its name, block size,
+ * bytes per block, ggml type id and reference conversions to and from f32
+ * (ggml's block layouts are in core.h; the conversions of its blocks beyond
+ * q8_0/q4_0 in dtype_ggml.c). Every other file learns a type from here. */
 #include "core/core.h"
+#include "core/dtype_ggml.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 float ft_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
@@ -191,22 +195,71 @@ static void i8row_from_f32(const float *s, void *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) q[i] = a > 0 ? (int8_t)nearbyintf(s[i] * sc) : 0; /* |x·sc| <= 127 */
 }
 
+#define GG(id) .in_gguf = true, .ggml_type = (id)
 const ft_type_traits ft_types[FT_NTYPES] = {
-    [FT_F32]  = { .name = "f32",  .block = 1,  .block_bytes = 4,  .is_float = true, .to_f32 = f32_to_f32,  .from_f32 = f32_from_f32 },
-    [FT_F16]  = { .name = "f16",  .block = 1,  .block_bytes = 2,  .is_float = true, .to_f32 = f16_to_f32,  .from_f32 = f16_from_f32 },
-    [FT_BF16] = { .name = "bf16", .block = 1,  .block_bytes = 2,  .is_float = true, .to_f32 = bf16_to_f32, .from_f32 = bf16_from_f32 },
-    [FT_Q8_0] = { .name = "q8_0", .block = FT_QK, .block_bytes = sizeof(ft_block_q8_0), .is_float = true, .to_f32 = q8_0_to_f32, .from_f32 = q8_0_from_f32 },
-    [FT_Q4_0] = { .name = "q4_0", .block = FT_QK, .block_bytes = sizeof(ft_block_q4_0), .is_float = true, .to_f32 = q4_0_to_f32, .from_f32 = q4_0_from_f32 },
-    [FT_I32]  = { .name = "i32",  .block = 1,  .block_bytes = 4 },
-    [FT_I64]  = { .name = "i64",  .block = 1,  .block_bytes = 8 },
+    [FT_F32]  = { .name = "f32",  .block = 1,  .block_bytes = 4,  .is_float = true, .to_f32 = f32_to_f32,  .from_f32 = f32_from_f32, GG(0) },
+    [FT_F16]  = { .name = "f16",  .block = 1,  .block_bytes = 2,  .is_float = true, .to_f32 = f16_to_f32,  .from_f32 = f16_from_f32, GG(1) },
+    [FT_BF16] = { .name = "bf16", .block = 1,  .block_bytes = 2,  .is_float = true, .to_f32 = bf16_to_f32, .from_f32 = bf16_from_f32, GG(30) },
+    [FT_Q8_0] = { .name = "q8_0", .block = FT_QK, .block_bytes = sizeof(ft_block_q8_0), .is_float = true, .to_f32 = q8_0_to_f32, .from_f32 = q8_0_from_f32, GG(8) },
+    [FT_Q4_0] = { .name = "q4_0", .block = FT_QK, .block_bytes = sizeof(ft_block_q4_0), .is_float = true, .to_f32 = q4_0_to_f32, .from_f32 = q4_0_from_f32, GG(2) },
+    [FT_I32]  = { .name = "i32",  .block = 1,  .block_bytes = 4, GG(26) },
+    [FT_I64]  = { .name = "i64",  .block = 1,  .block_bytes = 8, GG(27) },
     [FT_U8]   = { .name = "u8",   .block = 1,  .block_bytes = 1 },
-    [FT_F64]  = { .name = "f64",  .block = 1,  .block_bytes = 8 },
+    [FT_F64]  = { .name = "f64",  .block = 1,  .block_bytes = 8, GG(28) },
     [FT_NF4]  = { .name = "nf4",  .block = FT_QK_NF4, .block_bytes = sizeof(ft_block_nf4), .is_float = true,
                   .pad_rows = true, .to_f32 = nf4_to_f32, .from_f32 = nf4_from_f32 },
     [FT_I8ROW] = { .name = "int8", .block = 1, .block_bytes = 1, .is_float = true, .row_header = 4,
                    .to_f32 = i8row_to_f32, .from_f32 = i8row_from_f32 },
-    [FT_I8]   = { .name = "i8",   .block = 1,  .block_bytes = 1 },
+    [FT_I8]   = { .name = "i8",   .block = 1,  .block_bytes = 1, GG(24) },
+    [FT_I16]  = { .name = "i16",  .block = 1,  .block_bytes = 2, GG(25) },
+    [FT_Q4_1] = { .name = "q4_1", .block = FT_QK, .block_bytes = sizeof(ft_block_q4_1), .is_float = true, .to_f32 = ft_q4_1_to_f32, .from_f32 = ft_q4_1_from_f32, GG(3) },
+    [FT_Q5_0] = { .name = "q5_0", .block = FT_QK, .block_bytes = sizeof(ft_block_q5_0), .is_float = true, .to_f32 = ft_q5_0_to_f32, .from_f32 = ft_q5_0_from_f32, GG(6) },
+    [FT_Q5_1] = { .name = "q5_1", .block = FT_QK, .block_bytes = sizeof(ft_block_q5_1), .is_float = true, .to_f32 = ft_q5_1_to_f32, .from_f32 = ft_q5_1_from_f32, GG(7) },
+    [FT_Q8_1] = { .name = "q8_1", .block = FT_QK, .block_bytes = sizeof(ft_block_q8_1), .is_float = true, .to_f32 = ft_q8_1_to_f32, GG(9) },
+    [FT_Q2_K] = { .name = "q2_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q2_K), .is_float = true, .to_f32 = ft_q2_K_to_f32, GG(10) },
+    [FT_Q3_K] = { .name = "q3_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q3_K), .is_float = true, .to_f32 = ft_q3_K_to_f32, GG(11) },
+    [FT_Q4_K] = { .name = "q4_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q4_K), .is_float = true, .to_f32 = ft_q4_K_to_f32, GG(12) },
+    [FT_Q5_K] = { .name = "q5_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q5_K), .is_float = true, .to_f32 = ft_q5_K_to_f32, GG(13) },
+    [FT_Q6_K] = { .name = "q6_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q6_K), .is_float = true, .to_f32 = ft_q6_K_to_f32, GG(14) },
+    [FT_Q8_K] = { .name = "q8_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q8_K), .is_float = true, .to_f32 = ft_q8_K_to_f32, GG(15) },
+    [FT_IQ4_NL] = { .name = "iq4_nl", .block = FT_QK, .block_bytes = sizeof(ft_block_iq4_nl), .is_float = true, .to_f32 = ft_iq4_nl_to_f32, GG(20) },
+    [FT_IQ4_XS] = { .name = "iq4_xs", .block = FT_QK_K, .block_bytes = sizeof(ft_block_iq4_xs), .is_float = true, .to_f32 = ft_iq4_xs_to_f32, GG(23) },
+    /* described, not computed with: their sizes are ggml's, so a file that
+     * holds them is still checked whole */
+    [FT_IQ2_XXS] = { .name = "iq2_xxs", .block = FT_QK_K, .block_bytes = 66, GG(16) },
+    [FT_IQ2_XS]  = { .name = "iq2_xs",  .block = FT_QK_K, .block_bytes = 74, GG(17) },
+    [FT_IQ3_XXS] = { .name = "iq3_xxs", .block = FT_QK_K, .block_bytes = 98, GG(18) },
+    [FT_IQ1_S]   = { .name = "iq1_s",   .block = FT_QK_K, .block_bytes = 50, GG(19) },
+    [FT_IQ3_S]   = { .name = "iq3_s",   .block = FT_QK_K, .block_bytes = 110, GG(21) },
+    [FT_IQ2_S]   = { .name = "iq2_s",   .block = FT_QK_K, .block_bytes = 82, GG(22) },
+    [FT_IQ1_M]   = { .name = "iq1_m",   .block = FT_QK_K, .block_bytes = 56, GG(29) },
+    [FT_TQ1_0]   = { .name = "tq1_0",   .block = FT_QK_K, .block_bytes = 54, GG(34) },
+    [FT_TQ2_0]   = { .name = "tq2_0",   .block = FT_QK_K, .block_bytes = 66, GG(35) },
+    [FT_MXFP4]   = { .name = "mxfp4",   .block = FT_QK, .block_bytes = 17, GG(39) },
 };
+#undef GG
+
+ft_dtype ft_dtype_by_name(const char *name) {
+    if (!name) return FT_NTYPES;
+    for (int t = 0; t < FT_NTYPES; t++)
+        if (strcasecmp(ft_types[t].name, name) == 0) return (ft_dtype)t;
+    return FT_NTYPES;
+}
+
+ft_dtype ft_dtype_of_ggml(uint32_t ggml_type) {
+    for (int t = 0; t < FT_NTYPES; t++)
+        if (ft_types[t].in_gguf && ft_types[t].ggml_type == ggml_type) return (ft_dtype)t;
+    return FT_NTYPES;
+}
+
+const char *ft_dtype_gguf_weight_names(char *buf, size_t n) {
+    size_t k = 0;
+    buf[0] = 0;
+    for (int t = 0; t < FT_NTYPES; t++)
+        if (ft_types[t].in_gguf && ft_dtype_is_weight((ft_dtype)t) && k < n)
+            k += (size_t)snprintf(buf + k, n - k, "%s%s", k ? ", " : "", ft_types[t].name);
+    return buf;
+}
 
 int64_t ft_dtype_nbytes(ft_dtype t, int64_t n) {
     if (t >= FT_NTYPES || n < 0) return -1;

@@ -18,62 +18,17 @@
 
 /* ------------------------------------------------------------- ggml types */
 
-typedef struct { const char *name; uint32_t block; uint32_t size; } ggml_traits;
-
-/* Block size and bytes per block of every ggml type id in use, so that the
- * size of a tensor we cannot compute with is still checked against the
- * file. Ids 4, 5, 31-33 and 36-38 were removed from ggml. */
-static const ggml_traits ggml_types[] = {
-    [0] = { "f32", 1, 4 },       [1] = { "f16", 1, 2 },       [2] = { "q4_0", 32, 18 },
-    [3] = { "q4_1", 32, 20 },    [6] = { "q5_0", 32, 22 },    [7] = { "q5_1", 32, 24 },
-    [8] = { "q8_0", 32, 34 },    [9] = { "q8_1", 32, 36 },    [10] = { "q2_K", 256, 84 },
-    [11] = { "q3_K", 256, 110 }, [12] = { "q4_K", 256, 144 }, [13] = { "q5_K", 256, 176 },
-    [14] = { "q6_K", 256, 210 }, [15] = { "q8_K", 256, 292 }, [16] = { "iq2_xxs", 256, 66 },
-    [17] = { "iq2_xs", 256, 74 }, [18] = { "iq3_xxs", 256, 98 }, [19] = { "iq1_s", 256, 50 },
-    [20] = { "iq4_nl", 32, 18 }, [21] = { "iq3_s", 256, 110 }, [22] = { "iq2_s", 256, 82 },
-    [23] = { "iq4_xs", 256, 136 }, [24] = { "i8", 1, 1 },     [25] = { "i16", 1, 2 },
-    [26] = { "i32", 1, 4 },      [27] = { "i64", 1, 8 },      [28] = { "f64", 1, 8 },
-    [29] = { "iq1_m", 256, 56 }, [30] = { "bf16", 1, 2 },     [34] = { "tq1_0", 256, 54 },
-    [35] = { "tq2_0", 256, 66 }, [39] = { "mxfp4", 32, 17 },
-};
-#define N_GGML_TYPES (sizeof ggml_types / sizeof ggml_types[0])
-
-static const ggml_traits *ggml_traits_of(uint32_t t) {
-    return t < N_GGML_TYPES && ggml_types[t].name ? &ggml_types[t] : NULL;
-}
-
+/* Every ggml type id is a row of the dtype traits (core/dtype.c): its name,
+ * block and bytes come from there, so the size of a tensor ftune cannot
+ * compute with is still checked against the file. */
 const char *ft_gguf_ggml_type_name(uint32_t t) {
-    const ggml_traits *tr = ggml_traits_of(t);
-    return tr ? tr->name : "?";
+    ft_dtype d = ft_dtype_of_ggml(t);
+    return d < FT_NTYPES ? ft_types[d].name : "?";
 }
 
-ft_dtype ft_gguf_dtype_of(uint32_t t) {
-    switch (t) {
-    case GGML_TYPE_F32: return FT_F32;
-    case GGML_TYPE_F16: return FT_F16;
-    case GGML_TYPE_BF16: return FT_BF16;
-    case GGML_TYPE_Q8_0: return FT_Q8_0;
-    case GGML_TYPE_Q4_0: return FT_Q4_0;
-    case GGML_TYPE_I32: return FT_I32;
-    case GGML_TYPE_I64: return FT_I64;
-    case GGML_TYPE_F64: return FT_F64;
-    default: return FT_NTYPES;
-    }
-}
+ft_dtype ft_gguf_dtype_of(uint32_t t) { return ft_dtype_of_ggml(t); }
 
-int ft_gguf_ggml_type(ft_dtype t) {
-    switch (t) {
-    case FT_F32: return GGML_TYPE_F32;
-    case FT_F16: return GGML_TYPE_F16;
-    case FT_BF16: return GGML_TYPE_BF16;
-    case FT_Q8_0: return GGML_TYPE_Q8_0;
-    case FT_Q4_0: return GGML_TYPE_Q4_0;
-    case FT_I32: return GGML_TYPE_I32;
-    case FT_I64: return GGML_TYPE_I64;
-    case FT_F64: return GGML_TYPE_F64;
-    default: return -1;
-    }
-}
+int ft_gguf_ggml_type(ft_dtype t) { return t < FT_NTYPES && ft_types[t].in_gguf ? ft_types[t].ggml_type : -1; }
 
 /* Size in bytes of a fixed-size KV value type; 0 for string and array. */
 static uint64_t kv_type_size(uint32_t t) {
@@ -277,22 +232,23 @@ static ftune_status read_tensor_info(reader *r, gguf_tensor_info *ti) {
     for (uint32_t i = 0; i < nd; i++)
         if (!rd_u64(r, &ti->ne[i])) return truncated(r, "shape of tensor", ti->name);
     if (!rd_u32(r, &ti->ggml_type) || !rd_u64(r, &ti->offset)) return truncated(r, "type/offset of tensor", ti->name);
-    const ggml_traits *tr = ggml_traits_of(ti->ggml_type);
-    if (!tr)
+    ft_dtype dt = ft_dtype_of_ggml(ti->ggml_type);
+    if (dt == FT_NTYPES)
         return ft_err(FTUNE_ERR_UNSUPPORTED, "%s: tensor " KEYFMT ": unknown ggml type %u", r->path, KEYARG(ti->name),
                       ti->ggml_type);
+    const ft_type_traits *tr = &ft_types[dt];
     uint64_t numel = 1;
     for (int i = 0; i < 4; i++)
         if (ti->ne[i] > (uint64_t)INT64_MAX || !mul_ok(numel, ti->ne[i], &numel) || numel > (uint64_t)INT64_MAX)
             return ft_err(FTUNE_ERR_FORMAT, "%s: tensor " KEYFMT ": element count overflows (ne = %llu x %llu x %llu x %llu)",
                           r->path, KEYARG(ti->name), (unsigned long long)ti->ne[0], (unsigned long long)ti->ne[1],
                           (unsigned long long)ti->ne[2], (unsigned long long)ti->ne[3]);
-    if (ti->ne[0] % tr->block)
-        return ft_err(FTUNE_ERR_FORMAT, "%s: tensor " KEYFMT ": ne[0] = %llu is not a multiple of the %s block size %u",
+    if (ti->ne[0] % (uint64_t)tr->block)
+        return ft_err(FTUNE_ERR_FORMAT, "%s: tensor " KEYFMT ": ne[0] = %llu is not a multiple of the %s block size %d",
                       r->path, KEYARG(ti->name), (unsigned long long)ti->ne[0], tr->name, tr->block);
-    if (!mul_ok(numel / tr->block, tr->size, &ti->nbytes))
+    if (!mul_ok(numel / (uint64_t)tr->block, tr->block_bytes, &ti->nbytes))
         return ft_err(FTUNE_ERR_FORMAT, "%s: tensor " KEYFMT ": byte size overflows", r->path, KEYARG(ti->name));
-    ti->dtype = ft_gguf_dtype_of(ti->ggml_type);
+    ti->dtype = dt;
     return FTUNE_OK;
 }
 

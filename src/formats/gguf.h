@@ -42,7 +42,7 @@ typedef struct {
     uint64_t ne[4];           /* ggml order: ne[0] is the fastest-varying; unused dims are 1 */
     uint32_t ggml_type;
     uint64_t offset;          /* relative to the data section */
-    ft_dtype dtype;           /* FT_NTYPES if the ggml type is not one ftune computes with */
+    ft_dtype dtype;           /* its traits row (ft_dtype_is_weight says whether ftune computes with it) */
     uint64_t nbytes;          /* size in the file (known for every accepted ggml type) */
     const uint8_t *data;      /* in the mapping */
 } gguf_tensor_info;
@@ -90,9 +90,9 @@ bool ft_gguf_get_str(const gguf_file *g, const char *key, gguf_str *out);
 typedef struct { uint64_t n; gguf_str *items; } gguf_str_array;
 ftune_status ft_gguf_get_str_array(const gguf_file *g, const char *key, gguf_str_array *out);
 
-/* ggml type id <-> ftune dtype. gguf_ggml_type returns -1 for a dtype GGUF
- * cannot hold (U8); gguf_dtype_of returns FT_NTYPES for one ftune does not
- * compute with. */
+/* ggml type id <-> ftune dtype, from the traits. gguf_ggml_type returns -1
+ * for a dtype GGUF cannot hold (U8, NF4); gguf_dtype_of returns FT_NTYPES
+ * for an id ggml does not have. */
 int ft_gguf_ggml_type(ft_dtype t);
 ft_dtype ft_gguf_dtype_of(uint32_t ggml_type);
 /* Name of a ggml type id ("f32", "q4_K", ...) or "?" */

@@ -75,7 +75,7 @@ static ftune_status check_shape(const ft_tensor *src, int ndim, int64_t d0, int6
 static void count(ftune_model *m, const ft_tensor *t) {
     m->n_params += ft_tensor_numel(t);
     m->weight_bytes += (int64_t)t->nbytes;
-    m->dtype_mask |= 1u << t->dtype;
+    m->dtype_mask |= 1ull << t->dtype;
 }
 
 ftune_status ft_model_bind_vec(ftune_model *m, float **dst, const ft_tensor *src, int64_t n) {
@@ -337,7 +337,7 @@ void ftune_model_get_info(const ftune_model *m, ftune_model_info *info) {
     info->n_params = m->n_params;
     info->weight_bytes = m->weight_bytes;
     for (int t = 0; t < FT_NTYPES; t++)
-        if (m->dtype_mask & (1u << t))
+        if (m->dtype_mask & (1ull << t))
             snprintf(info->dtypes + strlen(info->dtypes), sizeof info->dtypes - strlen(info->dtypes), "%s%s",
                      info->dtypes[0] ? "," : "", ft_types[t].name);
     if (m->tok) {

@@ -69,7 +69,7 @@ struct ftune_model {
     int64_t converted_bytes;  /* of weight_bytes: matrices converted to the compute type (as stored),
                                * whose pages of the mapping were dropped */
     int64_t n_params;
-    unsigned dtype_mask;      /* bit per ft_dtype present (as stored) */
+    uint64_t dtype_mask;      /* bit per ft_dtype present (as stored) */
     ft_dtype compute;         /* the compute type it was loaded for (ftune_load_opts.dtype): FT_F32, or
                                * FT_BF16 / FT_F16, its f32/f16/bf16 matrices then held in it */
     bool quantized;           /* the layers' Linear bases were quantized on load, or read quantized (bnb-4bit) */

@@ -52,9 +52,11 @@ static ftune_status tensor(const gguf_file *g, uint8_t *used, const char *name, 
         if (!required) return FTUNE_OK;
         return ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\" is missing", g->map.path, name);
     }
-    if (ti->dtype >= FT_NTYPES)
-        return ft_err(FTUNE_ERR_UNSUPPORTED, "%s: tensor \"%s\": ggml type %u is not supported (f32, f16, bf16, q8_0, q4_0)",
-                      g->map.path, name, ti->ggml_type);
+    if (!ft_dtype_is_weight(ti->dtype)) {
+        char names[256];
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "%s: tensor \"%s\": ggml type %s is not supported (%s)", g->map.path, name,
+                      ft_types[ti->dtype].name, ft_dtype_gguf_weight_names(names, sizeof names));
+    }
     memset(t, 0, sizeof *t);
     snprintf(t->name, sizeof t->name, "%s", name);
     t->dtype = ti->dtype;

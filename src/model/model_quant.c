@@ -100,7 +100,7 @@ ftune_status ft_model_quantize(ftune_model *m, ft_dtype q) {
             if (st) return st;
         }
     /* the dtypes present now: the quantized Linears', and the embedding's and head's as they were */
-    m->dtype_mask = 1u << q | 1u << m->tok_embd.dtype | 1u << m->lm_head.w.dtype;
+    m->dtype_mask = 1ull << q | 1ull << m->tok_embd.dtype | 1ull << m->lm_head.w.dtype;
     m->quantized = true;
     m->quant = q;
     return FTUNE_OK;
