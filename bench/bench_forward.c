@@ -69,10 +69,14 @@ int main(int argc, char **argv) {
     for (int r = -1; r < runs; r++) {
         ftune_session_reset(s);
         double t0 = bench_now();
-        ftune_session_forward(s, ids, n_prefill, logits, 0);
+        ftune_status st = ftune_session_forward(s, ids, n_prefill, logits, 0);
         double t1 = bench_now();
-        for (int i = 0; i < n_decode; i++) ftune_session_forward(s, ids + n_prefill + i, 1, logits, 0);
+        for (int i = 0; i < n_decode && !st; i++) st = ftune_session_forward(s, ids + n_prefill + i, 1, logits, 0);
         double t2 = bench_now();
+        if (st) { /* a failed pass would time nothing */
+            fprintf(stderr, "bench_forward: %s\n", ftune_last_error());
+            return 1;
+        }
         if (r >= 0) { pre[r] = n_prefill / (t1 - t0); dec[r] = n_decode / (t2 - t1); }
     }
     double p = bench_median(pre, runs), d = bench_median(dec, runs);

@@ -27,6 +27,15 @@ extern "C" {
 #define FTUNE_API
 #endif
 
+/* On every function that returns an ftune_status (the library's own
+ * internals too): a caller that drops the status gets a compiler warning.
+ * On the declarations, since compilers do not honour it on the enum type. */
+#if defined(__GNUC__) || defined(__clang__)
+#define FTUNE_MUST_USE __attribute__((warn_unused_result))
+#else
+#define FTUNE_MUST_USE
+#endif
+
 typedef enum {
     FTUNE_OK = 0,
     FTUNE_ERR_IO,          /* a file could not be opened, read or written */
@@ -73,7 +82,7 @@ typedef struct {
 /* Loads a model from a Hugging Face directory (config.json + safetensors),
  * a .gguf file, or a llama2.c .bin checkpoint. Weights whose dtype is the
  * compute dtype stay in the file's read-only mapping. opts may be NULL. */
-FTUNE_API ftune_status ftune_model_load(ftune_model **out, const char *path, const ftune_load_opts *opts);
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_model_load(ftune_model **out, const char *path, const ftune_load_opts *opts);
 FTUNE_API void ftune_model_free(ftune_model *m);
 /* The compute dtype m was loaded for: "f32", "bf16" or "f16". */
 FTUNE_API const char *ftune_model_dtype(const ftune_model *m);
@@ -113,7 +122,7 @@ FTUNE_API const ftune_tokenizer *ftune_model_tokenizer(const ftune_model *m);
 /* Tokenizes UTF-8 text. Special-token strings in the text are parsed as
  * special tokens (as llama.cpp's parse_special=true) only if parse_special.
  * *ids is malloc'd; the caller frees it. Invalid UTF-8 is an error. */
-FTUNE_API ftune_status ftune_tokenize(const ftune_tokenizer *t, const char *text, size_t len,
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_tokenize(const ftune_tokenizer *t, const char *text, size_t len,
                             int add_bos, int parse_special, int32_t **ids, size_t *n_ids);
 /* The bytes token `id` decodes to, given the previous token (SentencePiece
  * drops the leading space after BOS). Returns the number of bytes written to
@@ -129,7 +138,7 @@ FTUNE_API int ftune_tokenizer_add_bos(const ftune_tokenizer *t); /* the model's 
  * holding tokenizer.json (or vocab.json + merges.txt, tokenizer.model,
  * tokenizer.bin), a tokenizer.json, a tokenizer.model (SentencePiece or
  * tiktoken) or a llama2.c tokenizer .bin. Free it with ftune_tokenizer_free. */
-FTUNE_API ftune_status ftune_tokenizer_load(ftune_tokenizer **out, const char *path);
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_tokenizer_load(ftune_tokenizer **out, const char *path);
 FTUNE_API void ftune_tokenizer_free(ftune_tokenizer *t);
 FTUNE_API const char *ftune_tokenizer_kind(const ftune_tokenizer *t); /* "spm" or "bpe" */
 /* 1 if path holds a tokenizer but no weights: a GGUF without tensors, a
@@ -143,7 +152,7 @@ typedef struct ftune_session ftune_session;
 /* A session holds a KV cache of n_ctx positions (0: the model's context
  * length) and runs the forward pass with n_threads (0: all cores), in the
  * model's compute dtype (ftune_load_opts.dtype; the KV cache is f32). */
-FTUNE_API ftune_status ftune_session_new(ftune_session **out, const ftune_model *m, int n_ctx, int n_threads);
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_session_new(ftune_session **out, const ftune_model *m, int n_ctx, int n_threads);
 FTUNE_API void ftune_session_free(ftune_session *s);
 /* Number of positions already in the cache. */
 FTUNE_API int ftune_session_pos(const ftune_session *s);
@@ -152,7 +161,7 @@ FTUNE_API void ftune_session_reset(ftune_session *s);
 /* Runs n tokens through the model at positions pos..pos+n-1 and appends them
  * to the cache. If logits is non-NULL it receives vocab_size floats per
  * token when all_logits, else only the last token's. */
-FTUNE_API ftune_status ftune_session_forward(ftune_session *s, const int32_t *tokens, int n,
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_session_forward(ftune_session *s, const int32_t *tokens, int n,
                                    float *logits, int all_logits);
 
 typedef struct {
@@ -170,7 +179,7 @@ typedef struct {
 FTUNE_API void ftune_sampler_defaults(ftune_sampler_params *p);
 
 typedef struct ftune_sampler ftune_sampler;
-FTUNE_API ftune_status ftune_sampler_new(ftune_sampler **out, const ftune_sampler_params *p, int n_vocab);
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_sampler_new(ftune_sampler **out, const ftune_sampler_params *p, int n_vocab);
 FTUNE_API void ftune_sampler_free(ftune_sampler *s);
 /* Picks the next token. logits (n_vocab) is modified in place; history is
  * the tokens so far (for the repetition penalty). */
@@ -180,7 +189,7 @@ FTUNE_API int32_t ftune_sampler_sample(ftune_sampler *s, float *logits, const in
  * prefixes, in windows of the session's context length (each window starts
  * fresh, predicted positions are counted once). */
 typedef struct { double loss_sum; int64_t n_predicted; } ftune_eval_result;
-FTUNE_API ftune_status ftune_eval_tokens(ftune_session *s, const int32_t *tokens, size_t n, ftune_eval_result *acc);
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_eval_tokens(ftune_session *s, const int32_t *tokens, size_t n, ftune_eval_result *acc);
 
 /* ------------------------------------------------------------ model init */
 
@@ -191,7 +200,7 @@ FTUNE_API ftune_status ftune_eval_tokens(ftune_session *s, const int32_t *tokens
  * "llama-3.2-1b", "llama-2-7b", "qwen2-0.5b") or config_json (the path of a
  * config.json giving the shape; it is parsed and written out again) is
  * given, else FTUNE_ERR_ARG. dtype: "f32" (also NULL), "bf16" or "f16". */
-FTUNE_API ftune_status ftune_init_model(const char *out_dir, const char *preset, const char *config_json,
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_init_model(const char *out_dir, const char *preset, const char *config_json,
                               const char *dtype, uint64_t seed);
 /* Names of the presets, NULL-terminated. */
 FTUNE_API const char *const *ftune_init_presets(void);
@@ -206,19 +215,19 @@ typedef struct ftune_adapter ftune_adapter;
  * adapter is used where it is given (ftune_session_set_adapter), so
  * sessions on one model may each run their own, concurrently. It must
  * outlive the sessions using it and not outlive m. */
-FTUNE_API ftune_status ftune_adapter_load(ftune_adapter **out, const ftune_model *m, const char *path);
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_adapter_load(ftune_adapter **out, const ftune_model *m, const char *path);
 FTUNE_API void ftune_adapter_free(ftune_adapter *a);
 /* Runs s with adapter a (NULL: the base model alone) from now on; the
  * session is reset (its cache was computed with the previous adapter).
  * FTUNE_ERR_ARG if a was loaded for another model. */
-FTUNE_API ftune_status ftune_session_set_adapter(ftune_session *s, const ftune_adapter *a);
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_session_set_adapter(ftune_session *s, const ftune_adapter *a);
 
 /* Loads a LoRA adapter (as ftune_adapter_load) as m's default adapter:
  * sessions created afterwards start with it, and evaluation and
  * ftune_model_save_merged include it. The weights are not written. The
  * model owns the adapter and frees it in ftune_model_free; a model carries
  * at most one. */
-FTUNE_API ftune_status ftune_model_load_adapter(ftune_model *m, const char *dir);
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_model_load_adapter(ftune_model *m, const char *dir);
 
 /* Writes m with its adapter (if any) folded into the base weights, in f32
  * whatever the compute dtype (a model loaded for bf16/f16 folds into its
@@ -228,7 +237,7 @@ FTUNE_API ftune_status ftune_model_load_adapter(ftune_model *m, const char *dir)
  * a Hugging Face directory (config.json, model.safetensors, the base's
  * tokenizer files). dtype "f32", "bf16", "f16" (GGUF also "q8_0", "q4_0"),
  * or NULL to keep each weight's own. */
-FTUNE_API ftune_status ftune_model_save_merged(const ftune_model *m, const char *path, const char *dtype);
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_model_save_merged(const ftune_model *m, const char *path, const char *dtype);
 
 /* Writes m (its default adapter, if any, folded in) as a Hugging Face
  * bitsandbytes checkpoint in dir, as transformers saves one, with
@@ -239,7 +248,7 @@ FTUNE_API ftune_status ftune_model_save_merged(const ftune_model *m, const char 
  * weight.quant_state.bitsandbytes__nf4); "int8": LLM.int8's row-wise int8
  * (weight I8, SCB, weight_format). FTUNE_ERR_ARG for another type or a
  * model that is already quantized. */
-FTUNE_API ftune_status ftune_model_save_bnb(const ftune_model *m, const char *dir, const char *type);
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_model_save_bnb(const ftune_model *m, const char *dir, const char *type);
 
 typedef struct {
     const char *dtype;     /* as ftune_model_save_merged's; NULL keeps each weight's own */
@@ -258,7 +267,7 @@ typedef struct {
  * NULL) receives, for a GGUF output, one line saying what was written:
  * general.file_type, the matrices per weight type, the output matrix's
  * type, and how many kept their type; "" otherwise. */
-FTUNE_API ftune_status ftune_model_merge(const ftune_model *m, const char *path, const ftune_merge_opts *o,
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_model_merge(const ftune_model *m, const char *path, const ftune_merge_opts *o,
                                          char *summary, size_t summary_cap);
 
 /* -------------------------------------------------------------- training */
@@ -341,7 +350,7 @@ typedef enum {
 
 /* Parses `--loss-scale`: "none", "dynamic", or a number N > 0 (FIXED at N,
  * *scale = N; else *scale = 0). FTUNE_ERR_ARG names the bad value. */
-FTUNE_API ftune_status ftune_loss_scale_parse(const char *s, ftune_loss_scale_mode *mode, double *scale);
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_loss_scale_parse(const char *s, ftune_loss_scale_mode *mode, double *scale);
 
 /* Bits of ftune_train_opts.lora_set: which LoRA settings the caller chose
  * explicitly. With init_adapter, the others are taken from that adapter and
@@ -357,7 +366,7 @@ typedef void (*ftune_data_progress_fn)(void *ctx, size_t done, size_t total);
  * of fewer than 4096 elements keep f32 state). */
 typedef enum { FTUNE_OPTIM_ADAMW = 0, FTUNE_OPTIM_ADAMW8BIT = 1 } ftune_optim;
 /* Parses "adamw" or "adamw8bit" (FTUNE_ERR_ARG otherwise). */
-FTUNE_API ftune_status ftune_optim_parse(const char *s, ftune_optim *out);
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_optim_parse(const char *s, ftune_optim *out);
 
 /* A training run. Fill it with ftune_train_opts_default, then set model,
  * data_path and out_dir (required) and whatever else differs. The defaults
@@ -470,7 +479,7 @@ FTUNE_API void ftune_train_opts_default(ftune_train_opts *o);
  * writes metrics, checkpoints and the final adapter or model. Any other
  * process is a one-rank job (also in a build without MPI). Call
  * ftune_dist_init once before training and ftune_dist_finalize at the end. */
-FTUNE_API ftune_status ftune_dist_init(void);
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_dist_init(void);
 FTUNE_API void ftune_dist_finalize(void);
 FTUNE_API int ftune_dist_rank(void);
 FTUNE_API int ftune_dist_world(void);
@@ -489,9 +498,9 @@ FTUNE_API bool ftune_dist_failed_together(void);
  * "plain". Targets: a comma-separated list of q,k,v,o,gate,up,down or the
  * PEFT names (q_proj, ...), or "all" / "all-linear". Schedules: "cosine",
  * "linear", "constant". */
-FTUNE_API ftune_status ftune_data_format_parse(const char *name, ftune_data_format *out);
-FTUNE_API ftune_status ftune_lora_targets_parse(const char *list, unsigned *mask);
-FTUNE_API ftune_status ftune_schedule_parse(const char *name, ftune_schedule *out);
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_data_format_parse(const char *name, ftune_data_format *out);
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_lora_targets_parse(const char *list, unsigned *mask);
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_schedule_parse(const char *name, ftune_schedule *out);
 
 typedef enum {
     FTUNE_TRAIN_START,   /* data loaded, trainer built: the counts below */
@@ -557,7 +566,7 @@ typedef struct {
  * the file, line or tensor; FTUNE_ERR_RANGE is a non-finite loss; an
  * interruption through o->stop is FTUNE_ERR_INTERRUPTED after the checkpoint
  * is saved. */
-FTUNE_API ftune_status ftune_train_run(const ftune_train_opts *o, ftune_train_progress_fn progress, void *ctx,
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_train_run(const ftune_train_opts *o, ftune_train_progress_fn progress, void *ctx,
                                        ftune_train_result *res);
 
 /* The memory a training run will hold, planned before anything is loaded
@@ -595,7 +604,7 @@ typedef struct {
 /* A GGUF or llama2.c model is loaded as stored to be planned (its file
  * mapped, only the header and the norms read). The errors ftune_model_load
  * and ftune_train_run would give for a missing model or bad options. */
-FTUNE_API ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o, const ftune_plan_opts *po,
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o, const ftune_plan_opts *po,
                                         ftune_train_plan_result *res);
 
 /* A trainer driven step by step on the caller's token batches (benchmarks,
@@ -606,7 +615,7 @@ FTUNE_API ftune_status ftune_train_plan(const char *model_path, const ftune_trai
  * context)), weight_decay, beta1, beta2, adam_eps, max_grad_norm,
  * dtype, grad_checkpoint, n_threads, optim, paged_optim and paged_dir (required when paged); the model must outlive the trainer and is not modified. */
 typedef struct ftune_trainer ftune_trainer;
-FTUNE_API ftune_status ftune_trainer_new(ftune_trainer **out, const ftune_model *m, const ftune_train_opts *opts);
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_trainer_new(ftune_trainer **out, const ftune_model *m, const ftune_train_opts *opts);
 FTUNE_API void ftune_trainer_free(ftune_trainer *tr);
 /* One optimizer step on one micro-batch of B rows (B <= batch_size) of T
  * tokens (T <= ctx): zero the gradients, forward and backward of the mean
@@ -616,7 +625,7 @@ FTUNE_API void ftune_trainer_free(ftune_trainer *tr);
  * the update. FTUNE_ERR_ARG: a size, token or target out of range, or no
  * target; FTUNE_ERR_RANGE: the loss or gradient norm is not finite (nothing
  * was updated). */
-FTUNE_API ftune_status ftune_trainer_step(ftune_trainer *tr, const int32_t *tokens, const int32_t *targets, int B, int T,
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_trainer_step(ftune_trainer *tr, const int32_t *tokens, const int32_t *targets, int B, int T,
                                           double lr, double *loss);
 /* Trainable parameters (floats). */
 FTUNE_API int64_t ftune_trainer_n_trainable(const ftune_trainer *tr);

@@ -39,6 +39,8 @@ if grep -qw avx512_bf16 /proc/cpuinfo; then
     "kernels: avx512bf16; AMX: "*) pass cap_avx512bf16 ;;
     *) fail cap_avx512bf16 "'$l'" ;;
     esac
+else
+    skip_or_fail cap_avx512bf16 hardware "/proc/cpuinfo lists no avx512_bf16: no level to cap at"
 fi
 l=$(line generic)
 case "$l" in

@@ -6,13 +6,13 @@
 # behaviour; crashing inputs are kept in build-fuzz/crashes/.
 set -u
 cd "$(dirname "$0")/.."
+. tests/lib.sh
 SECS=${FUZZ_SECONDS:-10}
 if ! command -v clang >/dev/null 2>&1; then
-    echo "SKIP fuzz: clang not found"
-    exit 0
+    skip_or_fail fuzz tool "clang not found (scripts/setup.sh installs it and libclang-rt-14-dev)"
+    exit
 fi
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+work=$tmp
 if ! make -s fuzz >"$work/build.log" 2>&1; then
     sed 's/^/    /' "$work/build.log" | tail -20
     echo "FAIL fuzz_build: make fuzz failed"

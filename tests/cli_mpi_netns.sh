@@ -6,20 +6,18 @@
 # per-step losses equal one process's with the same global batch, and the
 # bytes on the veth are the collectives' payload plus protocol overhead, the
 # same with --grad-accum 2 (one round of communication per optimizer step).
-# Needs root (CAP_NET_ADMIN): skipped otherwise.
+# Needs root (CAP_NET_ADMIN) and iproute2: skipped otherwise (skip_or_fail: a
+# failure under FTUNE_REQUIRE=all).
 set -u
-FT=${FTUNE:-build/ftune}
+. "$(dirname "$0")/lib.sh"
 case $FT in /*) ;; *) FT=$PWD/$FT ;; esac
-D=${FTUNE_DATA:-../shared/data}
-HF=$D/models/stories260K-hf
-PY=/usr/bin/python3
-tmp=${KEEP_TMP:-$(mktemp -d)}
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
 
-command -v mpirun > /dev/null || { echo "SKIP: no mpirun"; exit 0; }
-ldd "$FT" 2>/dev/null | grep -q libmpi || { echo "SKIP: $FT is built without MPI"; exit 0; }
-[ "$(id -u)" -eq 0 ] && command -v ip > /dev/null || { echo "SKIP: network namespaces need root and iproute2"; exit 0; }
+command -v mpirun > /dev/null || { skip_or_fail mpi_netns tool "mpirun not found (scripts/setup.sh installs Open MPI)"; exit; }
+ldd "$FT" 2>/dev/null | grep -q libmpi ||
+    { skip_or_fail mpi_netns tool "$FT is built without MPI (make MPI=1, with scripts/setup.sh's Open MPI)"; exit; }
+[ "$(id -u)" -eq 0 ] ||
+    { skip_or_fail mpi_netns tool "not root: network namespaces need CAP_NET_ADMIN (run the suite as root)"; exit; }
+command -v ip > /dev/null || { skip_or_fail mpi_netns tool "ip not found (scripts/setup.sh installs iproute2)"; exit; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 # names and a subnet of this run's own (other test runs may be doing the same)
@@ -42,7 +40,10 @@ setup() {
         i=$((i + 1))
     done
 }
-if ! setup 2> "$tmp/err.txt"; then echo "SKIP: cannot create network namespaces: $(cat "$tmp/err.txt")"; exit 0; fi
+if ! setup 2> "$tmp/err.txt"; then
+    skip_or_fail mpi_netns tool "cannot create network namespaces here (a container without CAP_NET_ADMIN?): $(cat "$tmp/err.txt")"
+    exit
+fi
 
 # the launch agent: mpirun calls it as ssh, "agent HOST command..."; a host is
 # a namespace with its own temporary directory (Open MPI's session

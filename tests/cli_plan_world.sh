@@ -5,16 +5,16 @@
 # collectives run) are exactly the plan's, and the plan's per-rank trainables, gradients and
 # optimizer state rows are the memory table's allocated rows (rank 0's, in the 0.1 MiB both print).
 set -u
-FT=${FTUNE:-build/ftune}
-D=${FTUNE_DATA:-../shared/data}
-HF=$D/models/stories260K-hf
-tmp=${KEEP_TMP:-$(mktemp -d)}; [ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/lib.sh"
 bad=0
-pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; bad=1; }
 
-if ! command -v mpirun > /dev/null; then echo "SKIP: no mpirun (scripts/setup.sh installs Open MPI)"; exit 0; fi
-if ! ldd "$FT" 2>/dev/null | grep -q libmpi; then echo "SKIP: $FT is built without MPI (make MPI=1)"; exit 0; fi
+if ! command -v mpirun > /dev/null; then
+    skip_or_fail plan_world tool "mpirun not found (scripts/setup.sh installs Open MPI)"; exit
+fi
+if ! ldd "$FT" 2>/dev/null | grep -q libmpi; then
+    skip_or_fail plan_world tool "$FT is built without MPI (make MPI=1, with scripts/setup.sh's Open MPI)"; exit
+fi
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 MPI=(mpirun --oversubscribe --bind-to none --mca btl self,vader,tcp --mca btl_tcp_if_include lo)
 

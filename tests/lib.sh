@@ -2,8 +2,9 @@
 # runs only cli_*.sh). Sets FT (the ftune command, $FTUNE or build/ftune), D
 # (the test data, $FTUNE_DATA or ../shared/data), HF (the HF stories260K),
 # PY (Debian's Python with torch) and tmp (a scratch directory removed at
-# exit unless KEEP_TMP names one to keep), and defines pass, fail and
-# expect_error. A script that wants other values sets them after sourcing.
+# exit unless KEEP_TMP names one to keep), and defines pass, fail,
+# skip_or_fail and expect_error. A script that wants other values sets them
+# after sourcing.
 FT=${FTUNE:-build/ftune}
 D=${FTUNE_DATA:-../shared/data}
 HF=$D/models/stories260K-hf
@@ -11,6 +12,25 @@ PY=/usr/bin/python3
 tmp=${KEEP_TMP:-$(mktemp -d)}; [ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; }
+# skip_or_fail NAME KIND WHY: NAME cannot run here, and WHY names what is
+# missing. KIND tool: the environment lacks a program, package or privilege
+# (scripts/setup.sh installs the programs and packages): "SKIP NAME: WHY",
+# but under FTUNE_REQUIRE=all (CI) "FAIL NAME: ..." and status 1, so that
+# nothing passes there by not running. KIND hardware: the CPU lacks an
+# instruction set, which no setup provides: a skip under FTUNE_REQUIRE=all
+# too, and the line says so. tests/check.h's check_skip is the C tests' own.
+skip_or_fail() {
+    local name=$1 kind=$2 why=$3
+    case $kind in
+    tool)
+        if [ "${FTUNE_REQUIRE:-}" = all ]; then
+            echo "FAIL $name: $why (FTUNE_REQUIRE=all: a missing tool is a failure)"; return 1
+        fi
+        echo "SKIP $name: $why" ;;
+    hardware) echo "SKIP $name: $why (hardware, not a missing tool: a skip under FTUNE_REQUIRE=all too)" ;;
+    *) echo "FAIL $name: skip_or_fail: unknown kind '$kind' (tool or hardware)"; return 1 ;;
+    esac
+}
 # expect_error NAME PATTERN COMMAND...: COMMAND exits non-zero without a
 # crash (exit < 128) and its stderr holds PATTERN (grep -i)
 expect_error() {

@@ -1,10 +1,17 @@
 # mpi_lib.sh — what the tests/cli_*.sh that run `mpirun -np N ftune train`
-# share; sourced after lib.sh, never run. Exits 0 with SKIP when there is no
-# mpirun or ftune is built without MPI. Sets MPI (the launcher: every rank on
-# this machine) and defines run_mpi, stories_jsonl, same_curve and same_output.
-if ! command -v mpirun > /dev/null; then echo "SKIP: no mpirun (scripts/setup.sh installs Open MPI)"; exit 0; fi
+# share; sourced after lib.sh, never run. Ends the script with a skip (a
+# failure under FTUNE_REQUIRE=all, see skip_or_fail) named after it when there
+# is no mpirun or ftune is built without MPI. Sets MPI (the launcher: every
+# rank on this machine) and defines run_mpi, stories_jsonl, same_curve and
+# same_output.
+mpi_name=$(basename "$0" .sh); mpi_name=${mpi_name#cli_}
+if ! command -v mpirun > /dev/null; then
+    skip_or_fail "$mpi_name" tool "mpirun not found (scripts/setup.sh installs Open MPI)"; exit
+fi
 # a build without MPI (make MPI=0) is a one-rank program: nothing to test here
-if ! ldd "$FT" 2>/dev/null | grep -q libmpi; then echo "SKIP: $FT is built without MPI (make MPI=1)"; exit 0; fi
+if ! ldd "$FT" 2>/dev/null | grep -q libmpi; then
+    skip_or_fail "$mpi_name" tool "$FT is built without MPI (make MPI=1, with scripts/setup.sh's Open MPI)"; exit
+fi
 # Open MPI refuses root unless told; a test container runs as root
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 # every rank on this machine, over shared memory and loopback TCP; quiet about the missing fast fabrics

@@ -87,6 +87,16 @@ static void test_cpu_levels(void) {
     printf("  cpu: avx2 %d, avx512 %d, avx512bf16 %d, amx %d; dispatch level %s\n  %s\n", ft_cpu_has_avx2(),
            ft_cpu_has_avx512f(), ft_cpu_has_avx512bf16(), ft_cpu_has_amx(), ft_cpu_level_name(best),
            ft_cpu_amx_note());
+    /* the levels above the best run nowhere here: every test that runs each
+     * level (these, test_ops_fast's, test_ops_elem's, test_nf4's) stops at it */
+    for (int lv = best + 1; lv <= FT_CPU_TOP; lv++) {
+        char name[64];
+        snprintf(name, sizeof name, "kernel_level_%s", ft_cpu_level_name(lv));
+        if (lv == FT_CPU_AMX)
+            check_skip(CHECK_HARDWARE, name, "%s; the amx kernels ran on test_amx_tiles' emulated tile unit only",
+                       ft_cpu_amx_note());
+        else check_skip(CHECK_HARDWARE, name, "this CPU lacks the %s instructions", ft_cpu_level_name(lv));
+    }
 }
 
 /* ft_linear_forward (and so the kernels) against the reference for every
@@ -658,7 +668,7 @@ static void test_amx_tiles(void) {
     if (ft_cpu_has_avx512bf16()) tables[n_tables++] = &ft_kernels_amx_emulated;
     if (ft_cpu_has_amx()) tables[n_tables++] = ft_kernels_for_level(FT_CPU_AMX);
     if (!n_tables) {
-        printf("  skipped: no avx512bf16 here, which the amx tables' other kernels need\n");
+        check_skip(CHECK_HARDWARE, NULL, "this CPU has no avx512bf16, which the amx tables' other kernels need");
         return;
     }
     ft_rng rng;
@@ -846,7 +856,8 @@ static uint32_t pair_ref(const float *lo, const float *hi) {
 static void test_pair_packing(void) {
     const ft_kernel_isa *isa = ft_kernels_for_level(ft_cpu_level());
     if (!isa->tile16[0]) {
-        printf("  no pair kernels on this CPU (%s): nothing to test\n", isa->name);
+        check_skip(CHECK_HARDWARE, NULL, "no pair kernels at this CPU's best level (%s): they need avx512bf16",
+                   isa->name);
         return;
     }
     ft_rng rng;

@@ -107,7 +107,7 @@ static void peft_type_of(const ft_adapter_kind *k, char *buf, size_t cap) {
 /* Allocates an adapter with owned instances for the (layer, module) pairs
  * where sel[l * FT_N_MODS + mod] is set, memory for their parameters (and
  * grads), without initialising the values. */
-static ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_adapter_hparams *cfg, const bool *sel,
+static FTUNE_MUST_USE ftune_status alloc_owned(ft_adapter **out, ftune_model *m, const ft_adapter_hparams *cfg, const bool *sel,
                                 bool trainable) {
     *out = NULL;
     const ft_config *c = &m->cfg;
@@ -497,7 +497,7 @@ static bool parse_module(const char *s, int L, int *l, ft_module *mod) {
 /* Which (layer, module) the config targets, as PEFT matches them: a list
  * entry matches a module whose full name equals it or ends in "." + it; a
  * string is a regular expression that must match the whole name. */
-static ftune_status select_targets(const ft_peft_config *c, const ftune_model *m, const char *cfg_path, bool *sel) {
+static FTUNE_MUST_USE ftune_status select_targets(const ft_peft_config *c, const ftune_model *m, const char *cfg_path, bool *sel) {
     int L = m->cfg.L;
     char key[128];
     if (c->target_regex && strcmp(c->target_regex, "all-linear") == 0) {
@@ -569,7 +569,7 @@ static unsigned targets_of(const bool *sel, int L) {
  * F16 or BF16; its shape checked against the parameter's): converted to
  * f32, and when heads > 0 and its rows are the Linear's outputs, permuted
  * head by head to the model's layout (to_interleaved: from rotate-half). */
-static ftune_status load_param(ft_adapter *a, int i, int k, ft_dtype dt, const void *src, int heads,
+static FTUNE_MUST_USE ftune_status load_param(ft_adapter *a, int i, int k, ft_dtype dt, const void *src, int heads,
                                bool to_interleaved) {
     const ft_adapter_entry *e = &a->e[i];
     ft_adapter_param ap;
@@ -700,7 +700,7 @@ static void free_rows(float **bs, int n) {
  * (LoRA's B) for a model whose layout differs: (*out)[i·n_params + k] for
  * entry i's parameter k, NULL where it can be written as it is (*out NULL:
  * all can). */
-static ftune_status permuted_rows(const ft_adapter *a, bool want_interleaved, float ***out) {
+static FTUNE_MUST_USE ftune_status permuted_rows(const ft_adapter *a, bool want_interleaved, float ***out) {
     *out = NULL;
     const ft_config *c = &a->m->cfg;
     if (c->rope_interleaved == want_interleaved) return FTUNE_OK;
@@ -890,7 +890,7 @@ done:
  * kind's parameter i (LoRA: lora_a, lora_b). */
 typedef struct { const gguf_tensor_info *t[FT_ADAPTER_MAX_PARAMS]; } gguf_pair;
 
-static ftune_status gguf_adapter_str(const gguf_file *g, const char *key, const char *want, bool required_eq,
+static FTUNE_MUST_USE ftune_status gguf_adapter_str(const gguf_file *g, const char *key, const char *want, bool required_eq,
                                      const char *what) {
     gguf_str s;
     if (!ft_gguf_get_str(g, key, &s))

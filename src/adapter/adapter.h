@@ -25,7 +25,7 @@ int ft_module_rope_heads(const ft_config *c, ft_module mod);
  * (n_heads heads of rows/n_heads rows): to_interleaved moves row
  * h·HS + s·HS/2 + i (rotate-half) to h·HS + 2i + s (interleaved); the other
  * direction is its inverse. */
-ftune_status ft_permute_rope_rows(float *w, int rows, int cols, int n_heads, bool to_interleaved);
+FTUNE_MUST_USE ftune_status ft_permute_rope_rows(float *w, int rows, int cols, int n_heads, bool to_interleaved);
 
 /* One adapted Linear. Its parameters are the kind's (adapter_kind.h):
  * every reader and writer here goes through the kind's table (names,
@@ -71,12 +71,12 @@ typedef struct ftune_adapter {
 /* Makes fresh adapters (A Kaiming-uniform from cfg->seed as PEFT, B zero) for
  * every Linear in cfg->targets of every layer of m (m is not written). With
  * trainable, dA and dB are allocated (zeroed) too. */
-ftune_status ft_adapter_attach(ft_adapter **out, ftune_model *m, const ft_adapter_hparams *cfg, bool trainable);
+FTUNE_MUST_USE ftune_status ft_adapter_attach(ft_adapter **out, ftune_model *m, const ft_adapter_hparams *cfg, bool trainable);
 /* An adapter object over LoRA structs owned elsewhere (e.g. a trainer's):
  * loras[l * FT_N_MODS + mod] for block l and module mod, NULL where none.
  * Nothing is attached to the model. r/alpha/rslora/dropout come from the
  * structs' hyper-parameters, which must agree. */
-ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *loras);
+FTUNE_MUST_USE ftune_status ft_adapter_wrap(ft_adapter **out, ftune_model *m, ft_lora *const *loras);
 /* Frees the adapter's own LoRA structs. Accepts NULL. */
 void ft_adapter_free(ft_adapter *a);
 
@@ -87,7 +87,7 @@ int ft_adapter_n_params(const ft_adapter *a);
  * ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"), with
  * weight decay. out holds ft_adapter_n_params(a) entries. FTUNE_ERR_ARG if
  * the adapter has no gradients. */
-ftune_status ft_adapter_params(const ft_adapter *a, ft_param *out);
+FTUNE_MUST_USE ftune_status ft_adapter_params(const ft_adapter *a, ft_param *out);
 
 /* ------------------------------------------------------------- PEFT */
 
@@ -112,7 +112,7 @@ typedef struct {
  * layer_replication, use_qalora, trainable_token_indices,
  * target_parameters. fan_in_fan_out is read (GPT-2 adapters) and rejected
  * when attaching to a model. */
-ftune_status ft_peft_config_read(ft_peft_config *c, const char *path);
+FTUNE_MUST_USE ftune_status ft_peft_config_read(ft_peft_config *c, const char *path);
 void ft_peft_config_free(ft_peft_config *c);
 
 /* The tensors of one adapted module found in adapter_model.safetensors. */
@@ -129,16 +129,16 @@ typedef struct {
  * adapters and full tensors (modules_to_save) are FTUNE_ERR_UNSUPPORTED.
  * *mods is malloc'd, in the order of f->tensors (of each module's first
  * parameter). */
-ftune_status ft_peft_scan(const st_file *f, const ft_adapter_kind *k, ft_peft_module **mods, int *n);
+FTUNE_MUST_USE ftune_status ft_peft_scan(const st_file *f, const ft_adapter_kind *k, ft_peft_module **mods, int *n);
 
 /* Loads a PEFT adapter directory onto m (m is not written):
  * the config's targets must name modules the model has, every targeted
  * Linear must have both tensors, every tensor must belong to a targeted
  * Linear, and every shape must match the model. */
-ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *dir, bool trainable);
+FTUNE_MUST_USE ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *dir, bool trainable);
 /* Writes a PEFT directory (created if missing): adapter_config.json and
  * adapter_model.safetensors (F32), each atomically. */
-ftune_status ft_adapter_save_peft(const ft_adapter *a, const char *dir);
+FTUNE_MUST_USE ftune_status ft_adapter_save_peft(const ft_adapter *a, const char *dir);
 
 /* ------------------------------------------------------------- GGUF */
 
@@ -146,7 +146,7 @@ ftune_status ft_adapter_save_peft(const ft_adapter *a, const char *dir);
  * "lora", adapter.lora.alpha; tensors blk.{i}.<attn_q|...>.weight.lora_a
  * [r, in] and .lora_b [out, r], F32). For rsLoRA alpha·sqrt(r) is written,
  * as llama.cpp scales by alpha / r. */
-ftune_status ft_adapter_save_gguf(const ft_adapter *a, const char *path);
+FTUNE_MUST_USE ftune_status ft_adapter_save_gguf(const ft_adapter *a, const char *path);
 /* Loads such an adapter onto m (m is not written): general.type
  * "adapter", adapter.type "lora", general.architecture the model's (llama
  * for the Llama family, qwen2), adapter.lora.alpha present; every tensor a
@@ -154,14 +154,14 @@ ftune_status ft_adapter_save_gguf(const ft_adapter *a, const char *path);
  * rank r for all, shapes matching the model. Scale alpha / r; lora_b of
  * q/k is permuted from the file's layout (interleaved for llama) to the
  * model's. */
-ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *path, bool trainable);
+FTUNE_MUST_USE ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *path, bool trainable);
 
 /* ------------------------------------------------------------- merge (merge.c) */
 
 /* Folds adapter a (made for m) into m's Linears: W' = W + scale·B·A in
  * f32, stored as a new f32 weight the model owns. The one operation that
  * writes a model's weights; no session may be running on m. */
-ftune_status ft_merge_lora(ftune_model *m, const ft_adapter *a);
+FTUNE_MUST_USE ftune_status ft_merge_lora(ftune_model *m, const ft_adapter *a);
 
 /* What a GGUF write did (ft_merge_write fills it for a .gguf output). */
 typedef struct {
@@ -205,6 +205,6 @@ typedef struct {
  * (config.json, model.safetensors with Hugging Face names in rotate-half
  * layout, and the base directory's tokenizer files when it has them). opts
  * may be NULL. */
-ftune_status ft_merge_write(const ftune_model *m, const char *out_path, const ft_merge_opts *opts);
+FTUNE_MUST_USE ftune_status ft_merge_write(const ftune_model *m, const char *out_path, const ft_merge_opts *opts);
 
 #endif

@@ -129,7 +129,7 @@ static void fill_rows(void *ctx, int index, ft_dtype dtype, void *dst, uint64_t 
 
 static bool st_storable(ft_dtype t) { return t == FT_F32 || t == FT_F16 || t == FT_BF16; }
 
-static ftune_status parse_dtype(const char *s, ft_dtype *out) {
+static FTUNE_MUST_USE ftune_status parse_dtype(const char *s, ft_dtype *out) {
     if (strcmp(s, "f32") == 0 || strcmp(s, "float32") == 0) *out = FT_F32;
     else if (strcmp(s, "bf16") == 0 || strcmp(s, "bfloat16") == 0) *out = FT_BF16;
     else if (strcmp(s, "f16") == 0 || strcmp(s, "float16") == 0) *out = FT_F16;
@@ -204,7 +204,7 @@ static cJSON *config_from_model(const ftune_model *m, ft_dtype dt) {
     return j;
 }
 
-static ftune_status copy_file(const char *from, const char *to) {
+static FTUNE_MUST_USE ftune_status copy_file(const char *from, const char *to) {
     char *buf;
     size_t n;
     ftune_status st = ft_read_file(from, &buf, &n);
@@ -214,7 +214,7 @@ static ftune_status copy_file(const char *from, const char *to) {
     return st;
 }
 
-static ftune_status write_hf(const ftune_model *mc, const char *dir, const ft_merge_opts *opts) {
+static FTUNE_MUST_USE ftune_status write_hf(const ftune_model *mc, const char *dir, const ft_merge_opts *opts) {
     ftune_model *m = (ftune_model *)mc; /* only read: ft_model_linear takes a mutable model */
     const ft_config *c = &m->cfg;
     bool force = opts && opts->dtype;
@@ -360,7 +360,7 @@ static ft_dtype gguf_out_dtype(ft_dtype own, ft_dtype forced, int cols, bool is_
 }
 
 /* Copies one key/value of the base GGUF to the writer. */
-static ftune_status copy_kv(gguf_writer *w, const gguf_file *g, const gguf_kv *kv) {
+static FTUNE_MUST_USE ftune_status copy_kv(gguf_writer *w, const gguf_file *g, const gguf_kv *kv) {
     char *key = ft_gguf_str_dup(kv->key);
     if (!key) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     ftune_status st = FTUNE_OK;
@@ -418,7 +418,7 @@ typedef struct {
     ft_merge_report *rep;
 } gguf_plan;
 
-static ftune_status plan_mat(gguf_plan *p, const char *name, const ft_tensor *t, const ft_adapter_inst *ad, int heads,
+static FTUNE_MUST_USE ftune_status plan_mat(gguf_plan *p, const char *name, const ft_tensor *t, const ft_adapter_inst *ad, int heads,
                              bool is_output) {
     if (p->n >= p->cap) return ft_err(FTUNE_ERR_ARG, "merge: too many tensors (%s)", name);
     int rows = (int)t->shape[0], cols = (int)t->shape[1];
@@ -439,7 +439,7 @@ static ftune_status plan_mat(gguf_plan *p, const char *name, const ft_tensor *t,
     return FTUNE_OK;
 }
 
-static ftune_status plan_vec(gguf_plan *p, const char *name, const float *v, int len, int heads) {
+static FTUNE_MUST_USE ftune_status plan_vec(gguf_plan *p, const char *name, const float *v, int len, int heads) {
     if (p->n >= p->cap) return ft_err(FTUNE_ERR_ARG, "merge: too many tensors (%s)", name);
     p->src[p->n] = (row_src){ .vec = v, .rows = 1, .cols = len, .perm_heads = heads, .to_interleaved = true };
     int64_t shape[1] = { len };
@@ -472,7 +472,7 @@ static void llama3_rope_factors(const ft_config *c, float *out) {
 
 /* general.* and <arch>.* keys from the config, as llama.cpp's converter
  * writes them for the llama and qwen2 architectures. */
-static ftune_status config_kv(gguf_writer *w, const ft_config *c, const char *arch, const char *name) {
+static FTUNE_MUST_USE ftune_status config_kv(gguf_writer *w, const ft_config *c, const char *arch, const char *name) {
     char k[96];
     ftune_status st;
 #define KEY(s) (snprintf(k, sizeof k, "%s.%s", arch, s), k)
@@ -598,7 +598,7 @@ static int b64_val(int c) {
  * it (transformers' TikTokenConverter): for each token in rank order, every
  * split into two tokens, ordered by (left rank, right rank). Merging by
  * these ranks is then tiktoken's lowest-rank-first BPE. */
-static ftune_status read_tiktoken_extra(const char *path, bpe_extra *b) {
+static FTUNE_MUST_USE ftune_status read_tiktoken_extra(const char *path, bpe_extra *b) {
     char *text = NULL;
     size_t size = 0;
     ftune_status st = ft_read_file(path, &text, &size);
@@ -720,7 +720,7 @@ done:
 }
 
 
-static ftune_status read_bpe_extra(const char *bdir, bpe_extra *b) {
+static FTUNE_MUST_USE ftune_status read_bpe_extra(const char *bdir, bpe_extra *b) {
     memset(b, 0, sizeof *b);
     if (!bdir)
         return ft_err(FTUNE_ERR_UNSUPPORTED, "merge: a byte-level BPE tokenizer is written to GGUF only from a Hugging "
@@ -804,7 +804,7 @@ done:
  * SentencePiece) is in score order, so normal token k-th in id order gets
  * -k, as SentencePiece's BPE trainer scores pieces. bdir: the Hugging Face
  * base directory (for tokenizer_config.json's chat_template), or NULL. */
-static ftune_status tokenizer_kv(gguf_writer *w, const ftune_model *m, const ftune_tokenizer *t, const char *bdir) {
+static FTUNE_MUST_USE ftune_status tokenizer_kv(gguf_writer *w, const ftune_model *m, const ftune_tokenizer *t, const char *bdir) {
     const int V = m->cfg.V;
     if (!t) return ft_err(FTUNE_ERR_ARG, "merge: the model has no tokenizer to write into the GGUF (give one: --tokenizer FILE)");
     bool spm = ft_tokenizer_kind(t) == FT_TOK_SPM;
@@ -891,7 +891,7 @@ static void base_name(const ftune_model *m, char *out, size_t cap) {
     free(d);
 }
 
-static ftune_status write_gguf(const ftune_model *mc, const char *path, const ft_merge_opts *opts) {
+static FTUNE_MUST_USE ftune_status write_gguf(const ftune_model *mc, const char *path, const ft_merge_opts *opts) {
     ftune_model *m = (ftune_model *)mc; /* only read: ft_model_linear takes a mutable model */
     ft_dtype forced = FT_NTYPES;
     if (opts && opts->dtype) {

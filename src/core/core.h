@@ -14,11 +14,18 @@
 #include <stdint.h>
 
 /* Records a formatted error message for ftune_last_error() and returns st,
- * so that `return ft_err(FTUNE_ERR_FORMAT, "%s: tensor %s: ...", ...)`. */
+ * so that `return ft_err(FTUNE_ERR_FORMAT, "%s: tensor %s: ...", ...)`.
+ * These two alone are not FTUNE_MUST_USE: they hand back the status they
+ * were given, so a call that only sets the message (before returning NULL,
+ * or a status held elsewhere) drops nothing. */
 ftune_status ft_err(ftune_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prefixes the current error message with "prefix: ". Returns st. */
 ftune_status ft_err_prefix(ftune_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ft_err_clear(void);
+/* A status deliberately not acted on: a cleanup step on a path that already
+ * has a failure (or a result) to report, which the caller keeps. Each call
+ * says why; a cast to void does not quiet warn_unused_result in gcc. */
+static inline void ft_ignore_status(ftune_status st) { (void)st; }
 
 /* ------------------------------------------------------------- dtypes */
 
@@ -218,15 +225,15 @@ typedef struct {
     size_t size;
 } ft_mmap;
 
-ftune_status ft_mmap_open(ft_mmap *m, const char *path);
+FTUNE_MUST_USE ftune_status ft_mmap_open(ft_mmap *m, const char *path);
 void ft_mmap_close(ft_mmap *m);
 /* Reads a whole (small) file into a NUL-terminated malloc'd buffer. */
-ftune_status ft_read_file(const char *path, char **out, size_t *len);
+FTUNE_MUST_USE ftune_status ft_read_file(const char *path, char **out, size_t *len);
 /* Writes buf to path atomically: path.tmp, fsync, rename. */
-ftune_status ft_write_file_atomic(const char *path, const void *buf, size_t len);
+FTUNE_MUST_USE ftune_status ft_write_file_atomic(const char *path, const void *buf, size_t len);
 struct cJSON;
 /* Writes a JSON document (indented, with a final newline) atomically. */
-ftune_status ft_write_json_atomic(const char *path, const struct cJSON *j);
+FTUNE_MUST_USE ftune_status ft_write_json_atomic(const char *path, const struct cJSON *j);
 bool ft_file_exists(const char *path);
 bool ft_is_dir(const char *path);
 

@@ -45,7 +45,7 @@ void ft_mem_free(ft_mem_class c, void *p, size_t n);
  * in RAM; counted as FT_MEM_PAGED. The file's blocks are reserved up front
  * where the file system can, so that a full disk is an error here rather
  * than a SIGBUS later. FTUNE_ERR_IO names dir. Free with ft_mem_unmap_paged. */
-ftune_status ft_mem_map_paged(void **out, size_t n, const char *dir);
+FTUNE_MUST_USE ftune_status ft_mem_map_paged(void **out, size_t n, const char *dir);
 void ft_mem_unmap_paged(void *p, size_t n);
 /* Bytes currently held, and the most ever held at once, in class c. */
 size_t ft_mem_current(ft_mem_class c);

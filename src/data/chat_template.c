@@ -109,7 +109,7 @@ static void strip(const char *s, const char **b, size_t *n) {
 
 #define TRY(x) do { ftune_status st_ = (x); if (st_) return st_; } while (0)
 
-static ftune_status seg_stripped(ft_segments *s, bool train, const char *text) {
+static FTUNE_MUST_USE ftune_status seg_stripped(ft_segments *s, bool train, const char *text) {
     const char *b;
     size_t n;
     strip(text, &b, &n);
@@ -118,7 +118,7 @@ static ftune_status seg_stripped(ft_segments *s, bool train, const char *text) {
 
 /* Templates that can only say user/assistant/user/... after an optional
  * leading system message. */
-static ftune_status check_alternating(ft_chat_template t, const ft_chat_msg *m, int n) {
+static FTUNE_MUST_USE ftune_status check_alternating(ft_chat_template t, const ft_chat_msg *m, int n) {
     int first = (n > 0 && m[0].role == FT_ROLE_SYSTEM) ? 1 : 0;
     for (int i = first; i < n; i++) {
         ft_chat_role want = ((i - first) % 2 == 0) ? FT_ROLE_USER : FT_ROLE_ASSISTANT;
@@ -133,7 +133,7 @@ static ftune_status check_alternating(ft_chat_template t, const ft_chat_msg *m, 
 
 /* ------------------------------------------------------------ templates */
 
-static ftune_status render_chatml(ft_segments *s, const ft_chat_msg *m, int n, bool gen, bool all) {
+static FTUNE_MUST_USE ftune_status render_chatml(ft_segments *s, const ft_chat_msg *m, int n, bool gen, bool all) {
     for (int i = 0; i < n; i++) {
         bool a = m[i].role == FT_ROLE_ASSISTANT;
         TRY(ft_segments_str(s, all, "<|im_start|>"));
@@ -147,7 +147,7 @@ static ftune_status render_chatml(ft_segments *s, const ft_chat_msg *m, int n, b
     return FTUNE_OK;
 }
 
-static ftune_status render_llama3(ft_segments *s, const ft_chat_msg *m, int n, bool gen, bool all) {
+static FTUNE_MUST_USE ftune_status render_llama3(ft_segments *s, const ft_chat_msg *m, int n, bool gen, bool all) {
     TRY(ft_segments_special(s, FT_SEG_BOS, false));
     for (int i = 0; i < n; i++) {
         bool a = m[i].role == FT_ROLE_ASSISTANT;
@@ -164,7 +164,7 @@ static ftune_status render_llama3(ft_segments *s, const ft_chat_msg *m, int n, b
 /* Llama 2 chat: the system prompt goes inside the first [INST] block;
  * content is stripped; every user turn opens with BOS, every assistant turn
  * closes with EOS. */
-static ftune_status render_llama2(ft_segments *s, const ft_chat_msg *m, int n, bool gen, bool all) {
+static FTUNE_MUST_USE ftune_status render_llama2(ft_segments *s, const ft_chat_msg *m, int n, bool gen, bool all) {
     TRY(check_alternating(FT_CHAT_LLAMA2, m, n));
     int first = (n > 0 && m[0].role == FT_ROLE_SYSTEM) ? 1 : 0;
     for (int i = first; i < n; i++) {
@@ -200,7 +200,7 @@ static ftune_status render_llama2(ft_segments *s, const ft_chat_msg *m, int n, b
 
 /* Mistral Instruct: one BOS; a system message is put before the first user
  * message, separated by a blank line. */
-static ftune_status render_mistral(ft_segments *s, const ft_chat_msg *m, int n, bool gen, bool all) {
+static FTUNE_MUST_USE ftune_status render_mistral(ft_segments *s, const ft_chat_msg *m, int n, bool gen, bool all) {
     TRY(check_alternating(FT_CHAT_MISTRAL, m, n));
     TRY(ft_segments_special(s, FT_SEG_BOS, false));
     int first = (n > 0 && m[0].role == FT_ROLE_SYSTEM) ? 1 : 0;
@@ -222,7 +222,7 @@ static ftune_status render_mistral(ft_segments *s, const ft_chat_msg *m, int n, 
     return FTUNE_OK;
 }
 
-static ftune_status render_zephyr(ft_segments *s, const ft_chat_msg *m, int n, bool gen, bool all) {
+static FTUNE_MUST_USE ftune_status render_zephyr(ft_segments *s, const ft_chat_msg *m, int n, bool gen, bool all) {
     for (int i = 0; i < n; i++) {
         bool a = m[i].role == FT_ROLE_ASSISTANT;
         TRY(ft_segments_str(s, all, "<|"));
@@ -258,7 +258,7 @@ ftune_status ft_alpaca_prompt(ft_segments *s, bool train, const char *instructio
 
 /* Alpaca as a chat: the system message (or the standard preamble) first,
  * then Instruction/Response pairs separated by a blank line. */
-static ftune_status render_alpaca(ft_segments *s, const ft_chat_msg *m, int n, bool gen, bool all) {
+static FTUNE_MUST_USE ftune_status render_alpaca(ft_segments *s, const ft_chat_msg *m, int n, bool gen, bool all) {
     TRY(check_alternating(FT_CHAT_ALPACA, m, n));
     int first = (n > 0 && m[0].role == FT_ROLE_SYSTEM) ? 1 : 0;
     if (first) {

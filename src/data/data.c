@@ -15,7 +15,7 @@
 
 #define TRY(x) do { ftune_status st_ = (x); if (st_) return st_; } while (0)
 
-static ftune_status nomem(void) { return ft_err(FTUNE_ERR_NOMEM, "out of memory"); }
+static FTUNE_MUST_USE ftune_status nomem(void) { return ft_err(FTUNE_ERR_NOMEM, "out of memory"); }
 
 /* ------------------------------------------------------------ segments */
 
@@ -31,7 +31,7 @@ void ft_segments_free(ft_segments *s) {
     memset(s, 0, sizeof *s);
 }
 
-static ftune_status seg_push(ft_segments *s, ft_seg g) {
+static FTUNE_MUST_USE ftune_status seg_push(ft_segments *s, ft_seg g) {
     if (s->n == s->cap_segs) {
         int cap = s->cap_segs ? 2 * s->cap_segs : 16;
         ft_seg *p = realloc(s->segs, (size_t)cap * sizeof *p);
@@ -76,7 +76,7 @@ ftune_status ft_segments_special(ft_segments *s, ft_seg_kind kind, bool train) {
 /* A growable (ids, mask) pair. */
 typedef struct { int32_t *ids; uint8_t *mask; size_t n, cap; } tokbuf;
 
-static ftune_status tokbuf_push(tokbuf *b, const int32_t *ids, size_t n, bool train) {
+static FTUNE_MUST_USE ftune_status tokbuf_push(tokbuf *b, const int32_t *ids, size_t n, bool train) {
     if (b->n + n > b->cap) {
         size_t cap = b->cap ? b->cap : 64;
         while (cap < b->n + n) cap *= 2;
@@ -96,7 +96,7 @@ static ftune_status tokbuf_push(tokbuf *b, const int32_t *ids, size_t n, bool tr
 
 /* Tokens of run's first len bytes: with the previous run as left context
  * when that reproduces the context's own tokens as a prefix, else alone. */
-static ftune_status tokenize_run(const ft_data_tokenizer *tk, const char *text, const ft_seg *prev,
+static FTUNE_MUST_USE ftune_status tokenize_run(const ft_data_tokenizer *tk, const char *text, const ft_seg *prev,
                                  const ft_seg *run, size_t len, tokbuf *out) {
     int32_t *full = NULL, *ctx = NULL;
     size_t n_full = 0, n_ctx = 0;
@@ -155,7 +155,7 @@ static size_t safe_cut(const char *t, size_t len, size_t want) {
 
 /* Tokens of a run, stopping early (on a safe cut) once it has yielded at
  * least need tokens; *cut is set when bytes were left untokenized. */
-static ftune_status tokenize_run_bounded(const ft_data_tokenizer *tk, const char *text, const ft_seg *prev,
+static FTUNE_MUST_USE ftune_status tokenize_run_bounded(const ft_data_tokenizer *tk, const char *text, const ft_seg *prev,
                                          const ft_seg *run, size_t need, tokbuf *out, bool *cut) {
     *cut = false;
     /* bytes to try first: generous for a few bytes per token; grows 4x */
@@ -175,7 +175,7 @@ static ftune_status tokenize_run_bounded(const ft_data_tokenizer *tk, const char
 /* limit: stop once the tokens (or with by_targets, the tokens trained on)
  * exceed it; SIZE_MAX tokenizes everything. *more_targets: whether a token
  * trained on would have followed where it stopped. */
-static ftune_status segments_tokenize(const ft_segments *s, const ft_data_tokenizer *tk, size_t limit, bool by_targets,
+static FTUNE_MUST_USE ftune_status segments_tokenize(const ft_segments *s, const ft_data_tokenizer *tk, size_t limit, bool by_targets,
                                       int32_t **ids, uint8_t **mask, size_t *n, bool *more_targets) {
     *ids = NULL;
     *mask = NULL;
@@ -260,7 +260,7 @@ void ft_dataset_free(ft_dataset *ds) {
     free(ds);
 }
 
-static ftune_status dataset_new(ft_dataset **out, const char *name) {
+static FTUNE_MUST_USE ftune_status dataset_new(ft_dataset **out, const char *name) {
     ft_dataset *ds = calloc(1, sizeof *ds);
     if (!ds) return nomem();
     ds->path = ft_strdup(name ? name : "");
@@ -277,7 +277,7 @@ static int64_t count_targets(const uint8_t *mask, int64_t n) {
 }
 
 /* Appends an example as is (no length policy). */
-static ftune_status dataset_append(ft_dataset *ds, const int32_t *ids, const uint8_t *mask, int64_t n, int line) {
+static FTUNE_MUST_USE ftune_status dataset_append(ft_dataset *ds, const int32_t *ids, const uint8_t *mask, int64_t n, int line) {
     if (ds->n == ds->cap_ex) {
         int cap = ds->cap_ex ? 2 * ds->cap_ex : 64;
         int64_t *po = realloc(ds->off, (size_t)(cap + 1) * sizeof *po);
@@ -337,7 +337,7 @@ static int64_t truncate_example(const ft_dataset_opts *o, int32_t bos_id, int32_
 
 /* Applies the length policy (truncate or drop), drops examples without a
  * target, and appends. ids and mask may be changed. */
-static ftune_status dataset_add(ft_dataset *ds, const ft_dataset_opts *o, int32_t bos_id, int32_t *ids,
+static FTUNE_MUST_USE ftune_status dataset_add(ft_dataset *ds, const ft_dataset_opts *o, int32_t bos_id, int32_t *ids,
                                 uint8_t *mask, int64_t n, bool more_targets, int line) {
     int64_t before = count_targets(mask, n);
     if (before == 0 && !more_targets) { ds->stats.n_dropped_empty++; return FTUNE_OK; }
@@ -365,7 +365,7 @@ static const char *json_type(const cJSON *x) {
 }
 
 /* The string field `name` of rec; optional fields may be absent or null. */
-static ftune_status get_str(const cJSON *rec, const char *name, bool optional, const char **out) {
+static FTUNE_MUST_USE ftune_status get_str(const cJSON *rec, const char *name, bool optional, const char **out) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(rec, name);
     *out = NULL;
     if (!x || (optional && cJSON_IsNull(x))) {
@@ -401,7 +401,7 @@ typedef struct {
     size_t total;            /* input bytes, for progress */
 } loader;
 
-static ftune_status chat_segments(loader *L, const cJSON *rec) {
+static FTUNE_MUST_USE ftune_status chat_segments(loader *L, const cJSON *rec) {
     const cJSON *arr = cJSON_GetObjectItemCaseSensitive(rec, "messages");
     if (!arr) return ft_err(FTUNE_ERR_FORMAT, "field \"messages\" missing");
     if (!cJSON_IsArray(arr))
@@ -442,7 +442,7 @@ static ftune_status chat_segments(loader *L, const cJSON *rec) {
 }
 
 /* Renders one record of the dataset's format into L->seg. */
-static ftune_status record_segments(loader *L, const cJSON *rec) {
+static FTUNE_MUST_USE ftune_status record_segments(loader *L, const cJSON *rec) {
     ft_segments *s = &L->seg;
     bool all = L->o.train_on_prompt;
     if (!cJSON_IsObject(rec)) return ft_err(FTUNE_ERR_FORMAT, "expected a JSON object, got %s", json_type(rec));
@@ -478,7 +478,7 @@ static ftune_status record_segments(loader *L, const cJSON *rec) {
 
 /* Resolves the format from the first record, renders, tokenizes and adds
  * one record; errors get the "path:line: " prefix. */
-static ftune_status add_record(loader *L, const cJSON *rec, int line) {
+static FTUNE_MUST_USE ftune_status add_record(loader *L, const cJSON *rec, int line) {
     ftune_status st = FTUNE_OK;
     L->ds->stats.n_records++;
     if (L->ds->format == FT_FMT_AUTO) {
@@ -548,7 +548,7 @@ static void report_progress(loader *L, size_t done) {
     if (L->o.progress) L->o.progress(L->o.progress_ctx, done, L->total);
 }
 
-static ftune_status load_jsonl(loader *L, const char *buf, size_t len) {
+static FTUNE_MUST_USE ftune_status load_jsonl(loader *L, const char *buf, size_t len) {
     const char *p = buf, *end = buf + len;
     int line = 0;
     while (p < end) {
@@ -583,7 +583,7 @@ static ftune_status load_jsonl(loader *L, const char *buf, size_t len) {
 
 /* Line numbers of the top-level elements of a JSON array text (already
  * known to parse), in order. */
-static ftune_status array_element_lines(const char *buf, size_t len, int **lines, int *n) {
+static FTUNE_MUST_USE ftune_status array_element_lines(const char *buf, size_t len, int **lines, int *n) {
     int cap = 64, k = 0, line = 1, depth = 0;
     int *out = malloc((size_t)cap * sizeof *out);
     if (!out) return nomem();
@@ -617,7 +617,7 @@ static ftune_status array_element_lines(const char *buf, size_t len, int **lines
     return FTUNE_OK;
 }
 
-static ftune_status load_json_array(loader *L, const char *buf, size_t len) {
+static FTUNE_MUST_USE ftune_status load_json_array(loader *L, const char *buf, size_t len) {
     int64_t nul = ft_json_nul_at(buf, len);
     if (nul >= 0)
         return ft_err(FTUNE_ERR_FORMAT, "%s:%d: a NUL character in a record; text may not contain NUL", L->ds->path,
@@ -663,7 +663,7 @@ static size_t plain_block_end(const char *buf, size_t start, size_t len, size_t 
 /* Plain text: one token stream cut into examples of ctx_len tokens that
  * overlap by one token (or start with BOS), so each token after the first
  * is a target exactly once. */
-static ftune_status load_plain(loader *L, const char *buf, size_t len) {
+static FTUNE_MUST_USE ftune_status load_plain(loader *L, const char *buf, size_t len) {
     const ft_data_tokenizer *tk = L->tk;
     int T = L->o.ctx_len;
     bool bos = tk->add_bos && tk->bos_id >= 0;

@@ -25,7 +25,7 @@
  * malloc'd and freed by the caller. Any tokenizer can be plugged in;
  * ft_data_tokenizer_init wraps an ftune_tokenizer. */
 typedef struct {
-    ftune_status (*tokenize)(void *ctx, const char *text, size_t len, int32_t **ids, size_t *n_ids);
+    FTUNE_MUST_USE ftune_status (*tokenize)(void *ctx, const char *text, size_t len, int32_t **ids, size_t *n_ids);
     void *ctx;
     int32_t bos_id, eos_id; /* -1 if the tokenizer has none */
     int add_bos;            /* put BOS at the start of every example */
@@ -59,9 +59,9 @@ void ft_segments_clear(ft_segments *s); /* keeps the buffers */
 void ft_segments_free(ft_segments *s);
 /* Appends text (len bytes); merges with the previous piece when that is
  * text with the same train flag. */
-ftune_status ft_segments_text(ft_segments *s, bool train, const char *text, size_t len);
-ftune_status ft_segments_str(ft_segments *s, bool train, const char *text);
-ftune_status ft_segments_special(ft_segments *s, ft_seg_kind kind, bool train);
+FTUNE_MUST_USE ftune_status ft_segments_text(ft_segments *s, bool train, const char *text, size_t len);
+FTUNE_MUST_USE ftune_status ft_segments_str(ft_segments *s, bool train, const char *text);
+FTUNE_MUST_USE ftune_status ft_segments_special(ft_segments *s, ft_seg_kind kind, bool train);
 
 /* Tokenizes segments into ids and a loss mask (1 = label), both malloc'd,
  * *n entries. Each text run is tokenized with the text of the run before it
@@ -69,7 +69,7 @@ ftune_status ft_segments_special(ft_segments *s, ft_seg_kind kind, bool train);
  * prefix of the result, so the tokens match a tokenization of the whole
  * string wherever the boundary falls between tokens; otherwise the run is
  * tokenized alone. BOS/EOS pieces are skipped when the id is -1. */
-ftune_status ft_segments_tokenize(const ft_segments *s, const ft_data_tokenizer *tk,
+FTUNE_MUST_USE ftune_status ft_segments_tokenize(const ft_segments *s, const ft_data_tokenizer *tk,
                                   int32_t **ids, uint8_t **mask, size_t *n);
 
 /* ------------------------------------------------------------ chat templates */
@@ -96,7 +96,7 @@ typedef struct {
 const char *ft_chat_template_name(ft_chat_template t);
 /* By name (case-insensitive; "llama-3", "llama3" both work).
  * FTUNE_ERR_ARG listing the names if unknown. */
-ftune_status ft_chat_template_from_name(ft_chat_template *out, const char *name);
+FTUNE_MUST_USE ftune_status ft_chat_template_from_name(ft_chat_template *out, const char *name);
 /* Recognises a Jinja chat_template string (tokenizer_config.json) by its
  * markers; FT_CHAT_NONE if none match. */
 ft_chat_template ft_chat_template_detect(const char *jinja);
@@ -104,7 +104,7 @@ ft_chat_template ft_chat_template_detect(const char *jinja);
  * or a list of {name, template} where "default" or the first is used).
  * *out = FT_CHAT_NONE when the file has no template or it is not
  * recognised; errors only for an unreadable or malformed file. */
-ftune_status ft_chat_template_from_hf_dir(ft_chat_template *out, const char *dir);
+FTUNE_MUST_USE ftune_status ft_chat_template_from_hf_dir(ft_chat_template *out, const char *dir);
 /* "system", "user", "assistant"; parses them back (-1 if unknown). */
 const char *ft_chat_role_name(ft_chat_role r);
 int ft_chat_role_parse(const char *s);
@@ -116,20 +116,20 @@ int ft_chat_role_parse(const char *s);
  * bos_token in their Jinja (llama2, llama3, mistral) emit a BOS piece
  * themselves; for the others the caller adds one if the tokenizer does.
  * Errors (FTUNE_ERR_FORMAT) name the message: `"messages"[2].role: ...`. */
-ftune_status ft_chat_render(ft_segments *s, ft_chat_template t, const ft_chat_msg *msgs, int n,
+FTUNE_MUST_USE ftune_status ft_chat_render(ft_segments *s, ft_chat_template t, const ft_chat_msg *msgs, int n,
                             bool add_generation_prompt, bool train_on_prompt);
 /* Whether the template's own text begins with BOS. */
 bool ft_chat_template_has_bos(ft_chat_template t);
 /* The rendered text as one malloc'd string, with BOS/EOS spelled as
  * bos/eos (e.g. "<s>", "</s>"). */
-ftune_status ft_chat_render_text(char **out, size_t *len, ft_chat_template t, const ft_chat_msg *msgs,
+FTUNE_MUST_USE ftune_status ft_chat_render_text(char **out, size_t *len, ft_chat_template t, const ft_chat_msg *msgs,
                                  int n, bool add_generation_prompt, const char *bos, const char *eos);
 /* Renders and tokenizes a conversation (BOS added as for a dataset). */
-ftune_status ft_chat_tokenize(const ft_data_tokenizer *tk, ft_chat_template t, const ft_chat_msg *msgs,
+FTUNE_MUST_USE ftune_status ft_chat_tokenize(const ft_data_tokenizer *tk, ft_chat_template t, const ft_chat_msg *msgs,
                               int n, bool add_generation_prompt, int32_t **ids, uint8_t **mask, size_t *n_ids);
 
 /* The Alpaca prompt for an instruction and optional input (NULL or ""). */
-ftune_status ft_alpaca_prompt(ft_segments *s, bool train, const char *instruction, const char *input);
+FTUNE_MUST_USE ftune_status ft_alpaca_prompt(ft_segments *s, bool train, const char *instruction, const char *input);
 
 /* ------------------------------------------------------------ datasets */
 
@@ -144,7 +144,7 @@ typedef enum {
 
 const char *ft_data_format_name(ft_data_format f);
 /* "auto", "text", "completion", "alpaca", "chat", "plain". */
-ftune_status ft_data_format_from_name(ft_data_format *out, const char *name);
+FTUNE_MUST_USE ftune_status ft_data_format_from_name(ft_data_format *out, const char *name);
 
 /* What truncation cuts from an example longer than ctx_len. */
 typedef enum {
@@ -201,10 +201,10 @@ typedef struct {
 /* Loads a dataset: a JSONL file (one object per line, blank lines skipped),
  * a JSON array of such objects, or plain text. Bad records are
  * FTUNE_ERR_FORMAT with "path:line: ..." in the message. */
-ftune_status ft_dataset_load(ft_dataset **out, const char *path, const ft_data_tokenizer *tk,
+FTUNE_MUST_USE ftune_status ft_dataset_load(ft_dataset **out, const char *path, const ft_data_tokenizer *tk,
                              const ft_dataset_opts *opts);
 /* The same from a buffer already in memory; name is used in messages. */
-ftune_status ft_dataset_load_buffer(ft_dataset **out, const char *name, const char *buf, size_t len,
+FTUNE_MUST_USE ftune_status ft_dataset_load_buffer(ft_dataset **out, const char *name, const char *buf, size_t len,
                                     const ft_data_tokenizer *tk, const ft_dataset_opts *opts);
 void ft_dataset_free(ft_dataset *ds);
 /* The offset of the first NUL that the JSON text p[0..n) would put into a
@@ -217,7 +217,7 @@ static inline int ft_dataset_len(const ft_dataset *ds, int i) { return (int)(ds-
 /* Moves a fraction of the examples, chosen by a shuffle seeded with seed,
  * into a new dataset *val (round(frac*n) examples, at least 1 when frac > 0,
  * and at least 1 left in ds). Examples keep their order within each part. */
-ftune_status ft_dataset_split(ft_dataset *ds, double frac, uint64_t seed, ft_dataset **val);
+FTUNE_MUST_USE ftune_status ft_dataset_split(ft_dataset *ds, double frac, uint64_t seed, ft_dataset **val);
 
 /* ------------------------------------------------------------ batches */
 
@@ -237,7 +237,7 @@ typedef struct {
     int row0;            /* a view of ft_batch_shard: its first row in the whole batch; else 0 */
 } ft_batch;
 
-ftune_status ft_batch_init(ft_batch *b, int B_max, int T_max);
+FTUNE_MUST_USE ftune_status ft_batch_init(ft_batch *b, int B_max, int T_max);
 /* The bytes ft_batch_init allocates (FT_MEM_DATA): tokens, targets, pos, doc. */
 size_t ft_batch_bytes(int B_max, int T_max);
 void ft_batch_free(ft_batch *b);
@@ -264,16 +264,16 @@ typedef struct {
 typedef struct ft_batch_iter ft_batch_iter;
 
 /* The iterator reads ds, which must outlive it. */
-ftune_status ft_batch_iter_new(ft_batch_iter **out, const ft_dataset *ds, const ft_batch_opts *o);
+FTUNE_MUST_USE ftune_status ft_batch_iter_new(ft_batch_iter **out, const ft_dataset *ds, const ft_batch_opts *o);
 void ft_batch_iter_free(ft_batch_iter *it);
 /* Fills b (initialised with at least B rows of T) with the next batch and
  * advances. A batch never spans two epochs: the last one of an epoch may
  * have fewer rows; the one after it starts the next epoch. */
-ftune_status ft_batch_iter_next(ft_batch_iter *it, ft_batch *b);
+FTUNE_MUST_USE ftune_status ft_batch_iter_next(ft_batch_iter *it, ft_batch *b);
 ft_data_cursor ft_batch_iter_cursor(const ft_batch_iter *it);
-ftune_status ft_batch_iter_seek(ft_batch_iter *it, ft_data_cursor c);
+FTUNE_MUST_USE ftune_status ft_batch_iter_seek(ft_batch_iter *it, ft_data_cursor c);
 /* *n = batches in the given epoch (with packing it depends on the order). */
-ftune_status ft_batch_iter_epoch_batches(const ft_batch_iter *it, int64_t epoch, int64_t *n);
+FTUNE_MUST_USE ftune_status ft_batch_iter_epoch_batches(const ft_batch_iter *it, int64_t epoch, int64_t *n);
 /* The example order of an epoch (n entries), as the iterator uses it. */
 void ft_batch_epoch_order(int *order, int n, uint64_t seed, int64_t epoch, bool shuffle);
 

@@ -3,7 +3,7 @@
  * tokenizer, e.g. in tests that bring their own). */
 #include "data/data.h"
 
-static ftune_status tokenize_cb(void *ctx, const char *text, size_t len, int32_t **ids, size_t *n_ids) {
+static FTUNE_MUST_USE ftune_status tokenize_cb(void *ctx, const char *text, size_t len, int32_t **ids, size_t *n_ids) {
     return ftune_tokenize((const ftune_tokenizer *)ctx, text, len, 0, 1, ids, n_ids);
 }
 

@@ -28,7 +28,7 @@
  * MPI; otherwise a one-rank job. A launcher's variables in a build without
  * MPI, with more than one rank, are an error (each process would train
  * alone and write the same files). Idempotent. */
-ftune_status ft_dist_init(void);
+FTUNE_MUST_USE ftune_status ft_dist_init(void);
 /* Leaves the job (MPI_Finalize); the one-rank case does nothing. */
 void ft_dist_finalize(void);
 /* Ends every rank of the job with code (MPI_Abort): used after a rank has
@@ -53,22 +53,22 @@ void ft_dist_shard(int64_t n, int world, int64_t *off);
 /* Collectives: every rank calls each with the same sizes, in the same order.
  * chunk: the most elements one call to MPI moves (a bucket; <= 0 means the
  * default 4M). Errors (a failed MPI call) name the collective. */
-ftune_status ft_dist_allreduce_sum_f32(float *buf, int64_t n, int64_t chunk);
-ftune_status ft_dist_allreduce_sum_f64(double *buf, int n);
-ftune_status ft_dist_allreduce_sum_i64(int64_t *buf, int n);
-ftune_status ft_dist_allreduce_max_i32(int *buf, int n);
+FTUNE_MUST_USE ftune_status ft_dist_allreduce_sum_f32(float *buf, int64_t n, int64_t chunk);
+FTUNE_MUST_USE ftune_status ft_dist_allreduce_sum_f64(double *buf, int n);
+FTUNE_MUST_USE ftune_status ft_dist_allreduce_sum_i64(int64_t *buf, int n);
+FTUNE_MUST_USE ftune_status ft_dist_allreduce_max_i32(int *buf, int n);
 /* buf (off[world]) on every rank: afterwards buf[off[rank] .. off[rank+1])
  * holds the sum over ranks of that range; the rest of buf is unspecified. */
-ftune_status ft_dist_reduce_scatter_sum_f32(float *buf, const int64_t *off, int64_t chunk);
+FTUNE_MUST_USE ftune_status ft_dist_reduce_scatter_sum_f32(float *buf, const int64_t *off, int64_t chunk);
 /* buf (off[world]): each rank's own range is sent to all; afterwards every
  * rank's buf holds every range. */
-ftune_status ft_dist_allgather_f32(float *buf, const int64_t *off, int64_t chunk);
+FTUNE_MUST_USE ftune_status ft_dist_allgather_f32(float *buf, const int64_t *off, int64_t chunk);
 /* Root's full (off[world]) receives each rank's mine (off[r+1] - off[r]);
  * full is only read on root (NULL elsewhere). */
-ftune_status ft_dist_gather_f32(float *full, const float *mine, const int64_t *off, int root, int64_t chunk);
+FTUNE_MUST_USE ftune_status ft_dist_gather_f32(float *full, const float *mine, const int64_t *off, int root, int64_t chunk);
 /* The reverse: root's full is split into each rank's mine. */
-ftune_status ft_dist_scatter_f32(const float *full, float *mine, const int64_t *off, int root, int64_t chunk);
-ftune_status ft_dist_bcast(void *buf, size_t bytes, int root);
+FTUNE_MUST_USE ftune_status ft_dist_scatter_f32(const float *full, float *mine, const int64_t *off, int root, int64_t chunk);
+FTUNE_MUST_USE ftune_status ft_dist_bcast(void *buf, size_t bytes, int root);
 
 /* A non-blocking reduce-scatter in one call (no rounds: off[world] must fit
  * an int): recv (off[rank+1] - off[rank]) gets the sum over ranks of that
@@ -77,10 +77,10 @@ ftune_status ft_dist_bcast(void *buf, size_t bytes, int root);
  * order. ft_dist_test lets MPI progress it (Open MPI moves a non-blocking
  * collective only inside MPI calls); the one-rank case copies at once. */
 typedef struct ft_dist_req ft_dist_req;
-ftune_status ft_dist_ireduce_scatter_sum_f32(const float *send, float *recv, const int64_t *off, ft_dist_req **req);
-ftune_status ft_dist_test(ft_dist_req *req);
+FTUNE_MUST_USE ftune_status ft_dist_ireduce_scatter_sum_f32(const float *send, float *recv, const int64_t *off, ft_dist_req **req);
+FTUNE_MUST_USE ftune_status ft_dist_test(ft_dist_req *req);
 /* Waits for req and frees it (NULL: nothing). */
-ftune_status ft_dist_wait(ft_dist_req *req);
+FTUNE_MUST_USE ftune_status ft_dist_wait(ft_dist_req *req);
 
 typedef struct {
     uint64_t allreduce_bytes, reduce_scatter_bytes, allgather_bytes, other_bytes; /* sent by this rank (ring model) */

@@ -35,7 +35,7 @@ static bool launched(void) {
     return false;
 }
 
-static ftune_status mpi_fail(int rc, const char *what) {
+static FTUNE_MUST_USE ftune_status mpi_fail(int rc, const char *what) {
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
     if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "error %d", rc);
@@ -101,7 +101,7 @@ static int64_t chunk_of(int64_t chunk) {
     return chunk < g.world ? g.world : chunk;
 }
 
-static ftune_status scratch(int64_t n) {
+static FTUNE_MUST_USE ftune_status scratch(int64_t n) {
     if (n <= g.scratch_n) return FTUNE_OK;
     float *p = realloc(g.scratch, (size_t)n * sizeof(float));
     if (!p) return ft_err(FTUNE_ERR_NOMEM, "out of memory for a communication bucket of %lld floats", (long long)n);
@@ -122,7 +122,7 @@ ftune_status ft_dist_allreduce_sum_f32(float *buf, int64_t n, int64_t chunk) {
     return FTUNE_OK;
 }
 
-static ftune_status small(void *buf, int n, MPI_Datatype t, MPI_Op op, const char *what) {
+static FTUNE_MUST_USE ftune_status small(void *buf, int n, MPI_Datatype t, MPI_Op op, const char *what) {
     if (!g.mpi || g.world == 1) return FTUNE_OK;
     ft_dist_count_call();
     MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, buf, n, t, op, MPI_COMM_WORLD), what);

@@ -166,7 +166,7 @@ double ft_bnb_nf4_bits_per_param(int64_t n) {
 
 ft_dtype ft_bnb_held_dtype(int in) { return in % FT_BNB_BLOCK == 0 ? FT_NF4 : FT_F32; }
 
-static ftune_status part_check(const ft_tensor *t, const char *name, const char *suffix, ft_dtype dt, int64_t numel) {
+static FTUNE_MUST_USE ftune_status part_check(const ft_tensor *t, const char *name, const char *suffix, ft_dtype dt, int64_t numel) {
     if (!t) return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s%s\": missing (a bitsandbytes 4-bit weight needs it)", name, suffix);
     if (t->dtype != dt || ft_tensor_numel(t) != numel)
         return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s%s\": %s with %lld elements, expected %s with %lld", name, suffix,
@@ -180,7 +180,7 @@ static float f32_at(const ft_tensor *t, int64_t i) {
     return v;
 }
 
-static ftune_status parse_state(const ft_bnb_tensors *bt, const char *name, int out, int in, bool *nested,
+static FTUNE_MUST_USE ftune_status parse_state(const ft_bnb_tensors *bt, const char *name, int out, int in, bool *nested,
                                 float *offset) {
     const ft_tensor *qs = bt->quant_state;
     if (!qs) {

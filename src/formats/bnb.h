@@ -70,4 +70,4 @@ ft_dtype ft_bnb_held_dtype(int in);
  * finite absmax; then writes out rows of ft_bnb_held_dtype(in) to dst
  * (out · ft_dtype_nbytes(that, in) bytes), every value bit for bit what
  * bitsandbytes' dequantize_4bit gives in f32. */
-ftune_status ft_bnb_read_weight(void *dst, const ft_bnb_tensors *bt, const char *name, int out, int in);
+FTUNE_MUST_USE ftune_status ft_bnb_read_weight(void *dst, const ft_bnb_tensors *bt, const char *name, int out, int in);

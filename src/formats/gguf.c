@@ -84,7 +84,7 @@ static bool rd_str(reader *r, gguf_str *s) {
     return true;
 }
 
-static ftune_status truncated(const reader *r, const char *what, gguf_str key) {
+static FTUNE_MUST_USE ftune_status truncated(const reader *r, const char *what, gguf_str key) {
     if (key.ptr)
         return ft_err(FTUNE_ERR_FORMAT, "%s: truncated or oversized %s of \"%.*s\" at offset %zu (file has %zu bytes)",
                       r->path, what, (int)(key.len > 200 ? 200 : key.len), key.ptr, r->pos, r->size);
@@ -97,7 +97,7 @@ static ftune_status truncated(const reader *r, const char *what, gguf_str key) {
 
 /* Skips over one array body (element type and count already read),
  * checking every string length and nested array against the bytes left. */
-static ftune_status skip_array(reader *r, uint32_t et, uint64_t n, int depth, gguf_str key) {
+static FTUNE_MUST_USE ftune_status skip_array(reader *r, uint32_t et, uint64_t n, int depth, gguf_str key) {
     uint64_t es = kv_type_size(et);
     if (es) {
         if (n > left(r) / es) return truncated(r, "array", key);
@@ -133,7 +133,7 @@ static ftune_status skip_array(reader *r, uint32_t et, uint64_t n, int depth, gg
                   r->path, KEYARG(key), et);
 }
 
-static ftune_status read_kv(reader *r, gguf_kv *kv) {
+static FTUNE_MUST_USE ftune_status read_kv(reader *r, gguf_kv *kv) {
     uint32_t t;
     if (!rd_str(r, &kv->key)) return truncated(r, "key", (gguf_str){ 0 });
     if (kv->key.len && memchr(kv->key.ptr, 0, (size_t)kv->key.len))
@@ -215,7 +215,7 @@ static bool mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
     return true;
 }
 
-static ftune_status read_tensor_info(reader *r, gguf_tensor_info *ti) {
+static FTUNE_MUST_USE ftune_status read_tensor_info(reader *r, gguf_tensor_info *ti) {
     uint32_t nd;
     if (!rd_str(r, &ti->name)) return truncated(r, "tensor name", (gguf_str){ 0 });
     if (ti->name.len >= FT_NAME_MAX)
@@ -538,7 +538,7 @@ void ft_gguf_writer_free(gguf_writer *w) {
 }
 
 /* Checks the key is new, remembers it and writes key + type. */
-static ftune_status begin_kv(gguf_writer *w, const char *key, gguf_type type) {
+static FTUNE_MUST_USE ftune_status begin_kv(gguf_writer *w, const char *key, gguf_type type) {
     if (!key) return ft_err(FTUNE_ERR_ARG, "gguf writer: NULL key");
     for (uint64_t i = 0; i < w->n_kv; i++)
         if (strcmp(w->keys[i], key) == 0) return ft_err(FTUNE_ERR_ARG, "gguf writer: key \"%s\" set twice", key);
@@ -557,7 +557,7 @@ static ftune_status begin_kv(gguf_writer *w, const char *key, gguf_type type) {
     return FTUNE_OK;
 }
 
-static ftune_status end_kv(gguf_writer *w) {
+static FTUNE_MUST_USE ftune_status end_kv(gguf_writer *w) {
     return w->kv.oom ? ft_err(FTUNE_ERR_NOMEM, "gguf writer: out of memory") : FTUNE_OK;
 }
 
@@ -615,7 +615,7 @@ ftune_status ft_gguf_writer_set_str_array(gguf_writer *w, const char *key, const
     return end_kv(w);
 }
 
-static ftune_status set_arr32(gguf_writer *w, const char *key, gguf_type et, const void *vals, size_t n) {
+static FTUNE_MUST_USE ftune_status set_arr32(gguf_writer *w, const char *key, gguf_type et, const void *vals, size_t n) {
     ftune_status st = begin_kv(w, key, GGUF_T_ARRAY);
     if (st) return st;
     wb_u32(&w->kv, et);
@@ -636,7 +636,7 @@ ftune_status ft_gguf_writer_set_i32_array(gguf_writer *w, const char *key, const
     return set_arr32(w, key, GGUF_T_I32, vals, n);
 }
 
-static ftune_status add_tensor(gguf_writer *w, const char *name, ft_dtype dtype, int ndim, const int64_t *shape,
+static FTUNE_MUST_USE ftune_status add_tensor(gguf_writer *w, const char *name, ft_dtype dtype, int ndim, const int64_t *shape,
                                const void *data, bool has_fill) {
     if (!name || !*name) return ft_err(FTUNE_ERR_ARG, "gguf writer: tensor without a name");
     if (strlen(name) >= FT_NAME_MAX) return ft_err(FTUNE_ERR_ARG, "gguf writer: tensor name \"%s\" too long", name);

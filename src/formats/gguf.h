@@ -66,9 +66,9 @@ typedef struct gguf_file_s {
  * two), every tensor's offset aligned, data inside the file, no overlaps.
  * Unknown ggml tensor types are FTUNE_ERR_UNSUPPORTED (their size cannot be
  * checked). */
-ftune_status ft_gguf_parse(gguf_file *g, const char *path, const uint8_t *data, size_t size);
+FTUNE_MUST_USE ftune_status ft_gguf_parse(gguf_file *g, const char *path, const uint8_t *data, size_t size);
 /* Maps path and parses it. */
-ftune_status ft_gguf_open(gguf_file *g, const char *path);
+FTUNE_MUST_USE ftune_status ft_gguf_open(gguf_file *g, const char *path);
 void ft_gguf_close(gguf_file *g);
 
 const gguf_kv *ft_gguf_find(const gguf_file *g, const char *key);
@@ -88,7 +88,7 @@ bool ft_gguf_get_str(const gguf_file *g, const char *key, gguf_str *out);
  * malloc'd; free it with free(). FTUNE_ERR_ARG if the key is missing,
  * FTUNE_ERR_FORMAT if it is not an array of strings. */
 typedef struct { uint64_t n; gguf_str *items; } gguf_str_array;
-ftune_status ft_gguf_get_str_array(const gguf_file *g, const char *key, gguf_str_array *out);
+FTUNE_MUST_USE ftune_status ft_gguf_get_str_array(const gguf_file *g, const char *key, gguf_str_array *out);
 
 /* ggml type id <-> ftune dtype, from the traits. gguf_ggml_type returns -1
  * for a dtype GGUF cannot hold (U8, NF4); gguf_dtype_of returns FT_NTYPES
@@ -108,30 +108,30 @@ const char *ft_gguf_ggml_type_name(uint32_t ggml_type);
  * name twice is FTUNE_ERR_ARG. */
 typedef struct gguf_writer_s gguf_writer;
 
-ftune_status ft_gguf_writer_new(gguf_writer **out);
+FTUNE_MUST_USE ftune_status ft_gguf_writer_new(gguf_writer **out);
 void ft_gguf_writer_free(gguf_writer *w);
-ftune_status ft_gguf_writer_set_str(gguf_writer *w, const char *key, const char *val);
-ftune_status ft_gguf_writer_set_u32(gguf_writer *w, const char *key, uint32_t val);
-ftune_status ft_gguf_writer_set_i32(gguf_writer *w, const char *key, int32_t val);
-ftune_status ft_gguf_writer_set_f32(gguf_writer *w, const char *key, float val);
-ftune_status ft_gguf_writer_set_bool(gguf_writer *w, const char *key, bool val);
-ftune_status ft_gguf_writer_set_str_array(gguf_writer *w, const char *key, const char *const *vals, size_t n);
-ftune_status ft_gguf_writer_set_f32_array(gguf_writer *w, const char *key, const float *vals, size_t n);
-ftune_status ft_gguf_writer_set_i32_array(gguf_writer *w, const char *key, const int32_t *vals, size_t n);
+FTUNE_MUST_USE ftune_status ft_gguf_writer_set_str(gguf_writer *w, const char *key, const char *val);
+FTUNE_MUST_USE ftune_status ft_gguf_writer_set_u32(gguf_writer *w, const char *key, uint32_t val);
+FTUNE_MUST_USE ftune_status ft_gguf_writer_set_i32(gguf_writer *w, const char *key, int32_t val);
+FTUNE_MUST_USE ftune_status ft_gguf_writer_set_f32(gguf_writer *w, const char *key, float val);
+FTUNE_MUST_USE ftune_status ft_gguf_writer_set_bool(gguf_writer *w, const char *key, bool val);
+FTUNE_MUST_USE ftune_status ft_gguf_writer_set_str_array(gguf_writer *w, const char *key, const char *const *vals, size_t n);
+FTUNE_MUST_USE ftune_status ft_gguf_writer_set_f32_array(gguf_writer *w, const char *key, const float *vals, size_t n);
+FTUNE_MUST_USE ftune_status ft_gguf_writer_set_i32_array(gguf_writer *w, const char *key, const int32_t *vals, size_t n);
 /* shape in PyTorch order (shape[0] slowest); it is written reversed as ggml
  * ne. data holds ft_dtype_nbytes(dtype, numel) bytes. The innermost
  * dimension must be a whole number of blocks for quantized types. */
-ftune_status ft_gguf_writer_add_tensor(gguf_writer *w, const char *name, ft_dtype dtype,
+FTUNE_MUST_USE ftune_status ft_gguf_writer_add_tensor(gguf_writer *w, const char *name, ft_dtype dtype,
                                     int ndim, const int64_t *shape, const void *data);
 /* The same, with the bytes produced at write time by fill(ctx, index,
  * dtype, dst, offset, n) for consecutive chunks of whole blocks, in order
  * (the callback shape of st_out_tensor.fill), so a merged or converted model
  * is never held in memory whole. */
-ftune_status ft_gguf_writer_add_tensor_fill(gguf_writer *w, const char *name, ft_dtype dtype, int ndim,
+FTUNE_MUST_USE ftune_status ft_gguf_writer_add_tensor_fill(gguf_writer *w, const char *name, ft_dtype dtype, int ndim,
                                          const int64_t *shape,
                                          void (*fill)(void *ctx, int index, ft_dtype dtype, void *dst,
                                                       uint64_t offset, size_t n),
                                          void *ctx, int index);
-ftune_status ft_gguf_writer_write(gguf_writer *w, const char *path);
+FTUNE_MUST_USE ftune_status ft_gguf_writer_write(gguf_writer *w, const char *path);
 
 #endif

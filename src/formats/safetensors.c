@@ -71,7 +71,7 @@ static int cmp_begin(const void *a, const void *b) {
     return x->end < y->end ? -1 : x->end > y->end;
 }
 
-static ftune_status parse_tensor(st_tensor *t, const cJSON *e, const char *path, uint64_t buf_size) {
+static FTUNE_MUST_USE ftune_status parse_tensor(st_tensor *t, const cJSON *e, const char *path, uint64_t buf_size) {
     const char *name = e->string;
     if (strlen(name) >= sizeof t->name)
         return ft_err(FTUNE_ERR_FORMAT, "%s: tensor name of %zu bytes is too long (max %zu): \"%.60s...\"", path,
@@ -130,7 +130,7 @@ static ftune_status parse_tensor(st_tensor *t, const cJSON *e, const char *path,
     return FTUNE_OK;
 }
 
-static ftune_status parse_metadata(st_file *f, const cJSON *m, const char *path) {
+static FTUNE_MUST_USE ftune_status parse_metadata(st_file *f, const cJSON *m, const char *path) {
     if (!cJSON_IsObject(m)) return ft_err(FTUNE_ERR_FORMAT, "%s: __metadata__ is not a JSON object", path);
     int n = cJSON_GetArraySize(m);
     f->meta_keys = ft_calloc((size_t)n, sizeof(char *));
@@ -153,7 +153,7 @@ static bool json_space(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' ||
 
 /* data holds the whole file of size bytes, or (header_only) only its
  * first 8 + header length bytes: the tensors then get no data pointer. */
-static ftune_status parse(st_file *f, const char *path, const uint8_t *data, size_t size, bool header_only) {
+static FTUNE_MUST_USE ftune_status parse(st_file *f, const char *path, const uint8_t *data, size_t size, bool header_only) {
     memset(f, 0, sizeof *f);
     if (!path) path = "(safetensors)";
     if (!data && size) return ft_err(FTUNE_ERR_ARG, "%s: no data", path);
@@ -449,7 +449,7 @@ static int cmp_wt(const void *a, const void *b) {
     return strcmp(x->t->name, y->t->name);
 }
 
-static ftune_status check_utf8(const char *s, const char *path, const char *what) {
+static FTUNE_MUST_USE ftune_status check_utf8(const char *s, const char *path, const char *what) {
     if (ft_utf8_invalid_at(s, strlen(s)) >= 0)
         return ft_err(FTUNE_ERR_ARG, "%s: %s \"%.100s\" is not valid UTF-8", path, what, s);
     return FTUNE_OK;

@@ -35,12 +35,12 @@ typedef struct {
  * FTUNE_ERR_UNSUPPORTED. Tensors with more than FT_MAX_DIMS dimensions are
  * FTUNE_ERR_UNSUPPORTED. On failure f is left empty (safe to st_close). */
 #define ST_MAX_HEADER (100u << 20)
-ftune_status ft_st_parse(st_file *f, const char *path, const uint8_t *data, size_t size);
-ftune_status ft_st_open(st_file *f, const char *path);
+FTUNE_MUST_USE ftune_status ft_st_parse(st_file *f, const char *path, const uint8_t *data, size_t size);
+FTUNE_MUST_USE ftune_status ft_st_open(st_file *f, const char *path);
 /* Reads and checks only the header (the checks of ft_st_parse, offsets
  * against the file's size): tensors get no data (NULL) and nothing is
  * mapped. For planning memory without touching the weights. */
-ftune_status ft_st_open_header(st_file *f, const char *path);
+FTUNE_MUST_USE ftune_status ft_st_open_header(st_file *f, const char *path);
 void ft_st_close(st_file *f);
 const st_tensor *ft_st_find(const st_file *f, const char *name);
 /* Value of a __metadata__ key, or NULL. */
@@ -73,7 +73,7 @@ typedef struct {
 
 /* metadata: NULL-terminated key,value,... string pairs or NULL; "format":
  * "pt" is added unless metadata sets "format". */
-ftune_status ft_st_write(const char *path, const st_out_tensor *ts, int n, const char *const *metadata);
+FTUNE_MUST_USE ftune_status ft_st_write(const char *path, const st_out_tensor *ts, int n, const char *const *metadata);
 
 /* Streaming atomic writer: bytes go to path.tmp; commit fsyncs it, renames
  * it over path and fsyncs the directory; abort removes path.tmp. After a
@@ -84,9 +84,9 @@ typedef struct {
     uint64_t written;
 } st_atomic;
 
-ftune_status ft_st_atomic_open(st_atomic *a, const char *path);
-ftune_status ft_st_atomic_write(st_atomic *a, const void *buf, size_t n);
-ftune_status ft_st_atomic_commit(st_atomic *a);
+FTUNE_MUST_USE ftune_status ft_st_atomic_open(st_atomic *a, const char *path);
+FTUNE_MUST_USE ftune_status ft_st_atomic_write(st_atomic *a, const void *buf, size_t n);
+FTUNE_MUST_USE ftune_status ft_st_atomic_commit(st_atomic *a);
 void ft_st_atomic_abort(st_atomic *a);
 
 #endif

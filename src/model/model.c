@@ -60,7 +60,7 @@ void ft_model_mem_plan(const ftune_model *m, ft_mem_table *t) {
     t->has_plan[FT_MEM_ROW_MAPPED] = t->has_plan[FT_MEM_WEIGHTS] = t->has_plan[FT_MEM_OTHER] = true;
 }
 
-static ftune_status check_shape(const ft_tensor *src, int ndim, int64_t d0, int64_t d1) {
+static FTUNE_MUST_USE ftune_status check_shape(const ft_tensor *src, int ndim, int64_t d0, int64_t d1) {
     bool ok = src->ndim == ndim && src->shape[0] == d0 && (ndim < 2 || src->shape[1] == d1);
     if (ok) return FTUNE_OK;
     char got[96] = "", want[64];
@@ -221,7 +221,7 @@ static bool ends_with(const char *s, const char *suf) {
 /* Every id the tokenizer can produce must index a row of the embedding. An
  * embedding with MORE rows than the tokenizer has ids is legal (vocabularies
  * padded to a multiple of 64, e.g. 32000 tokens in 32064 rows). */
-static ftune_status check_vocab(const ftune_model *m, const char *path) {
+static FTUNE_MUST_USE ftune_status check_vocab(const ftune_model *m, const char *path) {
     int n = ftune_tokenizer_n_vocab(m->tok);
     if (n <= 0) return ft_err(FTUNE_ERR_FORMAT, "%s: the tokenizer has no tokens", path);
     if (n > m->cfg.V)

@@ -80,26 +80,26 @@ struct ftune_model {
 };
 
 /* Checks a config for sizes that are positive and consistent. */
-ftune_status ft_config_validate(const ft_config *c, const char *path);
+FTUNE_MUST_USE ftune_status ft_config_validate(const ft_config *c, const char *path);
 /* Fills cfg from a Hugging Face config.json (model_config.c); the _text
  * form parses len bytes already in memory, path naming them in messages. */
-ftune_status ft_config_from_hf_json(ft_config *cfg, const char *path);
-ftune_status ft_config_from_hf_text(ft_config *cfg, const char *text, size_t len, const char *path);
+FTUNE_MUST_USE ftune_status ft_config_from_hf_json(ft_config *cfg, const char *path);
+FTUNE_MUST_USE ftune_status ft_config_from_hf_text(ft_config *cfg, const char *text, size_t len, const char *path);
 
-ftune_status ft_load_hf(ftune_model *m, const char *dir);
+FTUNE_MUST_USE ftune_status ft_load_hf(ftune_model *m, const char *dir);
 /* FTUNE_OK unless config.json at path asks for a quantization other than
  * bitsandbytes' nf4 or 8-bit (named in the error). */
-ftune_status ft_hf_check_quant_config(const char *path);
+FTUNE_MUST_USE ftune_status ft_hf_check_quant_config(const char *path);
 /* A Hugging Face directory's config.json read into cfg, its quantization_config
  * checked (the loader and the planner alike). */
-ftune_status ft_hf_read_config(const char *dir, ft_config *cfg);
+FTUNE_MUST_USE ftune_status ft_hf_read_config(const char *dir, ft_config *cfg);
 /* dir's model.safetensors, or every shard its model.safetensors.index.json
  * names, opened in index order (header_only: the headers alone, for the
  * planner); *files is owned by the caller, each closed with ft_st_close.
  * On an error nothing stays open and *files is NULL. */
-ftune_status ft_hf_open_shards(const char *dir, bool header_only, st_file **files, int *n);
+FTUNE_MUST_USE ftune_status ft_hf_open_shards(const char *dir, bool header_only, st_file **files, int *n);
 /* The config of ftune init's preset name (its weights' dtype aside). */
-ftune_status ft_preset_config(ft_config *cfg, const char *name);
+FTUNE_MUST_USE ftune_status ft_preset_config(ft_config *cfg, const char *name);
 
 /* ---- planning a load from the headers only (model_plan.c) ---- */
 
@@ -129,20 +129,20 @@ typedef struct {
 /* The weights of the Hugging Face directory dir (config.json and the
  * safetensors headers, no tensor data read or mapped), or of ftune init's
  * preset (preset != NULL; stored in preset_dtype). *descs is malloc'd. */
-ftune_status ft_weights_describe_hf(const char *dir, ft_config *cfg, ft_weight_desc **descs, int *n);
+FTUNE_MUST_USE ftune_status ft_weights_describe_hf(const char *dir, ft_config *cfg, ft_weight_desc **descs, int *n);
 /* The weights of m, loaded as stored (no --quant, compute f32): GGUF and
  * llama2.c files, whose loads map the file and read only the vectors. */
-ftune_status ft_weights_describe_model(const ftune_model *m, ft_weight_desc **descs, int *n);
-ftune_status ft_weights_describe_preset(const char *preset, ft_dtype stored, ft_config *cfg, ft_weight_desc **descs,
+FTUNE_MUST_USE ftune_status ft_weights_describe_model(const ftune_model *m, ft_weight_desc **descs, int *n);
+FTUNE_MUST_USE ftune_status ft_weights_describe_preset(const char *preset, ft_dtype stored, ft_config *cfg, ft_weight_desc **descs,
                                         int *n);
 /* What loading those weights with quant (FT_NF4, FT_I8ROW; FT_NTYPES for
  * none) and then compute (ftune_model_load's order) holds: the sizes
  * ft_model_bind_vec, ft_model_quantize, the bnb readers and
  * ft_model_set_compute allocate (ft_held_bytes). FTUNE_ERR_ARG where the
  * load would refuse (quantizing an already quantized model). */
-ftune_status ft_weights_plan_of(const ft_weight_desc *d, int n, ft_dtype quant, ft_dtype compute, ft_weights_plan *p);
-ftune_status ft_load_gguf(ftune_model *m, const char *path);
-ftune_status ft_load_llama2c(ftune_model *m, const char *path, const char *tokenizer_path);
+FTUNE_MUST_USE ftune_status ft_weights_plan_of(const ft_weight_desc *d, int n, ft_dtype quant, ft_dtype compute, ft_weights_plan *p);
+FTUNE_MUST_USE ftune_status ft_load_gguf(ftune_model *m, const char *path);
+FTUNE_MUST_USE ftune_status ft_load_llama2c(ftune_model *m, const char *path, const char *tokenizer_path);
 
 /* Quantizes the base weight of every layer's Linears to q (FT_NF4, with
  * double quantization: bitsandbytes' QLoRA default, see formats/bnb.h; or
@@ -151,13 +151,13 @@ ftune_status ft_load_llama2c(ftune_model *m, const char *path, const char *token
  * then dropped: the unquantized model is never all in memory. The token
  * embedding and the LM head stay as they are (as transformers keeps
  * them). An error names a tensor with a non-finite weight (model_quant.c). */
-ftune_status ft_model_quantize(ftune_model *m, ft_dtype q);
+FTUNE_MUST_USE ftune_status ft_model_quantize(ftune_model *m, ft_dtype q);
 /* The dtype named by a --quant value ("nf4", "int8"); an error listing the choices otherwise. */
-ftune_status ft_quant_from_name(const char *name, ft_dtype *q);
+FTUNE_MUST_USE ftune_status ft_quant_from_name(const char *name, ft_dtype *q);
 
 /* Takes ownership of a malloc'd buffer, freed with the model (not counted
  * in the memory table: prefer ft_model_alloc). On failure p is freed. */
-ftune_status ft_model_own(ftune_model *m, void *p);
+FTUNE_MUST_USE ftune_status ft_model_own(ftune_model *m, void *p);
 /* n bytes counted as FT_MEM_WEIGHTS, freed with the model; NULL (with the
  * error set) when out of memory. */
 void *ft_model_alloc(ftune_model *m, size_t n);
@@ -173,21 +173,21 @@ size_t ft_model_owned_list_bytes(int n_owned);
 void ft_model_mem_plan(const ftune_model *m, ft_mem_table *t);
 /* Parses a compute dtype name: "f32" (also NULL), "bf16", "f16";
  * FTUNE_ERR_ARG naming `what` (the option) otherwise. */
-ftune_status ft_compute_parse(const char *name, const char *what, ft_dtype *out);
+FTUNE_MUST_USE ftune_status ft_compute_parse(const char *name, const char *what, ft_dtype *out);
 /* FTUNE_ERR_RANGE naming the first tensor (and a value) of m's matrices
  * that compute type f16 cannot hold (|x| > 65504 would become inf),
  * suggesting bf16; FTUNE_OK for any other compute type. */
-ftune_status ft_model_check_range(const ftune_model *m, ft_dtype compute);
+FTUNE_MUST_USE ftune_status ft_model_check_range(const ftune_model *m, ft_dtype compute);
 /* Holds m's frozen matrices (the embedding, the seven Linears of every
  * layer, an untied head) in compute: those stored in another float dtype
  * (f32, f16, bf16) are converted once (RNE) into owned copies counted as
  * FT_MEM_WEIGHTS; those already in it stay mapped; quantized ones (q8_0,
  * q4_0) stay as they are; vectors (norms, biases) stay f32. Sets
  * m->compute. Checks the f16 range first (nothing is converted then). */
-ftune_status ft_model_set_compute(ftune_model *m, ft_dtype compute);
+FTUNE_MUST_USE ftune_status ft_model_set_compute(ftune_model *m, ft_dtype compute);
 /* Binds a tensor found in a file to a weight slot, checking shape and dtype:
  * 1-D weights (norms, biases) are converted to owned f32 copies. */
-ftune_status ft_model_bind_vec(ftune_model *m, float **dst, const ft_tensor *src, int64_t n);
-ftune_status ft_model_bind_linear(ftune_model *m, ft_linear *dst, const ft_tensor *src, int out, int in);
+FTUNE_MUST_USE ftune_status ft_model_bind_vec(ftune_model *m, float **dst, const ft_tensor *src, int64_t n);
+FTUNE_MUST_USE ftune_status ft_model_bind_linear(ftune_model *m, ft_linear *dst, const ft_tensor *src, int out, int in);
 
 #endif

@@ -44,7 +44,7 @@ static bool json_int(const cJSON *o, const char *k, int *out) {
  * set); present with the wrong type or out of range is an error naming the
  * key, never a silent default. null counts as absent only where
  * transformers reads None as "not set" (null_ok). */
-static ftune_status opt_int(const cJSON *o, const char *k, int lo, int hi, bool null_ok, int *out, const char *path) {
+static FTUNE_MUST_USE ftune_status opt_int(const cJSON *o, const char *k, int lo, int hi, bool null_ok, int *out, const char *path) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     if (!v || (null_ok && cJSON_IsNull(v))) return FTUNE_OK;
     int x;
@@ -54,7 +54,7 @@ static ftune_status opt_int(const cJSON *o, const char *k, int lo, int hi, bool 
     return FTUNE_OK;
 }
 /* A number that is finite and > 0 as a float (1e-50 would round to 0, 1e300 to inf). */
-static ftune_status opt_pos(const cJSON *o, const char *k, float *out, const char *path) {
+static FTUNE_MUST_USE ftune_status opt_pos(const cJSON *o, const char *k, float *out, const char *path) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     if (!v) return FTUNE_OK;
     float x = cJSON_IsNumber(v) ? (float)v->valuedouble : 0.0f;
@@ -63,7 +63,7 @@ static ftune_status opt_pos(const cJSON *o, const char *k, float *out, const cha
     *out = x;
     return FTUNE_OK;
 }
-static ftune_status opt_bool(const cJSON *o, const char *k, bool *out, const char *path) {
+static FTUNE_MUST_USE ftune_status opt_bool(const cJSON *o, const char *k, bool *out, const char *path) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     if (!v) return FTUNE_OK;
     if (!cJSON_IsBool(v)) return ft_err(FTUNE_ERR_FORMAT, "%s: \"%s\" must be true or false", path, k);
@@ -78,7 +78,7 @@ static bool json_num(const cJSON *o, const char *k, float *out) {
 }
 /* bos_token_id / eos_token_id: absent or null is none (-1); else an id in
  * [0, V) or a non-empty list of them (the first is kept). */
-static ftune_status token_id(const cJSON *o, const char *k, int V, int32_t *out, const char *path) {
+static FTUNE_MUST_USE ftune_status token_id(const cJSON *o, const char *k, int V, int32_t *out, const char *path) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k), *e;
     *out = -1;
     if (!v || cJSON_IsNull(v)) return FTUNE_OK;

@@ -22,7 +22,7 @@ static bool get_int(const gguf_file *g, const char *arch, const char *key, int *
 /* Optional keys: absent keeps *out (llama.cpp's default, set by the caller);
  * present with another type, out of range or not finite is an error naming
  * the key, never a silent default. */
-static ftune_status opt_int(const gguf_file *g, const char *arch, const char *key, int *out) {
+static FTUNE_MUST_USE ftune_status opt_int(const gguf_file *g, const char *arch, const char *key, int *out) {
     char k[128];
     snprintf(k, sizeof k, "%s.%s", arch, key);
     if (!ft_gguf_find(g, k)) return FTUNE_OK;
@@ -32,7 +32,7 @@ static ftune_status opt_int(const gguf_file *g, const char *arch, const char *ke
     *out = (int)v;
     return FTUNE_OK;
 }
-static ftune_status opt_pos(const gguf_file *g, const char *arch, const char *key, float *out) {
+static FTUNE_MUST_USE ftune_status opt_pos(const gguf_file *g, const char *arch, const char *key, float *out) {
     char k[128];
     snprintf(k, sizeof k, "%s.%s", arch, key);
     if (!ft_gguf_find(g, k)) return FTUNE_OK;
@@ -44,7 +44,7 @@ static ftune_status opt_pos(const gguf_file *g, const char *arch, const char *ke
 }
 
 /* used[i]: tensor i was bound to a weight. */
-static ftune_status tensor(const gguf_file *g, uint8_t *used, const char *name, ft_tensor *t, bool required, bool *found) {
+static FTUNE_MUST_USE ftune_status tensor(const gguf_file *g, uint8_t *used, const char *name, ft_tensor *t, bool required, bool *found) {
     const gguf_tensor_info *ti = ft_gguf_find_tensor(g, name);
     if (found) *found = ti != NULL;
     if (ti) used[ti - g->tensors] = 1;
@@ -70,7 +70,7 @@ static ftune_status tensor(const gguf_file *g, uint8_t *used, const char *name, 
 /* Tensors the metadata did not ask for mean it and the weights disagree
  * (e.g. a block_count smaller than the blk.N the file holds): an error
  * naming them, as for Hugging Face directories (model_hf.c). */
-static ftune_status check_unused(const gguf_file *g, const uint8_t *used, int L) {
+static FTUNE_MUST_USE ftune_status check_unused(const gguf_file *g, const uint8_t *used, int L) {
     uint64_t n_unused = 0;
     char names[256] = "";
     for (uint64_t i = 0; i < g->n_tensors; i++) {
@@ -84,7 +84,7 @@ static ftune_status check_unused(const gguf_file *g, const uint8_t *used, int L)
                   (unsigned long long)n_unused, n_unused > 1 ? "s are" : " is", L, names, n_unused > 3 ? ", ..." : "");
 }
 
-static ftune_status load_gguf(ftune_model *m, const char *path, uint8_t **used);
+static FTUNE_MUST_USE ftune_status load_gguf(ftune_model *m, const char *path, uint8_t **used);
 
 ftune_status ft_load_gguf(ftune_model *m, const char *path) {
     uint8_t *used = NULL;
@@ -93,7 +93,7 @@ ftune_status ft_load_gguf(ftune_model *m, const char *path) {
     return st;
 }
 
-static ftune_status load_gguf(ftune_model *m, const char *path, uint8_t **used_out) {
+static FTUNE_MUST_USE ftune_status load_gguf(ftune_model *m, const char *path, uint8_t **used_out) {
     snprintf(m->format, sizeof m->format, "gguf");
     m->gguf = calloc(1, sizeof *m->gguf);
     if (!m->gguf) return ft_err(FTUNE_ERR_NOMEM, "out of memory");

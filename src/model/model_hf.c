@@ -17,7 +17,7 @@
 ftune_status ft_hf_open_shards(const char *dir, bool header_only, st_file **files_out, int *n_out) {
     *files_out = NULL;
     *n_out = 0;
-    ftune_status (*open_one)(st_file *, const char *) = header_only ? ft_st_open_header : ft_st_open;
+    FTUNE_MUST_USE ftune_status (*open_one)(st_file *, const char *) = header_only ? ft_st_open_header : ft_st_open;
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if (ft_file_exists(path)) {
@@ -75,7 +75,7 @@ done:
 }
 
 /* used[i][k]: shard i's tensor k was bound to a weight (or is a known copy). */
-static ftune_status find(ftune_model *m, uint8_t **used, const char *name, ft_tensor *t, bool required, bool *found) {
+static FTUNE_MUST_USE ftune_status find(ftune_model *m, uint8_t **used, const char *name, ft_tensor *t, bool required, bool *found) {
     for (int i = 0; i < m->n_shards; i++) {
         const st_tensor *s = ft_st_find(&m->shards[i], name);
         if (!s) continue;
@@ -120,7 +120,7 @@ static void bind_quantized(ftune_model *m, ft_tensor *t, const char *name, ft_dt
  * the rest of bnb.h's ft_bnb_tensors) becomes owned rows in t (nf4, or
  * f32 where its blocks cross rows: ft_bnb_held_dtype); t is left as it is
  * for any other tensor. */
-static ftune_status bnb_weight(ftune_model *m, uint8_t **used, const char *name, ft_tensor *t, int out, int in) {
+static FTUNE_MUST_USE ftune_status bnb_weight(ftune_model *m, uint8_t **used, const char *name, ft_tensor *t, int out, int in) {
     char k[FT_NAME_MAX + 48];
     ft_tensor parts[6];
     bool found[6] = { false };
@@ -153,7 +153,7 @@ static ftune_status bnb_weight(ftune_model *m, uint8_t **used, const char *name,
  * (out), its rows' absmax, and "P.weight_format" (0: row-major), as
  * Linear8bitLt saves them, becomes owned int8 rows (FT_I8ROW: the same
  * values, q·SCB/127) in t; t is left as it is for any other tensor. */
-static ftune_status bnb8_weight(ftune_model *m, uint8_t **used, const char *name, ft_tensor *t, int out, int in) {
+static FTUNE_MUST_USE ftune_status bnb8_weight(ftune_model *m, uint8_t **used, const char *name, ft_tensor *t, int out, int in) {
     char prefix[FT_NAME_MAX], k[FT_NAME_MAX + 16];
     size_t len = strlen(name);
     if (t->dtype != FT_I8 || len < 7) return FTUNE_OK;
@@ -195,7 +195,7 @@ static ftune_status bnb8_weight(ftune_model *m, uint8_t **used, const char *name
  * checkpoint were not used"), which is how a wrong model runs unnoticed, so
  * this is an error naming them. Rotary inv_freq buffers, which older
  * transformers versions saved, are recomputed from the config and skipped. */
-static ftune_status check_unused(const ftune_model *m, uint8_t **used) {
+static FTUNE_MUST_USE ftune_status check_unused(const ftune_model *m, uint8_t **used) {
     int n_unused = 0;
     char names[512] = "";
     for (int i = 0; i < m->n_shards; i++)

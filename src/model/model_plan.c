@@ -19,14 +19,14 @@ typedef struct {
     int64_t shape[FT_MAX_DIMS];
 } hdr_tensor;
 
-typedef ftune_status (*lookup_fn)(void *ctx, const char *name, hdr_tensor *t);
+typedef FTUNE_MUST_USE ftune_status (*lookup_fn)(void *ctx, const char *name, hdr_tensor *t);
 
 typedef struct {
     ft_weight_desc *d;
     int n, cap;
 } desc_list;
 
-static ftune_status push(desc_list *l, ft_weight_desc d) {
+static FTUNE_MUST_USE ftune_status push(desc_list *l, ft_weight_desc d) {
     if (l->n == l->cap) {
         int cap = l->cap ? 2 * l->cap : 64;
         ft_weight_desc *n = realloc(l->d, (size_t)cap * sizeof *n);
@@ -38,7 +38,7 @@ static ftune_status push(desc_list *l, ft_weight_desc d) {
     return FTUNE_OK;
 }
 
-static ftune_status need(lookup_fn look, void *ctx, const char *name, hdr_tensor *t, int ndim, int64_t d0, int64_t d1) {
+static FTUNE_MUST_USE ftune_status need(lookup_fn look, void *ctx, const char *name, hdr_tensor *t, int ndim, int64_t d0, int64_t d1) {
     ftune_status st = look(ctx, name, t);
     if (st) return st;
     if (!t->found) return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\" is missing from the safetensors files", name);
@@ -50,7 +50,7 @@ static ftune_status need(lookup_fn look, void *ctx, const char *name, hdr_tensor
     return FTUNE_OK;
 }
 
-static ftune_status add_vec(desc_list *l, lookup_fn look, void *ctx, const char *name, int64_t n) {
+static FTUNE_MUST_USE ftune_status add_vec(desc_list *l, lookup_fn look, void *ctx, const char *name, int64_t n) {
     hdr_tensor t;
     ftune_status st = need(look, ctx, name, &t, 1, n, 0);
     if (st) return st;
@@ -59,7 +59,7 @@ static ftune_status add_vec(desc_list *l, lookup_fn look, void *ctx, const char 
 
 /* A layer's Linear weight: as stored, or a bitsandbytes weight (4-bit: U8
  * beside "name.absmax"; 8-bit: I8 beside "P.SCB"), as model_hf.c reads them. */
-static ftune_status add_linear(desc_list *l, lookup_fn look, void *ctx, const char *name, int out, int in) {
+static FTUNE_MUST_USE ftune_status add_linear(desc_list *l, lookup_fn look, void *ctx, const char *name, int out, int in) {
     hdr_tensor t, part;
     ftune_status st = need(look, ctx, name, &t, 2, out, in);
     if (st) return st;
@@ -84,7 +84,7 @@ static ftune_status add_linear(desc_list *l, lookup_fn look, void *ctx, const ch
 }
 
 /* The weights ft_load_hf binds, in its order. */
-static ftune_status describe(ft_config *c, lookup_fn look, void *ctx, desc_list *l) {
+static FTUNE_MUST_USE ftune_status describe(ft_config *c, lookup_fn look, void *ctx, desc_list *l) {
     hdr_tensor t;
     ftune_status st = need(look, ctx, "model.embed_tokens.weight", &t, 2, c->V, c->C);
     if (st) return st;
@@ -130,7 +130,7 @@ typedef struct {
     int n;
 } shard_set;
 
-static ftune_status shard_lookup(void *ctx, const char *name, hdr_tensor *t) {
+static FTUNE_MUST_USE ftune_status shard_lookup(void *ctx, const char *name, hdr_tensor *t) {
     shard_set *s = ctx;
     memset(t, 0, sizeof *t);
     for (int i = 0; i < s->n; i++) {
@@ -171,7 +171,7 @@ typedef struct {
     ft_dtype dt;
 } preset_ctx;
 
-static ftune_status preset_lookup(void *ctx, const char *name, hdr_tensor *t) {
+static FTUNE_MUST_USE ftune_status preset_lookup(void *ctx, const char *name, hdr_tensor *t) {
     const preset_ctx *p = ctx;
     const ft_config *c = p->c;
     memset(t, 0, sizeof *t);

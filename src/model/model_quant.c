@@ -47,7 +47,7 @@ static void drop_pages(const void *p, size_t n) {
 }
 
 /* Lin's weight as rows of q (nf4: then its absmax double-quantized). */
-static ftune_status quantize_linear(ftune_model *m, ft_linear *lin, ft_dtype qt) {
+static FTUNE_MUST_USE ftune_status quantize_linear(ftune_model *m, ft_linear *lin, ft_dtype qt) {
     const ft_tensor *src = &lin->w;
     int out = lin->out, in = lin->in;
     int64_t rb = ft_dtype_nbytes(qt, in), nbr = (in + FT_QK_NF4 - 1) / FT_QK_NF4, nb = nbr * out;
@@ -123,7 +123,7 @@ typedef struct {
 
 /* bitsandbytes' 8-bit layout of one (out, in) weight: int8 codes and the
  * rows' absmax (SCB), from the f32 rows of the traits' int8 quantizer */
-static ftune_status quantize_parts8(bnb_parts *p, const st_tensor *t) {
+static FTUNE_MUST_USE ftune_status quantize_parts8(bnb_parts *p, const st_tensor *t) {
     int64_t out = t->shape[0], in = t->shape[1];
     size_t rb = (size_t)ft_dtype_nbytes(FT_I8ROW, in);
     float *x = malloc((size_t)in * sizeof(float));
@@ -151,7 +151,7 @@ done:
     return st;
 }
 
-static ftune_status quantize_parts(bnb_parts *p, const st_tensor *t, int64_t *nb_out) {
+static FTUNE_MUST_USE ftune_status quantize_parts(bnb_parts *p, const st_tensor *t, int64_t *nb_out) {
     int64_t n = 1;
     for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
     int64_t nb = (n + FT_BNB_BLOCK - 1) / FT_BNB_BLOCK, nb2 = (nb + FT_BNB_NESTED_BLOCK - 1) / FT_BNB_NESTED_BLOCK;
@@ -195,7 +195,7 @@ static bool is_linear_weight(const ftune_model *m, const char *name) {
     return false;
 }
 
-static ftune_status add_quant_config(const char *dir, bool int8) {
+static FTUNE_MUST_USE ftune_status add_quant_config(const char *dir, bool int8) {
     char path[4200], *text;
     snprintf(path, sizeof path, "%s/config.json", dir);
     ftune_status st = ft_read_file(path, &text, NULL);

@@ -113,7 +113,7 @@ struct ft_backend {
      * dtype, converted to f32. Tokens must already be checked to be < V. */
     void (*embedding_forward)(const ft_backend *be, float *out, const int32_t *tokens, const ft_tensor *wte, int T);
     /* dwte (V, C) += dout rows; FTUNE_ERR_RANGE (nothing changed) if a token is outside [0, V). */
-    ftune_status (*embedding_backward)(const ft_backend *be, float *dwte, const float *dout, const int32_t *tokens,
+    FTUNE_MUST_USE ftune_status (*embedding_backward)(const ft_backend *be, float *dwte, const float *dout, const int32_t *tokens,
                                        int T, int C, int V);
     /* dst (n elements of be->compute, RNE) = src (n floats), and back:
      * activations saved for backward in the compute type (train_model.c). */

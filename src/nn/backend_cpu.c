@@ -97,7 +97,7 @@ static void cpu_embedding_forward(const ft_backend *be, float *out, const int32_
     if (be->compute == FT_BF16 && wte->dtype != be->compute) ft_bf16_round_fast(out, out, (size_t)T * C, be->n_threads);
     else if (be->compute != FT_F32 && wte->dtype != be->compute) ft_round_array_in(be->compute, out, out, (size_t)T * C);
 }
-static ftune_status cpu_embedding_backward(const ft_backend *be, float *dwte, const float *dout,
+static FTUNE_MUST_USE ftune_status cpu_embedding_backward(const ft_backend *be, float *dwte, const float *dout,
                                            const int32_t *tokens, int T, int C, int V) {
     (void)be;
     return ft_embedding_backward(dwte, dout, (const int *)tokens, T, C, V);

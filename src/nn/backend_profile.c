@@ -133,7 +133,7 @@ static void pr_swiglu_backward(const ft_backend *be, float *dgate, float *dup, c
 static void pr_embedding_forward(const ft_backend *be, float *out, const int32_t *tokens, const ft_tensor *wte, int T) {
     TIMED(FT_PROF_EMBED, IN(be)->embedding_forward(IN(be), out, tokens, wte, T));
 }
-static ftune_status pr_embedding_backward(const ft_backend *be, float *dwte, const float *dout, const int32_t *tokens,
+static FTUNE_MUST_USE ftune_status pr_embedding_backward(const ft_backend *be, float *dwte, const float *dout, const int32_t *tokens,
                                           int T, int C, int V) {
     ftune_status st;
     TIMED(FT_PROF_EMBED, st = IN(be)->embedding_backward(IN(be), dwte, dout, tokens, T, C, V));

@@ -211,7 +211,7 @@ static void ref_embedding_forward(const ft_backend *be, float *out, const int32_
     }
     if (be->compute != FT_F32) ft_round_array_in(be->compute, out, out, (size_t)T * C);
 }
-static ftune_status ref_embedding_backward(const ft_backend *be, float *dwte, const float *dout,
+static FTUNE_MUST_USE ftune_status ref_embedding_backward(const ft_backend *be, float *dwte, const float *dout,
                                            const int32_t *tokens, int T, int C, int V) {
     (void)be;
     return ft_embedding_backward(dwte, dout, (const int *)tokens, T, C, V);

@@ -70,8 +70,8 @@ void ft_swiglu_backward_mt(float *dgate, float *dup, const float *dout, const fl
 /* Token embedding: out (T, C) = rows tokens[t] of wte (V, C). Backward adds
  * dout rows into dwte (+=). FTUNE_ERR_RANGE if a token is not in [0, V)
  * (backward then changes nothing). */
-ftune_status ft_embedding_forward(float *out, const int *tokens, const float *wte, int T, int C, int V);
-ftune_status ft_embedding_backward(float *dwte, const float *dout, const int *tokens, int T, int C, int V);
+FTUNE_MUST_USE ftune_status ft_embedding_forward(float *out, const int *tokens, const float *wte, int T, int C, int V);
+FTUNE_MUST_USE ftune_status ft_embedding_backward(float *dwte, const float *dout, const int *tokens, int T, int C, int V);
 
 /* Causal attention with grouped-query heads over a key/value cache.
  * q (T, NH*HS) for queries at positions q_pos[t]; k, v (Tk, NKV*HS) hold
@@ -224,8 +224,8 @@ void ft_rope_backward_f64(double *dx, const int *pos, const double *inv_freq, in
 void ft_swiglu_forward_f64(double *out, const double *gate, const double *up, int T, int F);
 void ft_swiglu_backward_f64(double *dgate, double *dup, const double *dout, const double *gate, const double *up,
                          int T, int F);
-ftune_status ft_embedding_forward_f64(double *out, const int *tokens, const double *wte, int T, int C, int V);
-ftune_status ft_embedding_backward_f64(double *dwte, const double *dout, const int *tokens, int T, int C, int V);
+FTUNE_MUST_USE ftune_status ft_embedding_forward_f64(double *out, const int *tokens, const double *wte, int T, int C, int V);
+FTUNE_MUST_USE ftune_status ft_embedding_backward_f64(double *dwte, const double *dout, const int *tokens, int T, int C, int V);
 void ft_attention_forward_f64(double *out, double *att, const double *q, const double *k, const double *v,
                            const int *q_pos, const int *doc, int T, int Tk, int NH, int NKV, int HS,
                            int kv_stride, int n_threads);

@@ -131,7 +131,7 @@ void FN(swiglu_backward)(real *dgate, real *dup, const real *dout, const real *g
 
 /* ------------------------------------------------------------- embedding */
 
-ftune_status FN(embedding_forward)(real *out, const int *tokens, const real *wte, int T, int C, int V)
+FTUNE_MUST_USE ftune_status FN(embedding_forward)(real *out, const int *tokens, const real *wte, int T, int C, int V)
 {
     for (int t = 0; t < T; t++) {
         if (tokens[t] < 0 || tokens[t] >= V)
@@ -142,7 +142,7 @@ ftune_status FN(embedding_forward)(real *out, const int *tokens, const real *wte
     return FTUNE_OK;
 }
 
-ftune_status FN(embedding_backward)(real *dwte, const real *dout, const int *tokens, int T, int C, int V)
+FTUNE_MUST_USE ftune_status FN(embedding_backward)(real *dwte, const real *dout, const int *tokens, int T, int C, int V)
 {
     for (int t = 0; t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= V)

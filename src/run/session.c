@@ -247,7 +247,7 @@ ftune_status ftune_session_forward(ftune_session *s, const int32_t *tokens, int 
     return FTUNE_OK;
 }
 
-static ftune_status check_tokens(const ftune_session *s, const int32_t *tokens, size_t n) {
+static FTUNE_MUST_USE ftune_status check_tokens(const ftune_session *s, const int32_t *tokens, size_t n) {
     int V = s->m->cfg.V;
     for (size_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= V)

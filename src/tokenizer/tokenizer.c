@@ -256,7 +256,7 @@ static const pre_def *find_pre(const char *name) {
     return NULL;
 }
 
-static ftune_status compile_regex(ftune_tokenizer *t, const char *pattern) {
+static FTUNE_MUST_USE ftune_status compile_regex(ftune_tokenizer *t, const char *pattern) {
     if (t->n_re >= FT_TOK_MAX_REGEX)
         return ft_err(FTUNE_ERR_UNSUPPORTED, "tokenizer: more than %d pre-tokenizer regexes", FT_TOK_MAX_REGEX);
     int errcode;
@@ -289,7 +289,7 @@ static int cmp_special(const void *a, const void *b) {
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-static ftune_status check_id(const char *what, int32_t id, int n) {
+static FTUNE_MUST_USE ftune_status check_id(const char *what, int32_t id, int n) {
     if (id < -1 || id >= n) return ft_err(FTUNE_ERR_FORMAT, "tokenizer: %s %d is outside the vocabulary (%d tokens)", what, id, n);
     return FTUNE_OK;
 }
@@ -744,7 +744,7 @@ static void merge_word(work_t *w, const char *s, int32_t n) {
 
 /* Splits s[0..n) with regex `level` into matches and the gaps between them,
  * and passes each piece on to the next regex; the last level merges words. */
-static ftune_status split_level(work_t *w, int level, const char *s, size_t n) {
+static FTUNE_MUST_USE ftune_status split_level(work_t *w, int level, const char *s, size_t n) {
     const ftune_tokenizer *t = w->t;
     if (n == 0) return FTUNE_OK;
     if (level == t->n_re) {
@@ -797,7 +797,7 @@ static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c ==
 
 /* Cuts special tokens out of the text, one token at a time, longest first;
  * a token with lstrip/rstrip takes the whitespace beside it along. */
-static ftune_status partition_specials(const ftune_tokenizer *t, const char *text, size_t len,
+static FTUNE_MUST_USE ftune_status partition_specials(const ftune_tokenizer *t, const char *text, size_t len,
                                        int parse_special, fvec *frags) {
     if (!fvec_push(frags, (frag_t){ 0, len, -1 })) return ft_err(FTUNE_ERR_NOMEM, "tokenize: out of memory");
     if (t->n_special == 0) return FTUNE_OK;
@@ -857,7 +857,7 @@ oom:
 }
 
 /* SPM: escape spaces as "▁" (with the prefix) and merge the whole fragment. */
-static ftune_status spm_fragment(work_t *w, const char *s, size_t n, bool prefix) {
+static FTUNE_MUST_USE ftune_status spm_fragment(work_t *w, const char *s, size_t n, bool prefix) {
     size_t spaces = 0;
     for (size_t i = 0; i < n; i++) spaces += s[i] == ' ';
     size_t need = n + 2 * spaces + (prefix ? 3 : 0);

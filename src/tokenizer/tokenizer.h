@@ -61,25 +61,25 @@ typedef struct {
 } ft_vocab_spec;
 
 /* Builds a tokenizer; copies everything it needs from spec. */
-ftune_status ft_tokenizer_build(ftune_tokenizer **out, const ft_vocab_spec *spec);
+FTUNE_MUST_USE ftune_status ft_tokenizer_build(ftune_tokenizer **out, const ft_vocab_spec *spec);
 void ft_tokenizer_free(ftune_tokenizer *t);
 
 /* Loaders for each file kind (they fill a spec and call ft_tokenizer_build). */
-ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir); /* tokenizer.json (or vocab.json + merges.txt) + tokenizer_config.json + generation_config.json */
+FTUNE_MUST_USE ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir); /* tokenizer.json (or vocab.json + merges.txt) + tokenizer_config.json + generation_config.json */
 /* tokenizer.json's len bytes alone, already in memory (name is for messages). */
-ftune_status ft_tokenizer_from_hf_json(ftune_tokenizer **out, const char *text, size_t len, const char *name);
-ftune_status ft_tokenizer_from_gguf(ftune_tokenizer **out, const struct gguf_file_s *g);
+FTUNE_MUST_USE ftune_status ft_tokenizer_from_hf_json(ftune_tokenizer **out, const char *text, size_t len, const char *name);
+FTUNE_MUST_USE ftune_status ft_tokenizer_from_gguf(ftune_tokenizer **out, const struct gguf_file_s *g);
 /* llama2.c tokenizer .bin; n_vocab <= 0 reads every entry up to the end of the file. */
-ftune_status ft_tokenizer_from_llama2c(ftune_tokenizer **out, const char *path, int n_vocab);
-ftune_status ft_tokenizer_from_tiktoken(ftune_tokenizer **out, const char *path); /* Llama 3 tokenizer.model */
+FTUNE_MUST_USE ftune_status ft_tokenizer_from_llama2c(ftune_tokenizer **out, const char *path, int n_vocab);
+FTUNE_MUST_USE ftune_status ft_tokenizer_from_tiktoken(ftune_tokenizer **out, const char *path); /* Llama 3 tokenizer.model */
 /* SentencePiece tokenizer.model (protobuf, BPE type: Llama 2, TinyLlama). */
-ftune_status ft_tokenizer_from_spm_model(ftune_tokenizer **out, const char *path);
+FTUNE_MUST_USE ftune_status ft_tokenizer_from_spm_model(ftune_tokenizer **out, const char *path);
 /* Any of the above by path: a .gguf file, a tokenizer.json or a directory
  * holding one, a tokenizer.model (tiktoken or SentencePiece), or a llama2.c .bin. */
-ftune_status ft_tokenizer_load_path(ftune_tokenizer **out, const char *path);
+FTUNE_MUST_USE ftune_status ft_tokenizer_load_path(ftune_tokenizer **out, const char *path);
 
 /* ftune_tokenize with an explicit add_eos. */
-ftune_status ft_tokenize_ex(const ftune_tokenizer *t, const char *text, size_t len,
+FTUNE_MUST_USE ftune_status ft_tokenize_ex(const ftune_tokenizer *t, const char *text, size_t len,
                             int add_bos, int add_eos, int parse_special,
                             int32_t **ids, size_t *n_ids);
 

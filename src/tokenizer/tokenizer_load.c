@@ -387,7 +387,7 @@ static int32_t gguf_id(const gguf_file *g, const char *key, int32_t dflt, int n)
 }
 
 /* A numeric array of at least n elements: F32 or I32 read as float/int. */
-static ftune_status gguf_num_array(const gguf_file *g, const char *key, int n, float *fout, int *iout) {
+static FTUNE_MUST_USE ftune_status gguf_num_array(const gguf_file *g, const char *key, int n, float *fout, int *iout) {
     const gguf_kv *kv = ft_gguf_find(g, key);
     if (!kv) return FTUNE_OK;
     if (kv->type != GGUF_T_ARRAY || (kv->arr_type != GGUF_T_F32 && kv->arr_type != GGUF_T_I32) || kv->arr_n < (uint64_t)n)
@@ -548,7 +548,7 @@ typedef struct {
     int n;
 } regex_list;
 
-static ftune_status add_regex(regex_list *l, const char *re) {
+static FTUNE_MUST_USE ftune_status add_regex(regex_list *l, const char *re) {
     if (l->n >= 8) return ft_err(FTUNE_ERR_UNSUPPORTED, "tokenizer.json: more than 8 pre-tokenizer splits");
     if (!(l->re[l->n] = ft_strdup(re))) return ft_err(FTUNE_ERR_NOMEM, "tokenizer: out of memory");
     l->n++;
@@ -557,7 +557,7 @@ static ftune_status add_regex(regex_list *l, const char *re) {
 
 /* Collects the regexes of a byte-level pre-tokenizer (Split, ByteLevel,
  * Digits, Punctuation, in a Sequence). */
-static ftune_status hf_pre_regexes(const cJSON *pt, regex_list *l) {
+static FTUNE_MUST_USE ftune_status hf_pre_regexes(const cJSON *pt, regex_list *l) {
     if (!pt || cJSON_IsNull(pt)) return FTUNE_OK;
     const char *type = json_str(pt, "type");
     if (!type) return ft_err(FTUNE_ERR_FORMAT, "tokenizer.json: pre_tokenizer without a type");
@@ -611,7 +611,7 @@ static int32_t find_text(const char **tok, int n, const char *s) {
 static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
 
 /* Reads a GPT-2 style merges.txt into "a b" lines. */
-static ftune_status read_merges_txt(const char *path, char **buf, const char ***lines, int *n) {
+static FTUNE_MUST_USE ftune_status read_merges_txt(const char *path, char **buf, const char ***lines, int *n) {
     size_t size;
     ftune_status st = ft_read_file(path, buf, &size);
     if (st) return st;
@@ -637,7 +637,7 @@ static bool have(const char *dir, const char *path) { return dir && ft_file_exis
 
 /* From the files in dir, or (dir NULL) from tokenizer.json text alone,
  * `name` naming it in messages. */
-static ftune_status hf_load(ftune_tokenizer **out, const char *dir, const char *text, size_t text_len,
+static FTUNE_MUST_USE ftune_status hf_load(ftune_tokenizer **out, const char *dir, const char *text, size_t text_len,
                             const char *name) {
     *out = NULL;
     ftune_status st = FTUNE_OK;

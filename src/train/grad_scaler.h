@@ -39,7 +39,7 @@ typedef struct {
 /* init_scale: the scale of FIXED, the initial scale of DYNAMIC (0: 2^16);
  * growth_interval 0: 2000. FTUNE_ERR_ARG for a scale that is not a finite
  * positive f32 or a negative interval (messages name --loss-scale). */
-ftune_status ft_grad_scaler_init(ft_grad_scaler *s, ft_loss_scale_mode mode, double init_scale, int growth_interval);
+FTUNE_MUST_USE ftune_status ft_grad_scaler_init(ft_grad_scaler *s, ft_loss_scale_mode mode, double init_scale, int growth_interval);
 /* Whether the seed is scaled and the gradients unscaled (DYNAMIC or FIXED). */
 static inline bool ft_grad_scaler_on(const ft_grad_scaler *s) { return s->mode != FT_LOSS_SCALE_NONE; }
 /* Multiplies every gradient by (float)(1 / scale) (PyTorch's

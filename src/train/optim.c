@@ -84,7 +84,7 @@ static void carve_state(ft_adamw *o) {
     }
 }
 
-static ftune_status check_cfg(const ft_adamw_cfg *cfg) {
+static FTUNE_MUST_USE ftune_status check_cfg(const ft_adamw_cfg *cfg) {
     if (cfg->kind != FT_OPTIM_ADAMW && cfg->kind != FT_OPTIM_ADAMW8BIT)
         return ft_err(FTUNE_ERR_ARG, "adamw: unknown optimizer kind %d", (int)cfg->kind);
     if (cfg->kind == FT_OPTIM_ADAMW8BIT &&

@@ -38,7 +38,7 @@ typedef enum { FT_OPTIM_ADAMW = 0, FT_OPTIM_ADAMW8BIT = 1 } ft_optim_kind;
 #define FT_ADAM8_MAX_BLOCK 4096
 
 /* Parses "adamw" or "adamw8bit"; the name of a kind. */
-ftune_status ft_optim_kind_parse(const char *s, ft_optim_kind *out);
+FTUNE_MUST_USE ftune_status ft_optim_kind_parse(const char *s, ft_optim_kind *out);
 const char *ft_optim_kind_name(ft_optim_kind k);
 
 /* The 256 entries of bitsandbytes' create_dynamic_map(signed) (sorted, in
@@ -96,7 +96,7 @@ typedef struct {
 
 /* Allocates zeroed moments for n parameters. Names must be distinct. Paged:
  * FTUNE_ERR_IO naming paged_dir when the file or its mapping cannot be made. */
-ftune_status ft_adamw_init(ft_adamw *o, const ft_param *params, int n, const ft_adamw_cfg *cfg);
+FTUNE_MUST_USE ftune_status ft_adamw_init(ft_adamw *o, const ft_param *params, int n, const ft_adamw_cfg *cfg);
 void ft_adamw_free(ft_adamw *o);
 /* One update of every parameter from its grad with learning rate lr (the
  * schedule's value for this step); increments step. Grads are not zeroed. */
@@ -119,14 +119,14 @@ void ft_clip_grad_by_norm(const ft_param *params, int n, double norm, double max
  * their parameter's name and decay flag, in order (calloc'd, the caller
  * frees; *n_out may be 0). AdamW on the pieces updates exactly those
  * elements as AdamW on the whole list would. */
-ftune_status ft_params_shard(const ft_param *params, int n, const float *base, int64_t lo, int64_t hi, ft_param **out,
+FTUNE_MUST_USE ftune_status ft_params_shard(const ft_param *params, int n, const float *base, int64_t lo, int64_t hi, ft_param **out,
                              int *n_out);
 /* An optimizer over params whose moments are not its own: m and v of
  * parameter i are m_flat and v_flat at that parameter's offset from base
  * (each flat array as long as the parameters' span). For saving and loading
  * a state gathered from shards with ft_adamw_save / ft_adamw_load; free it
  * with ft_adamw_free (the flat arrays stay the caller's); never step it. */
-ftune_status ft_adamw_view(ft_adamw *o, const ft_param *params, int n, const ft_adamw_cfg *cfg, const float *base,
+FTUNE_MUST_USE ftune_status ft_adamw_view(ft_adamw *o, const ft_param *params, int n, const ft_adamw_cfg *cfg, const float *base,
                            float *m_flat, float *v_flat);
 
 /* Learning-rate schedules: linear warmup from 0 over warmup_steps, then
@@ -142,7 +142,7 @@ typedef struct {
 } ft_sched;
 
 /* Parses "constant", "linear" or "cosine". */
-ftune_status ft_sched_kind_parse(const char *s, ft_sched_kind *out);
+FTUNE_MUST_USE ftune_status ft_sched_kind_parse(const char *s, ft_sched_kind *out);
 /* Learning rate for the update with 0-based index step (the first update is
  * step 0, so with warmup it uses lr 0, as a LambdaLR-driven HF Trainer). */
 double ft_sched_lr(const ft_sched *s, int64_t step);
@@ -154,12 +154,12 @@ double ft_sched_lr(const ft_sched *s, int64_t step);
  * metadata "opt.step", "opt.kind" ("adamw", "adamw8bit"), "opt.block"
  * (adamw8bit) and the hyperparameters. extra_meta (NULL-terminated
  * key,value pairs or NULL) is added to the metadata. */
-ftune_status ft_adamw_save(const ft_adamw *o, const char *path, const char *const *extra_meta);
+FTUNE_MUST_USE ftune_status ft_adamw_save(const ft_adamw *o, const char *path, const char *const *extra_meta);
 /* Restores step, m and v into an optimizer initialised with the same
  * parameters, kind and block. Every parameter must have its tensors with
  * its shape and dtype, and the file must hold no optimizer tensor for a
  * parameter the optimizer does not have; another kind is FTUNE_ERR_ARG
  * naming both. On failure the optimizer is unchanged. */
-ftune_status ft_adamw_load(ft_adamw *o, const char *path);
+FTUNE_MUST_USE ftune_status ft_adamw_load(ft_adamw *o, const char *path);
 
 #endif

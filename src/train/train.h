@@ -25,7 +25,7 @@ typedef enum { FT_TRAIN_LORA = 0, FT_TRAIN_FULL = 1 } ft_train_mode;
 /* LoRA targets are FT_MOD_BIT masks of module.h (FT_MOD_ALL: every Linear). */
 /* Parses a comma-separated list of "q,k,v,o,gate,up,down" or the PEFT
  * names ("q_proj", ...), or "all" / "all-linear". */
-ftune_status ft_lora_targets_parse(const char *s, unsigned *mask);
+FTUNE_MUST_USE ftune_status ft_lora_targets_parse(const char *s, unsigned *mask);
 
 /* ZeRO 2 and 3 (train_loop.c): the trainables as segments of the flat
  * array, one per block (a block's parameters are contiguous, with the same
@@ -47,8 +47,8 @@ ftune_status ft_lora_targets_parse(const char *s, unsigned *mask);
  * error stops nothing at once (the collectives go on in the same order on
  * every rank): the step returns the first one. */
 typedef struct {
-    ftune_status (*values)(void *ctx, int64_t lo, int64_t hi, float *vals, bool init);
-    ftune_status (*grads)(void *ctx, int64_t lo, int64_t hi, float *grad);
+    FTUNE_MUST_USE ftune_status (*values)(void *ctx, int64_t lo, int64_t hi, float *vals, bool init);
+    FTUNE_MUST_USE ftune_status (*grads)(void *ctx, int64_t lo, int64_t hi, float *grad);
     void *ctx;
 } ft_train_shard;
 
@@ -91,7 +91,7 @@ typedef struct {
 
 /* The compute type for ftune_train_opts.dtype: NULL the model's, else
  * the name parsed ("--dtype" in the message). */
-ftune_status ft_train_compute_of(const ftune_model *m, const char *dtype, ft_dtype *out);
+FTUNE_MUST_USE ftune_status ft_train_compute_of(const ftune_model *m, const char *dtype, ft_dtype *out);
 
 /* r 8, alpha 16, no dropout, all seven targets, seed 0, max_B 1,
  * max_T 512, LoRA mode, all cores, f32 compute. */
@@ -136,7 +136,7 @@ typedef struct {
 typedef struct ft_trainer ft_trainer;
 
 /* Sizes a trainer for cfg without building it (for `ftune plan`). */
-ftune_status ft_trainer_plan(const ft_config *cfg, const ft_train_opts *o, ft_train_plan *plan);
+FTUNE_MUST_USE ftune_status ft_trainer_plan(const ft_config *cfg, const ft_train_opts *o, ft_train_plan *plan);
 /* ZeRO 2/3's segments (the flat trainables' split the windows follow):
  * block l's segment is [lay0 + l layer_n, + layer_n); full mode adds the
  * embedding's [0, V C), the final norm's C and an untied head's V C. What
@@ -148,7 +148,7 @@ void ft_trainer_segments(const ft_config *cfg, const ft_train_opts *o, int64_t *
  * mode); the trainer holds its own view of the layers with adapters
  * attached. LoRA adapters are initialised as PEFT does (A Kaiming-uniform
  * from opts->seed, B zero); full mode copies every weight to f32. */
-ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_train_opts *o);
+FTUNE_MUST_USE ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_train_opts *o);
 void ft_trainer_free(ft_trainer *tr);
 /* The plan tr was allocated with. */
 const ft_train_plan *ft_trainer_get_plan(const ft_trainer *tr);
@@ -162,18 +162,18 @@ void ft_trainer_mem_table(const ft_trainer *tr, ft_mem_table *t);
  * document per row). Adds the gradient of sum(loss) / n_targets_total to
  * the grads and returns the summed (unnormalised) loss of this batch in
  * *loss_sum. Draws fresh dropout masks each call. */
-ftune_status ft_trainer_step(ft_trainer *tr, const ft_batch *b, int64_t n_targets_total, double *loss_sum);
+FTUNE_MUST_USE ftune_status ft_trainer_step(ft_trainer *tr, const ft_batch *b, int64_t n_targets_total, double *loss_sum);
 /* The same with the loss multiplied by loss_scale before backward (loss
  * scaling, train/grad_scaler.h): the gradient seed is the f32 of
  * loss_scale / n_targets_total, which for a power-of-two scale is exactly
  * loss_scale times ft_trainer_step's, so that in f32 every gradient is
  * exactly loss_scale times as large unless it overflows. *loss_sum is not
  * scaled. ft_trainer_step is this with loss_scale 1. */
-ftune_status ft_trainer_step_scaled(ft_trainer *tr, const ft_batch *b, int64_t n_targets_total, float loss_scale,
+FTUNE_MUST_USE ftune_status ft_trainer_step_scaled(ft_trainer *tr, const ft_batch *b, int64_t n_targets_total, float loss_scale,
                                     double *loss_sum);
 /* Forward only, no dropout, grads untouched: summed loss and the number of
  * targets (for validation loss). */
-ftune_status ft_trainer_eval(ft_trainer *tr, const ft_batch *b, double *loss_sum, int64_t *n_targets);
+FTUNE_MUST_USE ftune_status ft_trainer_eval(ft_trainer *tr, const ft_batch *b, double *loss_sum, int64_t *n_targets);
 void ft_trainer_zero_grad(ft_trainer *tr);
 /* One AdamW update (ft_adamw_step) of o, whose parameters are this
  * trainer's values and grads, on the trainer's backend (full mode in
@@ -186,7 +186,7 @@ const ft_train_param *ft_trainer_param(const ft_trainer *tr, int i);
  * names, shapes and data/grad pointers, weight decay on matrices only
  * (none on norms and biases, as Hugging Face's Trainer) or on every LoRA
  * tensor; *n_trainable counts their elements. */
-ftune_status ft_trainer_optim_params(const ft_trainer *tr, bool lora, ft_param **out, int *n, int64_t *n_trainable);
+FTUNE_MUST_USE ftune_status ft_trainer_optim_params(const ft_trainer *tr, bool lora, ft_param **out, int *n, int64_t *n_trainable);
 /* Index of the parameter named name, or -1. */
 int ft_trainer_find_param(const ft_trainer *tr, const char *name);
 /* All trainable values and their gradients, each one flat f32 array of *n

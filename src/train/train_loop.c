@@ -103,7 +103,7 @@ double ft_peak_rss_mib(void) {
 
 /* ------------------------------------------------------------ files */
 
-static ftune_status mkdir_p(const char *path) {
+static FTUNE_MUST_USE ftune_status mkdir_p(const char *path) {
     char buf[4096];
     if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return ft_err(FTUNE_ERR_ARG, "%s: path too long", path);
     for (char *p = buf + 1; *p; p++) {
@@ -123,7 +123,7 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 }
 
 /* Removes a directory we wrote (and everything in it); absent is fine. */
-static ftune_status rm_tree(const char *path) {
+static FTUNE_MUST_USE ftune_status rm_tree(const char *path) {
     struct stat sb;
     if (lstat(path, &sb) != 0) return FTUNE_OK;
     if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
@@ -131,7 +131,17 @@ static ftune_status rm_tree(const char *path) {
     return FTUNE_OK;
 }
 
-static ftune_status fsync_dir(const char *path) {
+/* Removes path where the outcome is decided already -- a failure being
+ * reported, or a checkpoint in place that leaves the copy it replaced --
+ * so that failing to remove it changes nothing: ignored, and the message
+ * ftune_last_error() gives kept as it was (the failure's, not rm_tree's). */
+static void rm_tree_after(const char *path) {
+    char *keep = ft_strdup(ftune_last_error());
+    ft_ignore_status(rm_tree(path));
+    if (keep) { ft_err(FTUNE_OK, "%s", keep); free(keep); }
+}
+
+static FTUNE_MUST_USE ftune_status fsync_dir(const char *path) {
     int fd = open(path, O_RDONLY | O_DIRECTORY);
     if (fd < 0) return ft_err(FTUNE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     int r = fsync(fd);
@@ -331,7 +341,7 @@ static bool config_diff(const cJSON *a, const cJSON *b, const char *prefix, char
 
 /* ------------------------------------------------------------ data */
 
-static ftune_status load_data(run *r) {
+static FTUNE_MUST_USE ftune_status load_data(run *r) {
     const ftune_train_opts *o = r->o;
     ft_dataset_opts dop;
     ft_dataset_opts_default(&dop);
@@ -364,7 +374,7 @@ static ftune_status load_data(run *r) {
 
 /* Reads --init-adapter's LoRA settings and A/B values; the adapter is
  * attached only while it is read (the trainer wants a bare model). */
-static ftune_status read_init_adapter(run *r) {
+static FTUNE_MUST_USE ftune_status read_init_adapter(run *r) {
     const ftune_train_opts *o = r->o;
     const ft_config *c = &r->m->cfg;
     if (c->L > 256) return ft_err(FTUNE_ERR_UNSUPPORTED, "--init-adapter: models of more than 256 layers");
@@ -441,7 +451,7 @@ static void apply_init_adapter(run *r) {
 /* The PEFT adapter from the trainer's LoRA, or (ZeRO 3, where the
  * trainer holds one layer's at a time) with A and B read from full, the
  * whole flat values. */
-static ftune_status save_peft(run *r, const char *dir, const float *full, const char *gguf) {
+static FTUNE_MUST_USE ftune_status save_peft(run *r, const char *dir, const float *full, const char *gguf) {
     if (!full) {
         TRY(ft_adapter_save_peft(r->wrapped, dir));
         return gguf ? ft_adapter_save_gguf(r->wrapped, gguf) : FTUNE_OK;
@@ -470,7 +480,7 @@ static ftune_status save_peft(run *r, const char *dir, const float *full, const 
     return st;
 }
 
-static ftune_status save_adapter_dir(run *r, const char *dir, const float *full, const char *gguf) {
+static FTUNE_MUST_USE ftune_status save_adapter_dir(run *r, const char *dir, const float *full, const char *gguf) {
     TRY(mkdir_p(dir));
     return save_peft(r, dir, full, gguf);
 }
@@ -482,7 +492,7 @@ static bool ends_with(const char *s, const char *suf) {
 
 /* Full fine-tuning: writes a Hugging Face model whose weights are the
  * trainer's, through the merge writer on a shallow copy of the model. */
-static ftune_status save_full_model(run *r, const char *dir, const float *full) {
+static FTUNE_MUST_USE ftune_status save_full_model(run *r, const char *dir, const float *full) {
     ftune_model v = *r->m;
     const ft_config *c = &v.cfg;
     v.layers = ft_malloc((size_t)c->L * sizeof *v.layers);
@@ -529,7 +539,7 @@ static void seg_split(run *r, int64_t lo, int64_t hi) {
  * over the ranks onto the owners (reduce-scatter, in --bucket-mb rounds),
  * and this rank's part added to its shard. */
 /* --overlap: waits for a slot's reduce-scatter and adds its part to the shard. */
-static ftune_status ov_finish(run *r, struct ov_slot *s) {
+static FTUNE_MUST_USE ftune_status ov_finish(run *r, struct ov_slot *s) {
     if (!s->pending) return FTUNE_OK;
     ftune_status st = ft_dist_wait(s->req);
     s->req = NULL;
@@ -542,13 +552,13 @@ static ftune_status ov_finish(run *r, struct ov_slot *s) {
 
 /* --overlap: every reduce-scatter in flight finished, oldest first (the
  * order the blocking path adds them in, so the sums are the same). */
-static ftune_status ov_drain(run *r) {
+static FTUNE_MUST_USE ftune_status ov_drain(run *r) {
     if (!r->o->overlap || r->zero < 2) return FTUNE_OK;
     TRY(ov_finish(r, &r->ov[r->ov_next]));
     return ov_finish(r, &r->ov[r->ov_next ^ 1]);
 }
 
-static ftune_status shard_grads(void *ctx, int64_t lo, int64_t hi, float *g) {
+static FTUNE_MUST_USE ftune_status shard_grads(void *ctx, int64_t lo, int64_t hi, float *g) {
     run *r = ctx;
     seg_split(r, lo, hi);
     if (r->o->overlap) {
@@ -574,7 +584,7 @@ static ftune_status shard_grads(void *ctx, int64_t lo, int64_t hi, float *g) {
  * the owners), or at init this rank's part of them kept. Every rank
  * computes the same initial values (the same model and seed, which
  * check_same_run compares), so init moves nothing. */
-static ftune_status shard_values(void *ctx, int64_t lo, int64_t hi, float *v, bool init) {
+static FTUNE_MUST_USE ftune_status shard_values(void *ctx, int64_t lo, int64_t hi, float *v, bool init) {
     run *r = ctx;
     seg_split(r, lo, hi);
     int64_t a = r->seg_off[r->rank], b = r->seg_off[r->rank + 1];
@@ -589,7 +599,7 @@ static ftune_status shard_values(void *ctx, int64_t lo, int64_t hi, float *v, bo
 
 /* Before the trainer is built: the flat size, the shards and this rank's
  * shard buffers, counted as gradients (and trainables). */
-static ftune_status setup_zero(run *r) {
+static FTUNE_MUST_USE ftune_status setup_zero(run *r) {
     ft_train_plan pl;
     r->topts.shard = &r->shard_io;
     r->topts.shard_values = r->zero == 3;
@@ -625,7 +635,7 @@ static ftune_status setup_zero(run *r) {
 /* ZeRO 2/3: the pieces of the parameters in this rank's shard, their data
  * in the trainer's whole values (ZeRO 2) or this rank's own (ZeRO 3), their
  * gradients in own_grad. */
-static ftune_status own_pieces(run *r) {
+static FTUNE_MUST_USE ftune_status own_pieces(run *r) {
     r->vals = ft_trainer_values(r->tr, NULL);
     r->grads = NULL;
     r->win_n = (int64_t)(ft_trainer_get_plan(r->tr)->grad_bytes / sizeof(float));
@@ -661,7 +671,7 @@ static ftune_status own_pieces(run *r) {
 
 /* The trainer's flat arrays, this rank's shard of them and the parameters
  * (or pieces of parameters) its optimizer updates. */
-static ftune_status setup_shards(run *r) {
+static FTUNE_MUST_USE ftune_status setup_shards(run *r) {
     if (r->zero >= 2) return own_pieces(r);
     r->vals = ft_trainer_values(r->tr, &r->n_flat);
     r->grads = ft_trainer_grads(r->tr, NULL);
@@ -688,7 +698,7 @@ static ftune_status setup_shards(run *r) {
 /* Every rank must train the same run: rank 0's configuration (model and
  * data fingerprints, every setting) is compared on each rank, and any
  * difference fails every rank, naming the key and the rank. */
-static ftune_status check_same_run(run *r) {
+static FTUNE_MUST_USE ftune_status check_same_run(run *r) {
     if (r->world == 1) return FTUNE_OK;
     cJSON *mine = cJSON_Duplicate(r->config, true);
     if (!mine) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
@@ -766,7 +776,7 @@ static ft_param *flat_params(run *r, float *base) {
     return ps;
 }
 
-static ftune_status mv_view(run *r, ft_adamw *view) {
+static FTUNE_MUST_USE ftune_status mv_view(run *r, ft_adamw *view) {
     ft_param *ps = flat_params(r, r->full_mv);
     if (!ps) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     ftune_status st = ft_adamw_view(view, ps, r->n_params, &r->opt.cfg, r->full_mv, r->full_mv, r->full_mv + r->n_flat);
@@ -774,7 +784,7 @@ static ftune_status mv_view(run *r, ft_adamw *view) {
     return st;
 }
 
-static ftune_status save_optimizer(run *r, const char *path) {
+static FTUNE_MUST_USE ftune_status save_optimizer(run *r, const char *path) {
     if (r->zero == 0) return ft_adamw_save(&r->opt, path, NULL);
     ft_adamw view;
     TRY(mv_view(r, &view));
@@ -786,7 +796,7 @@ static ftune_status save_optimizer(run *r, const char *path) {
 
 /* Rank 0 reads the whole state: ZeRO 0 into its optimizer, ZeRO 1 into
  * full_mv (resume() scatters it). */
-static ftune_status load_optimizer(run *r, const char *path) {
+static FTUNE_MUST_USE ftune_status load_optimizer(run *r, const char *path) {
     if (r->zero == 0) return ft_adamw_load(&r->opt, path);
     r->full_mv = ft_malloc((size_t)(2 * r->n_flat + 1) * sizeof(float));
     if (!r->full_mv) return ft_err(FTUNE_ERR_NOMEM, "out of memory for the optimizer state of %s", path);
@@ -798,12 +808,12 @@ static ftune_status load_optimizer(run *r, const char *path) {
     return st;
 }
 
-static ftune_status save_checkpoint(run *r, const char *shard_tmp);
-static ftune_status load_checkpoint(run *r, const char *dir);
+static FTUNE_MUST_USE ftune_status save_checkpoint(run *r, const char *shard_tmp);
+static FTUNE_MUST_USE ftune_status load_checkpoint(run *r, const char *dir);
 
 /* ZeRO 3: the whole values gathered into full_vals on rank 0 (every rank
  * takes part; elsewhere nothing). */
-static ftune_status gather_values(run *r) {
+static FTUNE_MUST_USE ftune_status gather_values(run *r) {
     if (r->zero != 3) return FTUNE_OK;
     ftune_status st = FTUNE_OK;
     if (is_root(r) && !(r->full_vals = ft_malloc((size_t)r->n_flat * sizeof(float))))
@@ -823,7 +833,7 @@ static bool sharded_ckpt(const run *r) {
 
 /* This rank's shard of a checkpoint: its range's values and AdamW moments,
  * with the range and the job's size in the metadata. */
-static ftune_status write_shard(run *r, const char *path) {
+static FTUNE_MUST_USE ftune_status write_shard(run *r, const char *path) {
     int64_t lo = r->shard[r->rank], n = r->shard[r->rank + 1] - lo;
     float *mv = ft_malloc((size_t)(2 * n + 1) * sizeof(float));
     if (!mv) return ft_err(FTUNE_ERR_NOMEM, "out of memory for the optimizer shard");
@@ -851,7 +861,7 @@ static ftune_status write_shard(run *r, const char *path) {
 }
 
 /* Reads this rank's shard of checkpoint dir, checked against this rank's range. */
-static ftune_status read_shard(run *r, const char *dir) {
+static FTUNE_MUST_USE ftune_status read_shard(run *r, const char *dir) {
     char name[64], path[4400];
     ft_ckpt_shard_name(name, r->rank, r->world);
     snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -895,7 +905,7 @@ static ftune_status read_shard(run *r, const char *dir) {
  * 0's word, since one that went on (or stopped) and failed would abort the
  * job while rank 0 is still writing; a failure of rank 0 is then one every
  * rank returns together (ftune_dist_failed_together), a rank's own is not. */
-static ftune_status after_root_save(run *r, ftune_status st) {
+static FTUNE_MUST_USE ftune_status after_root_save(run *r, ftune_status st) {
     int failed = st != FTUNE_OK;
     ftune_status bst = ft_dist_bcast(&failed, sizeof failed, 0);
     if (!bst && failed) ft_dist_set_failed_together();
@@ -908,7 +918,7 @@ static ftune_status after_root_save(run *r, ftune_status st) {
  * writes its shard into it, and once all have, rank 0 adds
  * trainer_state.json (the manifest: the world size and every shard's
  * checksum) and renames it into place, which completes the checkpoint. */
-static ftune_status checkpoint_sharded(run *r) {
+static FTUNE_MUST_USE ftune_status checkpoint_sharded(run *r) {
     long pid = (long)getpid();
     TRY(ft_dist_bcast(&pid, sizeof pid, 0));
     char tmp[4200], path[4400], name[64];
@@ -929,7 +939,7 @@ static ftune_status checkpoint_sharded(run *r) {
     TRY(ft_dist_allreduce_max_i32(&bad, 1));
     if (bad) {
         ft_dist_set_failed_together(); /* every rank knows: none aborts the others */
-        if (is_root(r)) rm_tree(tmp);
+        if (is_root(r)) rm_tree_after(tmp); /* the shard's failure is the one to report */
         return st ? st : ft_err(FTUNE_ERR_IO, "rank %d: another rank could not write its shard of checkpoint-%lld (its "
                                 "error says why)", r->rank, (long long)r->step);
     }
@@ -941,7 +951,7 @@ static ftune_status checkpoint_sharded(run *r) {
 /* A checkpoint of the whole run, written by rank 0: under ZeRO 1 the
  * optimizer shards are gathered to it first (every rank takes part); or a
  * sharded one. */
-static ftune_status checkpoint(run *r) {
+static FTUNE_MUST_USE ftune_status checkpoint(run *r) {
     if (sharded_ckpt(r)) return checkpoint_sharded(r);
     ftune_status st = FTUNE_OK;
     if (r->zero > 0) {
@@ -968,7 +978,7 @@ static ftune_status checkpoint(run *r) {
 /* --resume: rank 0 reads and checks the checkpoint, then hands every rank
  * the values, the optimizer state (its shard under ZeRO 1), the step, the
  * dropout micro-step, the data cursor, the skipped steps and the loss scaler. */
-static ftune_status resume(run *r) {
+static FTUNE_MUST_USE ftune_status resume(run *r) {
     ftune_status st = is_root(r) ? load_checkpoint(r, r->o->resume) : FTUNE_OK;
     int bad = st != FTUNE_OK;
     TRY(ft_dist_allreduce_max_i32(&bad, 1));
@@ -1021,7 +1031,7 @@ static ftune_status resume(run *r) {
 /* ------------------------------------------------------------ checkpoints */
 
 /* The trainables from the trainer, or (ZeRO 3) from full, the whole flat values. */
-static ftune_status write_trainable(run *r, const char *path, const float *full) {
+static FTUNE_MUST_USE ftune_status write_trainable(run *r, const char *path, const float *full) {
     int n = ft_trainer_n_params(r->tr);
     st_out_tensor *ts = ft_calloc((size_t)n, sizeof *ts);
     if (!ts) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
@@ -1038,7 +1048,7 @@ static ftune_status write_trainable(run *r, const char *path, const float *full)
     return st;
 }
 
-static ftune_status read_trainable(run *r, const char *path, float *full) {
+static FTUNE_MUST_USE ftune_status read_trainable(run *r, const char *path, float *full) {
     st_file f;
     TRY(ft_st_open(&f, path));
     int n = ft_trainer_n_params(r->tr);
@@ -1066,7 +1076,7 @@ static const char *const ckpt_sums[] = { "trainable.safetensors", "optimizer.saf
  * shard_tmp is the temporary directory holding every rank's shard already
  * and only trainer_state.json (with their checksums) is added before the
  * rename that completes it. */
-static ftune_status save_checkpoint(run *r, const char *shard_tmp) {
+static FTUNE_MUST_USE ftune_status save_checkpoint(run *r, const char *shard_tmp) {
     char dir[4096], tmp[4200], old[4200], path[4400];
     snprintf(dir, sizeof dir, "%s/checkpoint-%lld", r->o->out_dir, (long long)r->step);
     /* the pid keeps two processes apart even where the lock cannot (a
@@ -1143,12 +1153,12 @@ static ftune_status save_checkpoint(run *r, const char *shard_tmp) {
     if (!st) st = fsync_dir(r->o->out_dir);
     if (st) {
         ft_err_prefix(st, "saving checkpoint %s", dir);
-        char *keep = ft_strdup(ftune_last_error());
-        rm_tree(tmp);
-        if (keep) { ft_err(st, "%s", keep); free(keep); }
+        rm_tree_after(tmp); /* the save's failure is the one to report */
         return st;
     }
-    rm_tree(old);
+    /* the checkpoint is in place: a copy of the one it replaced left behind
+     * costs disk, not the run */
+    rm_tree_after(old);
     snprintf(r->res.checkpoint, sizeof r->res.checkpoint, "%s", dir);
     ftune_train_progress p = { .ev = FTUNE_TRAIN_SAVE, .step = r->step, .path = dir };
     emit(r, &p);
@@ -1184,7 +1194,7 @@ static void sibling_checkpoints(const char *dir, char *out, size_t cap) {
     closedir(d);
 }
 
-static ftune_status load_checkpoint(run *r, const char *dir) {
+static FTUNE_MUST_USE ftune_status load_checkpoint(run *r, const char *dir) {
     char path[4200];
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
     if (!ft_is_dir(dir)) return ft_err(FTUNE_ERR_IO, "--resume %s: no such checkpoint directory", dir);
@@ -1325,7 +1335,7 @@ done:
 
 /* metrics.jsonl of a resumed run: the lines up to the checkpoint's step
  * from the checkpoint's run, then the new ones. */
-static ftune_status open_metrics(run *r) {
+static FTUNE_MUST_USE ftune_status open_metrics(run *r) {
     char path[4200];
     snprintf(path, sizeof path, "%s/metrics.jsonl", r->o->out_dir);
     char *keep = NULL;
@@ -1364,7 +1374,7 @@ static ftune_status open_metrics(run *r) {
     return FTUNE_OK;
 }
 
-static ftune_status dump_batch(run *r, const ft_batch *b, int micro, int64_t ntt) {
+static FTUNE_MUST_USE ftune_status dump_batch(run *r, const ft_batch *b, int micro, int64_t ntt) {
     FILE *f = r->dump;
     fprintf(f, "{\"step\":%lld,\"micro\":%d,\"B\":%d,\"T\":%d,\"n_targets_total\":%lld", (long long)r->step + 1, micro,
             b->B, b->T, (long long)ntt);
@@ -1389,7 +1399,7 @@ static ftune_status dump_batch(run *r, const ft_batch *b, int micro, int64_t ntt
 }
 
 /* Token-weighted mean loss over the whole validation set. */
-static ftune_status validate(run *r, double *loss) {
+static FTUNE_MUST_USE ftune_status validate(run *r, double *loss) {
     int64_t nb;
     TRY(ft_batch_iter_seek(r->val_it, (ft_data_cursor){ 0, 0 }));
     TRY(ft_batch_iter_epoch_batches(r->val_it, 0, &nb));
@@ -1423,7 +1433,7 @@ static ftune_status validate(run *r, double *loss) {
 
 /* The global gradient norm: under ZeRO 0 every rank holds every gradient;
  * under ZeRO 1 the squares of the ranks' parts are summed. */
-static ftune_status global_norm(run *r, double *norm) {
+static FTUNE_MUST_USE ftune_status global_norm(run *r, double *norm) {
     double ss = ft_grad_sumsq(r->own, r->n_own);
     if (r->zero > 0) TRY(ft_dist_allreduce_sum_f64(&ss, 1));
     *norm = sqrt(ss);
@@ -1436,7 +1446,7 @@ static ftune_status global_norm(run *r, double *norm) {
  * indexed by updates done (step - skipped), as Hugging Face's Trainer steps
  * its scheduler only when the optimizer ran; a skipped step reports the
  * learning rate it would have used. */
-static ftune_status optimizer_step(run *r, double loss, double *gnorm, double *lr, bool *skipped) {
+static FTUNE_MUST_USE ftune_status optimizer_step(run *r, double loss, double *gnorm, double *lr, bool *skipped) {
     const ft_train_hooks *h = r->hooks;
     int64_t n = r->step + 1; /* this step, 1-based */
     if (h && h->inf_grad_step == n) {
@@ -1480,7 +1490,7 @@ static ftune_status optimizer_step(run *r, double loss, double *gnorm, double *l
 /* One optimizer step over up to K global micro-batches, of which this rank
  * trains its rows, each seeded with the same loss scale; one round of
  * communication, the finiteness check and the update once per step. */
-static ftune_status train_step(run *r, double *loss, double *gnorm, double *lr, int64_t *n_tokens, bool *skipped) {
+static FTUNE_MUST_USE ftune_status train_step(run *r, double *loss, double *gnorm, double *lr, int64_t *n_tokens, bool *skipped) {
     int kk = 0;
     *n_tokens = 0;
     /* this rank's target and token counts, then the global ones */
@@ -1539,7 +1549,7 @@ static ftune_status train_step(run *r, double *loss, double *gnorm, double *lr, 
     return FTUNE_OK;
 }
 
-static ftune_status check_opts(const ftune_train_opts *o) {
+static FTUNE_MUST_USE ftune_status check_opts(const ftune_train_opts *o) {
     if (!o->model) return ft_err(FTUNE_ERR_ARG, "no model");
     if (!o->data_path) return ft_err(FTUNE_ERR_ARG, "no training data (--data FILE)");
     if (!o->out_dir) return ft_err(FTUNE_ERR_ARG, "no output directory (-o DIR)");
@@ -1588,7 +1598,7 @@ static bool stale_output(const char *name) {
 /* Everything about the output paths that can be checked before training:
  * not the base model's directory, creatable, locked against a second run,
  * and empty unless resuming or overwriting. */
-static ftune_status claim_out_dir(run *r) {
+static FTUNE_MUST_USE ftune_status claim_out_dir(run *r) {
     const ftune_train_opts *o = r->o;
     if (o->resume && o->overwrite) return ft_err(FTUNE_ERR_ARG, "give --resume or --overwrite, not both");
     if (o->model_path) {
@@ -1649,7 +1659,7 @@ static ftune_status claim_out_dir(run *r) {
 
 /* --overwrite: removes the previous run's metrics, initial adapter and
  * checkpoints, so that none of them is mistaken for this run's. */
-static ftune_status clear_old_run(run *r) {
+static FTUNE_MUST_USE ftune_status clear_old_run(run *r) {
     DIR *d = opendir(r->o->out_dir);
     if (!d) return ft_err(FTUNE_ERR_IO, "%s: cannot read: %s", r->o->out_dir, strerror(errno));
     ftune_status st = FTUNE_OK;
@@ -1663,7 +1673,7 @@ static ftune_status clear_old_run(run *r) {
     return st;
 }
 
-static ftune_status setup(run *r) {
+static FTUNE_MUST_USE ftune_status setup(run *r) {
     const ftune_train_opts *o = r->o;
     const ft_config *c = &r->m->cfg;
     TRY(check_opts(o));
@@ -1784,7 +1794,7 @@ static ftune_status setup(run *r) {
     return FTUNE_OK;
 }
 
-static ftune_status train(run *r) {
+static FTUNE_MUST_USE ftune_status train(run *r) {
     const ftune_train_opts *o = r->o;
     TRY(setup(r));
     int64_t start = r->step;

@@ -69,14 +69,14 @@ typedef struct {
 /* Parses len bytes of a trainer_state.json (path names it in errors);
  * FTUNE_ERR_FORMAT names the bad field, FTUNE_ERR_UNSUPPORTED another
  * version. On success free with ft_ckpt_state_free. */
-ftune_status ft_ckpt_state_parse(ft_ckpt_state *s, const char *text, size_t len, const char *path);
+FTUNE_MUST_USE ftune_status ft_ckpt_state_parse(ft_ckpt_state *s, const char *text, size_t len, const char *path);
 void ft_ckpt_state_free(ft_ckpt_state *s);
 /* "shard-<rank>-of-<world>.safetensors" into out (64 bytes). */
 void ft_ckpt_shard_name(char *out, int rank, int world);
 /* FNV-1a 64 of n bytes, continuing from h (FT_FNV0 to start). */
 uint64_t ft_fnv1a(uint64_t h, const void *p, size_t n);
 /* FNV-1a 64 of a whole file, read in chunks. */
-ftune_status ft_file_fnv1a(const char *path, uint64_t *out);
+FTUNE_MUST_USE ftune_status ft_file_fnv1a(const char *path, uint64_t *out);
 
 /* ------------------------------------------------------------ test hooks */
 
@@ -91,7 +91,7 @@ typedef struct {
 } ft_train_hooks;
 
 /* ftune_train_run with hooks (NULL: none). */
-ftune_status ft_train_run_hooked(const ftune_train_opts *o, const ft_train_hooks *hooks, ftune_train_progress_fn progress,
+FTUNE_MUST_USE ftune_status ft_train_run_hooked(const ftune_train_opts *o, const ft_train_hooks *hooks, ftune_train_progress_fn progress,
                                  void *ctx, ftune_train_result *res);
 
 /* Peak resident memory of this process, in MiB (getrusage). */
@@ -104,6 +104,6 @@ double ft_peak_rss_mib(void);
 void ft_train_topts_of(const ftune_train_opts *o, int B_rank, int T, ft_dtype compute, ft_train_opts *t);
 /* The run's sequence length: o->ctx, or min(512, the model's context);
  * FTUNE_ERR_ARG when longer than the model's context. */
-ftune_status ft_train_seq_len(const ft_config *c, const ftune_train_opts *o, int *T);
+FTUNE_MUST_USE ftune_status ft_train_seq_len(const ft_config *c, const ftune_train_opts *o, int *T);
 
 #endif

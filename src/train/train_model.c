@@ -115,7 +115,7 @@ struct ft_trainer {
     int64_t lay0, layer_n;    /* block l's segment is [lay0 + l layer_n, + layer_n) */
     int64_t norm_lo, head_lo; /* full mode: the final norm's and the head's offsets (tied: 0) */
     ft_block_hooks shard_hooks; /* the block hooks that fill and drain the windows, then call hooks */
-    ftune_status shard_st;    /* the first error of a shard callback in this step */
+    ftune_status step_st;     /* the first error in this step: a shard callback's, or the embedding backward's */
 };
 
 void ft_train_opts_default(ft_train_opts *o) {
@@ -338,7 +338,7 @@ static void carve_scratch(ft_trainer *tr, carver *cv, const ft_config *c, const 
     tr->CH = CH;
 }
 
-static ftune_status check_opts(const ft_config *c, const ft_train_opts *o) {
+static FTUNE_MUST_USE ftune_status check_opts(const ft_config *c, const ft_train_opts *o) {
     if (o->mode != FT_TRAIN_LORA && o->mode != FT_TRAIN_FULL)
         return ft_err(FTUNE_ERR_ARG, "training mode %d is not LoRA or full", (int)o->mode);
     if ((unsigned)o->compute >= FT_NTYPES || !ft_compute_ok(o->compute))
@@ -414,7 +414,7 @@ static void other_sizes(const ft_config *c, const ft_train_opts *o, int n_params
 
 /* The one size table: ft_trainer_plan reports it, ft_trainer_new allocates
  * exactly these bytes per class. */
-static ftune_status plan_fill(const ft_config *c, const ft_train_opts *o, int nt, ft_train_plan *plan) {
+static FTUNE_MUST_USE ftune_status plan_fill(const ft_config *c, const ft_train_opts *o, int nt, ft_train_plan *plan) {
     memset(plan, 0, sizeof *plan);
     int64_t total;
     int n_params = param_specs(c, o, NULL, &total);
@@ -494,22 +494,22 @@ static void copy_rows(float *dst, const ft_tensor *t, int64_t rows, int64_t cols
     for (int64_t r = 0; r < rows; r++) ft_tensor_row_f32(t, r, dst + r * cols);
 }
 
-/* ZeRO 2/3: the windows' traffic (train.h ft_train_shard); the first
- * error is kept for the step to return. */
-static void shard_keep(ft_trainer *tr, ftune_status st) {
-    if (st && !tr->shard_st) tr->shard_st = st;
+/* The first error of a step, kept for the step to return: ZeRO 2/3's
+ * windows' traffic (train.h ft_train_shard) and the embedding backward. */
+static void step_keep(ft_trainer *tr, ftune_status st) {
+    if (st && !tr->step_st) tr->step_st = st;
 }
 static void seg_init(ft_trainer *tr, int64_t lo, int64_t n) {
-    if (tr->o.shard_values) shard_keep(tr, tr->o.shard->values(tr->o.shard->ctx, lo, lo + n, tr->values, true));
+    if (tr->o.shard_values) step_keep(tr, tr->o.shard->values(tr->o.shard->ctx, lo, lo + n, tr->values, true));
 }
 static void seg_need(ft_trainer *tr, int64_t lo, int64_t n) {
-    if (tr->o.shard_values) shard_keep(tr, tr->o.shard->values(tr->o.shard->ctx, lo, lo + n, tr->values, false));
+    if (tr->o.shard_values) step_keep(tr, tr->o.shard->values(tr->o.shard->ctx, lo, lo + n, tr->values, false));
 }
 static void seg_zero(ft_trainer *tr, int64_t n) {
     if (tr->o.shard) tr->be.zero(&tr->be, tr->grads, (size_t)n * sizeof(float));
 }
 static void seg_done(ft_trainer *tr, int64_t lo, int64_t n) {
-    if (tr->o.shard) shard_keep(tr, tr->o.shard->grads(tr->o.shard->ctx, lo, lo + n, tr->grads));
+    if (tr->o.shard) step_keep(tr, tr->o.shard->grads(tr->o.shard->ctx, lo, lo + n, tr->grads));
 }
 
 /* The block hooks under ZeRO 2/3: a block's values before its forward and
@@ -726,8 +726,8 @@ ftune_status ft_trainer_new(ft_trainer **out, const ftune_model *m, const ft_tra
     for (int t = 0; t < o->max_T; t++) tr->idx[t] = t;
     if (o->mode == FT_TRAIN_FULL) bind_full(tr);
     else bind_lora(tr);
-    if (tr->shard_st) {
-        st = tr->shard_st;
+    if (tr->step_st) {
+        st = tr->step_st;
         ft_trainer_free(tr);
         return st;
     }
@@ -806,7 +806,7 @@ const ft_train_opts *ft_trainer_opts(const ft_trainer *tr) { return &tr->o; }
 
 /* ------------------------------------------------------------ the step */
 
-static ftune_status check_batch(const ft_trainer *tr, const ft_batch *b) {
+static FTUNE_MUST_USE ftune_status check_batch(const ft_trainer *tr, const ft_batch *b) {
     const ft_config *c = &tr->cfg;
     if (b->B < 1 || b->T < 1 || b->B > tr->o.max_B || b->T > tr->o.max_T)
         return ft_err(FTUNE_ERR_ARG, "batch of %d x %d tokens does not fit the trainer's %d x %d", b->B, b->T,
@@ -987,7 +987,8 @@ static void backward(ft_trainer *tr, const ft_batch *b, const int *pos) {
     }
     if (tr->d_tok_embd) {
         seg_zero(tr, (int64_t)c->V * C);
-        be->embedding_backward(be, tr->d_tok_embd, tr->dres, b->tokens, BT, C, c->V);
+        /* FTUNE_ERR_RANGE only for a token outside the vocabulary, which check_batch refused */
+        step_keep(tr, be->embedding_backward(be, tr->d_tok_embd, tr->dres, b->tokens, BT, C, c->V));
         seg_done(tr, 0, (int64_t)c->V * C);
     }
 }
@@ -1016,11 +1017,11 @@ ftune_status ft_trainer_step_scaled(ft_trainer *tr, const ft_batch *b, int64_t n
         return ft_err(FTUNE_ERR_ARG, "the loss is normalised by %lld target tokens; it must be at least 1",
                       (long long)n_targets_total);
     const int *pos = positions(tr, b);
-    tr->shard_st = FTUNE_OK;
+    tr->step_st = FTUNE_OK;
     *loss_sum = forward(tr, b, pos, true, (float)((double)loss_scale / (double)n_targets_total), NULL);
     backward(tr, b, pos);
     tr->micro_step++;
-    return tr->shard_st;
+    return tr->step_st;
 }
 
 void ft_trainer_adamw_step(ft_trainer *tr, ft_adamw *o, double lr) {
@@ -1036,10 +1037,10 @@ ftune_status ft_trainer_eval(ft_trainer *tr, const ft_batch *b, double *loss_sum
     /* validation is not part of a step: the profile (when on) times only steps */
     ft_backend be = tr->be;
     if (tr->prof) tr->be = tr->prof->inner;
-    tr->shard_st = FTUNE_OK;
+    tr->step_st = FTUNE_OK;
     *loss_sum = forward(tr, b, positions(tr, b), false, 0, n_targets);
     tr->be = be;
-    return tr->shard_st;
+    return tr->step_st;
 }
 
 ftune_status ft_trainer_optim_params(const ft_trainer *tr, bool lora, ft_param **out, int *n, int64_t *n_trainable) {

@@ -128,10 +128,10 @@ static void comm_of(const plan_terms *p, const ftune_train_opts *o, plan_comm *m
 
 /* The trainer's ZeRO 2/3 callbacks as the plan sets them: ft_trainer_plan
  * only checks they are there (sizing the windows), never calls them. */
-static ftune_status plan_no_values(void *ctx, int64_t lo, int64_t hi, float *v, bool init) {
+static FTUNE_MUST_USE ftune_status plan_no_values(void *ctx, int64_t lo, int64_t hi, float *v, bool init) {
     return ft_err(FTUNE_ERR_UNSUPPORTED, "a plan moves no values");
 }
-static ftune_status plan_no_grads(void *ctx, int64_t lo, int64_t hi, float *g) {
+static FTUNE_MUST_USE ftune_status plan_no_grads(void *ctx, int64_t lo, int64_t hi, float *g) {
     return ft_err(FTUNE_ERR_UNSUPPORTED, "a plan moves no gradients");
 }
 static const ft_train_shard plan_shard = { .values = plan_no_values, .grads = plan_no_grads };
@@ -161,7 +161,7 @@ static void plan_zero(const ftune_train_opts *o, int world, plan_terms *p) {
     }
 }
 
-static ftune_status plan_terms_of(const ft_config *c0, const ft_weight_desc *d, int nd, const ftune_train_opts *o,
+static FTUNE_MUST_USE ftune_status plan_terms_of(const ft_config *c0, const ft_weight_desc *d, int nd, const ftune_train_opts *o,
                                   ft_dtype quant, size_t process, int world, plan_terms *p) {
     memset(p, 0, sizeof *p);
     ft_config c = *c0;
@@ -352,7 +352,8 @@ ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o,
     res->mapped_mib = MIB(p.w.mapped_total);
 
     int T;
-    ft_train_seq_len(&c, o, &T);
+    /* plan_terms_of checked it, but a status is never dropped */
+    if ((st = ft_train_seq_len(&c, o, &T))) { free(d); return st; }
     text t = { res->table, sizeof res->table, 0 };
     char mode[64];
     if (o->mode == FTUNE_TRAIN_FULL) snprintf(mode, sizeof mode, "full");
@@ -399,7 +400,7 @@ ftune_status ftune_train_plan(const char *model_path, const ftune_train_opts *o,
     bool bnb = false;
     for (int i = 0; i < nd; i++) bnb |= d[i].bnb;
     ft_dtype cur;
-    ft_compute_parse(o->dtype, "--dtype", &cur);
+    if ((st = ft_compute_parse(o->dtype, "--dtype", &cur))) { free(d); return st; }
     if (cur == FT_F32) { sw[ns] = (alt){ "--dtype bf16", *o, quant, }; sw[ns++].o.dtype = "bf16"; }
     if (o->mode == FTUNE_TRAIN_LORA && quant == FT_NTYPES && !bnb) sw[ns++] = (alt){ "--quant nf4", *o, FT_NF4, };
     if (!o->grad_checkpoint) { sw[ns] = (alt){ "--grad-checkpoint 1", *o, quant, }; sw[ns++].o.grad_checkpoint = 1; }
