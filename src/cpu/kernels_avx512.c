@@ -79,6 +79,141 @@ LOCAL __m512 i8_vec(const int8_t *q, float a) {
     return _mm512_mul_ps(_mm512_mul_ps(v, _mm512_set1_ps(a)), _mm512_set1_ps(FT_I8ROW_INV127));
 }
 
+/* ggml's other blocks, dequantized as dtype_ggml.c does: the same f32
+ * products and sums in the same order (a product, then the add or
+ * subtract; no fused multiply-add), so every value is the reference's bit
+ * for bit; tested against it in test_kernels on random blocks. */
+#define ISA_GGML_BLOCKS 1
+
+/* 16 bytes at p as 16 int32 lanes */
+LOCAL __m512i u8x16(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+LOCAL __m512 qv(__m512i q) { return _mm512_cvtepi32_ps(q); }
+/* lanes 0..15 */
+LOCAL __m512i lane_ids(void) { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
+/* bits [s, s+16) of u, one a lane, in place 4 (the fifth bit of q5 codes) */
+LOCAL __m512i bit4_of(uint32_t u, int s) {
+    __m512i v = _mm512_srlv_epi32(_mm512_set1_epi32((int)(u >> s)), lane_ids());
+    return _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(1)), 4);
+}
+
+LOCAL void q4_1_block(float *dst, const ft_block_q4_1 *b) {
+    __m512 d = _mm512_set1_ps(ft_f16_to_f32(b->d)), m = _mm512_set1_ps(ft_f16_to_f32(b->m));
+    __m512i q = u8x16(b->qs);
+    __m512i lo = _mm512_and_si512(q, _mm512_set1_epi32(15)), hi = _mm512_srli_epi32(q, 4);
+    _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_mul_ps(d, qv(lo)), m));
+    _mm512_storeu_ps(dst + 16, _mm512_add_ps(_mm512_mul_ps(d, qv(hi)), m));
+}
+
+LOCAL void q5_0_block(float *dst, const ft_block_q5_0 *b) {
+    __m512 d = _mm512_set1_ps(ft_f16_to_f32(b->d));
+    uint32_t qh;
+    memcpy(&qh, b->qh, 4);
+    __m512i q = u8x16(b->qs), s16 = _mm512_set1_epi32(16);
+    __m512i lo = _mm512_or_si512(_mm512_and_si512(q, _mm512_set1_epi32(15)), bit4_of(qh, 0));
+    __m512i hi = _mm512_or_si512(_mm512_srli_epi32(q, 4), bit4_of(qh, 16));
+    _mm512_storeu_ps(dst, _mm512_mul_ps(d, qv(_mm512_sub_epi32(lo, s16))));
+    _mm512_storeu_ps(dst + 16, _mm512_mul_ps(d, qv(_mm512_sub_epi32(hi, s16))));
+}
+
+LOCAL void q5_1_block(float *dst, const ft_block_q5_1 *b) {
+    __m512 d = _mm512_set1_ps(ft_f16_to_f32(b->d)), m = _mm512_set1_ps(ft_f16_to_f32(b->m));
+    uint32_t qh;
+    memcpy(&qh, b->qh, 4);
+    __m512i q = u8x16(b->qs);
+    __m512i lo = _mm512_or_si512(_mm512_and_si512(q, _mm512_set1_epi32(15)), bit4_of(qh, 0));
+    __m512i hi = _mm512_or_si512(_mm512_srli_epi32(q, 4), bit4_of(qh, 16));
+    _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_mul_ps(d, qv(lo)), m));
+    _mm512_storeu_ps(dst + 16, _mm512_add_ps(_mm512_mul_ps(d, qv(hi)), m));
+}
+
+LOCAL void iq4_nl_block(float *dst, const ft_block_iq4_nl *b) {
+    const __m512 code = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)ft_iq4nl_code)));
+    __m512 d = _mm512_set1_ps(ft_f16_to_f32(b->d));
+    __m512i q = u8x16(b->qs);
+    __m512i lo = _mm512_and_si512(q, _mm512_set1_epi32(15)), hi = _mm512_srli_epi32(q, 4);
+    _mm512_storeu_ps(dst, _mm512_mul_ps(d, _mm512_permutexvar_ps(lo, code)));
+    _mm512_storeu_ps(dst + 16, _mm512_mul_ps(d, _mm512_permutexvar_ps(hi, code)));
+}
+
+/* d·q - m over 16 values */
+LOCAL void store_dqm(float *dst, __m512i q, float d, float m) {
+    _mm512_storeu_ps(dst, _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(d), qv(q)), _mm512_set1_ps(m)));
+}
+
+LOCAL void q4_K_block(float *y, const ft_block_q4_K *b) {
+    float d = ft_f16_to_f32(b->d), dmin = ft_f16_to_f32(b->dmin);
+    const uint8_t *q = b->qs;
+    const __m512i m4 = _mm512_set1_epi32(15);
+    for (int j = 0; j < 8; j += 2, q += 32, y += 64) {
+        uint8_t sc, mn;
+        ft_k4_scale_min(j, b->scales, &sc, &mn);
+        float d1 = d * (float)sc, m1 = dmin * (float)mn;
+        ft_k4_scale_min(j + 1, b->scales, &sc, &mn);
+        float d2 = d * (float)sc, m2 = dmin * (float)mn;
+        for (int h = 0; h < 32; h += 16) {
+            __m512i v = u8x16(q + h);
+            store_dqm(y + h, _mm512_and_si512(v, m4), d1, m1);
+            store_dqm(y + 32 + h, _mm512_srli_epi32(v, 4), d2, m2);
+        }
+    }
+}
+
+LOCAL void q5_K_block(float *y, const ft_block_q5_K *b) {
+    float d = ft_f16_to_f32(b->d), dmin = ft_f16_to_f32(b->dmin);
+    const uint8_t *q = b->qs;
+    const __m512i m4 = _mm512_set1_epi32(15), one = _mm512_set1_epi32(1);
+    for (int j = 0; j < 8; j += 2, q += 32, y += 64) {
+        uint8_t sc, mn;
+        ft_k4_scale_min(j, b->scales, &sc, &mn);
+        float d1 = d * (float)sc, m1 = dmin * (float)mn;
+        ft_k4_scale_min(j + 1, b->scales, &sc, &mn);
+        float d2 = d * (float)sc, m2 = dmin * (float)mn;
+        for (int h = 0; h < 32; h += 16) {
+            __m512i v = u8x16(q + h), qh = u8x16(b->qh + h);
+            __m512i h1 = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(qh, j), one), 4);
+            __m512i h2 = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(qh, j + 1), one), 4);
+            store_dqm(y + h, _mm512_or_si512(_mm512_and_si512(v, m4), h1), d1, m1);
+            store_dqm(y + 32 + h, _mm512_or_si512(_mm512_srli_epi32(v, 4), h2), d2, m2);
+        }
+    }
+}
+
+LOCAL void q6_K_block(float *y, const ft_block_q6_K *b) {
+    float d = ft_f16_to_f32(b->d);
+    const uint8_t *ql = b->ql, *qh = b->qh;
+    const int8_t *sc = b->scales;
+    const __m512i m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3), s32 = _mm512_set1_epi32(32);
+    for (int n = 0; n < FT_QK_K; n += 128, ql += 64, qh += 32, sc += 8, y += 128)
+        for (int l = 0; l < 32; l += 16) {
+            int is = l / 16;
+            __m512i a = u8x16(ql + l), c = u8x16(ql + l + 32), h = u8x16(qh + l);
+            __m512i q1 = _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_slli_epi32(_mm512_and_si512(h, m2), 4));
+            __m512i q2 = _mm512_or_si512(_mm512_and_si512(c, m4),
+                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2), m2), 4));
+            __m512i q3 = _mm512_or_si512(_mm512_srli_epi32(a, 4),
+                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 4), m2), 4));
+            __m512i q4 = _mm512_or_si512(_mm512_srli_epi32(c, 4), _mm512_slli_epi32(_mm512_srli_epi32(h, 6), 4));
+            _mm512_storeu_ps(y + l, _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[is]), qv(_mm512_sub_epi32(q1, s32))));
+            _mm512_storeu_ps(y + l + 32, _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[is + 2]), qv(_mm512_sub_epi32(q2, s32))));
+            _mm512_storeu_ps(y + l + 64, _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[is + 4]), qv(_mm512_sub_epi32(q3, s32))));
+            _mm512_storeu_ps(y + l + 96, _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[is + 6]), qv(_mm512_sub_epi32(q4, s32))));
+        }
+}
+
+LOCAL void iq4_xs_block(float *y, const ft_block_iq4_xs *b) {
+    const __m512 code = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)ft_iq4nl_code)));
+    float d = ft_f16_to_f32(b->d);
+    const uint8_t *qs = b->qs;
+    for (int ib = 0; ib < FT_QK_K / 32; ib++, qs += 16, y += 32) {
+        int ls = ((b->scales_l[ib / 2] >> 4 * (ib % 2)) & 0x0F) | ((b->scales_h >> 2 * ib) & 3) << 4;
+        __m512 dl = _mm512_set1_ps(d * (float)(ls - 32));
+        __m512i q = u8x16(qs);
+        __m512i lo = _mm512_and_si512(q, _mm512_set1_epi32(15)), hi = _mm512_srli_epi32(q, 4);
+        _mm512_storeu_ps(y, _mm512_mul_ps(dl, _mm512_permutexvar_ps(lo, code)));
+        _mm512_storeu_ps(y + 16, _mm512_mul_ps(dl, _mm512_permutexvar_ps(hi, code)));
+    }
+}
+
 #include "cpu/kernels_isa.h"
 
 /* ------------------------------------------------ avx512bf16: VDPBF16PS */

@@ -14,6 +14,9 @@
  *   q8_0_block(float *dst, const ft_block_q8_0 *b), q4_0_block(...)  32 values
  *   nf4_block(float *dst, const ft_block_nf4 *b)  64 values
  *   i8_vec(const int8_t *q, float absmax)  VL values of an int8 row
+ * and, where it defines ISA_GGML_BLOCKS, q4_1/q5_0/q5_1/iq4_nl_block (32
+ * values) and q4_K/q5_K/q6_K/iq4_xs_block (256) for ggml's other blocks
+ * (the rest, and a level without them, go through dtype.c's reference).
  * A new weight dtype is a traits row in dtype.c (which every level uses
  * until it has its own) plus a case here and a dequantizer per ISA.
  * Not a header for anything else to include. */
@@ -72,6 +75,23 @@ ISA_TARGET static void widen(float *dst, const uint8_t *row, ft_dtype dt, int k0
         for (const ft_block_q4_0 *b = (const ft_block_q4_0 *)row + k0 / FT_QK; k < n; k += FT_QK, b++)
             q4_0_block(dst + k, b);
         break;
+#ifdef ISA_GGML_BLOCKS
+#define WIDEN_BLOCKS(T, QKB, fn)                                                                          \
+    case T:                                                                                             \
+        for (const void *b = row + (size_t)(k0 / (QKB)) * ft_types[T].block_bytes; k + (QKB) <= n;        \
+             k += (QKB), b = (const uint8_t *)b + ft_types[T].block_bytes)                              \
+            fn(dst + k, b);                                                                             \
+        break;
+        WIDEN_BLOCKS(FT_Q4_1, FT_QK, q4_1_block)
+        WIDEN_BLOCKS(FT_Q5_0, FT_QK, q5_0_block)
+        WIDEN_BLOCKS(FT_Q5_1, FT_QK, q5_1_block)
+        WIDEN_BLOCKS(FT_IQ4_NL, FT_QK, iq4_nl_block)
+        WIDEN_BLOCKS(FT_Q4_K, FT_QK_K, q4_K_block)
+        WIDEN_BLOCKS(FT_Q5_K, FT_QK_K, q5_K_block)
+        WIDEN_BLOCKS(FT_Q6_K, FT_QK_K, q6_K_block)
+        WIDEN_BLOCKS(FT_IQ4_XS, FT_QK_K, iq4_xs_block)
+#undef WIDEN_BLOCKS
+#endif
     case FT_NF4: /* whole blocks here; a row's padded last block through dtype.c */
         for (const ft_block_nf4 *b = (const ft_block_nf4 *)row + k0 / FT_QK_NF4; k + FT_QK_NF4 <= n;
              k += FT_QK_NF4, b++)
