@@ -31,5 +31,26 @@ w.add_head_count(4); w.add_head_count_kv(4); w.add_context_length(64); w.add_lay
 w.add_tensor("token_embd.weight", np.zeros((8, 66), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.IQ2_XXS)
 w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
 PY
+# a q4_K embedding whose third block's d is NaN: refused by tensor and block
+"$VPY" - "$tmp/nan.gguf" <<'PY'
+import sys, numpy as np, gguf
+w = gguf.GGUFWriter(sys.argv[1], "llama")
+w.add_embedding_length(256); w.add_feed_forward_length(512); w.add_block_count(1)
+w.add_head_count(4); w.add_head_count_kv(4); w.add_context_length(64); w.add_layer_norm_rms_eps(1e-5)
+raw = np.zeros((8, 144), dtype=np.uint8)
+raw[2, 0:2] = np.array([0x7E00], dtype=np.uint16).view(np.uint8)
+w.add_tensor("token_embd.weight", raw, raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+PY
+expect_error nan_scale_named 'tensor "token_embd.weight" (q4_K): block 2 has a scale that is inf or NaN' \
+    "$FT" generate -m "$tmp/nan.gguf" -p hi -n 1
+if [ -f "$SMOL" ]; then
+    # a download cut short, and chunks put together in the wrong order
+    head -c 50000000 "$SMOL" > "$tmp/cut.gguf"
+    expect_error truncated_refused "past the end of the data section" "$FT" generate -m "$tmp/cut.gguf" -p hi -n 1
+    { tail -c +50000001 "$SMOL"; head -c 50000000 "$SMOL"; } > "$tmp/swapped.gguf"
+    expect_error chunks_misordered_refused "not a GGUF file" "$FT" generate -m "$tmp/swapped.gguf" -p hi -n 1
+    rm -f "$tmp/cut.gguf" "$tmp/swapped.gguf"
+fi
 expect_error iq2_xxs_named "iq2_xxs is not supported (f32, f16, bf16, q8_0, q4_0, q4_1" "$FT" generate -m "$tmp/iq2.gguf" -p hi -n 1
 exit $rc

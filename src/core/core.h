@@ -71,6 +71,9 @@ typedef struct {
     /* its ggml type id when GGUF holds it (in_gguf) */
     bool in_gguf;
     uint8_t ggml_type;
+    /* byte offsets in a block of its n_scales f16 scales and mins (checked
+     * finite when a file is loaded: ft_dtype_check_scales) */
+    uint8_t n_scales, scale_at[2];
 } ft_type_traits;
 
 extern const ft_type_traits ft_types[FT_NTYPES];
@@ -178,6 +181,9 @@ int64_t ft_dtype_nbytes(ft_dtype t, int64_t n);
  * case-insensitively); FT_NTYPES if none. The dtype of a ggml type id;
  * FT_NTYPES if ftune does not know it. */
 ft_dtype ft_dtype_by_name(const char *name);
+/* The index of the first of nb blocks of t whose f16 scale or min is inf or
+ * NaN (a damaged file: every value of that block would be); -1 if none. */
+int64_t ft_dtype_check_scales(ft_dtype t, const void *blocks, int64_t nb);
 ft_dtype ft_dtype_of_ggml(uint32_t ggml_type);
 /* A weight dtype: one a Linear or embedding can hold (has to_f32). */
 static inline bool ft_dtype_is_weight(ft_dtype t) { return t < FT_NTYPES && ft_types[t].to_f32 != NULL; }

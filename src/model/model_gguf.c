@@ -57,6 +57,14 @@ static FTUNE_MUST_USE ftune_status tensor(const gguf_file *g, uint8_t *used, con
         return ft_err(FTUNE_ERR_UNSUPPORTED, "%s: tensor \"%s\": ggml type %s is not supported (%s)", g->map.path, name,
                       ft_types[ti->dtype].name, ft_dtype_gguf_weight_names(names, sizeof names));
     }
+    /* a non-finite block scale makes every value of its block inf or NaN:
+     * a damaged file, refused by name before anything computes with it */
+    int64_t bad = ft_types[ti->dtype].n_scales
+                      ? ft_dtype_check_scales(ti->dtype, ti->data, (int64_t)(ti->nbytes / ft_types[ti->dtype].block_bytes))
+                      : -1;
+    if (bad >= 0)
+        return ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%s\" (%s): block %lld has a scale that is inf or NaN (a damaged file)",
+                      g->map.path, name, ft_types[ti->dtype].name, (long long)bad);
     memset(t, 0, sizeof *t);
     snprintf(t->name, sizeof t->name, "%s", name);
     t->dtype = ti->dtype;
