@@ -547,11 +547,22 @@ static void test_gguf_bad(void) {
     b = build_gguf(3, neg, 1, 32);
     expect_gguf("ne-negative", &b, FTUNE_ERR_FORMAT, "\"neg.ne\"");
     free(b.p);
-    const tinfo k_quant[] = { { "k.quant", 1, { 256 }, 12, 0 } }; /* q4_K: not computed with, still bounds-checked */
+    const tinfo k_quant[] = { { "k.quant", 1, { 256 }, 12, 0 } }; /* q4_K: its traits row, bounds-checked */
     b = build_gguf(3, k_quant, 1, 144);
     gguf_file g;
     CHECK_OK(ft_gguf_parse(&g, "kq.gguf", b.p, b.n));
-    CHECK(g.n_tensors == 1 && g.tensors[0].dtype == FT_NTYPES && g.tensors[0].nbytes == 144);
+    CHECK(g.n_tensors == 1 && g.tensors[0].dtype == FT_Q4_K && g.tensors[0].nbytes == 144);
+    ft_gguf_close(&g);
+    const tinfo i_quant[] = { { "i.quant", 1, { 256 }, 16, 0 } }; /* iq2_xxs: described, not computed with */
+    free(b.p);
+    b = build_gguf(3, i_quant, 1, 66);
+    CHECK_OK(ft_gguf_parse(&g, "iq.gguf", b.p, b.n));
+    CHECK(g.n_tensors == 1 && g.tensors[0].dtype == FT_IQ2_XXS && !ft_dtype_is_weight(g.tensors[0].dtype) &&
+          g.tensors[0].nbytes == 66);
+    ft_gguf_close(&g);
+    free(b.p);
+    b = build_gguf(3, k_quant, 1, 144);
+    CHECK_OK(ft_gguf_parse(&g, "kq.gguf", b.p, b.n));
     ft_gguf_close(&g);
     b.n -= 1;
     expect_gguf("k-quant-short", &b, FTUNE_ERR_FORMAT, "\"k.quant\"");
