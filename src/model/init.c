@@ -161,9 +161,9 @@ ftune_status ft_preset_config(ft_config *cfg, const char *name) {
 
 ftune_status ftune_init_model(const char *out_dir, const char *preset_name, const char *config_json,
                               const char *dtype_name, uint64_t seed) {
-    ft_dtype dt = !dtype_name || strcmp(dtype_name, "f32") == 0 ? FT_F32
-                : strcmp(dtype_name, "bf16") == 0 ? FT_BF16 : strcmp(dtype_name, "f16") == 0 ? FT_F16 : FT_NTYPES;
-    if (dt == FT_NTYPES) return ft_err(FTUNE_ERR_ARG, "dtype \"%s\" is not one of f32, bf16, f16", dtype_name);
+    ft_dtype dt;
+    ftune_status st0 = ft_compute_parse(dtype_name, "dtype", &dt);
+    if (st0) return st0;
     if (!preset_name == !config_json) return ft_err(FTUNE_ERR_ARG, "give exactly one of a preset or a config.json");
     cJSON *cfg_json = NULL;
     ftune_status st;

@@ -110,10 +110,12 @@ ftune_status ft_model_bind_linear(ftune_model *m, ft_linear *dst, const ft_tenso
 
 ftune_status ft_compute_parse(const char *name, const char *what, ft_dtype *out) {
     *out = FT_F32;
-    if (!name || strcmp(name, "f32") == 0) return FTUNE_OK;
-    if (strcmp(name, "bf16") == 0) { *out = FT_BF16; return FTUNE_OK; }
-    if (strcmp(name, "f16") == 0) { *out = FT_F16; return FTUNE_OK; }
-    return ft_err(FTUNE_ERR_ARG, "%s \"%s\" is not one of f32, bf16, f16", what, name);
+    if (!name) return FTUNE_OK;
+    ft_dtype t = ft_dtype_by_name(name);
+    if (t != FT_F32 && t != FT_BF16 && t != FT_F16)
+        return ft_err(FTUNE_ERR_ARG, "%s \"%s\" is not one of f32, bf16, f16", what, name);
+    *out = t;
+    return FTUNE_OK;
 }
 
 /* The matrices a compute type applies to, in a fixed order: the

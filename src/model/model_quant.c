@@ -20,8 +20,8 @@
 #include <unistd.h>
 
 ftune_status ft_quant_from_name(const char *name, ft_dtype *q) {
-    if (name && strcmp(name, "nf4") == 0) { *q = FT_NF4; return FTUNE_OK; }
-    if (name && strcmp(name, "int8") == 0) { *q = FT_I8ROW; return FTUNE_OK; }
+    ft_dtype t = ft_dtype_by_name(name);
+    if (t == FT_NF4 || t == FT_I8ROW) { *q = t; return FTUNE_OK; }
     return ft_err(FTUNE_ERR_ARG, "quantization \"%s\" is not supported (choices: nf4, int8)", name ? name : "");
 }
 
