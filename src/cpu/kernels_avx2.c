@@ -88,6 +88,152 @@ LOCAL __m256 i8_vec(const int8_t *q, float a) {
     return _mm256_mul_ps(_mm256_mul_ps(v, _mm256_set1_ps(a)), _mm256_set1_ps(FT_I8ROW_INV127));
 }
 
+/* ggml's other blocks, as kernels_avx512.c dequantizes them (the
+ * reference's products and sums in its order, no fused multiply-add), 8
+ * lanes at a time; test_ggml_blocks checks them bit for bit. */
+#define ISA_GGML_BLOCKS 1
+
+LOCAL __m256i u8x8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+LOCAL __m256 qv(__m256i q) { return _mm256_cvtepi32_ps(q); }
+/* bits [s, s+8) of u, one a lane, in place 4 */
+LOCAL __m256i bit4_of(uint32_t u, int s) {
+    __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32((int)(u >> s)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(1)), 4);
+}
+/* d·q (+ m) over 8 values */
+LOCAL void store_dq(float *dst, __m256i q, float d) { _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_set1_ps(d), qv(q))); }
+LOCAL void store_dqa(float *dst, __m256i q, float d, float m) {
+    _mm256_storeu_ps(dst, _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(d), qv(q)), _mm256_set1_ps(m)));
+}
+LOCAL void store_dqm(float *dst, __m256i q, float d, float m) {
+    _mm256_storeu_ps(dst, _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(d), qv(q)), _mm256_set1_ps(m)));
+}
+/* iq4's code for 8 nibbles (int32 lanes 0..15) */
+LOCAL __m256 iq4_code(__m256i q) {
+    const __m128i code = _mm_loadu_si128((const __m128i *)ft_iq4nl_code);
+    __m128i idx = _mm_packus_epi16(_mm_packus_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)), _mm_setzero_si128());
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_shuffle_epi8(code, idx)));
+}
+
+LOCAL void q4_1_block(float *dst, const ft_block_q4_1 *b) {
+    float d = ft_f16_to_f32(b->d), m = ft_f16_to_f32(b->m);
+    const __m256i m4 = _mm256_set1_epi32(15);
+    for (int h = 0; h < 16; h += 8) {
+        __m256i q = u8x8(b->qs + h);
+        store_dqa(dst + h, _mm256_and_si256(q, m4), d, m);
+        store_dqa(dst + 16 + h, _mm256_srli_epi32(q, 4), d, m);
+    }
+}
+
+LOCAL void q5_0_block(float *dst, const ft_block_q5_0 *b) {
+    float d = ft_f16_to_f32(b->d);
+    uint32_t qh;
+    memcpy(&qh, b->qh, 4);
+    const __m256i m4 = _mm256_set1_epi32(15), s16 = _mm256_set1_epi32(16);
+    for (int h = 0; h < 16; h += 8) {
+        __m256i q = u8x8(b->qs + h);
+        store_dq(dst + h, _mm256_sub_epi32(_mm256_or_si256(_mm256_and_si256(q, m4), bit4_of(qh, h)), s16), d);
+        store_dq(dst + 16 + h, _mm256_sub_epi32(_mm256_or_si256(_mm256_srli_epi32(q, 4), bit4_of(qh, 16 + h)), s16), d);
+    }
+}
+
+LOCAL void q5_1_block(float *dst, const ft_block_q5_1 *b) {
+    float d = ft_f16_to_f32(b->d), m = ft_f16_to_f32(b->m);
+    uint32_t qh;
+    memcpy(&qh, b->qh, 4);
+    const __m256i m4 = _mm256_set1_epi32(15);
+    for (int h = 0; h < 16; h += 8) {
+        __m256i q = u8x8(b->qs + h);
+        store_dqa(dst + h, _mm256_or_si256(_mm256_and_si256(q, m4), bit4_of(qh, h)), d, m);
+        store_dqa(dst + 16 + h, _mm256_or_si256(_mm256_srli_epi32(q, 4), bit4_of(qh, 16 + h)), d, m);
+    }
+}
+
+LOCAL void iq4_nl_block(float *dst, const ft_block_iq4_nl *b) {
+    __m256 d = _mm256_set1_ps(ft_f16_to_f32(b->d));
+    const __m256i m4 = _mm256_set1_epi32(15);
+    for (int h = 0; h < 16; h += 8) {
+        __m256i q = u8x8(b->qs + h);
+        _mm256_storeu_ps(dst + h, _mm256_mul_ps(d, iq4_code(_mm256_and_si256(q, m4))));
+        _mm256_storeu_ps(dst + 16 + h, _mm256_mul_ps(d, iq4_code(_mm256_srli_epi32(q, 4))));
+    }
+}
+
+LOCAL void q4_K_block(float *y, const ft_block_q4_K *b) {
+    float d = ft_f16_to_f32(b->d), dmin = ft_f16_to_f32(b->dmin);
+    const uint8_t *q = b->qs;
+    const __m256i m4 = _mm256_set1_epi32(15);
+    for (int j = 0; j < 8; j += 2, q += 32, y += 64) {
+        uint8_t sc, mn;
+        ft_k4_scale_min(j, b->scales, &sc, &mn);
+        float d1 = d * (float)sc, m1 = dmin * (float)mn;
+        ft_k4_scale_min(j + 1, b->scales, &sc, &mn);
+        float d2 = d * (float)sc, m2 = dmin * (float)mn;
+        for (int h = 0; h < 32; h += 8) {
+            __m256i v = u8x8(q + h);
+            store_dqm(y + h, _mm256_and_si256(v, m4), d1, m1);
+            store_dqm(y + 32 + h, _mm256_srli_epi32(v, 4), d2, m2);
+        }
+    }
+}
+
+LOCAL void q5_K_block(float *y, const ft_block_q5_K *b) {
+    float d = ft_f16_to_f32(b->d), dmin = ft_f16_to_f32(b->dmin);
+    const uint8_t *q = b->qs;
+    const __m256i m4 = _mm256_set1_epi32(15), one = _mm256_set1_epi32(1);
+    for (int j = 0; j < 8; j += 2, q += 32, y += 64) {
+        uint8_t sc, mn;
+        ft_k4_scale_min(j, b->scales, &sc, &mn);
+        float d1 = d * (float)sc, m1 = dmin * (float)mn;
+        ft_k4_scale_min(j + 1, b->scales, &sc, &mn);
+        float d2 = d * (float)sc, m2 = dmin * (float)mn;
+        for (int h = 0; h < 32; h += 8) {
+            __m256i v = u8x8(q + h), qh = u8x8(b->qh + h);
+            __m256i h1 = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(qh, j), one), 4);
+            __m256i h2 = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(qh, j + 1), one), 4);
+            store_dqm(y + h, _mm256_or_si256(_mm256_and_si256(v, m4), h1), d1, m1);
+            store_dqm(y + 32 + h, _mm256_or_si256(_mm256_srli_epi32(v, 4), h2), d2, m2);
+        }
+    }
+}
+
+LOCAL void q6_K_block(float *y, const ft_block_q6_K *b) {
+    float d = ft_f16_to_f32(b->d);
+    const uint8_t *ql = b->ql, *qh = b->qh;
+    const int8_t *sc = b->scales;
+    const __m256i m4 = _mm256_set1_epi32(15), m2 = _mm256_set1_epi32(3), s32 = _mm256_set1_epi32(32);
+    for (int n = 0; n < FT_QK_K; n += 128, ql += 64, qh += 32, sc += 8, y += 128)
+        for (int l = 0; l < 32; l += 8) {
+            int is = l / 16;
+            __m256i a = u8x8(ql + l), c = u8x8(ql + l + 32), h = u8x8(qh + l);
+            __m256i q1 = _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_slli_epi32(_mm256_and_si256(h, m2), 4));
+            __m256i q2 = _mm256_or_si256(_mm256_and_si256(c, m4),
+                                         _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, 2), m2), 4));
+            __m256i q3 = _mm256_or_si256(_mm256_srli_epi32(a, 4),
+                                         _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, 4), m2), 4));
+            __m256i q4 = _mm256_or_si256(_mm256_srli_epi32(c, 4), _mm256_slli_epi32(_mm256_srli_epi32(h, 6), 4));
+            store_dq(y + l, _mm256_sub_epi32(q1, s32), d * (float)sc[is]);
+            store_dq(y + l + 32, _mm256_sub_epi32(q2, s32), d * (float)sc[is + 2]);
+            store_dq(y + l + 64, _mm256_sub_epi32(q3, s32), d * (float)sc[is + 4]);
+            store_dq(y + l + 96, _mm256_sub_epi32(q4, s32), d * (float)sc[is + 6]);
+        }
+}
+
+LOCAL void iq4_xs_block(float *y, const ft_block_iq4_xs *b) {
+    float d = ft_f16_to_f32(b->d);
+    const uint8_t *qs = b->qs;
+    const __m256i m4 = _mm256_set1_epi32(15);
+    for (int ib = 0; ib < FT_QK_K / 32; ib++, qs += 16, y += 32) {
+        int ls = ((b->scales_l[ib / 2] >> 4 * (ib % 2)) & 0x0F) | ((b->scales_h >> 2 * ib) & 3) << 4;
+        __m256 dl = _mm256_set1_ps(d * (float)(ls - 32));
+        for (int h = 0; h < 16; h += 8) {
+            __m256i q = u8x8(qs + h);
+            _mm256_storeu_ps(y + h, _mm256_mul_ps(dl, iq4_code(_mm256_and_si256(q, m4))));
+            _mm256_storeu_ps(y + 16 + h, _mm256_mul_ps(dl, iq4_code(_mm256_srli_epi32(q, 4))));
+        }
+    }
+}
+
 #include "cpu/kernels_isa.h"
 
 #endif
