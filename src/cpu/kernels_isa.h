@@ -14,7 +14,7 @@
  *   q8_0_block(float *dst, const ft_block_q8_0 *b), q4_0_block(...)  32 values
  *   nf4_block(float *dst, const ft_block_nf4 *b)  64 values
  *   i8_vec(const int8_t *q, float absmax)  VL values of an int8 row
- * and, where it defines ISA_GGML_BLOCKS, q4_1/q5_0/q5_1/iq4_nl_block (32
+ * and, where it defines ISA_GGML_BLOCKS (avx2, avx512), q4_1/q5_0/q5_1/iq4_nl_block (32
  * values) and q4_K/q5_K/q6_K/iq4_xs_block (256) for ggml's other blocks
  * (the rest, and a level without them, go through dtype.c's reference).
  * A new weight dtype is a traits row in dtype.c (which every level uses
