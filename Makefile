@@ -8,6 +8,7 @@
 #   make bench      benchmarks; writes BENCHMARKS.md
 #   make bench-dist data-parallel training over 1/2/4 MPI ranks, ZeRO 0/1 (a Markdown table)
 #   make bench-gemm the matrix products alone: peaks, ours vs oneDNN (DNNL=1) vs PyTorch
+#   make bench-real prefill and decode of the two real GGUF models (scripts/fetch_models.sh)
 #   make clean
 # Options: BUILD=dir  CC=compiler  OPT="-O2 ..."  MPI=auto|1|0 (data-parallel training over
 #          Open MPI; auto: 1 when mpicc is found; 0: a one-rank build without MPI)
@@ -62,7 +63,7 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 HELPER_SRC := $(sort $(wildcard tests/helper_*.c))
 HELPER_BIN := $(HELPER_SRC:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all test debug fuzz bench bench-dist bench-gemm bench-memory clean demo FORCE
+.PHONY: all test debug fuzz bench bench-dist bench-gemm bench-memory bench-real clean demo FORCE
 all: $(BUILD)/libftune.a $(BUILD)/libftune-internal.a $(BUILD)/ftune $(TEST_BIN) $(HELPER_BIN)
 
 # Objects also depend on this Makefile: its flags (visibility) are part of them.
@@ -152,6 +153,10 @@ bench: all $(BUILD)/bench_forward $(BUILD)/bench_train $(BUILD)/bench_gemm
 # data parallelism: llama-110m full fine-tuning over 1/2/4 MPI ranks, ZeRO 0/1 (bench/dist.sh)
 bench-dist: $(BUILD)/ftune
 	BUILD=$(BUILD) FTUNE_DATA=$(FTUNE_DATA) bash bench/dist.sh
+
+# the real GGUF models setup.sh fetches: prefill/decode at the best level and avx2 (bench/real_models.sh)
+bench-real: $(BUILD)/ftune $(BUILD)/bench_gemm
+	BUILD=$(BUILD) FTUNE_DATA=$(FTUNE_DATA) bash bench/real_models.sh
 
 # The GEMM benchmark (peaks, then the Linear/LoRA shapes; internal, so built
 # from tests/ against the internal library). DNNL=1 (the default when
