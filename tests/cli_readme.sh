@@ -64,7 +64,9 @@ json.dump(a, open(sys.argv[2], "w"), indent=1)
 cp "$D/models/stories260K-hf/config.json" "$w/path/to/config.json"
 
 cd "$w" || exit 1
-export D
+# M: where scripts/fetch_models.sh keeps the real models (the README's examples on them)
+M=${FTUNE_MODELS:-$HOME/.cache/ftune/models}
+export D M
 bad=0 k=0
 while IFS= read -r cmd; do
     k=$((k + 1))
