@@ -31,6 +31,7 @@
 
 #include "adapter/adapter.h"
 #include "dist/dist.h"
+#include "tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -356,9 +357,14 @@ static FTUNE_MUST_USE ftune_status load_data(run *r) {
     dop.progress_ctx = o->data_progress_ctx;
     if (o->chat_template) {
         TRY(ft_chat_template_from_name(&dop.chat_template, o->chat_template));
-    } else if (o->model_path && ft_is_dir(o->model_path)) {
+    } else {
+        /* the model's own: the template its tokenizer was loaded with (GGUF
+         * tokenizer.chat_template, tokenizer_config.json, chat_template.jinja) */
+        dop.chat_template = ft_chat_template_detect(ft_tokenizer_chat_template(ftune_model_tokenizer(r->m)));
         ft_chat_template t = FT_CHAT_NONE;
-        if (ft_chat_template_from_hf_dir(&t, o->model_path) == FTUNE_OK) dop.chat_template = t;
+        if (dop.chat_template == FT_CHAT_NONE && o->model_path && ft_is_dir(o->model_path) &&
+            ft_chat_template_from_hf_dir(&t, o->model_path) == FTUNE_OK)
+            dop.chat_template = t;
     }
     TRY(ft_dataset_load(&r->train, o->data_path, &r->dt, &dop));
     if (o->val_path) {
