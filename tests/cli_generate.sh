@@ -107,6 +107,39 @@ mkdir -p "$tmp/mistral"; cp "$D/models/stories260K-hf/"* "$tmp/mistral/"
 sed -i 's/"model_type": "llama"/"model_type": "mistral", "sliding_window": 128/' "$tmp/mistral/config.json"
 "$FT" info "$tmp/mistral" | grep -q "context length: *128" && pass mistral_window_caps_context \
     || fail mistral_window_caps_context "context not capped"
+# Qwen2 (transformers' Qwen2Config): use_sliding_window defaults to false, and when true
+# only layers >= max_window_layers (default 28) slide, or those an explicit layer_types names
+sed 's/"model_type": "llama"/"model_type": "qwen2"/' "$D/models/stories260K-hf/config.json" > "$tmp/qwen2.json"
+"$FT" init --config "$tmp/qwen2.json" "$tmp/qwen2" 2> /dev/null || fail qwen2_init "ftune init of a qwen2 config failed"
+# qwen2_cfg JSON: the model's config as qwen2 with sliding_window 128 and JSON's keys
+# added, written and read back so that the edit is known to be what the file holds
+qwen2_cfg() {
+    "$PY" - "$tmp/qwen2/config.json" "$1" <<'PYEOF'
+import json, sys
+path, extra = sys.argv[1], json.loads(sys.argv[2])
+c = json.load(open(path))
+for k in ("use_sliding_window", "max_window_layers", "layer_types"): c.pop(k, None)
+c.update({"model_type": "qwen2", "sliding_window": 128, "max_position_embeddings": 512}, **extra)
+json.dump(c, open(path, "w"), indent=2)
+back = json.load(open(path))
+assert all(back[k] == v for k, v in extra.items()) and back["model_type"] == "qwen2", back
+PYEOF
+}
+qwen2_ctx() { # NAME WANT JSON: ftune info says context length WANT
+    if ! qwen2_cfg "$3"; then fail "$1" "could not write the config"; return; fi
+    "$FT" info "$tmp/qwen2" > "$tmp/i.txt" 2>&1
+    grep -q "context length: *$2\$" "$tmp/i.txt" && pass "$1" || fail "$1" "want context $2 for $3: $(cat "$tmp/i.txt")"
+}
+qwen2_ctx qwen2_sliding_off_by_default 512 '{}'
+qwen2_ctx qwen2_sliding_off 512 '{"use_sliding_window": false}'
+qwen2_ctx qwen2_sliding_on_caps_context 128 '{"use_sliding_window": true, "max_window_layers": 2}'
+qwen2_ctx qwen2_sliding_on_no_layer_slides 512 '{"use_sliding_window": true}'
+qwen2_ctx qwen2_sliding_window_null 512 '{"use_sliding_window": true, "max_window_layers": 0, "sliding_window": null}'
+lt='["full_attention", "full_attention", "full_attention", "full_attention", "sliding_attention"]'
+qwen2_ctx qwen2_layer_types_caps_context 128 "{\"use_sliding_window\": true, \"layer_types\": $lt}"
+qwen2_ctx qwen2_layer_types_without_use 512 "{\"layer_types\": $lt}"
+qwen2_cfg '{"use_sliding_window": true, "layer_types": ["full_attention", "chunked_attention", "full_attention", "full_attention", "full_attention"]}'
+expect_error err_qwen2_layer_types "layer_types.*chunked_attention" "$FT" info "$tmp/qwen2"
 
 # 11. options are validated: no NaN, no undocumented negative meanings
 expect_error err_temp_nan "finite number" "$FT" generate -m "$S/stories260K.bin" --temp nan -n 3
