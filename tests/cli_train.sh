@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `ftune train`, `ftune merge` and `--adapter` end to end on stories260K:
 # LoRA training lowers the loss and its adapter loads in generate and eval;
-# checkpoints resume bit for bit (dropout, gradient accumulation, Ctrl-C);
+# checkpoints resume bit for bit (dropout, gradient accumulation, Ctrl-C,
+# SIGTERM, SIGHUP);
 # full fine-tuning writes a loadable model; merging gives the same loss as
 # base + adapter; bad data, adapters and checkpoints give clear errors; a
 # disk that fills while saving leaves the previous checkpoint usable.
@@ -121,6 +122,30 @@ if [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q "interrupted after step" "$tmp/er
     s1=$(losses "$tmp/s100/metrics.jsonl"); s2=$(losses "$tmp/c/metrics.jsonl")
     [ -n "$s1" ] && [ "$s1" = "$s2" ] && pass sigint_checkpoint_resume || fail sigint_checkpoint_resume "$s1 vs $s2"
 else fail sigint_checkpoint_resume "exit $rc, checkpoint '$ck': $(cat "$tmp/err.txt")"; fi
+# what schedulers (Slurm, Kubernetes, systemd, timeout) and a closed terminal send: the same as
+# Ctrl-C, and the message names the signal
+for sig in TERM HUP; do
+    rm -rf "$tmp/c"
+    "$FT" train -m "$HF" --data "$tmp/d.jsonl" --ctx 64 -t 1 --quiet -o "$tmp/c" "${st[@]}" 2> "$tmp/err.txt" &
+    pid=$!
+    for _ in $(seq 1 500); do [ -s "$tmp/c/metrics.jsonl" ] && break; sleep 0.01; done
+    kill -$sig $pid; wait $pid; rc=$?
+    ck=$(ls -d "$tmp"/c/checkpoint-* 2>/dev/null | head -1)
+    if [ $rc -eq 1 ] && grep -q "SIG$sig: interrupted after step" "$tmp/err.txt" && [ -n "$ck" ] \
+        && [ -f "$ck/adapter_model.safetensors" ]; then
+        train -o "$tmp/c" "${st[@]}" --resume "$ck" 2> "$tmp/err.txt"
+        s1=$(losses "$tmp/s100/metrics.jsonl"); s2=$(losses "$tmp/c/metrics.jsonl")
+        [ -n "$s1" ] && [ "$s1" = "$s2" ] && pass "sig${sig,,}_checkpoint_resume" || fail "sig${sig,,}_checkpoint_resume" "$s1 vs $s2"
+    else fail "sig${sig,,}_checkpoint_resume" "exit $rc, checkpoint '$ck': $(cat "$tmp/err.txt")"; fi
+done
+# a SIGHUP ignored when ftune starts (nohup) stays ignored: the run completes
+rm -rf "$tmp/c"
+( trap '' HUP; exec "$FT" train -m "$HF" --data "$tmp/d.jsonl" --ctx 64 -t 1 --quiet -o "$tmp/c" "${st[@]}" ) 2> "$tmp/err.txt" &
+pid=$!
+for _ in $(seq 1 500); do [ -s "$tmp/c/metrics.jsonl" ] && break; sleep 0.01; done
+kill -HUP $pid; wait $pid; rc=$?
+[ $rc -eq 0 ] && [ "$(wc -l < "$tmp/c/metrics.jsonl")" -eq 100 ] && pass sighup_nohup_ignored \
+    || fail sighup_nohup_ignored "exit $rc, $(wc -l < "$tmp/c/metrics.jsonl") steps: $(cat "$tmp/err.txt")"
 
 # 6. a checkpoint from another configuration or model is refused, naming the difference
 expect_error resume_other_config "different configuration: lora_r" \
