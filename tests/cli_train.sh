@@ -147,6 +147,23 @@ kill -HUP $pid; wait $pid; rc=$?
 [ $rc -eq 0 ] && [ "$(wc -l < "$tmp/c/metrics.jsonl")" -eq 100 ] && pass sighup_nohup_ignored \
     || fail sighup_nohup_ignored "exit $rc, $(wc -l < "$tmp/c/metrics.jsonl") steps: $(cat "$tmp/err.txt")"
 
+# a save killed part-way leaves checkpoint-STEP.tmp.PID (and .old.PID) behind: the next run in
+# that -o removes those of processes that are gone, never one of a live process, and an .old
+# one only when its checkpoint is in place (else it is the one complete copy)
+train -o "$tmp/left" --steps 4 --save-every 2 --seed 2 2> "$tmp/err.txt" || fail stale_temporaries "$(cat "$tmp/err.txt")"
+( : ) & dead=$!; wait $dead
+if kill -0 $dead 2> /dev/null; then skip_or_fail stale_temporaries tool "pid $dead was reused at once"
+else
+    for n in checkpoint-3.tmp.$dead checkpoint-3.tmp.$$ checkpoint-2.old.$dead checkpoint-7.old.$dead checkpoint-2.tmp.$$; do
+        mkdir "$tmp/left/$n" && echo x > "$tmp/left/$n/trainable.safetensors"
+    done
+    train -o "$tmp/left" --steps 4 --save-every 2 --seed 2 --resume "$tmp/left/checkpoint-2" 2> "$tmp/err.txt"; rc=$?
+    left=$(cd "$tmp/left" && ls -d checkpoint-*.* | sort | tr '\n' ' ')
+    want=$(printf '%s\n' checkpoint-2.tmp.$$ checkpoint-3.tmp.$$ checkpoint-7.old.$dead | sort | tr '\n' ' ')
+    [ $rc -eq 0 ] && [ "$left" = "$want" ] && [ -f "$tmp/left/checkpoint-3.tmp.$$/trainable.safetensors" ] \
+        && pass stale_temporaries_removed || fail stale_temporaries_removed "exit $rc; left: $left; want: $want $(cat "$tmp/err.txt")"
+fi
+
 # 6. a checkpoint from another configuration or model is refused, naming the difference
 expect_error resume_other_config "different configuration: lora_r" \
     train -o "$tmp/x" "${rt[@]}" --lora-r 4 --resume "$tmp/r/checkpoint-5"
