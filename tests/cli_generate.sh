@@ -148,6 +148,14 @@ expect_error err_n_negative "-n must be -1" "$FT" generate -m "$S/stories260K.bi
 expect_error err_ctx_negative "-c must be 0" "$FT" generate -m "$S/stories260K.bin" -c -1 -n 3
 expect_error err_top_p_zero "--top-p must be in" "$FT" generate -m "$S/stories260K.bin" --top-p 0 -n 3
 expect_error err_eval_ctx_negative "-c must be 0" "$FT" eval -m "$S/stories260K.bin" --text "$tmp/shake.txt" -c -1
+# beyond the model's context (512): refused, as train refuses its --ctx; the context itself is fine
+expect_error err_generate_ctx_beyond_model "-c 513 is longer than the model's context length 512" \
+    "$FT" generate -m "$S/stories260K.bin" -c 513 -n 3
+expect_error err_eval_ctx_beyond_model "-c 100000 is longer than the model's context length 512" \
+    "$FT" eval -m "$S/stories260K.bin" --text "$tmp/shake.txt" -c 100000
+"$FT" generate -m "$D/models/stories260K-hf" -c 512 -n 3 --temp 0 --quiet > /dev/null 2> "$tmp/err.txt" \
+    && "$FT" eval -m "$S/stories260K.bin" --text "$tmp/shake.txt" -c 512 --json > /dev/null 2>> "$tmp/err.txt" \
+    && pass ctx_equal_to_model || fail ctx_equal_to_model "$(cat "$tmp/err.txt")"
 [ "$("$FT" generate --help | grep -- '--seed' | grep -o 'default' | wc -l)" -eq 1 ] \
     && pass help_seed_default_once || fail help_seed_default_once "$("$FT" generate --help | grep -- --seed)"
 

@@ -71,7 +71,7 @@ int cmd_eval(int argc, char **argv) {
         { NULL, "--jsonl", OPT_STR, &jsonl_path, "FILE", "evaluate each line's text field as a document" },
         { NULL, "--field", OPT_STR, &field, "NAME", "the JSONL field holding the text" },
         { NULL, "--json", OPT_FLAG, &json, "", "print {\"loss\":...,\"ppl\":...,\"tokens\":...} on stdout" },
-        { "-c", "--ctx-size", OPT_INT, &ctx, "N", "window length; 0 = the model's context length" },
+        { "-c", "--ctx-size", OPT_INT, &ctx, "N", "window length, at most the model's context length; 0 = that length" },
         { NULL, "--ctx", OPT_INT, &ctx, "N", "the same as --ctx-size" },
         { NULL, "--progress", OPT_FLAG, &progress, "",
           "show progress and ETA on stderr even when it is not a terminal" },
@@ -109,8 +109,9 @@ int cmd_eval(int argc, char **argv) {
     size_t len;
     char *data = slurp(path, &len);
     if (!data) { fprintf(stderr, "ftune eval: error: %s: cannot read\n", path); return 1; }
-    ftune_model *m = cli_load_model_with("eval", model, tokenizer, ctx, true, dtype, quant);
+    ftune_model *m = cli_load_model_with("eval", model, tokenizer, 0, true, dtype, quant);
     if (!m) { free(data); return 1; }
+    if (cli_check_ctx("eval", m, ctx)) { ftune_model_free(m); free(data); return 1; }
     if (adapter) {
         ftune_status sa = ftune_model_load_adapter(m, adapter);
         if (sa) { cli_fail("eval", sa); ftune_model_free(m); free(data); return 1; }

@@ -31,7 +31,7 @@ int cmd_generate(int argc, char **argv) {
         { "-t", "--threads", OPT_INT, &threads, "N", "threads; 0 = all cores" },
         { NULL, "--dtype", OPT_STR, &dtype, "T", "compute dtype of the matrix products: f32 (reference), bf16 or f16 (bf16/f16 inputs, f32 sums)" },
         { NULL, "--quant", OPT_STR, &quant, "TYPE", "quantize the layers' Linear weights on load: nf4 (bitsandbytes NF4 + double quantization) or int8 (row-wise)" },
-        { "-c", "--ctx-size", OPT_INT, &ctx, "N", "context length; 0 = the model's" },
+        { "-c", "--ctx-size", OPT_INT, &ctx, "N", "context length, at most the model's; 0 = the model's" },
         { NULL, "--ctx", OPT_INT, &ctx, "N", "the same as --ctx-size" },
         { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
         { NULL, "--no-bos", OPT_FLAG, &no_bos, "", "do not prepend the BOS token" },
@@ -62,8 +62,9 @@ int cmd_generate(int argc, char **argv) {
     if (!cli_seen(&cmd, "--seed")) seed = (uint64_t)time(NULL);
     sp.seed = seed;
 
-    ftune_model *m = cli_load_model_with("generate", model, tokenizer, ctx, true, dtype, quant);
+    ftune_model *m = cli_load_model_with("generate", model, tokenizer, 0, true, dtype, quant);
     if (!m) return 1;
+    if (cli_check_ctx("generate", m, ctx)) { ftune_model_free(m); return 1; }
     ftune_status st;
     if (adapter && (st = ftune_model_load_adapter(m, adapter))) {
         cli_fail("generate", st);
