@@ -38,6 +38,21 @@ a=$("$FT" generate -m "$S/stories260K.bin" -n 40 --temp 1 --top-k 40 --top-p 0.9
 b=$("$FT" generate -m "$S/stories260K.bin" -n 40 --temp 1 --top-k 40 --top-p 0.9 --min-p 0.05 --repeat-penalty 1.1 --seed 5 --quiet)
 c=$("$FT" generate -m "$S/stories260K.bin" -n 40 --temp 1 --seed 6 --quiet)
 [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" != "$c" ] && pass sampling_seeded || fail sampling_seeded "same seed gave different text or seeds agree"
+# without --seed: two runs started in the same second sample differently (the seed is not
+# the clock in seconds), and the seed printed on stderr reproduces a run
+same_second=false
+for _ in 1 2 3; do
+    t0=$(date +%s)
+    "$FT" generate -m "$S/stories260K.bin" -n 60 --temp 1 > "$tmp/g1.txt" 2> "$tmp/g1.err" &
+    "$FT" generate -m "$S/stories260K.bin" -n 60 --temp 1 > "$tmp/g2.txt" 2> "$tmp/g2.err"; wait
+    [ "$(date +%s)" = "$t0" ] && { same_second=true; break; }
+done
+s1=$(sed -n 's/^seed: //p' "$tmp/g1.err"); s2=$(sed -n 's/^seed: //p' "$tmp/g2.err")
+r1=$("$FT" generate -m "$S/stories260K.bin" -n 60 --temp 1 --seed "$s1" 2> /dev/null)
+if ! $same_second; then skip_or_fail sampling_clock_seed tool "no two runs finished within one second here"
+elif [ -n "$s1" ] && [ "$s1" != "$s2" ] && ! cmp -s "$tmp/g1.txt" "$tmp/g2.txt" && [ "$r1" = "$(cat "$tmp/g1.txt")" ]; then
+    pass sampling_clock_seed
+else fail sampling_clock_seed "seeds '$s1' '$s2'; texts: $(cat "$tmp/g1.txt") / $(cat "$tmp/g2.txt") / --seed $s1: $r1"; fi
 
 # 4. speeds are reported on stderr
 "$FT" generate -m "$S/stories260K.bin" -p "Once upon a time" -n 20 --temp 0 2> "$tmp/err.txt" > /dev/null

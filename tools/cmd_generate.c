@@ -6,8 +6,22 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
+
+/* The seed without --seed: the clock in nanoseconds and the process id,
+ * mixed (splitmix64's finalizer), so that two runs started in the same
+ * second (a loop, parallel jobs) sample differently. */
+static uint64_t clock_seed(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    x ^= (uint64_t)getpid() * 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
 
 int cmd_generate(int argc, char **argv) {
     const char *model = NULL, *dtype = NULL, *quant = NULL, *prompt = "", *tokenizer = NULL, *adapter = NULL;
@@ -59,7 +73,7 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "ftune generate: %s\n(see ftune generate --help)\n", bad);
         return 2;
     }
-    if (!cli_seen(&cmd, "--seed")) seed = (uint64_t)time(NULL);
+    if (!cli_seen(&cmd, "--seed")) seed = clock_seed();
     sp.seed = seed;
 
     ftune_model *m = cli_load_model_with("generate", model, tokenizer, 0, true, dtype, quant);
