@@ -22,8 +22,13 @@ train() { "$FT" train -m "$HF" --data "$tmp/d.jsonl" --ctx 32 -t 1 --val-split 0
     && pass help_loss_scale || fail help_loss_scale "$("$FT" train --help 2>&1 | grep -A3 -- --loss-scale)"
 expect_error bad_loss_scale 'loss-scale "sometimes": expected dynamic, none' train -o "$tmp/x" --loss-scale sometimes
 expect_error zero_loss_scale 'loss-scale "0"' train -o "$tmp/x" --loss-scale 0
-expect_error unrepresentable_loss_scale 'loss-scale 0.1: expected a positive number that is an f32' \
+expect_error unrepresentable_loss_scale 'loss-scale 0.1 is not exactly an f32.*nearest is 0.10000000149011612.*2^-3 = 0.125' \
     train -o "$tmp/x" --loss-scale 0.1
+# 1e-30 is within f32's range but not one exactly; 1e-50 is outside it: each message says which
+expect_error loss_scale_1e-30 'loss-scale 1e-30 is not exactly an f32.*nearest is 1.0000000031710769e-30.*2^-100 = 7.8886090522101181e-31' \
+    train -o "$tmp/x" --loss-scale 1e-30
+expect_error loss_scale_1e-50 'loss-scale 1e-50: outside the range of normal f32 numbers.*2^-126 = 1.1754943508222875e-38, 3.4028234663852886e+38' \
+    train -o "$tmp/x" --loss-scale 1e-50
 
 # 2. dynamic in f32: the same bits as none; the progress line and metrics show the
 # scale only with scaling on
