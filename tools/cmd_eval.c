@@ -181,7 +181,12 @@ int cmd_eval(int argc, char **argv) {
         goto out;
     }
     double loss = acc.loss_sum / (double)acc.n_predicted;
-    if (json) printf("{\"loss\":%.6f,\"ppl\":%.6f,\"tokens\":%lld}\n", loss, exp(loss), (long long)acc.n_predicted);
+    if (json) { /* JSON has no inf or NaN: null (a NaN loss, or a perplexity beyond a double) */
+        char l[32] = "null", p[32] = "null";
+        if (isfinite(loss)) snprintf(l, sizeof l, "%.6f", loss);
+        if (isfinite(exp(loss))) snprintf(p, sizeof p, "%.6f", exp(loss));
+        printf("{\"loss\":%s,\"ppl\":%s,\"tokens\":%lld}\n", l, p, (long long)acc.n_predicted);
+    }
     else printf("loss %.6f  ppl %.4f  tokens %lld\n", loss, exp(loss), (long long)acc.n_predicted);
     fprintf(stderr, "%.1f tokens/s\n", (double)acc.n_predicted / (t1 - t0));
     rc = 0;

@@ -1596,6 +1596,15 @@ static bool stale_output(const char *name) {
     return strcmp(name, "metrics.jsonl") == 0 || strcmp(name, "initial") == 0 || strncmp(name, "checkpoint-", 11) == 0;
 }
 
+/* v as a JSON number in buf (32 bytes): %.{digits}g, or %.1f for digits < 0;
+ * null when it is not finite, as JSON has no inf or NaN. */
+static const char *json_num(char *buf, double v, int digits) {
+    if (!isfinite(v)) snprintf(buf, 32, "null");
+    else if (digits < 0) snprintf(buf, 32, "%.1f", v);
+    else snprintf(buf, 32, "%.*g", digits, v);
+    return buf;
+}
+
 /* "checkpoint-STEP.KIND.PID" (KIND tmp or old, as save_checkpoint names its
  * temporaries): the pid and the checkpoint's own name, or false. */
 static bool ckpt_temporary(const char *name, const char *kind, long *pid, char *ckpt, size_t cap) {
@@ -1895,16 +1904,16 @@ static FTUNE_MUST_USE ftune_status train(run *r) {
             r->res.val_loss_last = p.val_loss;
         }
         if (is_root(r)) {
-            /* JSON has no inf or NaN: a skipped step's grad norm is null */
-            char gn[32];
-            if (isfinite(gnorm)) snprintf(gn, sizeof gn, "%.9g", gnorm);
-            else snprintf(gn, sizeof gn, "null");
-            fprintf(r->metrics, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%s,\"tokens_per_s\":%.1f",
-                    (long long)r->step, loss, lr, gn, p.tokens_per_s);
-            if (p.has_val_loss) fprintf(r->metrics, ",\"val_loss\":%.9g", p.val_loss);
+            /* JSON has no inf or NaN: a non-finite value (a skipped step's grad norm, the loss
+             * of an f16 forward that overflowed) is null */
+            char ls[32], lrs[32], gn[32], vl[32], sc[32], tps[32];
+            fprintf(r->metrics, "{\"step\":%lld,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,\"tokens_per_s\":%s",
+                    (long long)r->step, json_num(ls, loss, 9), json_num(lrs, lr, 9), json_num(gn, gnorm, 9),
+                    json_num(tps, p.tokens_per_s, -1));
+            if (p.has_val_loss) fprintf(r->metrics, ",\"val_loss\":%s", json_num(vl, p.val_loss, 9));
             if (scaling || r->skipped)
-                fprintf(r->metrics, ",\"loss_scale\":%.9g,\"skipped_steps\":%lld,\"skipped\":%s", (double)r->scaler.scale,
-                        (long long)r->skipped, skipped ? "true" : "false");
+                fprintf(r->metrics, ",\"loss_scale\":%s,\"skipped_steps\":%lld,\"skipped\":%s",
+                        json_num(sc, (double)r->scaler.scale, 9), (long long)r->skipped, skipped ? "true" : "false");
             fputs("}\n", r->metrics);
             if (fflush(r->metrics) != 0 || ferror(r->metrics))
                 return ft_err(FTUNE_ERR_IO, "%s/metrics.jsonl: write failed: %s", o->out_dir, strerror(errno));
