@@ -131,7 +131,7 @@ for sig in TERM HUP; do
     for _ in $(seq 1 500); do [ -s "$tmp/c/metrics.jsonl" ] && break; sleep 0.01; done
     kill -$sig $pid; wait $pid; rc=$?
     ck=$(ls -d "$tmp"/c/checkpoint-* 2>/dev/null | head -1)
-    if [ $rc -eq 1 ] && grep -q "SIG$sig: interrupted after step" "$tmp/err.txt" && [ -n "$ck" ] \
+    if [ $rc -eq 1 ] && grep -q "error: interrupted after step .*; the signal was SIG$sig$" "$tmp/err.txt" && [ -n "$ck" ] \
         && [ -f "$ck/adapter_model.safetensors" ]; then
         train -o "$tmp/c" "${st[@]}" --resume "$ck" 2> "$tmp/err.txt"
         s1=$(losses "$tmp/s100/metrics.jsonl"); s2=$(losses "$tmp/c/metrics.jsonl")

@@ -473,7 +473,7 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
         rc = 1;
         /* the same message on every rank: once; it names the signal when this rank had one */
         const char *sig = stop_signal_name(g_stop);
-        if (rank == 0 && sig) fprintf(stderr, "ftune %s: error: %s: %s\n", me, sig, ftune_last_error());
+        if (rank == 0 && sig) fprintf(stderr, "ftune %s: error: %s; the signal was %s\n", me, ftune_last_error(), sig);
         else if (rank == 0) cli_fail(me, st);
     } else if (st) rc = cli_fail(me, st);
     else if (!quiet) {
