@@ -7,8 +7,22 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
+
+/* The seed without --seed: the clock in nanoseconds and the process id,
+ * mixed (splitmix64's finalizer), so that two runs started in the same
+ * second (a loop, parallel jobs) sample differently. */
+static uint64_t clock_seed(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    x ^= (uint64_t)getpid() * 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
 
 int cmd_generate(int argc, char **argv) {
     const char *model = NULL, *dtype = NULL, *quant = NULL, *prompt = "", *tokenizer = NULL, *adapter = NULL;
@@ -36,7 +50,7 @@ int cmd_generate(int argc, char **argv) {
         { "-t", "--threads", OPT_INT, &threads, "N", "threads; 0 = all cores" },
         { NULL, "--dtype", OPT_STR, &dtype, "T", "compute dtype of the matrix products: f32 (reference), bf16 or f16 (bf16/f16 inputs, f32 sums)" },
         { NULL, "--quant", OPT_STR, &quant, "TYPE", "quantize the layers' Linear weights on load: nf4 (bitsandbytes NF4 + double quantization) or int8 (row-wise)" },
-        { "-c", "--ctx-size", OPT_INT, &ctx, "N", "context length; 0 = the model's" },
+        { "-c", "--ctx-size", OPT_INT, &ctx, "N", "context length, at most the model's; 0 = the model's" },
         { NULL, "--ctx", OPT_INT, &ctx, "N", "the same as --ctx-size" },
         { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
         { NULL, "--no-bos", OPT_FLAG, &no_bos, "", "do not prepend the BOS token" },
@@ -66,11 +80,12 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "ftune generate: %s\n(see ftune generate --help)\n", bad);
         return 2;
     }
-    if (!cli_seen(&cmd, "--seed")) seed = (uint64_t)time(NULL);
+    if (!cli_seen(&cmd, "--seed")) seed = clock_seed();
     sp.seed = seed;
 
-    ftune_model *m = cli_load_model_with("generate", model, tokenizer, ctx, true, dtype, quant);
+    ftune_model *m = cli_load_model_with("generate", model, tokenizer, 0, true, dtype, quant);
     if (!m) return 1;
+    if (cli_check_ctx("generate", m, ctx)) { ftune_model_free(m); return 1; }
     ftune_status st;
     if (adapter && (st = ftune_model_load_adapter(m, adapter))) {
         cli_fail("generate", st);
