@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # make bench-real: prefill and decode of the two real GGUF models that
 # scripts/fetch_models.sh keeps (SmolLM2-135M-Instruct Q4_1, Qwen2.5-Coder-
-# 0.5B-Instruct Q4_K_M) with `ftune generate`, at the best kernel level and
-# at avx2, interleaved, ROUNDS rounds, 2 threads; decode against the read
+# 0.5B-Instruct Q4_K_M) with `ftune generate`, at the best kernel level (with
+# decode's integer products, and without: "/widened") and at avx2,
+# interleaved, ROUNDS rounds, 2 threads; decode against the read
 # bandwidth bound (weight bytes per token over bench_gemm's measured read
 # GB/s on 2 threads). Prints a Markdown table (BENCHMARKS.md's real-model
 # section was made with it); medians over rounds.
@@ -25,8 +26,11 @@ best=$("$FT" -v 2>&1 | sed -n 's/^kernels: *\([a-z0-9]*\).*/\1/p' | head -1)
 prompt() { head -c $((P * 7 / 2)) "$D/text/tinyshakespeare/input.txt"; }
 for round in $(seq "$ROUNDS"); do
     for f in SmolLM2-135M-Instruct.Q4_1.gguf qwen2.5-coder-0.5b-instruct-q4_k_m.gguf; do
-        for lv in "$best" avx2; do
-            out=$(FTUNE_CPU=$lv "$FT" generate -m "$M/$f" -p "$(prompt)" -n "$N" --temp 0 -t 2 -c 2048 2>&1 >/dev/null)
+        # decode's integer products (the default) and, on the best level, the widened reference
+        for cfg in "$best:1" "$best:0" avx2:1; do
+            lv=${cfg%:*} idot=${cfg#*:}
+            out=$(FTUNE_CPU=$lv FTUNE_INT_DOT=$idot "$FT" generate -m "$M/$f" -p "$(prompt)" -n "$N" --temp 0 -t 2 -c 2048 2>&1 >/dev/null)
+            [ "$idot" = 0 ] && lv="$lv/widened"
             pf=$(echo "$out" | sed -n 's/^prefill: *\([0-9]*\) tokens in .*(\([0-9.]*\) tokens\/s).*/\1 \2/p')
             dc=$(echo "$out" | sed -n 's/^decode: .*(\([0-9.]*\) tokens\/s).*/\1/p')
             echo "$f $lv $pf $dc" >> "$tmp/rows"

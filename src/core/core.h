@@ -50,6 +50,8 @@ typedef enum {
      * checked, and errors name them) but does not compute with */
     FT_IQ2_XXS, FT_IQ2_XS, FT_IQ2_S, FT_IQ3_XXS, FT_IQ3_S, FT_IQ1_S, FT_IQ1_M,
     FT_TQ1_0, FT_TQ2_0, FT_MXFP4, FT_I16,
+    /* activations of the integer dot products (dtype_dot.c), never in a file */
+    FT_A16, FT_A16_K,
     FT_NTYPES
 } ft_dtype;
 
@@ -75,10 +77,10 @@ typedef struct {
      * finite when a file is loaded: ft_dtype_check_scales) */
     uint8_t n_scales, scale_at[2];
     /* the integer dot product (dtype_dot.c) of a row of this weight dtype
-     * with activations quantized to 8 bits: vec_dot(w, act, n) = Σ w·a
-     * over n elements with act n elements of the dtype `act` (q8_0, q8_1
-     * or q8_K); NULL where the type has none (the widened f32 product is
-     * its only one). quantize_act: set on those activation rows. */
+     * with activations quantized to 16-bit integers: vec_dot(w, act, n) =
+     * Σ w·a over n elements with act n elements of the dtype `act` (a16,
+     * a16_K); NULL where the type has none (the widened f32 product is its
+     * only one). quantize_act: set on those activation rows. */
     float (*vec_dot)(const void *w, const void *act, int64_t n);
     ft_dtype act;
     void (*quantize_act)(const float *x, void *dst, int64_t n);
@@ -123,6 +125,11 @@ typedef struct { uint8_t ql[FT_QK_K / 2]; uint8_t qh[FT_QK_K / 4]; int8_t scales
 /* q8_K: the activation side of the K-quants' dot products: f32 d, 256 int8
  * and the sums of each 16 of them */
 typedef struct { float d; int8_t qs[FT_QK_K]; int16_t bsums[FT_QK_K / 16]; } ft_block_q8_K;
+/* a16, a16_K: ftune's activation side of the integer dot products: an f32
+ * scale d, 16-bit integers x = d·q (|q| <= 32767), and exact integer sums
+ * of q (the block's, or each 16's) for the types with a min or an offset */
+typedef struct { float d; int32_t sum; int16_t qs[FT_QK]; } ft_block_a16;
+typedef struct { float d; int32_t bsums[FT_QK_K / 16]; int16_t qs[FT_QK_K]; } ft_block_a16_K;
 /* iq4_nl: q4_0's layout with a non-linear code, x = d·ft_iq4nl_code[q];
  * iq4_xs: 8 sub-blocks of 32, 6-bit scales (low 4 bits in scales_l, high 2
  * in scales_h), x = d·(ls-32)·ft_iq4nl_code[q] */

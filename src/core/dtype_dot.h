@@ -1,5 +1,5 @@
 /* dtype_dot.h — the reference integer dot products of ggml's weight blocks
- * with 8-bit activations and the activations' quantizers (dtype_dot.c), for
+ * with 16-bit activations and the activations' quantizers (dtype_dot.c), for
  * dtype.c's traits rows (vec_dot, act, quantize_act); everything else reaches
  * them through ft_types[]. */
 #ifndef FT_DTYPE_DOT_H
@@ -7,9 +7,11 @@
 
 #include "core/core.h"
 
-void ft_quantize_act_q8_0(const float *x, void *dst, int64_t n);
-void ft_quantize_act_q8_1(const float *x, void *dst, int64_t n);
-void ft_quantize_act_q8_K(const float *x, void *dst, int64_t n);
+void ft_quantize_act_a16(const float *x, void *dst, int64_t n);
+void ft_quantize_act_a16_K(const float *x, void *dst, int64_t n);
+/* back to f32 (d·q), for the tests */
+void ft_a16_to_f32(const void *src, float *y, int64_t n);
+void ft_a16_K_to_f32(const void *src, float *y, int64_t n);
 
 float ft_vec_dot_q8_0(const void *w, const void *act, int64_t n);
 float ft_vec_dot_q4_0(const void *w, const void *act, int64_t n);

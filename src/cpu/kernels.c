@@ -396,7 +396,7 @@ typedef struct {
     bool overwrite;
     const uint32_t *v16; /* bf16 rows on dot_rows16: v as bf16 pairs, else NULL */
     const void *vq;      /* integer products: v quantized to ft_types[dt].act, else NULL */
-    void (*q8dot)(float *out, const void *act, const uint8_t *w, size_t rb, ft_dtype dt, int K, int nrows);
+    void (*idot)(float *out, const void *act, const uint8_t *w, size_t rb, ft_dtype dt, int K, int nrows);
 } gemv_ctx;
 
 static _Thread_local bool int_dot_on;
@@ -414,7 +414,7 @@ static void gemv(void *vctx, int task, int thread) {
     for (int i = task * GEMV_ROWS; i < i1; i += 4) {
         int n = i1 - i < 4 ? i1 - i : 4;
         float out[4];
-        if (g->vq) g->q8dot(out, g->vq, g->R + (size_t)i * g->rb, g->rb, g->dt, g->K, n);
+        if (g->vq) g->idot(out, g->vq, g->R + (size_t)i * g->rb, g->rb, g->dt, g->K, n);
         else if (g->v16) g->isa->dot_rows16(out, g->v16, g->R + (size_t)i * g->rb, g->rb, g->K, n);
         else g->isa->dot_rows(out, g->v, g->R + (size_t)i * g->rb, g->rb, g->dt, g->K, n);
         for (int r = 0; r < n; r++) {
@@ -452,16 +452,16 @@ static bool gemv_run(gemv_ctx *v, ft_dtype compute, int n_threads, float *scratc
     float stack[1024], *vr = NULL;
     const ft_type_traits *tt = &ft_types[v->dt];
     if (compute == FT_F32 && int_dot_on && tt->vec_dot && v->K % ft_types[tt->act].block == 0) {
-        /* the vector quantized once (about 1.1 bytes an element) */
+        /* the vector quantized once (2.25 bytes an element) */
         size_t bytes = ft_dtype_nbytes(tt->act, v->K), fl = (bytes + sizeof(float) - 1) / sizeof(float);
-        vr = scratch && scratch_floats >= fl ? scratch : fl <= 1024 ? stack : ft_malloc(fl * sizeof(float));
+        vr = fl <= 1024 ? stack : ft_malloc(fl * sizeof(float));
         if (!vr) return false;
         ft_types[tt->act].quantize_act(v->v, vr, v->K);
         v->vq = vr;
 #if defined(__x86_64__)
-        v->q8dot = v->isa == &ft_kernels_generic ? ft_q8dot_rows_ref : ft_q8dot_rows_avx2;
+        v->idot = v->isa == &ft_kernels_generic ? ft_idot_rows_ref : ft_idot_rows_avx2;
 #else
-        v->q8dot = ft_q8dot_rows_ref;
+        v->idot = ft_idot_rows_ref;
 #endif
     } else if (compute == FT_BF16 && v->dt == FT_BF16 && v->isa->dot_rows16) { /* v as bf16 pairs: K/2 + 1 floats' room */
         size_t words = (size_t)v->K / 2 + 1;

@@ -103,7 +103,7 @@ ftune_status ftune_session_new(ftune_session **out, const ftune_model *m, int n_
     s->n_threads = ft_num_threads(n_threads);
     s->be = ft_backend_cpu_in(m->compute, s->n_threads);
     const char *idot = getenv("FTUNE_INT_DOT");
-    s->int_dot = idot && strcmp(idot, "1") == 0; /* off unless asked: see ftune_session_set_int_products */
+    s->int_dot = !(idot && strcmp(idot, "0") == 0); /* on unless FTUNE_INT_DOT=0 */
     const char *prof = getenv("FTUNE_PROFILE");
     if (prof && *prof && strcmp(prof, "0") && (s->prof = ft_mem_calloc(FT_MEM_OTHER, sizeof *s->prof))) {
         s->prof->inner = s->be;
