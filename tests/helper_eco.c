@@ -9,7 +9,8 @@
  *       TOKENIZER: a tokenizer.json, a directory holding one (or vocab.json +
  *       merges.txt), or anything ft_tokenizer_load_path takes. CORPUS is a
  *       JSON array of strings; OUT is {"ids": [[...], ...], "ids_special":
- *       [[...], ...], "decoded_hex": ["...", ...], "add_bos": 0|1, "bos": id}:
+ *       [[...], ...], "decoded_hex": ["...", ...], "add_bos": 0|1, "bos": id,
+ *       "n_vocab": ids}:
  *       "ids" without BOS and with special-token text left as text,
  *       "ids_special" with special-token text parsed as special tokens,
  *       "decoded_hex" the bytes "ids" decode to, in hex.
@@ -176,6 +177,7 @@ static int cmd_tokenize(const char *tokpath, const char *corpus, const char *out
     cJSON_AddItemToObject(res, "decoded_hex", decoded);
     cJSON_AddNumberToObject(res, "add_bos", ftune_tokenizer_add_bos(t));
     cJSON_AddNumberToObject(res, "bos", ftune_tokenizer_bos(t));
+    cJSON_AddNumberToObject(res, "n_vocab", ftune_tokenizer_n_vocab(t));
     char *js = cJSON_PrintUnformatted(res);
     int rc = write_atomic(out, js, strlen(js));
     free(js);
