@@ -5,6 +5,11 @@
  *   helper_eco logits MODEL ADAPTER_DIR|- "1,2,3;1,5" OUT
  *       OUT has ref_forward.py's layout: int32 n_seqs, then per sequence
  *       int32 T, int32 V, T*V float32 (row t predicts token t+1).
+ *   helper_eco greedy MODEL "1,2,3;1,5" N OUT.json
+ *       the N tokens greedy decoding picks after each sequence, as `ftune
+ *       generate --temp 0` does (the prompt in one batched pass, then one
+ *       token at a time with the KV cache) but not stopping at an
+ *       end-of-generation token: OUT is [[id, ...], ...].
  *   helper_eco tokenize TOKENIZER CORPUS.json OUT.json
  *       TOKENIZER: a tokenizer.json, a directory holding one (or vocab.json +
  *       merges.txt), or anything ft_tokenizer_load_path takes. CORPUS is a
@@ -116,6 +121,55 @@ static int cmd_logits(const char *model, const char *adapter, const char *tokens
     return rc;
 }
 
+static int cmd_greedy(const char *model, const char *tokens, int n_new, const char *out) {
+    enum { MAX_SEQS = 64 };
+    int32_t *seq[MAX_SEQS];
+    int len[MAX_SEQS], max_len = 0;
+    int n = parse_seqs(tokens, seq, len, MAX_SEQS);
+    for (int i = 0; i < n; i++) if (len[i] > max_len) max_len = len[i];
+    if (n == 0 || max_len == 0 || n_new < 1) { fprintf(stderr, "helper_eco: no tokens\n"); return 2; }
+    ftune_model *m = NULL;
+    ftune_status st = ftune_model_load(&m, model, NULL);
+    if (st) return fail(model, st);
+    ftune_model_info info;
+    ftune_model_get_info(m, &info);
+    ftune_session *s = NULL;
+    if ((st = ftune_session_new(&s, m, max_len + n_new, 0))) return fail("session", st);
+    ftune_sampler_params sp;
+    ftune_sampler_defaults(&sp);
+    sp.temperature = 0;
+    ftune_sampler *smp = NULL;
+    if ((st = ftune_sampler_new(&smp, &sp, info.vocab_size))) return fail("sampler", st);
+    float *logits = malloc((size_t)info.vocab_size * sizeof *logits);
+    int32_t *hist = malloc((size_t)(max_len + n_new) * sizeof *hist);
+    cJSON *res = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) {
+        ftune_session_reset(s);
+        memcpy(hist, seq[i], (size_t)len[i] * sizeof *hist);
+        int n_hist = len[i];
+        if ((st = ftune_session_forward(s, seq[i], len[i], logits, 0))) return fail("forward", st);
+        cJSON *ids = cJSON_CreateArray();
+        for (int k = 0; k < n_new; k++) {
+            int32_t next = ftune_sampler_sample(smp, logits, hist, n_hist);
+            hist[n_hist++] = next;
+            cJSON_AddItemToArray(ids, cJSON_CreateNumber(next));
+            if (k + 1 < n_new && (st = ftune_session_forward(s, &next, 1, logits, 0))) return fail("forward", st);
+        }
+        cJSON_AddItemToArray(res, ids);
+        free(seq[i]);
+    }
+    char *js = cJSON_PrintUnformatted(res);
+    int rc = write_atomic(out, js, strlen(js));
+    free(js);
+    cJSON_Delete(res);
+    free(hist);
+    free(logits);
+    ftune_sampler_free(smp);
+    ftune_session_free(s);
+    ftune_model_free(m);
+    return rc;
+}
+
 static cJSON *ids_json(const int32_t *ids, size_t n) {
     cJSON *a = cJSON_CreateArray();
     for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
@@ -190,8 +244,10 @@ static int cmd_tokenize(const char *tokpath, const char *corpus, const char *out
 
 int main(int argc, char **argv) {
     if (argc == 6 && !strcmp(argv[1], "logits")) return cmd_logits(argv[2], argv[3], argv[4], argv[5]);
+    if (argc == 6 && !strcmp(argv[1], "greedy")) return cmd_greedy(argv[2], argv[3], atoi(argv[4]), argv[5]);
     if (argc == 5 && !strcmp(argv[1], "tokenize")) return cmd_tokenize(argv[2], argv[3], argv[4]);
     fprintf(stderr, "usage: helper_eco logits MODEL ADAPTER_DIR|- \"1,2,3;4,5\" OUT\n"
+                    "       helper_eco greedy MODEL \"1,2,3;4,5\" N OUT.json\n"
                     "       helper_eco tokenize TOKENIZER CORPUS.json OUT.json\n");
     return 2;
 }
