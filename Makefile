@@ -1,7 +1,7 @@
 # ftune — build, test, benchmark.
 #   make            library (build/libftune.a: exports only ftune_*), the ftune command
 #                   (build/ftune, linked against it) and the tests (against build/libftune-internal.a)
-#   make demo       the main job: LoRA fine-tune of stories260K on Shakespeare, then generate
+#   make demo       the main job: LoRA fine-tune of SmolLM2-135M-Instruct (GGUF) on GSM8K, answers before and after
 #   make test       build and run the whole test suite (tests/run.sh)
 #   make debug      the same binaries with AddressSanitizer + UBSan in build-debug/
 #   make fuzz       libFuzzer targets: safetensors, GGUF, tokenizer.json, config.json, the dataset readers, trainer_state.json (clang)

@@ -133,6 +133,22 @@ FTUNE_API int32_t ftune_tokenizer_eos(const ftune_tokenizer *t); /* -1 if none *
 FTUNE_API int ftune_tokenizer_is_eog(const ftune_tokenizer *t, int32_t id); /* end of generation */
 FTUNE_API int ftune_tokenizer_n_vocab(const ftune_tokenizer *t);
 FTUNE_API int ftune_tokenizer_add_bos(const ftune_tokenizer *t); /* the model's default */
+
+/* A conversation, tokenized as the model's chat template renders it: the
+ * template named (chatml, llama2, llama3, mistral, zephyr, alpaca), or with
+ * template_name NULL the one its files carry (GGUF tokenizer.chat_template,
+ * tokenizer_config.json, chat_template.jinja), recognised by its markers;
+ * FTUNE_ERR_ARG when it has none that ftune renders. add_generation_prompt
+ * appends the opening of the assistant's turn. BOS as the model's tokenizer
+ * adds it; special-token text in the template is parsed. *ids is malloc'd. */
+typedef enum { FTUNE_ROLE_SYSTEM = 0, FTUNE_ROLE_USER, FTUNE_ROLE_ASSISTANT } ftune_chat_role;
+typedef struct {
+    ftune_chat_role role;
+    const char *content;       /* UTF-8, NUL-terminated */
+} ftune_chat_msg;
+FTUNE_API FTUNE_MUST_USE ftune_status ftune_chat_tokenize(const ftune_model *m, const char *template_name,
+                                                          const ftune_chat_msg *msgs, int n, int add_generation_prompt,
+                                                          int32_t **ids, size_t *n_ids);
 /* The tokenizer alone, without weights: from a .gguf (any architecture, or a
  * vocabulary-only file such as llama.cpp's ggml-vocab-*.gguf), a directory
  * holding tokenizer.json (or vocab.json + merges.txt, tokenizer.model,

@@ -38,6 +38,21 @@ a=$("$FT" generate -m "$S/stories260K.bin" -n 40 --temp 1 --top-k 40 --top-p 0.9
 b=$("$FT" generate -m "$S/stories260K.bin" -n 40 --temp 1 --top-k 40 --top-p 0.9 --min-p 0.05 --repeat-penalty 1.1 --seed 5 --quiet)
 c=$("$FT" generate -m "$S/stories260K.bin" -n 40 --temp 1 --seed 6 --quiet)
 [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" != "$c" ] && pass sampling_seeded || fail sampling_seeded "same seed gave different text or seeds agree"
+# without --seed: two runs started in the same second sample differently (the seed is not
+# the clock in seconds), and the seed printed on stderr reproduces a run
+same_second=false
+for _ in 1 2 3; do
+    t0=$(date +%s)
+    "$FT" generate -m "$S/stories260K.bin" -n 60 --temp 1 > "$tmp/g1.txt" 2> "$tmp/g1.err" &
+    "$FT" generate -m "$S/stories260K.bin" -n 60 --temp 1 > "$tmp/g2.txt" 2> "$tmp/g2.err"; wait
+    [ "$(date +%s)" = "$t0" ] && { same_second=true; break; }
+done
+s1=$(sed -n 's/^seed: //p' "$tmp/g1.err"); s2=$(sed -n 's/^seed: //p' "$tmp/g2.err")
+r1=$("$FT" generate -m "$S/stories260K.bin" -n 60 --temp 1 --seed "$s1" 2> /dev/null)
+if ! $same_second; then skip_or_fail sampling_clock_seed tool "no two runs finished within one second here"
+elif [ -n "$s1" ] && [ "$s1" != "$s2" ] && ! cmp -s "$tmp/g1.txt" "$tmp/g2.txt" && [ "$r1" = "$(cat "$tmp/g1.txt")" ]; then
+    pass sampling_clock_seed
+else fail sampling_clock_seed "seeds '$s1' '$s2'; texts: $(cat "$tmp/g1.txt") / $(cat "$tmp/g2.txt") / --seed $s1: $r1"; fi
 
 # 4. speeds are reported on stderr
 "$FT" generate -m "$S/stories260K.bin" -p "Once upon a time" -n 20 --temp 0 2> "$tmp/err.txt" > /dev/null
@@ -107,6 +122,39 @@ mkdir -p "$tmp/mistral"; cp "$D/models/stories260K-hf/"* "$tmp/mistral/"
 sed -i 's/"model_type": "llama"/"model_type": "mistral", "sliding_window": 128/' "$tmp/mistral/config.json"
 "$FT" info "$tmp/mistral" | grep -q "context length: *128" && pass mistral_window_caps_context \
     || fail mistral_window_caps_context "context not capped"
+# Qwen2 (transformers' Qwen2Config): use_sliding_window defaults to false, and when true
+# only layers >= max_window_layers (default 28) slide, or those an explicit layer_types names
+sed 's/"model_type": "llama"/"model_type": "qwen2"/' "$D/models/stories260K-hf/config.json" > "$tmp/qwen2.json"
+"$FT" init --config "$tmp/qwen2.json" "$tmp/qwen2" 2> /dev/null || fail qwen2_init "ftune init of a qwen2 config failed"
+# qwen2_cfg JSON: the model's config as qwen2 with sliding_window 128 and JSON's keys
+# added, written and read back so that the edit is known to be what the file holds
+qwen2_cfg() {
+    "$PY" - "$tmp/qwen2/config.json" "$1" <<'PYEOF'
+import json, sys
+path, extra = sys.argv[1], json.loads(sys.argv[2])
+c = json.load(open(path))
+for k in ("use_sliding_window", "max_window_layers", "layer_types"): c.pop(k, None)
+c.update({"model_type": "qwen2", "sliding_window": 128, "max_position_embeddings": 512}, **extra)
+json.dump(c, open(path, "w"), indent=2)
+back = json.load(open(path))
+assert all(back[k] == v for k, v in extra.items()) and back["model_type"] == "qwen2", back
+PYEOF
+}
+qwen2_ctx() { # NAME WANT JSON: ftune info says context length WANT
+    if ! qwen2_cfg "$3"; then fail "$1" "could not write the config"; return; fi
+    "$FT" info "$tmp/qwen2" > "$tmp/i.txt" 2>&1
+    grep -q "context length: *$2\$" "$tmp/i.txt" && pass "$1" || fail "$1" "want context $2 for $3: $(cat "$tmp/i.txt")"
+}
+qwen2_ctx qwen2_sliding_off_by_default 512 '{}'
+qwen2_ctx qwen2_sliding_off 512 '{"use_sliding_window": false}'
+qwen2_ctx qwen2_sliding_on_caps_context 128 '{"use_sliding_window": true, "max_window_layers": 2}'
+qwen2_ctx qwen2_sliding_on_no_layer_slides 512 '{"use_sliding_window": true}'
+qwen2_ctx qwen2_sliding_window_null 512 '{"use_sliding_window": true, "max_window_layers": 0, "sliding_window": null}'
+lt='["full_attention", "full_attention", "full_attention", "full_attention", "sliding_attention"]'
+qwen2_ctx qwen2_layer_types_caps_context 128 "{\"use_sliding_window\": true, \"layer_types\": $lt}"
+qwen2_ctx qwen2_layer_types_without_use 512 "{\"layer_types\": $lt}"
+qwen2_cfg '{"use_sliding_window": true, "layer_types": ["full_attention", "chunked_attention", "full_attention", "full_attention", "full_attention"]}'
+expect_error err_qwen2_layer_types "layer_types.*chunked_attention" "$FT" info "$tmp/qwen2"
 
 # 11. options are validated: no NaN, no undocumented negative meanings
 expect_error err_temp_nan "finite number" "$FT" generate -m "$S/stories260K.bin" --temp nan -n 3
@@ -115,6 +163,14 @@ expect_error err_n_negative "-n must be -1" "$FT" generate -m "$S/stories260K.bi
 expect_error err_ctx_negative "-c must be 0" "$FT" generate -m "$S/stories260K.bin" -c -1 -n 3
 expect_error err_top_p_zero "--top-p must be in" "$FT" generate -m "$S/stories260K.bin" --top-p 0 -n 3
 expect_error err_eval_ctx_negative "-c must be 0" "$FT" eval -m "$S/stories260K.bin" --text "$tmp/shake.txt" -c -1
+# beyond the model's context (512): refused, as train refuses its --ctx; the context itself is fine
+expect_error err_generate_ctx_beyond_model "-c 513 is longer than the model's context length 512" \
+    "$FT" generate -m "$S/stories260K.bin" -c 513 -n 3
+expect_error err_eval_ctx_beyond_model "-c 100000 is longer than the model's context length 512" \
+    "$FT" eval -m "$S/stories260K.bin" --text "$tmp/shake.txt" -c 100000
+"$FT" generate -m "$D/models/stories260K-hf" -c 512 -n 3 --temp 0 --quiet > /dev/null 2> "$tmp/err.txt" \
+    && "$FT" eval -m "$S/stories260K.bin" --text "$tmp/shake.txt" -c 512 --json > /dev/null 2>> "$tmp/err.txt" \
+    && pass ctx_equal_to_model || fail ctx_equal_to_model "$(cat "$tmp/err.txt")"
 [ "$("$FT" generate --help | grep -- '--seed' | grep -o 'default' | wc -l)" -eq 1 ] \
     && pass help_seed_default_once || fail help_seed_default_once "$("$FT" generate --help | grep -- --seed)"
 

@@ -2,7 +2,8 @@
 # `ftune train --loss-scale` end to end on stories260K: the option and its
 # help, the progress line and metrics.jsonl fields (only with scaling on),
 # f32 dynamic scaling equal bit for bit to none, a CLI resume that continues
-# the scaler, and every new trainer_state.json field checked on resume.
+# the scaler, and every new trainer_state.json field checked on resume; a
+# non-finite loss is null, not nan, in metrics.jsonl and eval --json.
 # (The overflow, skip and growth semantics are in test_grad_scaler.)
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -22,8 +23,13 @@ train() { "$FT" train -m "$HF" --data "$tmp/d.jsonl" --ctx 32 -t 1 --val-split 0
     && pass help_loss_scale || fail help_loss_scale "$("$FT" train --help 2>&1 | grep -A3 -- --loss-scale)"
 expect_error bad_loss_scale 'loss-scale "sometimes": expected dynamic, none' train -o "$tmp/x" --loss-scale sometimes
 expect_error zero_loss_scale 'loss-scale "0"' train -o "$tmp/x" --loss-scale 0
-expect_error unrepresentable_loss_scale 'loss-scale 0.1: expected a positive number that is an f32' \
+expect_error unrepresentable_loss_scale 'loss-scale 0.1 is not exactly an f32.*nearest is 0.10000000149011612.*2^-3 = 0.125' \
     train -o "$tmp/x" --loss-scale 0.1
+# 1e-30 is within f32's range but not one exactly; 1e-50 is outside it: each message says which
+expect_error loss_scale_1e-30 'loss-scale 1e-30 is not exactly an f32.*nearest is 1.0000000031710769e-30.*2^-100 = 7.8886090522101181e-31' \
+    train -o "$tmp/x" --loss-scale 1e-30
+expect_error loss_scale_1e-50 'loss-scale 1e-50: outside the range of normal f32 numbers.*2^-126 = 1.1754943508222875e-38, 3.4028234663852886e+38' \
+    train -o "$tmp/x" --loss-scale 1e-50
 
 # 2. dynamic in f32: the same bits as none; the progress line and metrics show the
 # scale only with scaling on
@@ -99,3 +105,30 @@ train -o "$tmp/v2" --loss-scale dynamic --resume "$tmp/v2/checkpoint-3" 2> "$tmp
     && grep -q "^loss scale: 65536 (0 step(s) skipped so far)" "$tmp/err.txt" \
     && cmp -s "$tmp/v2/adapter_model.safetensors" "$tmp/dyn/adapter_model.safetensors" && pass version_2_resumes \
     || fail version_2_resumes "$(cat "$tmp/err.txt")"
+
+# 5. JSON has no NaN or inf: a non-finite value is null in metrics.jsonl and in eval --json.
+# Every input-RMSNorm weight 30000 (within f16's range, so the model loads with --dtype
+# f16) makes the normalized activations, rounded to f16 as the Linears' operands, overflow:
+# the f16 forward's loss is NaN
+rm -rf "$tmp/ovf"; cp -r "$HF" "$tmp/ovf"
+$PY - "$tmp/ovf/model.safetensors" <<'EOF'
+import json, struct, sys
+f = open(sys.argv[1], "r+b"); n = struct.unpack("<Q", f.read(8))[0]; h = json.loads(f.read(n))
+for k, v in h.items():
+    if k.endswith("input_layernorm.weight"):
+        assert v["dtype"] == "F32", v
+        a, b = v["data_offsets"]; f.seek(8 + n + a); f.write(struct.pack("<%df" % ((b - a) // 4), *[30000.0] * ((b - a) // 4)))
+EOF
+# strict: json.loads takes NaN and Infinity unless told not to
+strict_json='import json, sys
+def bad(c): raise ValueError("not JSON: " + c)
+rows = [json.loads(l, parse_constant=bad) for l in open(sys.argv[1])]
+assert rows and all(r[sys.argv[2]] is None for r in rows), rows
+print("  %d line(s), %s null in each" % (len(rows), sys.argv[2]))'
+"$FT" eval -m "$tmp/ovf" --dtype f16 --text "$tmp/d.jsonl" --json > "$tmp/ovf.json" 2> "$tmp/err.txt"
+$PY -c "$strict_json" "$tmp/ovf.json" loss && $PY -c "$strict_json" "$tmp/ovf.json" ppl \
+    && pass eval_json_null_not_nan || fail eval_json_null_not_nan "$(cat "$tmp/ovf.json" "$tmp/err.txt")"
+"$FT" train -m "$tmp/ovf" --data "$tmp/d.jsonl" --ctx 32 -t 1 --val-split 0.25 --steps 2 --dtype f16 \
+    --loss-scale dynamic -o "$tmp/ovf-run" --quiet 2> "$tmp/err.txt"
+$PY -c "$strict_json" "$tmp/ovf-run/metrics.jsonl" loss && pass metrics_null_not_nan \
+    || fail metrics_null_not_nan "$(cat "$tmp/ovf-run/metrics.jsonl" "$tmp/err.txt")"

@@ -64,6 +64,12 @@ echo "  eval loss: the f32 merge quantized again to NF4 $lq (the adapter's small
 if grep -q '"bnb_4bit_quant_type"' "$tmp/mq/config.json" && [ -n "$lq" ] && differ "$lm" "$lq" && [ ! -e "$tmp/mq.merged-f32.tmp" ]; then
     pass merge_requantize_nf4
 else fail merge_requantize_nf4 "loss $lq; $(cat "$tmp/mq.log")"; fi
+# transformers accepts the quantization_config of both bitsandbytes outputs of merge
+"$FT" merge -m "$HF" --quant nf4 --adapter "$tmp/qa" --dtype int8 -o "$tmp/mi8" 2> "$tmp/mi8.log"
+o1=$(.venv/bin/python tests/bnb_config_check.py nf4 "$tmp/mq" 2>&1); r1=$?
+o2=$(.venv/bin/python tests/bnb_config_check.py int8 "$tmp/mi8" 2>&1); r2=$?
+if [ $r1 -eq 0 ] && [ $r2 -eq 0 ]; then printf '%s\n%s\n' "$o1" "$o2"; pass merge_bnb_transformers_config
+else fail merge_bnb_transformers_config "$o1 $o2 $(cat "$tmp/mi8.log")"; fi
 
 # 4. errors
 if "$FT" merge -m "$tmp/bnb" --quant nf4 --adapter "$tmp/qb" -o "$tmp/e1" 2> "$tmp/e1.log"; then fail merge_quant_twice "accepted"

@@ -37,6 +37,17 @@ for args in "--bogus" "-m $HF --lora-targets nope" "-m $tmp/none --data $tmp/dat
     else fail "same_error ($args)" "plan $rp: $(cat "$tmp/p.err") / train $rt: $(cat "$tmp/t.err")"; fi
 done
 rm -rf "$tmp/err-out"
+# a data or validation file that is not there: the plan fails as the run would, naming it
+for opt in --data --val; do
+    extra=(); [ $opt = --val ] && extra=(--data "$tmp/data.txt")
+    "$FT" plan -m "$HF" "${extra[@]}" $opt "$tmp/missing.jsonl" > /dev/null 2> "$tmp/p.err"; rp=$?
+    "$FT" train -m "$HF" "${extra[@]}" $opt "$tmp/missing.jsonl" -o "$tmp/err-out" --quiet > /dev/null 2> "$tmp/t.err"; rt=$?
+    if [ $rp -eq 1 ] && [ $rt -eq 1 ] && grep -q "error: $tmp/missing.jsonl: cannot open: No such file" "$tmp/p.err" \
+        && [ "$(sed 's/ftune plan/ftune X/' "$tmp/p.err")" = "$(sed 's/ftune train/ftune X/' "$tmp/t.err")" ]; then
+        pass "plan_missing_file ($opt)"
+    else fail "plan_missing_file ($opt)" "plan $rp: $(cat "$tmp/p.err") / train $rt: $(cat "$tmp/t.err")"; fi
+done
+rm -rf "$tmp/err-out"
 # GGUF and llama2.c: planned from a load as stored (the file mapped, nothing of the weights read)
 if "$FT" plan -m "$GG" --quant nf4 > "$tmp/gg.out" 2>&1 && grep -q "weights (owned, nf4)" "$tmp/gg.out" &&
     "$FT" plan -m "$D/models/stories260K/stories260K.bin" > "$tmp/bin.out" 2>&1 && grep -q "weights (mapped, f32)" "$tmp/bin.out"; then

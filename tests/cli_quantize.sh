@@ -5,7 +5,8 @@
 # algorithm and transformers' layout, independently in Python) writes for
 # the same model, from the HF, the GGUF and the llama2.c stories260K alike
 # (its 172-wide down_proj exercises the padded last block); it loads back
-# and trains; its Linears take 4.127 bits per parameter at 1024 x 4096;
+# and trains; transformers' BitsAndBytesConfig accepts its quantization_config
+# (tests/bnb_config_check.py); its Linears take 4.127 bits per parameter at 1024 x 4096;
 # q8_0/q4_0 write GGUF; bad types and targets are clear errors.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -54,6 +55,9 @@ else fail quantize_nf4_llama2c_matches_bitsandbytes "$(cat "$tmp/log") $out"; fi
 if $VPY -c "import json,sys; q=json.load(open(sys.argv[1]))['quantization_config']; sys.exit(0 if q['quant_method']=='bitsandbytes' and q['load_in_4bit'] and q['bnb_4bit_quant_type']=='nf4' and q['bnb_4bit_use_double_quant'] else 1)" "$tmp/hf/config.json"; then
     pass quantize_config
 else fail quantize_config "$(cat "$tmp/hf/config.json")"; fi
+# and transformers accepts it: BitsAndBytesConfig built from it as from_pretrained builds it
+if out=$($VPY tests/bnb_config_check.py nf4 "$tmp/hf" "$tmp/gg" "$tmp/l2" 2>&1); then echo "$out"; pass quantize_nf4_transformers_config
+else fail quantize_nf4_transformers_config "$out"; fi
 
 # it loads back (nf4 rows; the 172-wide down_proj dequantized to f32) and QLoRA trains on it
 info=$("$FT" info -m "$tmp/hf" 2>&1)
@@ -114,6 +118,8 @@ print("  %d int8 Linears equal" % n)
 PYEOF
 ); then echo "$out"; pass quantize_int8_matches_bitsandbytes
 else fail quantize_int8_matches_bitsandbytes "$(cat "$tmp/log") $out"; fi
+if out=$($VPY tests/bnb_config_check.py int8 "$tmp/i8" 2>&1); then echo "$out"; pass quantize_int8_transformers_config
+else fail quantize_int8_transformers_config "$out"; fi
 run_val() { "$FT" train "$@" -o "$tmp/v$RANDOM" --data "$tmp/d.jsonl" --steps 1 --batch-size 2 --ctx 32 -t 1 --val-split 0.25 2>&1 | sed -n 's/^val loss: \([0-9.]*\) before.*/\1/p'; }
 a=$(run_val -m "$tmp/i8"); b=$(run_val -m "$HF" --quant int8)
 if [ -n "$a" ] && [ "$a" = "$b" ]; then pass quantize_int8_loads; else fail quantize_int8_loads "int8 checkpoint val loss $a, --quant int8 $b"; fi

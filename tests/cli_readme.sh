@@ -72,6 +72,9 @@ while IFS= read -r cmd; do
     k=$((k + 1))
     run=$cmd
     run=${run//\/tmp\//$w\/}
+    # the real models' examples run as written but short: one training step and no
+    # validation, 8 new tokens
+    case $run in *'$M/'*) run=$(printf '%s' "$run" | sed -E 's/--steps [0-9]+/--steps 1/; s/--val-split [0-9.]+/--val-split 0/; s/ -n [0-9]+/ -n 8/') ;; esac
     case $run in
         *"ftune train "*) case $run in *--steps*|*--epochs*) ;; *) run="$run --steps 20" ;; esac ;;
         *"ftune eval "*) run=${run//\$D\/text\/tinyshakespeare\/input.txt/test.txt} ;;

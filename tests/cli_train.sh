@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `ftune train`, `ftune merge` and `--adapter` end to end on stories260K:
 # LoRA training lowers the loss and its adapter loads in generate and eval;
-# checkpoints resume bit for bit (dropout, gradient accumulation, Ctrl-C);
+# checkpoints resume bit for bit (dropout, gradient accumulation, Ctrl-C,
+# SIGTERM, SIGHUP);
 # full fine-tuning writes a loadable model; merging gives the same loss as
 # base + adapter; bad data, adapters and checkpoints give clear errors; a
 # disk that fills while saving leaves the previous checkpoint usable.
@@ -121,6 +122,47 @@ if [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q "interrupted after step" "$tmp/er
     s1=$(losses "$tmp/s100/metrics.jsonl"); s2=$(losses "$tmp/c/metrics.jsonl")
     [ -n "$s1" ] && [ "$s1" = "$s2" ] && pass sigint_checkpoint_resume || fail sigint_checkpoint_resume "$s1 vs $s2"
 else fail sigint_checkpoint_resume "exit $rc, checkpoint '$ck': $(cat "$tmp/err.txt")"; fi
+# what schedulers (Slurm, Kubernetes, systemd, timeout) and a closed terminal send: the same as
+# Ctrl-C, and the message names the signal
+for sig in TERM HUP; do
+    rm -rf "$tmp/c"
+    "$FT" train -m "$HF" --data "$tmp/d.jsonl" --ctx 64 -t 1 --quiet -o "$tmp/c" "${st[@]}" 2> "$tmp/err.txt" &
+    pid=$!
+    for _ in $(seq 1 500); do [ -s "$tmp/c/metrics.jsonl" ] && break; sleep 0.01; done
+    kill -$sig $pid; wait $pid; rc=$?
+    ck=$(ls -d "$tmp"/c/checkpoint-* 2>/dev/null | head -1)
+    if [ $rc -eq 1 ] && grep -q "error: interrupted after step .*; the signal was SIG$sig$" "$tmp/err.txt" && [ -n "$ck" ] \
+        && [ -f "$ck/adapter_model.safetensors" ]; then
+        train -o "$tmp/c" "${st[@]}" --resume "$ck" 2> "$tmp/err.txt"
+        s1=$(losses "$tmp/s100/metrics.jsonl"); s2=$(losses "$tmp/c/metrics.jsonl")
+        [ -n "$s1" ] && [ "$s1" = "$s2" ] && pass "sig${sig,,}_checkpoint_resume" || fail "sig${sig,,}_checkpoint_resume" "$s1 vs $s2"
+    else fail "sig${sig,,}_checkpoint_resume" "exit $rc, checkpoint '$ck': $(cat "$tmp/err.txt")"; fi
+done
+# a SIGHUP ignored when ftune starts (nohup) stays ignored: the run completes
+rm -rf "$tmp/c"
+( trap '' HUP; exec "$FT" train -m "$HF" --data "$tmp/d.jsonl" --ctx 64 -t 1 --quiet -o "$tmp/c" "${st[@]}" ) 2> "$tmp/err.txt" &
+pid=$!
+for _ in $(seq 1 500); do [ -s "$tmp/c/metrics.jsonl" ] && break; sleep 0.01; done
+kill -HUP $pid; wait $pid; rc=$?
+[ $rc -eq 0 ] && [ "$(wc -l < "$tmp/c/metrics.jsonl")" -eq 100 ] && pass sighup_nohup_ignored \
+    || fail sighup_nohup_ignored "exit $rc, $(wc -l < "$tmp/c/metrics.jsonl") steps: $(cat "$tmp/err.txt")"
+
+# a save killed part-way leaves checkpoint-STEP.tmp.PID (and .old.PID) behind: the next run in
+# that -o removes those of processes that are gone, never one of a live process, and an .old
+# one only when its checkpoint is in place (else it is the one complete copy)
+train -o "$tmp/left" --steps 4 --save-every 2 --seed 2 2> "$tmp/err.txt" || fail stale_temporaries "$(cat "$tmp/err.txt")"
+( : ) & dead=$!; wait $dead
+if kill -0 $dead 2> /dev/null; then skip_or_fail stale_temporaries tool "pid $dead was reused at once"
+else
+    for n in checkpoint-3.tmp.$dead checkpoint-3.tmp.$$ checkpoint-2.old.$dead checkpoint-7.old.$dead checkpoint-2.tmp.$$; do
+        mkdir "$tmp/left/$n" && echo x > "$tmp/left/$n/trainable.safetensors"
+    done
+    train -o "$tmp/left" --steps 4 --save-every 2 --seed 2 --resume "$tmp/left/checkpoint-2" 2> "$tmp/err.txt"; rc=$?
+    left=$(cd "$tmp/left" && ls -d checkpoint-*.* | sort | tr '\n' ' ')
+    want=$(printf '%s\n' checkpoint-2.tmp.$$ checkpoint-3.tmp.$$ checkpoint-7.old.$dead | sort | tr '\n' ' ')
+    [ $rc -eq 0 ] && [ "$left" = "$want" ] && [ -f "$tmp/left/checkpoint-3.tmp.$$/trainable.safetensors" ] \
+        && pass stale_temporaries_removed || fail stale_temporaries_removed "exit $rc; left: $left; want: $want $(cat "$tmp/err.txt")"
+fi
 
 # 6. a checkpoint from another configuration or model is refused, naming the difference
 expect_error resume_other_config "different configuration: lora_r" \

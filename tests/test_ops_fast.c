@@ -214,6 +214,51 @@ static void test_attention_cache(void) {
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_attention(&cs[i]);
 }
 
+/* NaN in, NaN out: a query whose every score is NaN (a NaN in q, in a
+ * row wholly in one key tile and in one spanning three) and queries that see
+ * a NaN key (a NaN score among finite ones, in the last tile) give NaN
+ * outputs and lse at every level, as the reference does; the others are the
+ * reference's. Before, the online softmax took an all-NaN tile for a fully
+ * masked one and gave zeros. */
+static void test_attention_nan(void) {
+    const int T = 600, NH = 2, NKV = 1, HS = 8, ks = NKV * HS, qd = NH * HS;
+    size_t nq = (size_t)T * qd, nk = (size_t)T * ks;
+    float *q = rand_f(nq, 1.0f), *k = rand_f(nk, 1.0f), *v = rand_f(nk, 1.0f);
+    float *ref = malloc(nq * sizeof(float)), *out = malloc(nq * sizeof(float)), *lse = malloc((size_t)NH * T * sizeof(float));
+    int *pos = malloc((size_t)T * sizeof(int));
+    for (int t = 0; t < T; t++) pos[t] = t;
+    for (int d = 0; d < HS; d++) { q[5 * qd + d] = NAN; q[(size_t)590 * qd + HS + d] = NAN; } /* (t 5, h 0), (t 590, h 1) */
+    k[(size_t)550 * ks + 3] = NAN;                                                            /* key 550: queries >= 550 */
+    ft_attention_forward(ref, NULL, q, k, v, pos, NULL, T, T, NH, NKV, HS, ks, 1);
+    float *scr = ft_aligned_alloc(ft_attention_fast_scratch_floats(T, HS, 2, false) * sizeof(float));
+    for (int li = 0; li < n_levels; li++) {
+        ft_cpu_force_level(levels[li]);
+        for (int with_lse = 0; with_lse < 2; with_lse++) {
+            ft_attention_forward_fast(out, with_lse ? lse : NULL, q, k, v, pos, NULL, 1, T, T, NH, NKV, HS, ks, 2, scr);
+            int bad = 0, nan_rows = 0;
+            double e = 0;
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < NH; h++) {
+                    bool want_nan = (t == 5 && h == 0) || (t == 590 && h == 1) || t >= 550;
+                    const float *o = out + (size_t)t * qd + (size_t)h * HS, *r = ref + (size_t)t * qd + (size_t)h * HS;
+                    for (int d = 0; d < HS; d++) {
+                        if (want_nan != (isnan(r[d]) != 0)) bad |= 1;              /* the reference agrees */
+                        if (want_nan != (isnan(o[d]) != 0)) bad |= 2;
+                        else if (!want_nan) e = fmax(e, fabs(o[d] - r[d]) / fmax(fabs(r[d]), 1e-3));
+                    }
+                    if (with_lse && want_nan != (isnan(lse[(size_t)h * T + t]) != 0)) bad |= 4;
+                    nan_rows += want_nan;
+                }
+            CHECKF(!bad && e <= ATT_TOL, "%s%s: bad %d (1 reference, 2 output, 4 lse), finite rows' error %g",
+                   ft_cpu_level_name(levels[li]), with_lse ? " with lse" : "", bad, e);
+            if (li == n_levels - 1 && with_lse)
+                printf("  %d NaN rows NaN at every level, the others within %.2g of the reference\n", nan_rows, e);
+        }
+    }
+    ft_cpu_force_level(-1);
+    free(q); free(k); free(v); free(ref); free(out); free(lse); free(pos); free(scr);
+}
+
 /* ------------------------------------------------------------- bf16 attention */
 
 static double bf(double x) { return ft_bf16_to_f32(ft_f32_to_bf16((float)x)); }
@@ -453,6 +498,7 @@ int main(void) {
     RUN(test_exp);
     RUN(test_attention_train);
     RUN(test_attention_cache);
+    RUN(test_attention_nan);
     RUN(test_attention_bf16);
     RUN(test_crossentropy);
     CHECK_EXIT();

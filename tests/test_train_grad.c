@@ -628,6 +628,24 @@ static void test_dropout_and_init(void) {
     CHECKF(fabs(kept / 10000.0 - 0.75) < 0.02, "kept %d of 10000", kept);
     ft_lora_dropout(b, x, 0.25f, 6, T, IC, 2);
     CHECK(memcmp(a, b, sizeof(float) * T * IC) != 0);
+    /* the row-interleaved masks are the plain ones: row t from its own
+     * stream, element kept when ft_rng_uniform < 1 - p; T = 50 leaves a
+     * partial block of rows, and 0.25 (keep·2^24 an integer) and 0.1, 0.05,
+     * 0.3 (not) test both sides of the integer threshold; also in place */
+    const float ps[] = { 0.25f, 0.1f, 0.05f, 0.3f, 0.999f };
+    for (int k = 0; k < 5; k++) {
+        float keep = 1.0f - ps[k], inv = 1.0f / keep;
+        for (int t = 0; t < T; t++) {
+            ft_rng r;
+            ft_rng_seed(&r, 77 + (uint64_t)(t + 1) * FT_DROPOUT_ROW_STEP);
+            for (int i = 0; i < IC; i++) b[t * IC + i] = ft_rng_uniform(&r) < keep ? x[t * IC + i] * inv : 0.0f;
+        }
+        ft_lora_dropout(a, x, ps[k], 77, T, IC, 2);
+        CHECKF(memcmp(a, b, sizeof(float) * T * IC) == 0, "p %g: the masks differ from the per-row reference", ps[k]);
+        memcpy(a, x, sizeof(float) * T * IC);
+        ft_lora_dropout(a, a, ps[k], 77, T, IC, 1);
+        CHECKF(memcmp(a, b, sizeof(float) * T * IC) == 0, "p %g: in place differs", ps[k]);
+    }
     ft_lora l;
     ft_rng rng;
     ft_rng_seed(&rng, 1);

@@ -168,6 +168,15 @@ ftune_model *cli_load_model_with(const char *cmd, const char *path, const char *
     return m;
 }
 
+int cli_check_ctx(const char *cmd, const ftune_model *m, int ctx) {
+    ftune_model_info info;
+    ftune_model_get_info(m, &info);
+    if (ctx <= info.context_length) return 0;
+    fprintf(stderr, "ftune %s: error: -c %d is longer than the model's context length %d\n", cmd, ctx,
+            info.context_length);
+    return 1;
+}
+
 void cli_print_piece(FILE *f, const char *piece, int n) {
     for (int i = 0; i < n; i++) {
         unsigned char c = (unsigned char)piece[i];

@@ -54,6 +54,9 @@ ftune_model *cli_load_model_quant(const char *cmd, const char *path, const char 
 /* Both: compute dtype dtype and base weights quantized on load (either NULL). */
 ftune_model *cli_load_model_with(const char *cmd, const char *path, const char *tokenizer, int ctx,
                                  bool need_tokenizer, const char *dtype, const char *quant);
+/* -c N of eval and generate: refused (a message, 1) when longer than the
+ * model's context length, as train refuses its --ctx; 0 when it fits. */
+int cli_check_ctx(const char *cmd, const ftune_model *m, int ctx);
 /* Writes the bytes of a token piece to f, dropping control bytes other than
  * whitespace (as llama2.c does). */
 void cli_print_piece(FILE *f, const char *piece, int n);

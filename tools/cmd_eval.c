@@ -71,7 +71,7 @@ int cmd_eval(int argc, char **argv) {
         { NULL, "--jsonl", OPT_STR, &jsonl_path, "FILE", "evaluate each line's text field as a document" },
         { NULL, "--field", OPT_STR, &field, "NAME", "the JSONL field holding the text" },
         { NULL, "--json", OPT_FLAG, &json, "", "print {\"loss\":...,\"ppl\":...,\"tokens\":...} on stdout" },
-        { "-c", "--ctx-size", OPT_INT, &ctx, "N", "window length; 0 = the model's context length" },
+        { "-c", "--ctx-size", OPT_INT, &ctx, "N", "window length, at most the model's context length; 0 = that length" },
         { NULL, "--ctx", OPT_INT, &ctx, "N", "the same as --ctx-size" },
         { NULL, "--progress", OPT_FLAG, &progress, "",
           "show progress and ETA on stderr even when it is not a terminal" },
@@ -109,8 +109,9 @@ int cmd_eval(int argc, char **argv) {
     size_t len;
     char *data = slurp(path, &len);
     if (!data) { fprintf(stderr, "ftune eval: error: %s: cannot read\n", path); return 1; }
-    ftune_model *m = cli_load_model_with("eval", model, tokenizer, ctx, true, dtype, quant);
+    ftune_model *m = cli_load_model_with("eval", model, tokenizer, 0, true, dtype, quant);
     if (!m) { free(data); return 1; }
+    if (cli_check_ctx("eval", m, ctx)) { ftune_model_free(m); free(data); return 1; }
     if (adapter) {
         ftune_status sa = ftune_model_load_adapter(m, adapter);
         if (sa) { cli_fail("eval", sa); ftune_model_free(m); free(data); return 1; }
@@ -180,7 +181,12 @@ int cmd_eval(int argc, char **argv) {
         goto out;
     }
     double loss = acc.loss_sum / (double)acc.n_predicted;
-    if (json) printf("{\"loss\":%.6f,\"ppl\":%.6f,\"tokens\":%lld}\n", loss, exp(loss), (long long)acc.n_predicted);
+    if (json) { /* JSON has no inf or NaN: null (a NaN loss, or a perplexity beyond a double) */
+        char l[32] = "null", p[32] = "null";
+        if (isfinite(loss)) snprintf(l, sizeof l, "%.6f", loss);
+        if (isfinite(exp(loss))) snprintf(p, sizeof p, "%.6f", exp(loss));
+        printf("{\"loss\":%s,\"ppl\":%s,\"tokens\":%lld}\n", l, p, (long long)acc.n_predicted);
+    }
     else printf("loss %.6f  ppl %.4f  tokens %lld\n", loss, exp(loss), (long long)acc.n_predicted);
     fprintf(stderr, "%.1f tokens/s\n", (double)acc.n_predicted / (t1 - t0));
     rc = 0;

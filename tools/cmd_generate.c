@@ -1,18 +1,34 @@
 /* cmd_generate.c — `ftune generate`: prefill the prompt in one batched pass,
  * then decode token by token with the KV cache, streaming text as it is
  * produced. Prints the prompt followed by the continuation, as llama.cpp and
- * llama2.c do; speeds go to stderr. */
+ * llama2.c do (with --chat, the prompt is a user message rendered through
+ * the chat template and only the reply is printed); speeds go to stderr. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 
+/* The seed without --seed: the clock in nanoseconds and the process id,
+ * mixed (splitmix64's finalizer), so that two runs started in the same
+ * second (a loop, parallel jobs) sample differently. */
+static uint64_t clock_seed(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    x ^= (uint64_t)getpid() * 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
 int cmd_generate(int argc, char **argv) {
     const char *model = NULL, *dtype = NULL, *quant = NULL, *prompt = "", *tokenizer = NULL, *adapter = NULL;
+    const char *system = NULL, *chat_template = NULL;
     int n_predict = -1, threads = 0, ctx = 0;
-    bool no_bos = false, quiet = false;
+    bool no_bos = false, quiet = false, chat = false;
     ftune_sampler_params sp;
     ftune_sampler_defaults(&sp);
     uint64_t seed = 0;
@@ -20,6 +36,9 @@ int cmd_generate(int argc, char **argv) {
         { "-m", "--model", OPT_STR, &model, "MODEL", "Hugging Face directory, .gguf, or llama2.c .bin" },
         { NULL, "--adapter", OPT_STR, &adapter, "DIR", "apply a LoRA adapter: PEFT directory or llama.cpp .gguf" },
         { "-p", "--prompt", OPT_STR, &prompt, "TEXT", "prompt to continue (UTF-8)" },
+        { NULL, "--chat", OPT_FLAG, &chat, "", "-p is a user message: render it with the model's chat template (and the assistant's opening), print only the reply" },
+        { NULL, "--system", OPT_STR, &system, "TEXT", "with --chat: a system message before the user's" },
+        { NULL, "--chat-template", OPT_STR, &chat_template, "NAME", "with --chat: chatml, llama2, llama3, mistral, zephyr or alpaca (default: the model's own)" },
         { "-n", "--n-predict", OPT_INT, &n_predict, "N", "new tokens to generate; -1 = until end of text or context full" },
         { NULL, "--temp", OPT_FLOAT, &sp.temperature, "T", "temperature; 0 = greedy" },
         { NULL, "--top-k", OPT_INT, &sp.top_k, "K", "keep the K most likely tokens; 0 = off" },
@@ -31,7 +50,7 @@ int cmd_generate(int argc, char **argv) {
         { "-t", "--threads", OPT_INT, &threads, "N", "threads; 0 = all cores" },
         { NULL, "--dtype", OPT_STR, &dtype, "T", "compute dtype of the matrix products: f32 (reference), bf16 or f16 (bf16/f16 inputs, f32 sums)" },
         { NULL, "--quant", OPT_STR, &quant, "TYPE", "quantize the layers' Linear weights on load: nf4 (bitsandbytes NF4 + double quantization) or int8 (row-wise)" },
-        { "-c", "--ctx-size", OPT_INT, &ctx, "N", "context length; 0 = the model's" },
+        { "-c", "--ctx-size", OPT_INT, &ctx, "N", "context length, at most the model's; 0 = the model's" },
         { NULL, "--ctx", OPT_INT, &ctx, "N", "the same as --ctx-size" },
         { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
         { NULL, "--no-bos", OPT_FLAG, &no_bos, "", "do not prepend the BOS token" },
@@ -55,15 +74,18 @@ int cmd_generate(int argc, char **argv) {
     else if (sp.repeat_last_n < 0) bad = "--repeat-last-n must be at least 0";
     else if (threads < 0) bad = "-t must be at least 0 (0 = all cores)";
     else if (cli_seen(&cmd, "--ctx") && cli_seen(&cmd, "--ctx-size")) bad = "give --ctx-size (-c) or --ctx, not both";
+    else if (!chat && (system || chat_template)) bad = "--system and --chat-template go with --chat";
+    else if (chat && no_bos) bad = "--no-bos does not go with --chat (the chat template decides about BOS)";
     if (bad) {
         fprintf(stderr, "ftune generate: %s\n(see ftune generate --help)\n", bad);
         return 2;
     }
-    if (!cli_seen(&cmd, "--seed")) seed = (uint64_t)time(NULL);
+    if (!cli_seen(&cmd, "--seed")) seed = clock_seed();
     sp.seed = seed;
 
-    ftune_model *m = cli_load_model_with("generate", model, tokenizer, ctx, true, dtype, quant);
+    ftune_model *m = cli_load_model_with("generate", model, tokenizer, 0, true, dtype, quant);
     if (!m) return 1;
+    if (cli_check_ctx("generate", m, ctx)) { ftune_model_free(m); return 1; }
     ftune_status st;
     if (adapter && (st = ftune_model_load_adapter(m, adapter))) {
         cli_fail("generate", st);
@@ -80,7 +102,16 @@ int cmd_generate(int argc, char **argv) {
     float *logits = NULL;
     size_t n_ids = 0;
     int add_bos = !no_bos && ftune_tokenizer_bos(tok) >= 0;
-    if ((st = ftune_tokenize(tok, prompt, strlen(prompt), add_bos, 0, &ids, &n_ids))) { cli_fail("generate", st); goto out; }
+    if (chat) {
+        ftune_chat_msg msgs[2] = { { FTUNE_ROLE_SYSTEM, system }, { FTUNE_ROLE_USER, prompt } };
+        if ((st = ftune_chat_tokenize(m, chat_template, system ? msgs : msgs + 1, system ? 2 : 1, 1, &ids, &n_ids))) {
+            cli_fail("generate", st);
+            goto out;
+        }
+    } else if ((st = ftune_tokenize(tok, prompt, strlen(prompt), add_bos, 0, &ids, &n_ids))) {
+        cli_fail("generate", st);
+        goto out;
+    }
     if (n_ids == 0) {
         fprintf(stderr, "ftune generate: error: empty prompt and the model has no BOS token to start from\n");
         goto out;
@@ -102,7 +133,7 @@ int cmd_generate(int argc, char **argv) {
     int n_hist = (int)n_ids;
 
     char piece[256];
-    for (size_t i = 0; i < n_ids; i++) {
+    for (size_t i = 0; i < n_ids && !chat; i++) {
         int k = ftune_token_to_piece(tok, i ? ids[i - 1] : -1, ids[i], piece, sizeof piece);
         if (k > 0 && !(i == 0 && add_bos)) cli_print_piece(stdout, piece, k);
     }
@@ -127,6 +158,7 @@ int cmd_generate(int argc, char **argv) {
     }
     double t2 = ft_cli_time();
     printf("\n");
+    fflush(stdout);
     if (!quiet) {
         int n_decode = n_fwd; /* one-token forward passes after the prefill */
         fprintf(stderr, "prefill: %zu tokens in %.3f s (%.1f tokens/s)\n", n_ids, t1 - t0, (double)n_ids / (t1 - t0));

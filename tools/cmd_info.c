@@ -61,7 +61,8 @@ int cmd_info(int argc, char **argv) {
             ftune_tokenizer_free(t);
             return vocab_info(model, why);
         }
-        return cli_fail("info", st);
+        fprintf(stderr, "ftune info: error: %s\n", why); /* not the tokenizer's error just made */
+        return 1;
     }
     if (st) return cli_fail("info", st);
     if (!m && !(m = cli_load_model("info", model, tokenizer, 0, false))) return 1;

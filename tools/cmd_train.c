@@ -1,6 +1,7 @@
 /* cmd_train.c — `ftune train`: fine-tunes a model (LoRA or full) on a
  * dataset through ftune_train_run (the public API only), showing a live progress line on stderr.
- * Ctrl-C finishes the current step, saves a checkpoint and exits non-zero. */
+ * Ctrl-C (SIGINT), SIGTERM and SIGHUP finish the current step, save a
+ * checkpoint and exit non-zero. */
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -11,8 +12,21 @@
 
 #include "cli.h"
 
-static volatile sig_atomic_t g_stop = 0;
-static void on_sigint(int sig) { (void)sig; g_stop = 1; }
+static volatile sig_atomic_t g_stop = 0; /* the signal that asked the run to stop, or 0 */
+static void on_stop_signal(int sig) { g_stop = sig; }
+
+/* The signals that stop a run with a checkpoint: Ctrl-C, and what schedulers
+ * (Slurm, Kubernetes, systemd, timeout) and a closed terminal send. Under
+ * mpirun also SIGUSR1 (below). */
+static const struct { int sig; const char *name; } stop_signals[] = {
+    { SIGINT, "SIGINT" }, { SIGTERM, "SIGTERM" }, { SIGHUP, "SIGHUP" }, { SIGUSR1, "SIGUSR1" },
+};
+#define N_STOP_SIGNALS (int)(sizeof stop_signals / sizeof stop_signals[0])
+static const char *stop_signal_name(int sig) {
+    for (int i = 0; i < N_STOP_SIGNALS; i++)
+        if (stop_signals[i].sig == sig) return stop_signals[i].name;
+    return NULL;
+}
 
 typedef struct {
     bool quiet, tty, line_open, truncate_end;
@@ -150,9 +164,9 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
         { "-o", "--output", OPT_STR, &o.out_dir, "DIR", "where the adapter (or model), metrics and checkpoints go" },
         { NULL, "--val", OPT_STR, &o.val_path, "FILE", "validation data (instead of --val-split)" },
         { NULL, "--val-split", OPT_STR, &val_split, "F", "fraction of --data held out for validation; 0 = none" },
-        { NULL, "--format", OPT_STR, &format, "NAME", "auto, text, prompt-completion, alpaca, chat, txt" },
+        { NULL, "--format", OPT_STR, &format, "NAME", "auto, text, prompt-completion, alpaca, chat (messages; or prompt/completion records as a user and an assistant turn), txt" },
         { NULL, "--chat-template", OPT_STR, &o.chat_template, "NAME",
-          "chatml, llama2, llama3, mistral, zephyr, alpaca (default: from tokenizer_config.json)" },
+          "chatml, llama2, llama3, mistral, zephyr, alpaca (default: the model's own, from its GGUF, tokenizer_config.json or chat_template.jinja)" },
         { NULL, "--train-on-prompt", OPT_FLAG, &o.train_on_prompt, "", "train on prompt tokens too" },
         { NULL, "--drop-long", OPT_FLAG, &o.drop_long, "", "drop examples longer than --ctx instead of truncating" },
         { NULL, "--pack", OPT_FLAG, &o.pack, "", "pack several examples per row (they never attend to each other)" },
@@ -250,7 +264,7 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
                     "Fine-tunes a model with LoRA (default) or fully. Writes OUT_DIR/adapter_config.json and\n"
                     "adapter_model.safetensors (a PEFT adapter), or with --full a Hugging Face model; and\n"
                     "OUT_DIR/metrics.jsonl with one line per optimizer step. The loss of a step is normalised\n"
-                    "by the target tokens of all its micro-batches. Ctrl-C saves a checkpoint and stops.\n"
+                    "by the target tokens of all its micro-batches. Ctrl-C, SIGTERM and SIGHUP save a checkpoint and stop.\n"
                     "Under mpirun -np N, the N ranks train together: --batch-size is the global batch, split\n"
                     "over the ranks; only rank 0 writes to OUT_DIR.",
                     opts, NULL, 0, 0 };
@@ -417,20 +431,25 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
     o.model = m;
     o.model_path = model;
     o.stop = &g_stop;
-    struct sigaction sa;
+    struct sigaction sa, old_sa[N_STOP_SIGNALS];
+    bool handled[N_STOP_SIGNALS] = { false };
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
-    sa.sa_flags = SA_RESETHAND; /* a second Ctrl-C stops at once */
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESETHAND; /* a second Ctrl-C (SIGTERM, SIGHUP) stops at once */
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
     /* Under mpirun, Ctrl-C ends the job at once (mpirun sends SIGTERM, then
      * SIGKILL a second later); mpirun forwards SIGUSR1 to every rank, so
      * `kill -USR1 <mpirun's pid>` is the job's Ctrl-C: all ranks stop after
      * the same step and rank 0 saves a checkpoint. SIGTERM asks the same,
-     * in the time mpirun gives before SIGKILL. */
-    if (ftune_dist_world() > 1) {
-        sigaction(SIGUSR1, &sa, NULL);
-        sigaction(SIGTERM, &sa, NULL);
+     * in the time mpirun gives before SIGKILL. A SIGHUP or SIGTERM that was
+     * ignored when ftune started (nohup) stays ignored; SIGINT is always
+     * handled, as a background job of a script starts with it ignored. */
+    for (int i = 0; i < N_STOP_SIGNALS; i++) {
+        int sig = stop_signals[i].sig;
+        if (sig == SIGUSR1 && ftune_dist_world() <= 1) continue;
+        if (sigaction(sig, NULL, &old_sa[i]) != 0) continue;
+        if ((sig == SIGHUP || sig == SIGTERM) && old_sa[i].sa_handler == SIG_IGN) continue;
+        handled[i] = sigaction(sig, &sa, NULL) == 0;
     }
     signal(SIGXFSZ, SIG_IGN); /* a file-size limit is a write error, not a kill */
 
@@ -446,16 +465,16 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
     st = ftune_train_run(&o, on_progress, &pc, &res);
     cli_progress_end(&dp);
     end_line(&pc);
-    signal(SIGINT, SIG_DFL);
-    if (ftune_dist_world() > 1) {
-        signal(SIGUSR1, SIG_DFL);
-        signal(SIGTERM, SIG_DFL);
-    }
+    for (int i = 0; i < N_STOP_SIGNALS; i++)
+        if (handled[i]) sigaction(stop_signals[i].sig, &old_sa[i], NULL);
     int rc = 0;
     if (st == FTUNE_ERR_INTERRUPTED) {
         *together = true;
         rc = 1;
-        if (rank == 0) cli_fail(me, st); /* the same message on every rank: once */
+        /* the same message on every rank: once; it names the signal when this rank had one */
+        const char *sig = stop_signal_name(g_stop);
+        if (rank == 0 && sig) fprintf(stderr, "ftune %s: error: %s; the signal was %s\n", me, ftune_last_error(), sig);
+        else if (rank == 0) cli_fail(me, st);
     } else if (st) rc = cli_fail(me, st);
     else if (!quiet) {
         if (res.memory_table[0]) fprintf(stderr, "%speak RSS %.1f MiB", res.memory_table, res.peak_rss_mib);

@@ -401,9 +401,31 @@ typedef struct {
     size_t total;            /* input bytes, for progress */
 } loader;
 
+/* A prompt/completion record in the chat format: one user turn and one
+ * assistant turn (GSM8K's question/answer with --format chat). */
+static FTUNE_MUST_USE ftune_status pair_as_chat(loader *L, const cJSON *rec) {
+    const char *p, *c;
+    TRY(get_str(rec, prompt_key(&L->o), false, &p));
+    TRY(get_str(rec, completion_key(&L->o), false, &c));
+    if (L->cap_msgs < 2) {
+        ft_chat_msg *m = realloc(L->msgs, 2 * sizeof *m);
+        if (!m) return nomem();
+        L->msgs = m;
+        L->cap_msgs = 2;
+    }
+    L->msgs[0] = (ft_chat_msg){ .role = FT_ROLE_USER, .content = p };
+    L->msgs[1] = (ft_chat_msg){ .role = FT_ROLE_ASSISTANT, .content = c };
+    if (L->tk->add_bos && !ft_chat_template_has_bos(L->o.chat_template))
+        TRY(ft_segments_special(&L->seg, FT_SEG_BOS, false));
+    return ft_chat_render(&L->seg, L->o.chat_template, L->msgs, 2, false, L->o.train_on_prompt);
+}
+
 static FTUNE_MUST_USE ftune_status chat_segments(loader *L, const cJSON *rec) {
     const cJSON *arr = cJSON_GetObjectItemCaseSensitive(rec, "messages");
-    if (!arr) return ft_err(FTUNE_ERR_FORMAT, "field \"messages\" missing");
+    if (!arr && has(rec, prompt_key(&L->o)) && has(rec, completion_key(&L->o))) return pair_as_chat(L, rec);
+    if (!arr)
+        return ft_err(FTUNE_ERR_FORMAT, "field \"messages\" missing (nor \"%s\"/\"%s\" to make a user and an assistant turn of)",
+                      prompt_key(&L->o), completion_key(&L->o));
     if (!cJSON_IsArray(arr))
         return ft_err(FTUNE_ERR_FORMAT, "field \"messages\": expected an array, got %s", json_type(arr));
     int n = cJSON_GetArraySize(arr);

@@ -92,6 +92,32 @@ static FTUNE_MUST_USE ftune_status token_id(const cJSON *o, const char *k, int V
     return FTUNE_OK;
 }
 
+/* Qwen2: whether any layer uses the sliding window. transformers' rule
+ * (Qwen2Config.layer_types): use_sliding_window (already in *sliding) and
+ * a layer at or above max_window_layers; an explicit "layer_types" list, as
+ * transformers 5 writes it, names the sliding layers instead. */
+static FTUNE_MUST_USE ftune_status qwen2_sliding(const cJSON *j, int L, int window_from, bool *sliding,
+                                                 const char *path) {
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layer_types"), *e;
+    if (!lt || cJSON_IsNull(lt)) {
+        *sliding = *sliding && window_from < L;
+        return FTUNE_OK;
+    }
+    if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != L)
+        return ft_err(FTUNE_ERR_FORMAT, "%s: \"layer_types\" must be a list of %d strings (one per layer)", path, L);
+    bool any = false;
+    cJSON_ArrayForEach(e, lt) {
+        if (cJSON_IsString(e) && strcmp(e->valuestring, "sliding_attention") == 0) any = true;
+        else if (!cJSON_IsString(e) || strcmp(e->valuestring, "full_attention") != 0)
+            return ft_err(FTUNE_ERR_UNSUPPORTED, "%s: \"layer_types\" entry %s%s%s is not supported "
+                          "(full_attention, sliding_attention)", path, cJSON_IsString(e) ? "\"" : "",
+                          cJSON_IsString(e) ? e->valuestring : "(not a string)", cJSON_IsString(e) ? "\"" : "");
+    }
+    /* sliding_window is None unless use_sliding_window, whatever layer_types says */
+    *sliding = *sliding && any;
+    return FTUNE_OK;
+}
+
 static const char *known_arch(const char *model_type) {
     static const char *const llama_like[] = { "llama", "mistral", "qwen2", "smollm", "tinyllama", NULL };
     for (int i = 0; llama_like[i]; i++)
@@ -144,8 +170,13 @@ ftune_status ft_config_from_hf_text(ft_config *c, const char *text, size_t len, 
     c->max_T = 2048;
     c->norm_eps = 1e-6f;
     c->rope_theta = 10000.0f;
-    bool tied = false, bias = false, sliding = true;
-    int window = 0;
+    bool qwen2 = strcmp(arch, "qwen2") == 0;
+    /* Qwen2Config: use_sliding_window defaults to false, sliding_window to
+     * 4096 (null: none) and max_window_layers to 28; Mistral applies its
+     * sliding_window whenever it is set */
+    bool tied = false, bias = false, sliding = !qwen2;
+    int window = qwen2 && !cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "sliding_window")) ? 4096 : 0;
+    int window_from = 28;
     const int big = 1 << 24;
     if ((st = opt_int(j, "num_key_value_heads", 1, big, false, &c->NKV, path)) ||
         (st = opt_int(j, "head_dim", 1, big, true, &c->HS, path)) ||
@@ -155,14 +186,16 @@ ftune_status ft_config_from_hf_text(ft_config *c, const char *text, size_t len, 
         (st = opt_bool(j, "tie_word_embeddings", &tied, path)) ||
         (st = opt_bool(j, "attention_bias", &bias, path)) ||
         (st = opt_bool(j, "use_sliding_window", &sliding, path)) ||
-        (st = opt_int(j, "sliding_window", 1, INT32_MAX, true, &window, path))) {
+        (st = opt_int(j, "sliding_window", 1, INT32_MAX, true, &window, path)) ||
+        (qwen2 && (st = opt_int(j, "max_window_layers", 0, big, false, &window_from, path))) ||
+        (qwen2 && (st = qwen2_sliding(j, c->L, window_from, &sliding, path)))) {
         cJSON_Delete(j);
         return st;
     }
-    /* Mistral's sliding-window attention is not implemented: within the
-     * window it equals full attention, so the context is capped there */
+    /* Sliding-window attention is not implemented: within the window it
+     * equals full attention, so the context is capped there when any layer
+     * slides (per layer windows are not modelled) */
     if (sliding && window > 0 && window < c->max_T) c->max_T = window;
-    bool qwen2 = strcmp(arch, "qwen2") == 0;
     c->tied = tied;
     c->qkv_bias = qwen2 ? 1 : bias;
     if ((st = token_id(j, "bos_token_id", c->V > 0 ? c->V : 0, &c->bos_id, path)) ||

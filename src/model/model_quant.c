@@ -216,7 +216,9 @@ static FTUNE_MUST_USE ftune_status add_quant_config(const char *dir, bool int8) 
     cJSON_AddBoolToObject(q, "llm_int8_enable_fp32_cpu_offload", 0);
     cJSON_AddBoolToObject(q, "llm_int8_has_fp16_weight", 0);
     cJSON_AddNullToObject(q, "llm_int8_skip_modules");
-    cJSON_AddNumberToObject(q, "llm_int8_threshold", 6.0);
+    /* a float, as transformers writes it: cJSON prints 6.0 as 6, and
+     * BitsAndBytesConfig raises TypeError on an int threshold */
+    cJSON_AddRawToObject(q, "llm_int8_threshold", "6.0");
     cJSON_AddBoolToObject(q, "load_in_4bit", !int8);
     cJSON_AddBoolToObject(q, "load_in_8bit", int8);
     cJSON_AddStringToObject(q, "quant_method", "bitsandbytes");

@@ -768,7 +768,7 @@ INLINE void tile_softmax(const att_unit *u, att_scr *s, size_t Tkp, int t0, int 
             }
             vf x = vsel(bad, vset1(-INFINITY), vload(p + j));
             vstore(p + j, x);
-            mx = vsel(x > mx, x, mx);
+            mx = vsel((x > mx) | (x != x), x, mx); /* a NaN score sticks */
         }
         float sub;
         if (lse_in) {
@@ -829,9 +829,9 @@ INLINE void tile_online(const att_unit *u, att_scr *s, int j0, int nq, const int
             }
             vf x = vsel(bad, vset1(-INFINITY), vload(p + j));
             vstore(p + j, x);
-            mx = vsel(x > mx, x, mx);
+            mx = vsel((x > mx) | (x != x), x, mx); /* a NaN score sticks */
         }
-        float tm = vhmax(&mx), mn = tm > m[r] ? tm : m[r];
+        float tm = vhmax(&mx), mn = (tm > m[r] || tm != tm) ? tm : m[r]; /* NaN in, NaN out */
         if (mn == -INFINITY) { memset(p, 0, (size_t)Jw * sizeof(float)); continue; } /* all masked so far */
         vf vs = vset1(mn), sumv = { 0 };
         double sum = 0;
@@ -972,14 +972,14 @@ INLINE void unit_fwd_body(const att_unit *u, float *scratch) {
                         for (int e = 0; e < HSp; e += VL) vstore(o + e, vload(o + e) * va + vload(d + e));
                     }
                 }
-                for (int r = 0; r < nq; r++) inv[r] = l[r] > 0 ? (float)(1.0 / l[r]) : 0.0f;
+                for (int r = 0; r < nq; r++) inv[r] = (l[r] > 0 || l[r] != l[r]) ? (float)(1.0 / l[r]) : 0.0f;
             }
             for (int r = 0; r < nq; r++) {
                 float *o = u->o + (size_t)(t0 + r) * qs + (size_t)h * HS;
                 const float *a = s.acc + (size_t)r * HSp;
                 float sc = cm == ATT_F32 ? inv[r] : 1.0f; /* the bf16 modes' P is normalised */
                 for (int e = 0; e < HS; e++) o[e] = a[e] * sc;
-                if (u->lse) u->lse[(size_t)h * u->T + t0 + r] = l[r] > 0 ? m[r] + (float)log(l[r]) : -INFINITY;
+                if (u->lse) u->lse[(size_t)h * u->T + t0 + r] = (l[r] > 0 || l[r] != l[r]) ? m[r] + (float)log(l[r]) : -INFINITY;
             }
         }
     }

@@ -40,9 +40,11 @@ INLINE vf vload(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
 #define vstore(p, v) do { vf vs_ = (v); memcpy((p), &vs_, sizeof vs_); } while (0)
 INLINE vf vset1(float x) { return (vf){ 0 } + x; }
 #define vsel(m, a, b) ((vf)(((m) & (vi)(a)) | (~(m) & (vi)(b)))) /* m ? a : b */
+/* The largest lane; NaN if any lane is NaN (as torch.max), so that a NaN
+ * score is never taken for a masked one. */
 INLINE float vhmax(const vf *v) {
     float m = (*v)[0];
-    for (int i = 1; i < VL; i++) m = (*v)[i] > m ? (*v)[i] : m;
+    for (int i = 1; i < VL; i++) m = ((*v)[i] > m || (*v)[i] != (*v)[i]) ? (*v)[i] : m;
     return m;
 }
 INLINE double vhsum_d(const vf *v) {

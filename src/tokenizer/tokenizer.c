@@ -48,6 +48,7 @@ struct ftune_tokenizer {
     int32_t bos, eos, unk, pad, eot;
     int add_bos, add_eos, add_space_prefix, ignore_merges;
     int max_piece;
+    char *chat_template;          /* the model's Jinja chat template, or NULL */
 };
 
 /* ------------------------------------------------------------- small helpers */
@@ -537,6 +538,7 @@ ftune_status ft_tokenizer_build(ftune_tokenizer **out, const ft_vocab_spec *spec
     t->add_bos = spec->add_bos && t->bos >= 0;
     t->add_eos = spec->add_eos && t->eos >= 0;
     t->add_space_prefix = spec->kind == FT_TOK_SPM && spec->add_space_prefix;
+    if (spec->chat_template && !(t->chat_template = ft_strdup(spec->chat_template))) { st = FTUNE_ERR_NOMEM; goto fail; }
     if (t->eos >= 0) t->eog[t->eos] = 1;
     if (t->eot >= 0) t->eog[t->eot] = 1;
     for (int i = 0; i < spec->n_eog_ids; i++) if (spec->eog_ids[i] >= 0) t->eog[spec->eog_ids[i]] = 1;
@@ -565,8 +567,11 @@ void ft_tokenizer_free(ftune_tokenizer *t) {
     free(t->hash);
     free(t->pairs);
     free(t->special);
+    free(t->chat_template);
     free(t);
 }
+
+const char *ft_tokenizer_chat_template(const ftune_tokenizer *t) { return t ? t->chat_template : NULL; }
 
 /* ------------------------------------------------------------- merging */
 

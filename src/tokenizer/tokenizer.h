@@ -58,6 +58,8 @@ typedef struct {
     int raw_bytes;            /* BPE: normal tokens are raw bytes (tiktoken), not GPT-2's alphabet */
     int strict_merges;        /* a merge naming a piece (or making a result) that is not a token is an
                                * error, as in Hugging Face tokenizers; else it is skipped, as llama.cpp does */
+    const char *chat_template;/* the model's Jinja chat template (GGUF tokenizer.chat_template,
+                               * tokenizer_config.json's chat_template), or NULL */
 } ft_vocab_spec;
 
 /* Builds a tokenizer; copies everything it needs from spec. */
@@ -101,5 +103,9 @@ typedef struct {
     int add_bos, add_eos, add_space_prefix;
 } ft_tokenizer_specials;
 void ft_tokenizer_special(const ftune_tokenizer *t, ft_tokenizer_specials *out);
+/* The model's Jinja chat template as its files hold it, or NULL when they
+ * have none (data/chat_template.c maps it to one of the templates ftune
+ * renders). */
+const char *ft_tokenizer_chat_template(const ftune_tokenizer *t);
 
 #endif

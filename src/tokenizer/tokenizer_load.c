@@ -425,7 +425,7 @@ ftune_status ft_tokenizer_from_gguf(ftune_tokenizer **out, const struct gguf_fil
     const char **tok = NULL, **mer = NULL;
     int *lens = NULL, *types = NULL;
     float *scores = NULL;
-    char *pre = NULL, *mbuf = NULL;
+    char *pre = NULL, *mbuf = NULL, *tmpl = NULL;
     if (toks.n == 0 || toks.n > (1 << 24)) { st = ft_err(FTUNE_ERR_FORMAT, "tokenizer.ggml.tokens: %llu tokens", (unsigned long long)toks.n); goto done; }
     tok = ft_calloc((size_t)n, sizeof *tok);
     lens = ft_calloc((size_t)n, sizeof *lens);
@@ -476,6 +476,11 @@ ftune_status ft_tokenizer_from_gguf(ftune_tokenizer **out, const struct gguf_fil
     spec.scores = scores;
     spec.types = types;
     bool spm = kind == FT_TOK_SPM;
+    if (ft_gguf_get_str(g, "tokenizer.chat_template", &s) && !(tmpl = ft_gguf_str_dup(s))) {
+        st = ft_err(FTUNE_ERR_NOMEM, "tokenizer: out of memory");
+        goto done;
+    }
+    spec.chat_template = tmpl;
     spec.bos_id = gguf_id(g, "tokenizer.ggml.bos_token_id", spm ? 1 : -1, n);
     spec.eos_id = gguf_id(g, "tokenizer.ggml.eos_token_id", spm ? 2 : -1, n);
     spec.unk_id = gguf_id(g, "tokenizer.ggml.unknown_token_id", spm ? 0 : -1, n);
@@ -490,7 +495,7 @@ ftune_status ft_tokenizer_from_gguf(ftune_tokenizer **out, const struct gguf_fil
     st = ft_tokenizer_build(out, &spec);
 done:
     free(toks.items); free(merges.items);
-    free(tok); free(lens); free(types); free(scores); free(mer); free(mbuf); free(pre);
+    free(tok); free(lens); free(types); free(scores); free(mer); free(mbuf); free(pre); free(tmpl);
     return st;
 }
 
@@ -653,7 +658,7 @@ static FTUNE_MUST_USE ftune_status hf_load(ftune_tokenizer **out, const char *di
     regex_list rl = {0};
     int32_t eog[16];
     int n_eog = 0;
-    char **placeholders = NULL;
+    char **placeholders = NULL, *jinja = NULL;
     if (!p_tok || !p_cfg || !p_gen || !p_vocab || !p_merges || !p_stm) { st = ft_err(FTUNE_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
 
     ft_vocab_spec spec;
@@ -889,6 +894,26 @@ static FTUNE_MUST_USE ftune_status hf_load(ftune_tokenizer **out, const char *di
         spec.eog_ids = eog;
         spec.n_eog_ids = n_eog;
     }
+    /* the chat template: tokenizer_config.json's (a string, or a list of
+     * named ones: "default"), else chat_template.jinja (transformers 5 saves it there) */
+    const cJSON *ct = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "chat_template") : NULL;
+    if (cJSON_IsString(ct)) {
+        spec.chat_template = ct->valuestring;
+    } else if (cJSON_IsArray(ct)) {
+        cJSON_ArrayForEach(it, ct) {
+            const char *tn = json_str(it, "name"), *tt = json_str(it, "template");
+            if (!tt) continue;
+            if (!spec.chat_template || (tn && strcmp(tn, "default") == 0)) spec.chat_template = tt;
+        }
+    }
+    if (!spec.chat_template && dir) {
+        char *p_jinja = path_join(d, "chat_template.jinja");
+        if (!p_jinja) { st = ft_err(FTUNE_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
+        size_t jl;
+        if (ft_file_exists(p_jinja) && (st = ft_read_file(p_jinja, &jinja, &jl))) { free(p_jinja); goto done; }
+        free(p_jinja);
+        spec.chat_template = jinja;
+    }
     spec.n_vocab = n;
     spec.tokens = tok;
     spec.types = types;
@@ -899,7 +924,7 @@ done:
     for (int i = 0; i < rl.n; i++) free(rl.re[i]);
     if (placeholders) for (int i = 0; i < n; i++) free(placeholders[i]);
     free(placeholders);
-    free(tok); free(types); free(strip); free(mer); free(mer_r); free(merges_buf);
+    free(tok); free(types); free(strip); free(mer); free(mer_r); free(merges_buf); free(jinja);
     cJSON_Delete(tj); cJSON_Delete(cfg); cJSON_Delete(gen); cJSON_Delete(vj); cJSON_Delete(stm);
     free(p_tok); free(p_cfg); free(p_gen); free(p_vocab); free(p_merges); free(p_stm);
     return st;

@@ -18,10 +18,17 @@ ftune_status ft_grad_scaler_init(ft_grad_scaler *s, ft_loss_scale_mode mode, dou
     if (growth_interval > 0) s->growth_interval = growth_interval;
     if (mode == FT_LOSS_SCALE_NONE) return FTUNE_OK;
     double v = init_scale == 0 ? FT_LOSS_SCALE_INIT : init_scale;
-    /* the scale lives in an f32, as PyTorch's: it must be one exactly */
-    if (!(v >= FLT_MIN && v <= FLT_MAX) || (double)(float)v != v)
-        return ft_err(FTUNE_ERR_ARG, "--loss-scale %g: expected a positive number that is an f32 (a power of two "
-                      "keeps the scaling exact)", v);
+    /* the scale lives in an f32, as PyTorch's: it must be a normal one, exactly */
+    if (!(v >= FLT_MIN && v <= FLT_MAX))
+        return ft_err(FTUNE_ERR_ARG, "--loss-scale %g: outside the range of normal f32 numbers, in which the "
+                      "scale is held: [2^-126 = %.17g, %.17g]", v, (double)FLT_MIN, (double)FLT_MAX);
+    if ((double)(float)v != v) {
+        int e = (int)lround(log2(v));
+        e = e < FLT_MIN_EXP - 1 ? FLT_MIN_EXP - 1 : e > FLT_MAX_EXP - 1 ? FLT_MAX_EXP - 1 : e;
+        return ft_err(FTUNE_ERR_ARG, "--loss-scale %g is not exactly an f32, in which the scale is held (the nearest "
+                      "is %.17g): give one that is, such as a power of two, which also keeps the scaling exact "
+                      "(2^%d = %.17g)", v, (double)(float)v, e, ldexp(1.0, e));
+    }
     s->scale = (float)v;
     return FTUNE_OK;
 }

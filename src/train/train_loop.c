@@ -31,6 +31,7 @@
 
 #include "adapter/adapter.h"
 #include "dist/dist.h"
+#include "tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -40,6 +41,7 @@
 #include <ftw.h>
 #include <sys/file.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -356,9 +358,14 @@ static FTUNE_MUST_USE ftune_status load_data(run *r) {
     dop.progress_ctx = o->data_progress_ctx;
     if (o->chat_template) {
         TRY(ft_chat_template_from_name(&dop.chat_template, o->chat_template));
-    } else if (o->model_path && ft_is_dir(o->model_path)) {
+    } else {
+        /* the model's own: the template its tokenizer was loaded with (GGUF
+         * tokenizer.chat_template, tokenizer_config.json, chat_template.jinja) */
+        dop.chat_template = ft_chat_template_detect(ft_tokenizer_chat_template(ftune_model_tokenizer(r->m)));
         ft_chat_template t = FT_CHAT_NONE;
-        if (ft_chat_template_from_hf_dir(&t, o->model_path) == FTUNE_OK) dop.chat_template = t;
+        if (dop.chat_template == FT_CHAT_NONE && o->model_path && ft_is_dir(o->model_path) &&
+            ft_chat_template_from_hf_dir(&t, o->model_path) == FTUNE_OK)
+            dop.chat_template = t;
     }
     TRY(ft_dataset_load(&r->train, o->data_path, &r->dt, &dop));
     if (o->val_path) {
@@ -1595,6 +1602,65 @@ static bool stale_output(const char *name) {
     return strcmp(name, "metrics.jsonl") == 0 || strcmp(name, "initial") == 0 || strncmp(name, "checkpoint-", 11) == 0;
 }
 
+/* v as a JSON number in buf (32 bytes): %.{digits}g, or %.1f for digits < 0;
+ * null when it is not finite, as JSON has no inf or NaN. */
+static const char *json_num(char *buf, double v, int digits) {
+    if (!isfinite(v)) snprintf(buf, 32, "null");
+    else if (digits < 0) snprintf(buf, 32, "%.1f", v);
+    else snprintf(buf, 32, "%.*g", digits, v);
+    return buf;
+}
+
+/* "checkpoint-STEP.KIND.PID" (KIND tmp or old, as save_checkpoint names its
+ * temporaries): the pid and the checkpoint's own name, or false. */
+static bool ckpt_temporary(const char *name, const char *kind, long *pid, char *ckpt, size_t cap) {
+    const char *p = name + 11;
+    if (strncmp(name, "checkpoint-", 11) != 0 || *p < '0' || *p > '9') return false;
+    while (*p >= '0' && *p <= '9') p++;
+    size_t base = (size_t)(p - name), k = strlen(kind);
+    if (p[0] != '.' || strncmp(p + 1, kind, k) != 0 || p[1 + k] != '.') return false;
+    const char *q = p + 2 + k;
+    long v = 0;
+    if (*q < '1' || *q > '9') return false; /* no sign, no leading zero */
+    for (; *q >= '0' && *q <= '9'; q++) {
+        v = v * 10 + (*q - '0');
+        if (v > INT32_MAX) return false;
+    }
+    if (*q || base >= cap) return false;
+    memcpy(ckpt, name, base);
+    ckpt[base] = 0;
+    *pid = v;
+    return true;
+}
+
+/* A save killed part-way leaves checkpoint-STEP.tmp.PID (and, if it was
+ * replacing checkpoint-STEP, checkpoint-STEP.old.PID) behind. Removed here,
+ * with this run holding the directory's lock, when process PID is gone
+ * (kill(pid, 0) fails with ESRCH; a live one, or one of another user, is
+ * never touched); an .old one only when checkpoint-STEP is in place, as it
+ * is otherwise the one complete copy. */
+static FTUNE_MUST_USE ftune_status remove_dead_temporaries(const char *out_dir) {
+    DIR *d = opendir(out_dir);
+    if (!d) return ft_err(FTUNE_ERR_IO, "%s: cannot read: %s", out_dir, strerror(errno));
+    ftune_status st = FTUNE_OK;
+    for (struct dirent *e; (e = readdir(d)) && !st;) {
+        char ckpt[256], path[4400];
+        long pid;
+        bool tmp = ckpt_temporary(e->d_name, "tmp", &pid, ckpt, sizeof ckpt);
+        if (!tmp && !ckpt_temporary(e->d_name, "old", &pid, ckpt, sizeof ckpt)) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        if (!tmp) {
+            snprintf(path, sizeof path, "%s/%s", out_dir, ckpt);
+            if (!ft_is_dir(path)) continue;
+        }
+        snprintf(path, sizeof path, "%s/%s", out_dir, e->d_name);
+        st = rm_tree(path);
+        if (st) ft_err_prefix(st, "removing %s, left by process %ld that is gone", path, pid);
+    }
+    closedir(d);
+    return st;
+}
+
 /* Everything about the output paths that can be checked before training:
  * not the base model's directory, creatable, locked against a second run,
  * and empty unless resuming or overwriting. */
@@ -1636,6 +1702,7 @@ static FTUNE_MUST_USE ftune_status claim_out_dir(run *r) {
     int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
     if (ftruncate(r->lock_fd, 0) != 0 || pwrite(r->lock_fd, pid, (size_t)n, 0) != n)
         return ft_err(FTUNE_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    TRY(remove_dead_temporaries(o->out_dir));
     if (o->resume) return FTUNE_OK;
     DIR *d = opendir(o->out_dir);
     if (!d) return ft_err(FTUNE_ERR_IO, "%s: cannot read: %s", o->out_dir, strerror(errno));
@@ -1843,16 +1910,16 @@ static FTUNE_MUST_USE ftune_status train(run *r) {
             r->res.val_loss_last = p.val_loss;
         }
         if (is_root(r)) {
-            /* JSON has no inf or NaN: a skipped step's grad norm is null */
-            char gn[32];
-            if (isfinite(gnorm)) snprintf(gn, sizeof gn, "%.9g", gnorm);
-            else snprintf(gn, sizeof gn, "null");
-            fprintf(r->metrics, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%s,\"tokens_per_s\":%.1f",
-                    (long long)r->step, loss, lr, gn, p.tokens_per_s);
-            if (p.has_val_loss) fprintf(r->metrics, ",\"val_loss\":%.9g", p.val_loss);
+            /* JSON has no inf or NaN: a non-finite value (a skipped step's grad norm, the loss
+             * of an f16 forward that overflowed) is null */
+            char ls[32], lrs[32], gn[32], vl[32], sc[32], tps[32];
+            fprintf(r->metrics, "{\"step\":%lld,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,\"tokens_per_s\":%s",
+                    (long long)r->step, json_num(ls, loss, 9), json_num(lrs, lr, 9), json_num(gn, gnorm, 9),
+                    json_num(tps, p.tokens_per_s, -1));
+            if (p.has_val_loss) fprintf(r->metrics, ",\"val_loss\":%s", json_num(vl, p.val_loss, 9));
             if (scaling || r->skipped)
-                fprintf(r->metrics, ",\"loss_scale\":%.9g,\"skipped_steps\":%lld,\"skipped\":%s", (double)r->scaler.scale,
-                        (long long)r->skipped, skipped ? "true" : "false");
+                fprintf(r->metrics, ",\"loss_scale\":%s,\"skipped_steps\":%lld,\"skipped\":%s",
+                        json_num(sc, (double)r->scaler.scale, 9), (long long)r->skipped, skipped ? "true" : "false");
             fputs("}\n", r->metrics);
             if (fflush(r->metrics) != 0 || ferror(r->metrics))
                 return ft_err(FTUNE_ERR_IO, "%s/metrics.jsonl: write failed: %s", o->out_dir, strerror(errno));

@@ -12,6 +12,7 @@
 #include "dist/dist.h"
 #include "dist/dist_impl.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,12 +49,15 @@ ftune_status ft_train_seq_len(const ft_config *c, const ftune_train_opts *o, int
  * token per byte: what the byte-fallback tokenizers give at most for text
  * (BPE vocabularies give about a quarter of that; a chat template's added
  * tokens are not counted). An estimate from the file's size, not a bound. */
-static size_t dataset_bytes(const char *path, double frac) {
+static FTUNE_MUST_USE ftune_status dataset_bytes(const char *path, double frac, size_t *bytes) {
     struct stat sb;
-    if (!path || stat(path, &sb) != 0) return 0;
+    if (!path) return FTUNE_OK;
+    /* the run would fail on it: so does its plan, with the run's message */
+    if (stat(path, &sb) != 0) return ft_err(FTUNE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     int64_t cap = 4096;
     while (cap < (int64_t)(frac * (double)sb.st_size)) cap *= 2;
-    return (size_t)cap * 5;
+    *bytes += (size_t)cap * 5;
+    return FTUNE_OK;
 }
 
 /* One configuration's terms. */
@@ -205,9 +209,9 @@ static FTUNE_MUST_USE ftune_status plan_terms_of(const ft_config *c0, const ft_w
     /* the micro-batches, a validation batch, the tokenized files */
     bool val = o->val_path || o->val_split > 0;
     p->data = (size_t)o->grad_accum * ft_batch_bytes(o->batch_size, T) + (val ? ft_batch_bytes(o->batch_size / world, T) : 0);
-    p->data += dataset_bytes(o->data_path, 1) + dataset_bytes(o->val_path, 1);
+    if ((st = dataset_bytes(o->data_path, 1, &p->data)) || (st = dataset_bytes(o->val_path, 1, &p->data))) return st;
     /* --val-split: the held-out examples are copied into a dataset of their own */
-    if (!o->val_path && o->val_split > 0) p->data += dataset_bytes(o->data_path, o->val_split);
+    if (!o->val_path && o->val_split > 0 && (st = dataset_bytes(o->data_path, o->val_split, &p->data))) return st;
     plan_zero(o, world, p);
     p->process = process;
     p->total = p->w.mapped_total + p->w.owned_total + p->w.other + p->tp.trainable_bytes + p->tp.grad_bytes +
