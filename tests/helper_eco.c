@@ -10,6 +10,11 @@
  *       generate --temp 0` does (the prompt in one batched pass, then one
  *       token at a time with the KV cache) but not stopping at an
  *       end-of-generation token: OUT is [[id, ...], ...].
+ *   helper_eco chat MODEL TEMPLATE|- CONVS.json OUT.json
+ *       each conversation of CONVS ([{"messages": [{"role", "content"}, ...],
+ *       "add_generation_prompt": bool}, ...]) through ftune_chat_tokenize
+ *       with the model's own template (-) or the named one: OUT is
+ *       [[id, ...], ...].
  *   helper_eco tokenize TOKENIZER CORPUS.json OUT.json
  *       TOKENIZER: a tokenizer.json, a directory holding one (or vocab.json +
  *       merges.txt), or anything ft_tokenizer_load_path takes. CORPUS is a
@@ -198,6 +203,48 @@ static cJSON *decode_hex(const ftune_tokenizer *t, const int32_t *ids, size_t n)
     return s;
 }
 
+static int cmd_chat(const char *model, const char *tmpl, const char *convs, const char *out) {
+    ftune_model *m = NULL;
+    ftune_status st = ftune_model_load(&m, model, NULL);
+    if (st) return fail(model, st);
+    size_t len;
+    char *text = read_file(convs, &len);
+    if (!text) return 1;
+    cJSON *in = cJSON_Parse(text), *res = cJSON_CreateArray();
+    if (!cJSON_IsArray(in)) { fprintf(stderr, "helper_eco: %s: not a JSON array\n", convs); return 1; }
+    int k = 0;
+    for (cJSON *c = in->child; c; c = c->next, k++) {
+        const cJSON *ms = cJSON_GetObjectItemCaseSensitive(c, "messages");
+        int n = cJSON_GetArraySize(ms), i = 0;
+        ftune_chat_msg *msgs = calloc((size_t)n + 1, sizeof *msgs);
+        for (const cJSON *e = ms ? ms->child : NULL; e; e = e->next, i++) {
+            const char *role = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "role"));
+            msgs[i].role = !role ? -1 : !strcmp(role, "system") ? FTUNE_ROLE_SYSTEM
+                         : !strcmp(role, "user") ? FTUNE_ROLE_USER : !strcmp(role, "assistant") ? FTUNE_ROLE_ASSISTANT : -1;
+            msgs[i].content = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "content"));
+        }
+        int gen = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "add_generation_prompt"));
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
+        if ((st = ftune_chat_tokenize(m, strcmp(tmpl, "-") ? tmpl : NULL, msgs, n, gen, &ids, &n_ids))) {
+            char what[64];
+            snprintf(what, sizeof what, "%s conversation %d", convs, k);
+            return fail(what, st);
+        }
+        cJSON_AddItemToArray(res, ids_json(ids, n_ids));
+        free(ids);
+        free(msgs);
+    }
+    char *js = cJSON_PrintUnformatted(res);
+    int rc = write_atomic(out, js, strlen(js));
+    free(js);
+    cJSON_Delete(res);
+    cJSON_Delete(in);
+    free(text);
+    ftune_model_free(m);
+    return rc;
+}
+
 static int cmd_tokenize(const char *tokpath, const char *corpus, const char *out) {
     ftune_tokenizer *t = NULL;
     ftune_status st = ft_tokenizer_load_path(&t, tokpath);
@@ -245,9 +292,11 @@ static int cmd_tokenize(const char *tokpath, const char *corpus, const char *out
 int main(int argc, char **argv) {
     if (argc == 6 && !strcmp(argv[1], "logits")) return cmd_logits(argv[2], argv[3], argv[4], argv[5]);
     if (argc == 6 && !strcmp(argv[1], "greedy")) return cmd_greedy(argv[2], argv[3], atoi(argv[4]), argv[5]);
+    if (argc == 6 && !strcmp(argv[1], "chat")) return cmd_chat(argv[2], argv[3], argv[4], argv[5]);
     if (argc == 5 && !strcmp(argv[1], "tokenize")) return cmd_tokenize(argv[2], argv[3], argv[4]);
     fprintf(stderr, "usage: helper_eco logits MODEL ADAPTER_DIR|- \"1,2,3;4,5\" OUT\n"
                     "       helper_eco greedy MODEL \"1,2,3;4,5\" N OUT.json\n"
+                    "       helper_eco chat MODEL TEMPLATE|- CONVS.json OUT.json\n"
                     "       helper_eco tokenize TOKENIZER CORPUS.json OUT.json\n");
     return 2;
 }
