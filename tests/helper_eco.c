@@ -15,6 +15,9 @@
  *       "add_generation_prompt": bool}, ...]) through ftune_chat_tokenize
  *       with the model's own template (-) or the named one: OUT is
  *       [[id, ...], ...].
+ *   helper_eco nfc CORPUS.json OUT.json
+ *       each string of CORPUS (a JSON array) in Unicode NFC by ft_nfc, as a
+ *       JSON array of hex strings.
  *   helper_eco tokenize TOKENIZER CORPUS.json OUT.json
  *       TOKENIZER: a tokenizer.json, a directory holding one (or vocab.json +
  *       merges.txt), or anything ft_tokenizer_load_path takes. CORPUS is a
@@ -245,6 +248,37 @@ static int cmd_chat(const char *model, const char *tmpl, const char *convs, cons
     return rc;
 }
 
+static int cmd_nfc(const char *corpus, const char *out) {
+    size_t len;
+    char *text = read_file(corpus, &len);
+    if (!text) return 1;
+    cJSON *docs = cJSON_Parse(text), *res = cJSON_CreateArray();
+    if (!cJSON_IsArray(docs)) { fprintf(stderr, "helper_eco: %s: not a JSON array\n", corpus); return 1; }
+    for (cJSON *d = docs->child; d; d = d->next) {
+        const char *s = cJSON_GetStringValue(d);
+        if (!s) { fprintf(stderr, "helper_eco: %s: not a string\n", corpus); return 1; }
+        char *o = NULL;
+        size_t on = 0;
+        ftune_status st = ft_nfc(s, strlen(s), &o, &on);
+        if (st) return fail("nfc", st);
+        const char *r = o ? o : s;
+        size_t rn = o ? on : strlen(s);
+        char *hex = malloc(2 * rn + 1);
+        for (size_t i = 0; i < rn; i++) sprintf(hex + 2 * i, "%02x", (unsigned char)r[i]);
+        hex[2 * rn] = 0;
+        cJSON_AddItemToArray(res, cJSON_CreateString(hex));
+        free(hex);
+        free(o);
+    }
+    char *js = cJSON_PrintUnformatted(res);
+    int rc = write_atomic(out, js, strlen(js));
+    free(js);
+    cJSON_Delete(res);
+    cJSON_Delete(docs);
+    free(text);
+    return rc;
+}
+
 static int cmd_tokenize(const char *tokpath, const char *corpus, const char *out) {
     ftune_tokenizer *t = NULL;
     ftune_status st = ft_tokenizer_load_path(&t, tokpath);
@@ -293,10 +327,12 @@ int main(int argc, char **argv) {
     if (argc == 6 && !strcmp(argv[1], "logits")) return cmd_logits(argv[2], argv[3], argv[4], argv[5]);
     if (argc == 6 && !strcmp(argv[1], "greedy")) return cmd_greedy(argv[2], argv[3], atoi(argv[4]), argv[5]);
     if (argc == 6 && !strcmp(argv[1], "chat")) return cmd_chat(argv[2], argv[3], argv[4], argv[5]);
+    if (argc == 4 && !strcmp(argv[1], "nfc")) return cmd_nfc(argv[2], argv[3]);
     if (argc == 5 && !strcmp(argv[1], "tokenize")) return cmd_tokenize(argv[2], argv[3], argv[4]);
     fprintf(stderr, "usage: helper_eco logits MODEL ADAPTER_DIR|- \"1,2,3;4,5\" OUT\n"
                     "       helper_eco greedy MODEL \"1,2,3;4,5\" N OUT.json\n"
                     "       helper_eco chat MODEL TEMPLATE|- CONVS.json OUT.json\n"
+                    "       helper_eco nfc CORPUS.json OUT.json\n"
                     "       helper_eco tokenize TOKENIZER CORPUS.json OUT.json\n");
     return 2;
 }
