@@ -1,7 +1,11 @@
 """real_forward.py — ftune's f32 forward pass on a real quantized GGUF model
 against transformers' own GGUF loader (AutoModelForCausalLM.from_pretrained(
-dir, gguf_file=name), which dequantizes every tensor with gguf-py), run in
-float64. Run with .venv/bin/python by tests/cli_real_forward.sh.
+dir, gguf_file=name), which dequantizes every tensor with gguf-py), in
+float32 with its Linear layers on oneDNN (torch.utils.mkldnn): this torch's
+BLAS is the generic one, at ~1 GFLOP/s on a shared core in float64 (Qwen2.5
+took minutes), oneDNN ~4x that; the float32 reference is within 4e-6 of the
+float64 one by the measure below (measured on SmolLM2, 42 positions).
+Run with .venv/bin/python by tests/cli_real_forward.sh.
 
   real_forward.py --helper build/tests/helper_eco --ftune build/ftune --work DIR MODEL.gguf...
 
@@ -16,7 +20,7 @@ chat template) it checks:
   transformers runs once over prompt + ftune's 32 tokens, and at every
   position its argmax must be ftune's next token: by induction that is
   exactly what its own greedy decoding would produce, in one pass instead
-  of 32 (this CPU's torch has a generic BLAS at ~2.5 GFLOP/s);
+  of 32;
 - logits: ftune's (helper_eco logits, one batched pass) over the same
   prompt + continuation, every position, by the max relative error below;
 - `ftune generate --temp 0 -n 32` prints each plain prompt and the greedy
@@ -40,9 +44,11 @@ import os
 import struct
 import subprocess
 import sys
+import time
 
 import numpy as np
 import torch
+from torch.utils import mkldnn
 
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -57,9 +63,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # max over positions and prompts. Each row is scaled by its own largest logit
 # because a logit near zero has no useful relative error of its own, and
 # positions differ in scale; the row's largest logit is what decides softmax
-# and argmax. ftune computes in float32, the reference in float64, so this is
-# float32 rounding through 24-30 layers: 1e-4 as for the small models in
-# cli_eco_peft and test_forward (measured there 1e-6..6e-5). The smallest
+# and argmax. Both compute in float32 (each ~4e-6 from a float64 forward),
+# so this is float32 rounding through 24-30 layers, twice: 1e-4 as for the
+# small models in cli_eco_peft and test_forward (measured there
+# 1e-6..6e-5, float32 against float64). The smallest
 # top-1 minus top-2 gap of the reference's logits along the continuations is
 # printed with it: the rounding is far below it, so the argmax cannot flip.
 TOL = 1e-4
@@ -103,14 +110,14 @@ def read_logits(path):
 def load_reference(path):
     d, f = os.path.dirname(os.path.abspath(path)), os.path.basename(path)
     tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-    model, info = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, torch_dtype=torch.float64,
+    model, info = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, torch_dtype=torch.float32,
                                                        output_loading_info=True)
     missing = set(info["missing_keys"])
     if missing == {"lm_head.weight"}:  # no output.weight in the file: tied (see the docstring)
         model.lm_head.weight = model.model.embed_tokens.weight
     elif missing:
         raise RuntimeError(f"{path}: transformers did not load {sorted(missing)}")
-    return tok, model.eval()
+    return tok, mkldnn.to_mkldnn(model.eval())  # the same weights, the products on oneDNN
 
 
 def seq_arg(seqs):
@@ -119,7 +126,9 @@ def seq_arg(seqs):
 
 def check_model(path, helper, ftune, work):
     name = os.path.basename(path).split(".")[0].split("-")[0].lower()
+    t0 = time.time()
     tok, model = load_reference(path)
+    t_load = time.time() - t0
     chat = tok.apply_chat_template([{"role": "user", "content": "What is 7 times 8? Answer with the number only."}],
                                    tokenize=False, add_generation_prompt=True)
     texts = PROMPTS + [gsm8k_question(), chat]
@@ -136,11 +145,13 @@ def check_model(path, helper, ftune, work):
     lpath = os.path.join(work, name + ".logits.bin")
     run([helper, "logits", path, "-", seq_arg(full), lpath])
     got = read_logits(lpath)
+    t_ftune = time.time() - t0 - t_load
 
     errs, gaps, bad = [], [], 0
     with torch.no_grad():
         for i, (s, f, g) in enumerate(zip(seqs, full, got)):
             want = model(torch.tensor([f])).logits[0].numpy()
+            want = want.astype(np.float64)
             errs.append(float((np.abs(g.astype(np.float64) - want).max(axis=1) / np.abs(want).max(axis=1)).max()))
             # the reference's choice after the prompt and after each of ftune's tokens
             pick = want[len(s) - 1:len(f) - 1]
@@ -152,6 +163,7 @@ def check_model(path, helper, ftune, work):
                 k = next(j for j in range(N_GREEDY) if ref_next[j] != cont[i][j])
                 print(f"  {name} prompt {i}: greedy differs at token {k}: transformers {ref_next[k]} "
                       f"{tok.decode([ref_next[k]])!r}, ftune {cont[i][k]} {tok.decode([cont[i][k]])!r}")
+    t_ref = time.time() - t0 - t_load - t_ftune
     e = max(errs)
     n_pos = sum(len(f) for f in full)
     line = (f"real_forward_{name}_logits: max rel err {e:.3g} (tolerance {TOL:g}; per prompt "
@@ -183,6 +195,8 @@ def check_model(path, helper, ftune, work):
         ok = False
     else:
         print(f"PASS real_forward_{name}_generate (ftune generate prints the greedy text of 3 prompts)")
+    print(f"  {name}: transformers' loading {t_load:.0f} s, ftune's greedy and logits {t_ftune:.0f} s, "
+          f"transformers' forward {t_ref:.0f} s, ftune generate {time.time() - t0 - t_load - t_ftune - t_ref:.0f} s")
     del model
     return ok
 
