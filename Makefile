@@ -121,14 +121,14 @@ debug:
 
 # one command compiles several sources, so their headers are listed by -MM
 FUZZ_DEPS = clang -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -MM -MP -MT $@ $(filter %.c,$^) > $@.d
-FUZZ_SRC := src/formats/safetensors.c src/formats/gguf.c src/core/core.c src/core/mem.c src/core/dtype.c src/core/dtype_ggml.c src/data/data.c src/data/chat_template.c src/train/train_state.c
+FUZZ_SRC := src/formats/safetensors.c src/formats/gguf.c src/core/core.c src/core/mem.c src/core/dtype.c src/core/dtype_ggml.c src/core/dtype_dot.c src/data/data.c src/data/chat_template.c src/train/train_state.c
 fuzz: build-fuzz/fuzz_safetensors build-fuzz/fuzz_gguf build-fuzz/fuzz_data build-fuzz/fuzz_trainer_state
 build-fuzz/fuzz_%: fuzz/fuzz_%.c $(FUZZ_SRC) Makefile
 	@mkdir -p build-fuzz
 	$(FUZZ_DEPS)
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -o $@ $< $(FUZZ_SRC) -lcjson -lm
 # the tokenizer.json and config.json parsers (model and tokenizer loading)
-FUZZ_TOK_SRC := src/tokenizer/tokenizer.c src/tokenizer/tokenizer_load.c src/tokenizer/nfc.c src/formats/gguf.c src/formats/safetensors.c src/core/core.c src/core/mem.c src/core/dtype.c src/core/dtype_ggml.c
+FUZZ_TOK_SRC := src/tokenizer/tokenizer.c src/tokenizer/tokenizer_load.c src/tokenizer/nfc.c src/formats/gguf.c src/formats/safetensors.c src/core/core.c src/core/mem.c src/core/dtype.c src/core/dtype_ggml.c src/core/dtype_dot.c
 FUZZ_CFG_SRC := src/model/model_config.c src/core/core.c src/core/mem.c
 fuzz: build-fuzz/fuzz_tokenizer_json build-fuzz/fuzz_config
 build-fuzz/fuzz_tokenizer_json: fuzz/fuzz_tokenizer_json.c $(FUZZ_TOK_SRC) Makefile

@@ -74,6 +74,14 @@ typedef struct {
     /* byte offsets in a block of its n_scales f16 scales and mins (checked
      * finite when a file is loaded: ft_dtype_check_scales) */
     uint8_t n_scales, scale_at[2];
+    /* the integer dot product (dtype_dot.c) of a row of this weight dtype
+     * with activations quantized to 8 bits: vec_dot(w, act, n) = Σ w·a
+     * over n elements with act n elements of the dtype `act` (q8_0, q8_1
+     * or q8_K); NULL where the type has none (the widened f32 product is
+     * its only one). quantize_act: set on those activation rows. */
+    float (*vec_dot)(const void *w, const void *act, int64_t n);
+    ft_dtype act;
+    void (*quantize_act)(const float *x, void *dst, int64_t n);
 } ft_type_traits;
 
 extern const ft_type_traits ft_types[FT_NTYPES];

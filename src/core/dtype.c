@@ -4,6 +4,7 @@
  * q8_0/q4_0 in dtype_ggml.c). Every other file learns a type from here. */
 #include "core/core.h"
 #include "core/dtype_ggml.h"
+#include "core/dtype_dot.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -200,8 +201,8 @@ const ft_type_traits ft_types[FT_NTYPES] = {
     [FT_F32]  = { .name = "f32",  .block = 1,  .block_bytes = 4,  .is_float = true, .to_f32 = f32_to_f32,  .from_f32 = f32_from_f32, GG(0) },
     [FT_F16]  = { .name = "f16",  .block = 1,  .block_bytes = 2,  .is_float = true, .to_f32 = f16_to_f32,  .from_f32 = f16_from_f32, GG(1) },
     [FT_BF16] = { .name = "bf16", .block = 1,  .block_bytes = 2,  .is_float = true, .to_f32 = bf16_to_f32, .from_f32 = bf16_from_f32, GG(30) },
-    [FT_Q8_0] = { .name = "q8_0", .block = FT_QK, .block_bytes = sizeof(ft_block_q8_0), .is_float = true, .to_f32 = q8_0_to_f32, .from_f32 = q8_0_from_f32, GG(8), .n_scales = 1, .scale_at = { 0 } },
-    [FT_Q4_0] = { .name = "q4_0", .block = FT_QK, .block_bytes = sizeof(ft_block_q4_0), .is_float = true, .to_f32 = q4_0_to_f32, .from_f32 = q4_0_from_f32, GG(2), .n_scales = 1, .scale_at = { 0 } },
+    [FT_Q8_0] = { .name = "q8_0", .block = FT_QK, .block_bytes = sizeof(ft_block_q8_0), .is_float = true, .to_f32 = q8_0_to_f32, .from_f32 = q8_0_from_f32, GG(8), .n_scales = 1, .scale_at = { 0 }, .vec_dot = ft_vec_dot_q8_0, .act = FT_Q8_0, .quantize_act = ft_quantize_act_q8_0 },
+    [FT_Q4_0] = { .name = "q4_0", .block = FT_QK, .block_bytes = sizeof(ft_block_q4_0), .is_float = true, .to_f32 = q4_0_to_f32, .from_f32 = q4_0_from_f32, GG(2), .n_scales = 1, .scale_at = { 0 }, .vec_dot = ft_vec_dot_q4_0, .act = FT_Q8_0 },
     [FT_I32]  = { .name = "i32",  .block = 1,  .block_bytes = 4, GG(26) },
     [FT_I64]  = { .name = "i64",  .block = 1,  .block_bytes = 8, GG(27) },
     [FT_U8]   = { .name = "u8",   .block = 1,  .block_bytes = 1 },
@@ -212,18 +213,18 @@ const ft_type_traits ft_types[FT_NTYPES] = {
                    .to_f32 = i8row_to_f32, .from_f32 = i8row_from_f32 },
     [FT_I8]   = { .name = "i8",   .block = 1,  .block_bytes = 1, GG(24) },
     [FT_I16]  = { .name = "i16",  .block = 1,  .block_bytes = 2, GG(25) },
-    [FT_Q4_1] = { .name = "q4_1", .block = FT_QK, .block_bytes = sizeof(ft_block_q4_1), .is_float = true, .to_f32 = ft_q4_1_to_f32, .from_f32 = ft_q4_1_from_f32, GG(3), .n_scales = 2, .scale_at = { 0, 2 } },
-    [FT_Q5_0] = { .name = "q5_0", .block = FT_QK, .block_bytes = sizeof(ft_block_q5_0), .is_float = true, .to_f32 = ft_q5_0_to_f32, .from_f32 = ft_q5_0_from_f32, GG(6), .n_scales = 1, .scale_at = { 0 } },
-    [FT_Q5_1] = { .name = "q5_1", .block = FT_QK, .block_bytes = sizeof(ft_block_q5_1), .is_float = true, .to_f32 = ft_q5_1_to_f32, .from_f32 = ft_q5_1_from_f32, GG(7), .n_scales = 2, .scale_at = { 0, 2 } },
-    [FT_Q8_1] = { .name = "q8_1", .block = FT_QK, .block_bytes = sizeof(ft_block_q8_1), .is_float = true, .to_f32 = ft_q8_1_to_f32, GG(9), .n_scales = 2, .scale_at = { 0, 2 } },
+    [FT_Q4_1] = { .name = "q4_1", .block = FT_QK, .block_bytes = sizeof(ft_block_q4_1), .is_float = true, .to_f32 = ft_q4_1_to_f32, .from_f32 = ft_q4_1_from_f32, GG(3), .n_scales = 2, .scale_at = { 0, 2 }, .vec_dot = ft_vec_dot_q4_1, .act = FT_Q8_1 },
+    [FT_Q5_0] = { .name = "q5_0", .block = FT_QK, .block_bytes = sizeof(ft_block_q5_0), .is_float = true, .to_f32 = ft_q5_0_to_f32, .from_f32 = ft_q5_0_from_f32, GG(6), .n_scales = 1, .scale_at = { 0 }, .vec_dot = ft_vec_dot_q5_0, .act = FT_Q8_0 },
+    [FT_Q5_1] = { .name = "q5_1", .block = FT_QK, .block_bytes = sizeof(ft_block_q5_1), .is_float = true, .to_f32 = ft_q5_1_to_f32, .from_f32 = ft_q5_1_from_f32, GG(7), .n_scales = 2, .scale_at = { 0, 2 }, .vec_dot = ft_vec_dot_q5_1, .act = FT_Q8_1 },
+    [FT_Q8_1] = { .name = "q8_1", .block = FT_QK, .block_bytes = sizeof(ft_block_q8_1), .is_float = true, .to_f32 = ft_q8_1_to_f32, GG(9), .n_scales = 2, .scale_at = { 0, 2 }, .quantize_act = ft_quantize_act_q8_1 },
     [FT_Q2_K] = { .name = "q2_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q2_K), .is_float = true, .to_f32 = ft_q2_K_to_f32, GG(10), .n_scales = 2, .scale_at = { 80, 82 } },
     [FT_Q3_K] = { .name = "q3_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q3_K), .is_float = true, .to_f32 = ft_q3_K_to_f32, GG(11), .n_scales = 1, .scale_at = { 108 } },
-    [FT_Q4_K] = { .name = "q4_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q4_K), .is_float = true, .to_f32 = ft_q4_K_to_f32, GG(12), .n_scales = 2, .scale_at = { 0, 2 } },
-    [FT_Q5_K] = { .name = "q5_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q5_K), .is_float = true, .to_f32 = ft_q5_K_to_f32, GG(13), .n_scales = 2, .scale_at = { 0, 2 } },
-    [FT_Q6_K] = { .name = "q6_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q6_K), .is_float = true, .to_f32 = ft_q6_K_to_f32, GG(14), .n_scales = 1, .scale_at = { 208 } },
-    [FT_Q8_K] = { .name = "q8_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q8_K), .is_float = true, .to_f32 = ft_q8_K_to_f32, GG(15) },
-    [FT_IQ4_NL] = { .name = "iq4_nl", .block = FT_QK, .block_bytes = sizeof(ft_block_iq4_nl), .is_float = true, .to_f32 = ft_iq4_nl_to_f32, GG(20), .n_scales = 1, .scale_at = { 0 } },
-    [FT_IQ4_XS] = { .name = "iq4_xs", .block = FT_QK_K, .block_bytes = sizeof(ft_block_iq4_xs), .is_float = true, .to_f32 = ft_iq4_xs_to_f32, GG(23), .n_scales = 1, .scale_at = { 0 } },
+    [FT_Q4_K] = { .name = "q4_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q4_K), .is_float = true, .to_f32 = ft_q4_K_to_f32, GG(12), .n_scales = 2, .scale_at = { 0, 2 }, .vec_dot = ft_vec_dot_q4_K, .act = FT_Q8_K },
+    [FT_Q5_K] = { .name = "q5_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q5_K), .is_float = true, .to_f32 = ft_q5_K_to_f32, GG(13), .n_scales = 2, .scale_at = { 0, 2 }, .vec_dot = ft_vec_dot_q5_K, .act = FT_Q8_K },
+    [FT_Q6_K] = { .name = "q6_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q6_K), .is_float = true, .to_f32 = ft_q6_K_to_f32, GG(14), .n_scales = 1, .scale_at = { 208 }, .vec_dot = ft_vec_dot_q6_K, .act = FT_Q8_K },
+    [FT_Q8_K] = { .name = "q8_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q8_K), .is_float = true, .to_f32 = ft_q8_K_to_f32, GG(15), .quantize_act = ft_quantize_act_q8_K },
+    [FT_IQ4_NL] = { .name = "iq4_nl", .block = FT_QK, .block_bytes = sizeof(ft_block_iq4_nl), .is_float = true, .to_f32 = ft_iq4_nl_to_f32, GG(20), .n_scales = 1, .scale_at = { 0 }, .vec_dot = ft_vec_dot_iq4_nl, .act = FT_Q8_0 },
+    [FT_IQ4_XS] = { .name = "iq4_xs", .block = FT_QK_K, .block_bytes = sizeof(ft_block_iq4_xs), .is_float = true, .to_f32 = ft_iq4_xs_to_f32, GG(23), .n_scales = 1, .scale_at = { 0 }, .vec_dot = ft_vec_dot_iq4_xs, .act = FT_Q8_K },
     /* described, not computed with: their sizes are ggml's, so a file that
      * holds them is still checked whole */
     [FT_IQ2_XXS] = { .name = "iq2_xxs", .block = FT_QK_K, .block_bytes = 66, GG(16) },

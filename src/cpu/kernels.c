@@ -395,7 +395,17 @@ typedef struct {
     float alpha;
     bool overwrite;
     const uint32_t *v16; /* bf16 rows on dot_rows16: v as bf16 pairs, else NULL */
+    const void *vq;      /* integer products: v quantized to ft_types[dt].act, else NULL */
+    void (*q8dot)(float *out, const void *act, const uint8_t *w, size_t rb, ft_dtype dt, int K, int nrows);
 } gemv_ctx;
+
+static _Thread_local bool int_dot_on;
+
+bool ft_gemm_set_int_dot(bool on) {
+    bool was = int_dot_on;
+    int_dot_on = on;
+    return was;
+}
 
 static void gemv(void *vctx, int task, int thread) {
     (void)thread;
@@ -404,7 +414,8 @@ static void gemv(void *vctx, int task, int thread) {
     for (int i = task * GEMV_ROWS; i < i1; i += 4) {
         int n = i1 - i < 4 ? i1 - i : 4;
         float out[4];
-        if (g->v16) g->isa->dot_rows16(out, g->v16, g->R + (size_t)i * g->rb, g->rb, g->K, n);
+        if (g->vq) g->q8dot(out, g->vq, g->R + (size_t)i * g->rb, g->rb, g->dt, g->K, n);
+        else if (g->v16) g->isa->dot_rows16(out, g->v16, g->R + (size_t)i * g->rb, g->rb, g->K, n);
         else g->isa->dot_rows(out, g->v, g->R + (size_t)i * g->rb, g->rb, g->dt, g->K, n);
         for (int r = 0; r < n; r++) {
             float v = g->alpha * out[r], *d = g->out + (int64_t)(i + r) * g->os;
@@ -439,7 +450,20 @@ static bool operand_ok(const ft_mat *m, int rows_len, bool may_t) {
  * there is room, else on the stack or the heap; false when none is had. */
 static bool gemv_run(gemv_ctx *v, ft_dtype compute, int n_threads, float *scratch, size_t scratch_floats) {
     float stack[1024], *vr = NULL;
-    if (compute == FT_BF16 && v->dt == FT_BF16 && v->isa->dot_rows16) { /* v as bf16 pairs: K/2 + 1 floats' room */
+    const ft_type_traits *tt = &ft_types[v->dt];
+    if (compute == FT_F32 && int_dot_on && tt->vec_dot && v->K % ft_types[tt->act].block == 0) {
+        /* the vector quantized once (about 1.1 bytes an element) */
+        size_t bytes = ft_dtype_nbytes(tt->act, v->K), fl = (bytes + sizeof(float) - 1) / sizeof(float);
+        vr = scratch && scratch_floats >= fl ? scratch : fl <= 1024 ? stack : ft_malloc(fl * sizeof(float));
+        if (!vr) return false;
+        ft_types[tt->act].quantize_act(v->v, vr, v->K);
+        v->vq = vr;
+#if defined(__x86_64__)
+        v->q8dot = v->isa == &ft_kernels_generic ? ft_q8dot_rows_ref : ft_q8dot_rows_avx2;
+#else
+        v->q8dot = ft_q8dot_rows_ref;
+#endif
+    } else if (compute == FT_BF16 && v->dt == FT_BF16 && v->isa->dot_rows16) { /* v as bf16 pairs: K/2 + 1 floats' room */
         size_t words = (size_t)v->K / 2 + 1;
         vr = scratch && scratch_floats >= words ? scratch : words <= 1024 ? stack : ft_malloc(words * sizeof(float));
         if (!vr) return false;

@@ -82,6 +82,23 @@ bool ft_gemm(float *C, int64_t c_rs, int64_t c_cs, const ft_mat *A, const ft_mat
 bool ft_gemm_in(ft_dtype compute, float *C, int64_t c_rs, int64_t c_cs, const ft_mat *A, const ft_mat *B, int M, int N,
                 int K, float alpha, bool accumulate, int n_threads, float *scratch, size_t scratch_floats);
 
+/* Integer products on the GEMV path, set per calling thread (off at
+ * first): when on, a GEMV (M = 1 or N = 1, f32 compute) against weight rows
+ * whose dtype has a vec_dot (ft_types[dt].vec_dot: q8_0, q4_0, q4_1, q5_0,
+ * q5_1, iq4_nl, q4_K, q5_K, q6_K, iq4_xs) quantizes the f32 vector once to
+ * the dtype's activation type (q8_0, q8_1, q8_K) and takes integer dot
+ * products with it (kernels_q8.c), as ggml does; otherwise, and for every
+ * other product, rows are widened exactly to f32 (the reference). The
+ * results then differ from the widened product by the activations'
+ * rounding to 8 bits; they still do not depend on the thread count.
+ * Returns the previous setting. */
+bool ft_gemm_set_int_dot(bool on);
+/* out[r] = ft_types[dt].vec_dot(row r, act, K) for r < nrows, rows rb
+ * bytes apart: the reference, and AVX2 integer sums (equal to it bit for
+ * bit; the kernel of every x86 level from avx2 up) */
+void ft_q8dot_rows_ref(float *out, const void *act, const uint8_t *w, size_t rb, ft_dtype dt, int K, int nrows);
+void ft_q8dot_rows_avx2(float *out, const void *act, const uint8_t *w, size_t rb, ft_dtype dt, int K, int nrows);
+
 /* ------------------------------------------------ per-ISA primitives */
 
 /* What one instruction set provides to the driver. */

@@ -7,6 +7,7 @@
 #include "nn/backend_profile.h"
 #include "nn/block.h"
 #include "nn/lm_loss.h"
+#include "cpu/kernels.h" /* ft_gemm_set_int_dot: decode's integer products (a backend option to be) */
 
 #include <math.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@ struct ftune_session {
     ft_backend be_prof;
     int n_prefix;             /* KV prefix rows pinned at the cache's start (ft_session_set_kv_prefix) */
     const ft_block_hooks *hooks;
+    bool int_dot;             /* decode's products on quantized weights in integers (ft_gemm_set_int_dot) */
     const ft_adapter *adapter; /* the session's adapter (borrowed): the model's default at creation, or
                               * ftune_session_set_adapter's; NULL: the base model alone */
     float *k_cache, *v_cache; /* (L, n_ctx, NKV*HS) */
@@ -100,6 +102,8 @@ ftune_status ftune_session_new(ftune_session **out, const ftune_model *m, int n_
     s->n_ctx = n_ctx;
     s->n_threads = ft_num_threads(n_threads);
     s->be = ft_backend_cpu_in(m->compute, s->n_threads);
+    const char *idot = getenv("FTUNE_INT_DOT");
+    s->int_dot = idot && strcmp(idot, "1") == 0; /* off unless asked: see ftune_session_set_int_products */
     const char *prof = getenv("FTUNE_PROFILE");
     if (prof && *prof && strcmp(prof, "0") && (s->prof = ft_mem_calloc(FT_MEM_OTHER, sizeof *s->prof))) {
         s->prof->inner = s->be;
@@ -227,6 +231,7 @@ ftune_status ftune_session_forward(ftune_session *s, const int32_t *tokens, int 
         if (tokens[i] < 0 || tokens[i] >= c->V)
             return ft_err(FTUNE_ERR_ARG, "token id %d at index %d is outside the vocabulary (0..%d)", tokens[i], i,
                           c->V - 1);
+    bool was = ft_gemm_set_int_dot(s->int_dot);
     for (int i0 = 0; i0 < n; i0 += CHUNK) {
         int k = n - i0 < CHUNK ? n - i0 : CHUNK;
         bool last = i0 + k == n;
@@ -244,7 +249,12 @@ ftune_status ftune_session_forward(ftune_session *s, const int32_t *tokens, int 
             forward_logits(s, tokens + i0, k, dst, first);
         }
     }
+    ft_gemm_set_int_dot(was);
     return FTUNE_OK;
+}
+
+void ftune_session_set_int_products(ftune_session *s, int on) {
+    if (s) s->int_dot = on != 0;
 }
 
 static FTUNE_MUST_USE ftune_status check_tokens(const ftune_session *s, const int32_t *tokens, size_t n) {
