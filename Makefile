@@ -128,7 +128,7 @@ build-fuzz/fuzz_%: fuzz/fuzz_%.c $(FUZZ_SRC) Makefile
 	$(FUZZ_DEPS)
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc -o $@ $< $(FUZZ_SRC) -lcjson -lm
 # the tokenizer.json and config.json parsers (model and tokenizer loading)
-FUZZ_TOK_SRC := src/tokenizer/tokenizer.c src/tokenizer/tokenizer_load.c src/formats/gguf.c src/formats/safetensors.c src/core/core.c src/core/mem.c src/core/dtype.c src/core/dtype_ggml.c src/core/dtype_dot.c
+FUZZ_TOK_SRC := src/tokenizer/tokenizer.c src/tokenizer/tokenizer_load.c src/tokenizer/nfc.c src/formats/gguf.c src/formats/safetensors.c src/core/core.c src/core/mem.c src/core/dtype.c src/core/dtype_ggml.c src/core/dtype_dot.c
 FUZZ_CFG_SRC := src/model/model_config.c src/core/core.c src/core/mem.c
 fuzz: build-fuzz/fuzz_tokenizer_json build-fuzz/fuzz_config
 build-fuzz/fuzz_tokenizer_json: fuzz/fuzz_tokenizer_json.c $(FUZZ_TOK_SRC) Makefile

@@ -137,7 +137,10 @@ FTUNE_API int ftune_tokenizer_add_bos(const ftune_tokenizer *t); /* the model's 
 /* A conversation, tokenized as the model's chat template renders it: the
  * template named (chatml, llama2, llama3, mistral, zephyr, alpaca), or with
  * template_name NULL the one its files carry (GGUF tokenizer.chat_template,
- * tokenizer_config.json, chat_template.jinja), recognised by its markers;
+ * tokenizer_config.json, chat_template.jinja), recognised by its markers,
+ * with the system message that template puts first when the conversation
+ * has none (Qwen2.5's "You are Qwen, ...", SmolLM2's: the one string literal
+ * '<|im_start|>system\n...<|im_end|>' of a ChatML template);
  * FTUNE_ERR_ARG when it has none that ftune renders. add_generation_prompt
  * appends the opening of the assistant's turn. BOS as the model's tokenizer
  * adds it; special-token text in the template is parsed. *ids is malloc'd. */
@@ -404,7 +407,8 @@ typedef struct {
     double val_split;          /* fraction held out when val_path is NULL, in [0, 1); 0.05 */
     ftune_data_format format;  /* FTUNE_DATA_AUTO */
     const char *chat_template; /* "chatml", "llama2", "llama3", "mistral", "zephyr", "alpaca";
-                                * NULL: from the model's tokenizer_config.json */
+                                * NULL: the one the model's files carry, with its default
+                                * system message (as ftune_chat_tokenize) */
     bool train_on_prompt;      /* loss on prompt tokens too; false */
     bool drop_long;            /* drop examples longer than ctx instead of truncating; false */
     bool pack;                 /* several examples per row (they never attend to each other); false */

@@ -52,6 +52,9 @@ CORPUS = [
     "mixed日本語English123русский😀end",
     "\u00a0non-breaking\u2009thin\u3000ideographic\u200bzero-width",
     "ａｂｃ１２３ full-width Ａ",
+    # decomposed and precomposed forms (an NFC normalizer composes the first of each pair)
+    "cafe\u0301 / caf\u00e9, A\u030a / \u00c5, n\u0303 / \u00f1, q\u0323\u0307 s\u0307\u0323, \u212b \u2126",
+    "\u1112\u1161\u11ab\u1100\u116e\u11a8\u110b\u1165 / \ud55c\uad6d\uc5b4, \u304b\u3099 \u30cf\u309a",
     # text that looks like special tokens (parsed only where asked)
     "<s> a </s> <unk> <|endoftext|> text",
     "before<|endoftext|>after",

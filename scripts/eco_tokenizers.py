@@ -11,6 +11,7 @@ reads that file, or the original it was made from):
   gpt2_lib         GPT-2's vocab.json + merges.txt made into a tokenizer.json by the library
                    (ByteLevel pre-tokenizer with its built-in regex)
   gpt2_files       ftune reading vocab.json + merges.txt directly, against gpt2_lib
+  gpt2_nfc         gpt2_lib with tokenizers' NFC normalizer (as Qwen2's tokenizer.json)
   gpt2_split       the fixture form make_fixture.py writes (explicit Split regex + ByteLevel)
   trained_bpe      a byte-level BPE trained here with the library (Llama 3's Split regex,
                    ignore_merges as Llama 3's file sets it)
@@ -22,7 +23,10 @@ reads that file, or the original it was made from):
                    with tiktoken itself
 For each document: ids without special tokens parsed (tokenizers'
 encode_special_tokens=True) and with them (its default), the bytes the ids
-decode to, and whether BOS is added by default. Prints PASS/FAIL lines; exits 1 if any failed.
+decode to, and whether BOS is added by default. Also ftune's NFC (helper_eco nfc) against
+Python's unicodedata.normalize on every code point that decomposes or combines, alone and
+followed by marks, and on random sequences of bases, marks and Hangul jamo.
+Prints PASS/FAIL lines; exits 1 if any failed.
 """
 import argparse
 import base64
@@ -65,6 +69,48 @@ def build_gpt2_lib(out):
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(["<|endoftext|>"])
     tok.save(out)
+
+
+def build_gpt2_nfc(out):
+    build_gpt2_lib(out)
+    tok = Tokenizer.from_file(out)
+    tok.normalizer = normalizers.NFC()
+    tok.save(out)
+
+
+def check_nfc(helper, work):
+    """ftune's NFC against unicodedata's (the same Unicode version as the
+    tables scripts/gen_unicode_nfc.py made, if run by the same Python)."""
+    import random
+    import unicodedata as ud
+    cps = [c for c in range(0x30000) if not 0xD800 <= c < 0xE000 and (ud.decomposition(chr(c)) or ud.combining(chr(c)))]
+    docs = []
+    for c in cps:
+        docs += [chr(c), chr(c) + "\u0301", "a" + chr(c) + "\u0323\u0301"]
+    rnd = random.Random(1)
+    bases = [c for c in cps if not ud.combining(chr(c))] + [ord(x) for x in "aeiouAEIOUnNcCsSzZ"] + \
+        list(range(0x1100, 0x1113)) + list(range(0xAC00, 0xAC40))
+    marks = [c for c in cps if ud.combining(chr(c))] + list(range(0x1161, 0x1176)) + list(range(0x11A8, 0x11C3))
+    for _ in range(20000):
+        docs.append("".join(chr(rnd.choice(bases) if rnd.random() < 0.4 else rnd.choice(marks))
+                            for _ in range(rnd.randint(1, 8))))
+    src, out = os.path.join(work, "nfc.json"), os.path.join(work, "nfc.out.json")
+    with open(src, "w", encoding="utf-8") as f:
+        json.dump(docs, f, ensure_ascii=False)
+    r = subprocess.run([helper, "nfc", src, out], capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"FAIL nfc: {r.stderr.strip()}")
+        return False
+    got = json.load(open(out))
+    bad = [i for i, d in enumerate(docs) if bytes.fromhex(got[i]) != ud.normalize("NFC", d).encode("utf-8")]
+    for i in bad[:3]:
+        print(f"  nfc {[hex(ord(c)) for c in docs[i]]}: unicodedata "
+              f"{[hex(ord(c)) for c in ud.normalize('NFC', docs[i])]}, ftune {bytes.fromhex(got[i])!r}")
+    if bad:
+        print(f"FAIL nfc: {len(bad)} of {len(docs)} strings differ from unicodedata's NFC (Unicode {ud.unidata_version})")
+        return False
+    print(f"PASS nfc ({len(docs)} strings equal to unicodedata's NFC, Unicode {ud.unidata_version})")
+    return True
 
 
 def build_gpt2_split(out_dir):
@@ -295,6 +341,10 @@ def main():
     build_gpt2_lib(gpt2)
     ok &= compare("gpt2_lib", HF(gpt2), gpt2, helper, w)
     ok &= compare("gpt2_files", HF(gpt2), os.path.join(d, "tokenizers", "gpt2"), helper, w)
+    gpt2_nfc = tokenizer_path(w, "gpt2-nfc")
+    build_gpt2_nfc(gpt2_nfc)
+    ok &= compare("gpt2_nfc", HF(gpt2_nfc), gpt2_nfc, helper, w)
+    ok &= check_nfc(helper, w)
     split = build_gpt2_split(os.path.join(w, "gpt2-split"))
     ok &= compare("gpt2_split", HF(split), split, helper, w)
     bpe = tokenizer_path(w, "trained-bpe")

@@ -65,12 +65,14 @@ expect_error generate_system_without_chat 'go with --chat' "$FT" generate -m "$H
 expect_error generate_chat_no_template 'no chat template' "$FT" generate -m "$HF" --chat -p hi -n 1 --quiet
 
 # 4. the real model: its GGUF's template is found (train on messages without
-# --chat-template), and generate --chat feeds exactly the ids of the text
+# --chat-template: the conversations have no system message, so the batch
+# starts with the template's default one, as cli_real_chat checks in full),
+# and generate --chat feeds exactly the ids of the text
 # the file's Jinja template renders (with a system message, so that no
 # default system prompt is involved), then stops at <|im_end|>
 if need_model chat_real_model "$SMOL"; then
     if first_batch smol "$SMOL" "$tmp/msgs.jsonl"; then
-        want=$(printf '<|im_start|>user\n' | "$FT" tokenize -m "$SMOL" --no-bos --parse-special)
+        want=$(printf '<|im_start|>system\n' | "$FT" tokenize -m "$SMOL" --no-bos --parse-special)
         got=$(python3 -c 'import json,sys; print(" ".join(map(str, json.load(open(sys.argv[1]))[0][0][:3])))' "$tmp/smol.batch")
         if [ "$got" = "$want" ]; then pass "chat_template_from_gguf (batch starts '$got')"
         else fail chat_template_from_gguf "batch starts '$got', want '$want'"; fi

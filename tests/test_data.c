@@ -294,7 +294,7 @@ static void test_chat_templates_text(void) {
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         char *txt = NULL;
         size_t len = 0;
-        CHECK_OK(ft_chat_render_text(&txt, &len, cases[c].t, m, 5, false, cases[c].bos, cases[c].eos));
+        CHECK_OK(ft_chat_render_text(&txt, &len, cases[c].t, NULL, m, 5, false, cases[c].bos, cases[c].eos));
         if (!txt) continue;
         CHECKF(strcmp(txt, cases[c].want) == 0, "%s:\n    got      \"%s\"\n    expected \"%s\"",
                ft_chat_template_name(cases[c].t), txt, cases[c].want);
@@ -313,7 +313,7 @@ static void test_chat_templates_text(void) {
     for (size_t c = 0; c < sizeof gen / sizeof gen[0]; c++) {
         char *txt = NULL;
         size_t len = 0;
-        CHECK_OK(ft_chat_render_text(&txt, &len, gen[c].t, m, 4, true, "<s>", "</s>"));
+        CHECK_OK(ft_chat_render_text(&txt, &len, gen[c].t, NULL, m, 4, true, "<s>", "</s>"));
         if (!txt) continue;
         size_t lt = strlen(gen[c].tail);
         CHECKF(len >= lt && strcmp(txt + len - lt, gen[c].tail) == 0, "%s: \"%s\"", ft_chat_template_name(gen[c].t), txt);
@@ -323,14 +323,14 @@ static void test_chat_templates_text(void) {
     ft_chat_msg mid[] = { { FT_ROLE_USER, "a" }, { FT_ROLE_SYSTEM, "b" }, { FT_ROLE_ASSISTANT, "c" } };
     char *txt = NULL;
     size_t len;
-    CHECK_OK(ft_chat_render_text(&txt, &len, FT_CHAT_CHATML, mid, 3, false, "", ""));
+    CHECK_OK(ft_chat_render_text(&txt, &len, FT_CHAT_CHATML, NULL, mid, 3, false, "", ""));
     free(txt);
     txt = NULL;
-    CHECK(ft_chat_render_text(&txt, &len, FT_CHAT_LLAMA2, mid, 3, false, "<s>", "</s>") == FTUNE_ERR_FORMAT);
+    CHECK(ft_chat_render_text(&txt, &len, FT_CHAT_LLAMA2, NULL, mid, 3, false, "<s>", "</s>") == FTUNE_ERR_FORMAT);
     CHECK(txt == NULL);
     /* llama2 needs alternating turns */
     ft_chat_msg twice[] = { { FT_ROLE_USER, "a" }, { FT_ROLE_USER, "b" } };
-    CHECK(ft_chat_render_text(&txt, &len, FT_CHAT_MISTRAL, twice, 2, false, "<s>", "</s>") == FTUNE_ERR_FORMAT);
+    CHECK(ft_chat_render_text(&txt, &len, FT_CHAT_MISTRAL, NULL, twice, 2, false, "<s>", "</s>") == FTUNE_ERR_FORMAT);
     CHECKF(strstr(ftune_last_error(), "\"messages\"[1].role") != NULL, "%s", ftune_last_error());
 }
 
@@ -374,6 +374,50 @@ static void test_template_names_and_detect(void) {
 }
 
 /* A JSON array of records; line numbers point at each element. */
+/* The default system message read from ChatML templates' string literals,
+ * and a conversation without a system message rendered with it first. */
+static void test_chat_default_system(void) {
+    static const struct { const char *jinja, *want; } cases[] = {
+        /* Qwen2.5's shape: escaped newlines, the default in an else branch;
+         * a quote in the template's plain text outside the blocks */
+        { "Don't {%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + "
+          "'<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud.<|im_end|>\\n' }}"
+          "{%- endif %}{{ '<|im_start|>' + m.role }}",
+          "You are Qwen, created by Alibaba Cloud." },
+        /* SmolLM2's shape: raw newlines inside the literal, double quotes, escapes */
+        { "{% if loop.first %}{{ \"<|im_start|>system\nSay \\\"hi\\\"\\tdon\\'t<|im_end|>\n\" }}{% endif %}"
+          "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}",
+          "Say \"hi\"\tdon't" },
+        /* ChatML without a default */
+        { "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n'}}{% endfor %}",
+          NULL },
+        /* two different defaults: which one applies depends on Jinja logic ftune does not run */
+        { "{{ '<|im_start|>system\\nA<|im_end|>\\n' }}{{ '<|im_start|>system\\nB<|im_end|>\\n' }}<|im_start|>", NULL },
+        /* the literal outside {{ }} is template text, not a string */
+        { "'<|im_start|>system\\nA<|im_end|>\\n'", NULL },
+        /* not ChatML */
+        { "{{ '<|start_header_id|>system<|end_header_id|>\\n\\nX<|eot_id|>' }}", NULL },
+        { NULL, NULL },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char *got = (char *)1;
+        CHECK_OK(ft_chat_default_system(cases[c].jinja, &got));
+        CHECKF(cases[c].want ? (got && strcmp(got, cases[c].want) == 0) : !got, "case %zu: got \"%s\", expected \"%s\"", c,
+               got ? got : "(none)", cases[c].want ? cases[c].want : "(none)");
+        free(got);
+    }
+    ft_chat_msg user[] = { { FT_ROLE_USER, "Hi" } }, with_sys[] = { { FT_ROLE_SYSTEM, "Mine." }, { FT_ROLE_USER, "Hi" } };
+    char *txt = NULL;
+    size_t len = 0;
+    CHECK_OK(ft_chat_render_text(&txt, &len, FT_CHAT_CHATML, "Default.", user, 1, true, "", ""));
+    CHECK(txt && strcmp(txt, "<|im_start|>system\nDefault.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n") == 0);
+    free(txt);
+    txt = NULL;
+    CHECK_OK(ft_chat_render_text(&txt, &len, FT_CHAT_CHATML, "Default.", with_sys, 2, false, "", ""));
+    CHECK(txt && strcmp(txt, "<|im_start|>system\nMine.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n") == 0);
+    free(txt);
+}
+
 static void test_json_array(void) {
     ft_data_tokenizer tk = word_tokenizer(1);
     const char *p = write_tmp("arr.json", "[\n  {\"prompt\": \"a [b] {c}\", \"completion\": \"d\"},\n"
@@ -900,7 +944,7 @@ static void test_llama3_chat_vector(void) {
         int32_t *ids = NULL;
         uint8_t *mask = NULL;
         size_t n_ids = 0;
-        CHECK_OK(ft_chat_tokenize(&tk, FT_CHAT_LLAMA3, m, n, true, &ids, &mask, &n_ids));
+        CHECK_OK(ft_chat_tokenize(&tk, FT_CHAT_LLAMA3, NULL, m, n, true, &ids, &mask, &n_ids));
         CHECKF(n_ids == (size_t)cJSON_GetArraySize(want), "%zu ids, expected %d", n_ids, cJSON_GetArraySize(want));
         size_t i = 0;
         const cJSON *w;
@@ -1152,6 +1196,7 @@ int main(void) {
     RUN(test_format_chat);
     RUN(test_chat_templates_text);
     RUN(test_template_names_and_detect);
+    RUN(test_chat_default_system);
     RUN(test_json_array);
     RUN(test_alpaca_200);
     RUN(test_plain_text);

@@ -1,6 +1,7 @@
 /* cmd_eval.c — `ftune eval`: mean next-token cross-entropy and perplexity of
  * a model on a text file (one document) or a JSONL file (one document per
- * line, from its "text" field), BOS prepended to each document. */
+ * line, from its "text" field), BOS prepended to each document where the
+ * model's tokenizer adds one. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -79,7 +80,8 @@ int cmd_eval(int argc, char **argv) {
         { NULL, "--dtype", OPT_STR, &dtype, "T", "compute dtype of the matrix products: f32 (reference), bf16 or f16 (bf16/f16 inputs, f32 sums)" },
         { NULL, "--quant", OPT_STR, &quant, "TYPE", "quantize the layers' Linear weights on load: nf4 (bitsandbytes NF4 + double quantization) or int8 (row-wise)" },
         { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
-        { NULL, "--no-bos", OPT_FLAG, &no_bos, "", "do not prepend BOS to each document" },
+        { NULL, "--no-bos", OPT_FLAG, &no_bos, "", "do not prepend BOS to each document (prepended only where the "
+          "model's tokenizer adds one)" },
         { 0 },
     };
     cli_cmd cmd = { "eval", "-m MODEL (--text FILE | --jsonl FILE) [--json]",
@@ -123,7 +125,7 @@ int cmd_eval(int argc, char **argv) {
     int rc = 1;
     ftune_status st = ftune_session_new(&s, m, ctx, threads);
     if (st) { cli_fail("eval", st); goto out; }
-    bool bos = !no_bos && ftune_tokenizer_bos(tok) >= 0;
+    bool bos = !no_bos && ftune_tokenizer_add_bos(tok);
     ftune_model_info info;
     ftune_model_get_info(m, &info);
     int W = ctx > 0 ? ctx : info.context_length;

@@ -53,7 +53,8 @@ int cmd_generate(int argc, char **argv) {
         { "-c", "--ctx-size", OPT_INT, &ctx, "N", "context length, at most the model's; 0 = the model's" },
         { NULL, "--ctx", OPT_INT, &ctx, "N", "the same as --ctx-size" },
         { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
-        { NULL, "--no-bos", OPT_FLAG, &no_bos, "", "do not prepend the BOS token" },
+        { NULL, "--no-bos", OPT_FLAG, &no_bos, "", "do not prepend the BOS token (prepended only where the model's "
+          "tokenizer adds one: a GGUF's tokenizer.ggml.add_bos_token, tokenizer_config.json's add_bos_token)" },
         { NULL, "--quiet", OPT_FLAG, &quiet, "", "do not print speeds to stderr" },
         { 0 },
     };
@@ -101,7 +102,10 @@ int cmd_generate(int argc, char **argv) {
     int32_t *ids = NULL, *hist = NULL;
     float *logits = NULL;
     size_t n_ids = 0;
-    int add_bos = !no_bos && ftune_tokenizer_bos(tok) >= 0;
+    /* BOS as the model's tokenizer adds it (as train, --chat and `ftune
+     * tokenize` do): SmolLM2's and Qwen2.5's files say not to, and a BOS there
+     * changes every continuation. An empty prompt still starts from BOS. */
+    int add_bos = !no_bos && !chat && (ftune_tokenizer_add_bos(tok) || (!*prompt && ftune_tokenizer_bos(tok) >= 0));
     if (chat) {
         ftune_chat_msg msgs[2] = { { FTUNE_ROLE_SYSTEM, system }, { FTUNE_ROLE_USER, prompt } };
         if ((st = ftune_chat_tokenize(m, chat_template, system ? msgs : msgs + 1, system ? 2 : 1, 1, &ids, &n_ids))) {

@@ -44,6 +44,76 @@ ft_chat_template ft_chat_template_detect(const char *jinja) {
     return FT_CHAT_NONE;
 }
 
+/* A Jinja string literal starting at q (a quote): its unescaped text,
+ * malloc'd, and *end just past it; NULL if unterminated or (*oom) out of
+ * memory.
+ * Jinja unescapes literals as Python's unicode-escape; the escapes a
+ * template's markup uses are these. */
+static char *jinja_literal(const char *q, const char **end, bool *oom) {
+    char quote = *q;
+    const char *p = q + 1;
+    size_t n = 0;
+    *oom = false;
+    while (p[n] && p[n] != quote) n += (p[n] == '\\' && p[n + 1]) ? 2 : 1;
+    if (!p[n]) return NULL;
+    *end = p + n + 1;
+    char *out = malloc(n + 1), *o = out;
+    if (!out) { *oom = true; return NULL; }
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] != '\\' || i + 1 == n) { *o++ = p[i]; continue; }
+        char c = p[++i];
+        switch (c) {
+        case 'n': *o++ = '\n'; break;
+        case 't': *o++ = '\t'; break;
+        case 'r': *o++ = '\r'; break;
+        case '\\': case '\'': case '"': *o++ = c; break;
+        default: *o++ = '\\'; *o++ = c; break;
+        }
+    }
+    *o = 0;
+    return out;
+}
+
+/* The string literals of the template's {{ }} and {% %} blocks are read
+ * one by one; no Jinja is evaluated, so a template that builds the prompt
+ * from pieces gives none, and ftune renders without one. */
+ftune_status ft_chat_default_system(const char *jinja, char **out) {
+    static const char head[] = "<|im_start|>system\n", tail[] = "<|im_end|>";
+    *out = NULL;
+    if (ft_chat_template_detect(jinja) != FT_CHAT_CHATML) return FTUNE_OK;
+    char *found = NULL;
+    bool code = false; /* inside {{ }} or {% %}, where quotes start string literals */
+    for (const char *p = jinja; *p;) {
+        if (!code) {
+            if (p[0] == '{' && (p[1] == '{' || p[1] == '%')) { code = true; p += 2; }
+            else p++;
+            continue;
+        }
+        if ((p[0] == '}' || p[0] == '%') && p[1] == '}') { code = false; p += 2; continue; }
+        if (*p != '\'' && *p != '"') { p++; continue; }
+        const char *end;
+        bool oom;
+        char *lit = jinja_literal(p, &end, &oom);
+        if (oom) { free(found); return ft_err(FTUNE_ERR_NOMEM, "chat template: out of memory"); }
+        if (!lit) break; /* unterminated: no more literals */
+        p = end;
+        size_t n = strlen(lit), h = sizeof head - 1, t = sizeof tail - 1;
+        if (n > 0 && lit[n - 1] == '\n') n--;
+        bool is_default = strncmp(lit, head, h) == 0 && n > h + t && memcmp(lit + n - t, tail, t) == 0;
+        if (is_default) {
+            lit[n - t] = 0;
+            memmove(lit, lit + h, n - t - h + 1);
+            if (strstr(lit, "<|im_")) is_default = false;
+        }
+        if (!is_default) { free(lit); continue; }
+        if (found && strcmp(found, lit) != 0) { free(found); free(lit); return FTUNE_OK; } /* two: which? none */
+        free(found);
+        found = lit;
+    }
+    *out = found;
+    return FTUNE_OK;
+}
+
 ftune_status ft_chat_template_from_hf_dir(ft_chat_template *out, const char *dir) {
     *out = FT_CHAT_NONE;
     char path[4096];
@@ -282,8 +352,11 @@ static FTUNE_MUST_USE ftune_status render_alpaca(ft_segments *s, const ft_chat_m
     return FTUNE_OK;
 }
 
-ftune_status ft_chat_render(ft_segments *s, ft_chat_template t, const ft_chat_msg *msgs, int n,
-                            bool add_generation_prompt, bool train_on_prompt) {
+static FTUNE_MUST_USE ftune_status render(ft_segments *s, ft_chat_template t, const ft_chat_msg *msgs, int n,
+                                          bool add_generation_prompt, bool train_on_prompt);
+
+ftune_status ft_chat_render(ft_segments *s, ft_chat_template t, const char *default_system, const ft_chat_msg *msgs,
+                            int n, bool add_generation_prompt, bool train_on_prompt) {
     if (n < 1) return ft_err(FTUNE_ERR_FORMAT, "field \"messages\": empty conversation");
     for (int i = 0; i < n; i++) {
         if (!msgs[i].content) return ft_err(FTUNE_ERR_ARG, "\"messages\"[%d]: no content", i);
@@ -295,6 +368,19 @@ ftune_status ft_chat_render(ft_segments *s, ft_chat_template t, const ft_chat_ms
                           "field \"messages\"[%d].role: the %s template allows \"system\" only as the first message",
                           i, ft_chat_template_name(t));
     }
+    if (!default_system || msgs[0].role == FT_ROLE_SYSTEM)
+        return render(s, t, msgs, n, add_generation_prompt, train_on_prompt);
+    ft_chat_msg *all = malloc((size_t)(n + 1) * sizeof *all);
+    if (!all) return ft_err(FTUNE_ERR_NOMEM, "chat template: out of memory");
+    all[0] = (ft_chat_msg){ FT_ROLE_SYSTEM, default_system };
+    memcpy(all + 1, msgs, (size_t)n * sizeof *msgs);
+    ftune_status st = render(s, t, all, n + 1, add_generation_prompt, train_on_prompt);
+    free(all);
+    return st;
+}
+
+static ftune_status render(ft_segments *s, ft_chat_template t, const ft_chat_msg *msgs, int n,
+                           bool add_generation_prompt, bool train_on_prompt) {
     bool all = train_on_prompt;
     switch (t) {
     case FT_CHAT_CHATML: return render_chatml(s, msgs, n, add_generation_prompt, all);
@@ -308,12 +394,13 @@ ftune_status ft_chat_render(ft_segments *s, ft_chat_template t, const ft_chat_ms
     return ft_err(FTUNE_ERR_ARG, "chat data needs a chat template (chatml, llama2, llama3, mistral, zephyr, alpaca)");
 }
 
-ftune_status ft_chat_render_text(char **out, size_t *len, ft_chat_template t, const ft_chat_msg *msgs,
-                                 int n, bool add_generation_prompt, const char *bos, const char *eos) {
+ftune_status ft_chat_render_text(char **out, size_t *len, ft_chat_template t, const char *default_system,
+                                 const ft_chat_msg *msgs, int n, bool add_generation_prompt, const char *bos,
+                                 const char *eos) {
     *out = NULL;
     *len = 0;
     ft_segments s = {0}, flat = {0};
-    ftune_status st = ft_chat_render(&s, t, msgs, n, add_generation_prompt, false);
+    ftune_status st = ft_chat_render(&s, t, default_system, msgs, n, add_generation_prompt, false);
     for (int i = 0; !st && i < s.n; i++) {
         const ft_seg *g = &s.segs[i];
         if (g->kind == FT_SEG_TEXT) st = ft_segments_text(&flat, false, s.text + g->off, g->len);
@@ -328,12 +415,13 @@ ftune_status ft_chat_render_text(char **out, size_t *len, ft_chat_template t, co
     return FTUNE_OK;
 }
 
-ftune_status ft_chat_tokenize(const ft_data_tokenizer *tk, ft_chat_template t, const ft_chat_msg *msgs,
-                              int n, bool add_generation_prompt, int32_t **ids, uint8_t **mask, size_t *n_ids) {
+ftune_status ft_chat_tokenize(const ft_data_tokenizer *tk, ft_chat_template t, const char *default_system,
+                              const ft_chat_msg *msgs, int n, bool add_generation_prompt, int32_t **ids,
+                              uint8_t **mask, size_t *n_ids) {
     ft_segments s = {0};
     ftune_status st = FTUNE_OK;
     if (tk->add_bos && !ft_chat_template_has_bos(t)) st = ft_segments_special(&s, FT_SEG_BOS, false);
-    if (!st) st = ft_chat_render(&s, t, msgs, n, add_generation_prompt, false);
+    if (!st) st = ft_chat_render(&s, t, default_system, msgs, n, add_generation_prompt, false);
     if (!st) st = ft_segments_tokenize(&s, tk, ids, mask, n_ids);
     ft_segments_free(&s);
     return st;

@@ -417,7 +417,7 @@ static FTUNE_MUST_USE ftune_status pair_as_chat(loader *L, const cJSON *rec) {
     L->msgs[1] = (ft_chat_msg){ .role = FT_ROLE_ASSISTANT, .content = c };
     if (L->tk->add_bos && !ft_chat_template_has_bos(L->o.chat_template))
         TRY(ft_segments_special(&L->seg, FT_SEG_BOS, false));
-    return ft_chat_render(&L->seg, L->o.chat_template, L->msgs, 2, false, L->o.train_on_prompt);
+    return ft_chat_render(&L->seg, L->o.chat_template, L->o.chat_system, L->msgs, 2, false, L->o.train_on_prompt);
 }
 
 static FTUNE_MUST_USE ftune_status chat_segments(loader *L, const cJSON *rec) {
@@ -460,7 +460,7 @@ static FTUNE_MUST_USE ftune_status chat_segments(loader *L, const cJSON *rec) {
     }
     if (L->tk->add_bos && !ft_chat_template_has_bos(L->o.chat_template))
         TRY(ft_segments_special(&L->seg, FT_SEG_BOS, false));
-    return ft_chat_render(&L->seg, L->o.chat_template, L->msgs, n, false, L->o.train_on_prompt);
+    return ft_chat_render(&L->seg, L->o.chat_template, L->o.chat_system, L->msgs, n, false, L->o.train_on_prompt);
 }
 
 /* Renders one record of the dataset's format into L->seg. */

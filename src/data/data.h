@@ -34,6 +34,7 @@ typedef struct {
 /* Fills dt from a loaded tokenizer (its BOS/EOS ids and add_bos default). */
 void ft_data_tokenizer_init(ft_data_tokenizer *dt, const ftune_tokenizer *t);
 
+
 /* ------------------------------------------------------------ segments */
 
 /* An example rendered as a sequence of pieces before tokenization: text,
@@ -100,6 +101,17 @@ FTUNE_MUST_USE ftune_status ft_chat_template_from_name(ft_chat_template *out, co
 /* Recognises a Jinja chat_template string (tokenizer_config.json) by its
  * markers; FT_CHAT_NONE if none match. */
 ft_chat_template ft_chat_template_detect(const char *jinja);
+/* The system message a ChatML Jinja template puts first when a
+ * conversation has none: the text X of its one string literal
+ * '<|im_start|>system\nX<|im_end|>\n' (Qwen2.5's "You are Qwen, created by
+ * Alibaba Cloud. ...", SmolLM2's "You are a helpful AI assistant named
+ * SmolLM, ..."), unescaped as Jinja does, in *out (malloc'd); *out NULL
+ * when there is none, more than one, or the template is not ChatML. */
+FTUNE_MUST_USE ftune_status ft_chat_default_system(const char *jinja, char **out);
+/* The chat format the tokenizer's files carry: *kind from its Jinja
+ * template (FT_CHAT_NONE if none or not recognised) and *default_system
+ * (ft_chat_default_system: malloc'd, or NULL). FTUNE_ERR_NOMEM only. */
+FTUNE_MUST_USE ftune_status ft_chat_format_of(const ftune_tokenizer *t, ft_chat_template *kind, char **default_system);
 /* Reads dir/tokenizer_config.json and detects its chat_template (a string,
  * or a list of {name, template} where "default" or the first is used).
  * *out = FT_CHAT_NONE when the file has no template or it is not
@@ -115,18 +127,24 @@ int ft_chat_role_parse(const char *s);
  * header of an assistant turn (for inference). The templates that carry
  * bos_token in their Jinja (llama2, llama3, mistral) emit a BOS piece
  * themselves; for the others the caller adds one if the tokenizer does.
- * Errors (FTUNE_ERR_FORMAT) name the message: `"messages"[2].role: ...`. */
-FTUNE_MUST_USE ftune_status ft_chat_render(ft_segments *s, ft_chat_template t, const ft_chat_msg *msgs, int n,
-                            bool add_generation_prompt, bool train_on_prompt);
+ * default_system (or NULL) is rendered as a system message first when the
+ * conversation does not begin with one, as the model's own template does
+ * (ft_chat_default_system). Errors (FTUNE_ERR_FORMAT) name the message:
+ * `"messages"[2].role: ...`, counting the caller's messages. */
+FTUNE_MUST_USE ftune_status ft_chat_render(ft_segments *s, ft_chat_template t, const char *default_system,
+                                           const ft_chat_msg *msgs, int n, bool add_generation_prompt,
+                                           bool train_on_prompt);
 /* Whether the template's own text begins with BOS. */
 bool ft_chat_template_has_bos(ft_chat_template t);
 /* The rendered text as one malloc'd string, with BOS/EOS spelled as
  * bos/eos (e.g. "<s>", "</s>"). */
-FTUNE_MUST_USE ftune_status ft_chat_render_text(char **out, size_t *len, ft_chat_template t, const ft_chat_msg *msgs,
-                                 int n, bool add_generation_prompt, const char *bos, const char *eos);
+FTUNE_MUST_USE ftune_status ft_chat_render_text(char **out, size_t *len, ft_chat_template t, const char *default_system,
+                                                const ft_chat_msg *msgs, int n, bool add_generation_prompt,
+                                                const char *bos, const char *eos);
 /* Renders and tokenizes a conversation (BOS added as for a dataset). */
-FTUNE_MUST_USE ftune_status ft_chat_tokenize(const ft_data_tokenizer *tk, ft_chat_template t, const ft_chat_msg *msgs,
-                              int n, bool add_generation_prompt, int32_t **ids, uint8_t **mask, size_t *n_ids);
+FTUNE_MUST_USE ftune_status ft_chat_tokenize(const ft_data_tokenizer *tk, ft_chat_template t, const char *default_system,
+                                             const ft_chat_msg *msgs, int n, bool add_generation_prompt, int32_t **ids,
+                                             uint8_t **mask, size_t *n_ids);
 
 /* The Alpaca prompt for an instruction and optional input (NULL or ""). */
 FTUNE_MUST_USE ftune_status ft_alpaca_prompt(ft_segments *s, bool train, const char *instruction, const char *input);
@@ -159,6 +177,7 @@ typedef void (*ft_dataset_progress_fn)(void *ctx, size_t done, size_t total);
 typedef struct {
     ft_data_format format;
     ft_chat_template chat_template; /* required for chat data */
+    const char *chat_system;        /* the template's default system message (ft_chat_render), or NULL */
     ft_truncate_side truncate;
     int ctx_len;                    /* T: the most tokens an example may have (>= 2) */
     bool train_on_prompt;           /* loss on prompt tokens too */

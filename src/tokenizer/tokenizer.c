@@ -47,6 +47,7 @@ struct ftune_tokenizer {
     int n_re;
     int32_t bos, eos, unk, pad, eot;
     int add_bos, add_eos, add_space_prefix, ignore_merges;
+    int nfc;                      /* input text is put in Unicode NFC first (nfc.c) */
     int max_piece;
     char *chat_template;          /* the model's Jinja chat template, or NULL */
 };
@@ -538,6 +539,7 @@ ftune_status ft_tokenizer_build(ftune_tokenizer **out, const ft_vocab_spec *spec
     t->add_bos = spec->add_bos && t->bos >= 0;
     t->add_eos = spec->add_eos && t->eos >= 0;
     t->add_space_prefix = spec->kind == FT_TOK_SPM && spec->add_space_prefix;
+    t->nfc = spec->nfc;
     if (spec->chat_template && !(t->chat_template = ft_strdup(spec->chat_template))) { st = FTUNE_ERR_NOMEM; goto fail; }
     if (t->eos >= 0) t->eog[t->eos] = 1;
     if (t->eot >= 0) t->eog[t->eot] = 1;
@@ -897,6 +899,13 @@ ftune_status ft_tokenize_ex(const ftune_tokenizer *t, const char *text, size_t l
     if (len > INT32_MAX) return ft_err(FTUNE_ERR_RANGE, "ftune_tokenize: text of %zu bytes is too long", len);
     int64_t bad = len ? ft_utf8_invalid_at(text, len) : -1;
     if (bad >= 0) return ft_err(FTUNE_ERR_ARG, "ftune_tokenize: invalid UTF-8 at byte offset %lld", (long long)bad);
+    char *nfc = NULL; /* the text in NFC, when the tokenizer normalizes and it changes */
+    size_t nfc_len = 0;
+    if (t->nfc && len > 0) {
+        ftune_status sn = ft_nfc(text, len, &nfc, &nfc_len);
+        if (sn) return sn;
+        if (nfc) { text = nfc; len = nfc_len; }
+    }
 
     ivec out = {0};
     work_t w = { .t = t, .out = &out };
@@ -929,6 +938,7 @@ ftune_status ft_tokenize_ex(const ftune_tokenizer *t, const char *text, size_t l
 oom:
     st = ft_err(FTUNE_ERR_NOMEM, "ftune_tokenize: out of memory");
 done:
+    free(nfc);
     free(frags.v);
     free(w.sym);
     free(w.heap);

@@ -58,6 +58,9 @@ typedef struct {
     int raw_bytes;            /* BPE: normal tokens are raw bytes (tiktoken), not GPT-2's alphabet */
     int strict_merges;        /* a merge naming a piece (or making a result) that is not a token is an
                                * error, as in Hugging Face tokenizers; else it is skipped, as llama.cpp does */
+    int nfc;                  /* normalize input text to Unicode NFC first: tokenizer.json's NFC
+                               * normalizer, and Qwen2's GGUF ('qwen2' pre-tokenizer), whose
+                               * tokenizer.json has it (llama.cpp does not normalize) */
     const char *chat_template;/* the model's Jinja chat template (GGUF tokenizer.chat_template,
                                * tokenizer_config.json's chat_template), or NULL */
 } ft_vocab_spec;
@@ -65,6 +68,11 @@ typedef struct {
 /* Builds a tokenizer; copies everything it needs from spec. */
 FTUNE_MUST_USE ftune_status ft_tokenizer_build(ftune_tokenizer **out, const ft_vocab_spec *spec);
 void ft_tokenizer_free(ftune_tokenizer *t);
+
+/* text (len bytes, valid UTF-8) in Unicode Normalization Form C: *out is
+ * malloc'd (*out_n bytes, NUL-terminated), or NULL when the text is already
+ * NFC by the quick check (no code point from U+0300 up). */
+FTUNE_MUST_USE ftune_status ft_nfc(const char *text, size_t len, char **out, size_t *out_n);
 
 /* Loaders for each file kind (they fill a spec and call ft_tokenizer_build). */
 FTUNE_MUST_USE ftune_status ft_tokenizer_from_hf_dir(ftune_tokenizer **out, const char *dir); /* tokenizer.json (or vocab.json + merges.txt) + tokenizer_config.json + generation_config.json */

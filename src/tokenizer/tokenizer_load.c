@@ -464,6 +464,7 @@ ftune_status ft_tokenizer_from_gguf(ftune_tokenizer **out, const struct gguf_fil
         spec.merges = mer;
         spec.n_merges = (int)merges.n;
         spec.pre = pre;
+        spec.nfc = strcmp(pre, "qwen2") == 0; /* Qwen2's tokenizer.json has an NFC normalizer */
         spec.add_bos = strcmp(pre, "llama3") == 0 || strcmp(pre, "llama-v3") == 0 || strcmp(pre, "llama-bpe") == 0 ||
                        strcmp(pre, "falcon3") == 0 || strcmp(pre, "pixtral") == 0 || strcmp(pre, "tekken") == 0; /* as llama.cpp */
     } else {
@@ -832,6 +833,7 @@ static FTUNE_MUST_USE ftune_status hf_load(ftune_tokenizer **out, const char *di
     /* byte-level or SentencePiece-style? */
     if (tj) {
         const cJSON *norm = cJSON_GetObjectItemCaseSensitive(tj, "normalizer");
+        spec.nfc = json_find_type(norm, "NFC") != NULL;
         const cJSON *pt = cJSON_GetObjectItemCaseSensitive(tj, "pre_tokenizer");
         const cJSON *dec = cJSON_GetObjectItemCaseSensitive(tj, "decoder");
         bool bytelevel = json_find_type(pt, "ByteLevel") || json_find_type(dec, "ByteLevel");

@@ -356,21 +356,25 @@ static FTUNE_MUST_USE ftune_status load_data(run *r) {
     dop.completion_key = o->completion_key;
     dop.progress = o->data_progress;
     dop.progress_ctx = o->data_progress_ctx;
+    char *chat_system = NULL;
     if (o->chat_template) {
         TRY(ft_chat_template_from_name(&dop.chat_template, o->chat_template));
     } else {
         /* the model's own: the template its tokenizer was loaded with (GGUF
-         * tokenizer.chat_template, tokenizer_config.json, chat_template.jinja) */
-        dop.chat_template = ft_chat_template_detect(ft_tokenizer_chat_template(ftune_model_tokenizer(r->m)));
+         * tokenizer.chat_template, tokenizer_config.json, chat_template.jinja),
+         * with the system message it puts first when a conversation has none */
+        TRY(ft_chat_format_of(ftune_model_tokenizer(r->m), &dop.chat_template, &chat_system));
+        dop.chat_system = chat_system;
         ft_chat_template t = FT_CHAT_NONE;
         if (dop.chat_template == FT_CHAT_NONE && o->model_path && ft_is_dir(o->model_path) &&
             ft_chat_template_from_hf_dir(&t, o->model_path) == FTUNE_OK)
             dop.chat_template = t;
     }
-    TRY(ft_dataset_load(&r->train, o->data_path, &r->dt, &dop));
-    if (o->val_path) {
-        TRY(ft_dataset_load(&r->val, o->val_path, &r->dt, &dop));
-    } else if (o->val_split > 0) {
+    ftune_status st = ft_dataset_load(&r->train, o->data_path, &r->dt, &dop);
+    if (!st && o->val_path) st = ft_dataset_load(&r->val, o->val_path, &r->dt, &dop);
+    free(chat_system);
+    if (st) return st;
+    if (!o->val_path && o->val_split > 0) {
         if (!(o->val_split < 1)) return ft_err(FTUNE_ERR_ARG, "--val-split %g: expected a fraction in [0, 1)", o->val_split);
         if (r->train->n >= 2) TRY(ft_dataset_split(r->train, o->val_split, o->seed, &r->val));
     }
