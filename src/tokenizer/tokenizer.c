@@ -513,6 +513,9 @@ ftune_status ft_tokenizer_build(ftune_tokenizer **out, const ft_vocab_spec *spec
     }
     if (spec->ignore_merges) t->ignore_merges = 1;
 
+    /* from here on a failure is out of memory (compile_regex above may have
+     * left st at FTUNE_OK, and fail: must never return OK without a tokenizer) */
+    st = FTUNE_ERR_NOMEM;
     /* special tokens, longest first */
     len_id *sp = ft_malloc((size_t)V * sizeof *sp);
     if (!sp) goto fail;
