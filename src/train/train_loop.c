@@ -1461,6 +1461,19 @@ static FTUNE_MUST_USE ftune_status optimizer_step(run *r, double loss, double *g
         const ft_param *p = r->zero >= 2 ? (r->n_own ? &r->own[r->n_own / 2] : NULL) : &r->params[r->n_params / 2];
         if (p) p->grad[p->numel / 2] = INFINITY;
     }
+    /* The loss comes from the forward, which the scale does not touch: a
+     * non-finite one is no overflow that a lower scale (a skipped step)
+     * cures, and a dynamic scaler would skip every step and train nothing.
+     * Every rank holds the same sum, so every rank stops here alike. */
+    if (!isfinite(loss)) {
+        const char *v = isnan(loss) ? "NaN" : loss > 0 ? "inf" : "-inf";
+        if (r->topts.compute == FT_F16)
+            return ft_err(FTUNE_ERR_RANGE, "step %lld: the loss is %s before any loss scaling: the f16 forward "
+                          "overflowed (an activation beyond f16's range, 65504), which no loss scale cures; train "
+                          "with --dtype bf16 (f32's range) or f32", (long long)n, v);
+        return ft_err(FTUNE_ERR_RANGE, "step %lld: the loss is %s before any loss scaling (the forward is not finite, "
+                      "which no loss scale cures); try a lower --lr", (long long)n, v);
+    }
     /* every rank decides alike: a non-finite gradient in any rank's part skips the step on all */
     int found_inf = ft_grad_scaler_unscale(&r->scaler, r->own, r->n_own);
     TRY(ft_dist_allreduce_max_i32(&found_inf, 1));
