@@ -242,6 +242,12 @@ struct cJSON;
 FTUNE_MUST_USE ftune_status ft_write_json_atomic(const char *path, const struct cJSON *j);
 bool ft_file_exists(const char *path);
 bool ft_is_dir(const char *path);
+/* A writer's generator (safetensors and GGUF writers): bytes [offset,
+ * offset+n) of tensor `index` into dst, whole elements or blocks. A status
+ * other than FTUNE_OK (a value the dtype cannot hold) stops the write,
+ * which then leaves no file. */
+typedef FTUNE_MUST_USE ftune_status (*ft_fill_fn)(void *ctx, int index, ft_dtype dtype, void *dst, uint64_t offset,
+                                                  size_t n);
 
 /* ------------------------------------------------------------- misc */
 

@@ -119,7 +119,7 @@ typedef struct {
     float buf[4096];
 } gen_state;
 
-static void init_fill(void *ctx, int i, ft_dtype dt, void *dst, uint64_t off, size_t nbytes) {
+static ftune_status init_fill(void *ctx, int i, ft_dtype dt, void *dst, uint64_t off, size_t nbytes) {
     gen_state *g = ctx;
     const init_tensor *t = &g->ts[i];
     if (i != g->cur || off == 0) {
@@ -134,6 +134,7 @@ static void init_fill(void *ctx, int i, ft_dtype dt, void *dst, uint64_t off, si
             g->buf[j] = t->kind == 0 ? 0.02f * ft_rng_normal(&g->rng) : t->kind == 1 ? 1.0f : 0.0f;
         ft_types[dt].from_f32(g->buf, out + k * esz, (int64_t)m);
     }
+    return FTUNE_OK;
 }
 
 static const preset *find_preset(const char *name) {
