@@ -92,6 +92,18 @@ done:
 ftune_status ft_model_quantize(ftune_model *m, ft_dtype q) {
     if (q != FT_NF4 && q != FT_I8ROW) return ft_err(FTUNE_ERR_ARG, "quantization to %s is not supported", ft_types[q].name);
     if (m->quantized) return ft_err(FTUNE_ERR_ARG, "the model's weights are already quantized (%s)", ft_types[m->quant].name);
+    /* A block-quantized GGUF (q8_0, q4_0, the K-quants): quantizing would
+     * dequantize and quantize again, two roundings where the file has one.
+     * Checked on every Linear before any is converted. */
+    for (int l = 0; l < m->cfg.L; l++)
+        for (int k = 0; k < FT_N_MODS; k++) {
+            ft_dtype t = ft_model_linear(m, l, (ft_module)k)->w.dtype;
+            if (t != FT_F32 && t != FT_F16 && t != FT_BF16 && t != q)
+                return ft_err(FTUNE_ERR_ARG, "the model's weights are already quantized (%s, as the file stores "
+                              "blk.%d.%s.weight): --quant does not apply, it would dequantize them and quantize them "
+                              "again; leave --quant out to use them as stored (LoRA trains over them as QLoRA does)",
+                              ft_types[t].name, l, ft_module_gguf_name((ft_module)k));
+        }
     for (int l = 0; l < m->cfg.L; l++)
         for (int k = 0; k < FT_N_MODS; k++) {
             ft_linear *lin = ft_model_linear(m, l, (ft_module)k);
