@@ -1674,6 +1674,56 @@ static FTUNE_MUST_USE ftune_status remove_dead_temporaries(const char *out_dir) 
     return st;
 }
 
+/* The canonical path of path, or of its nearest existing ancestor with the
+ * rest appended as given (a -o not made yet), into out (PATH_MAX bytes). */
+static bool canonical_path(const char *path, char *out) {
+    char buf[PATH_MAX], cwd[PATH_MAX];
+    int n = path[0] == '/' ? snprintf(buf, sizeof buf, "%s", path)
+                           : getcwd(cwd, sizeof cwd) ? snprintf(buf, sizeof buf, "%s/%s", cwd, path) : -1;
+    if (n < 0 || n >= (int)sizeof buf) return false;
+    size_t len = strlen(buf);
+    while (len > 1 && buf[len - 1] == '/') buf[--len] = 0;
+    /* buf[0, cut) is tried, buf + cut ("" or "/rest") is the tail */
+    for (size_t cut = len;;) {
+        char saved = buf[cut];
+        buf[cut] = 0;
+        char *r = realpath(cut ? buf : "/", out);
+        buf[cut] = saved;
+        if (r) {
+            size_t k = strlen(out);
+            if (k == 1 && buf[cut]) k = 0; /* out is "/": the tail alone */
+            return snprintf(out + k, PATH_MAX - k, "%s", buf + cut) < (int)(PATH_MAX - k);
+        }
+        if (cut == 0) return false;
+        do cut--; while (cut > 0 && buf[cut] != '/');
+    }
+}
+
+/* --resume CKPT with -o OUT: CKPT must be one of OUT's checkpoints (OUT is
+ * its parent directory). Another run's checkpoint would have this run
+ * replace that run's adapter, metrics and same-numbered checkpoints and mix
+ * the two in one directory; an OUT inside CKPT would write into the
+ * checkpoint being read. Checked before OUT is made. */
+static FTUNE_MUST_USE ftune_status check_resume_dir(const ftune_train_opts *o) {
+    char ck[PATH_MAX], out[PATH_MAX];
+    if (!realpath(o->resume, ck) || !ft_is_dir(ck))
+        return ft_err(FTUNE_ERR_IO, "--resume %s: no such checkpoint directory", o->resume);
+    if (!canonical_path(o->out_dir, out)) return ft_err(FTUNE_ERR_IO, "-o %s: cannot resolve the path", o->out_dir);
+    size_t k = strlen(ck);
+    if (strcmp(out, ck) == 0 || (strncmp(out, ck, k) == 0 && out[k] == '/'))
+        return ft_err(FTUNE_ERR_ARG, "-o %s is inside the checkpoint being resumed (%s): the run would write into the "
+                      "checkpoint it reads; give the checkpoint's run directory as -o", o->out_dir, o->resume);
+    char *slash = strrchr(ck, '/');
+    if (slash == ck) slash[1] = 0;
+    else if (slash) *slash = 0;
+    if (strcmp(ck, out) != 0)
+        return ft_err(FTUNE_ERR_ARG, "--resume %s: the checkpoint is not one of -o %s's (it belongs to the run in %s): "
+                      "a resumed run writes its adapter, metrics and checkpoints into -o, and would replace or mix "
+                      "with that run's. Give -o %s, or copy that run's directory and resume the copy's checkpoint "
+                      "into it", o->resume, o->out_dir, ck, ck);
+    return FTUNE_OK;
+}
+
 /* Everything about the output paths that can be checked before training:
  * not the base model's directory, creatable, locked against a second run,
  * and empty unless resuming or overwriting. */
@@ -1693,6 +1743,7 @@ static FTUNE_MUST_USE ftune_status claim_out_dir(run *r) {
     }
     if (o->dump_batches && ft_is_dir(o->dump_batches))
         return ft_err(FTUNE_ERR_ARG, "--dump-batches %s is a directory", o->dump_batches);
+    if (o->resume) TRY(check_resume_dir(o));
     TRY(mkdir_p(o->out_dir));
     char path[4200];
     snprintf(path, sizeof path, "%s/" LOCK_NAME, o->out_dir);
