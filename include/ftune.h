@@ -215,9 +215,14 @@ FTUNE_API FTUNE_MUST_USE ftune_status ftune_eval_tokens(ftune_session *s, const 
  * ftune_init_presets(): "stories260K", "llama-110m", "smollm2-360m",
  * "llama-3.2-1b", "llama-2-7b", "qwen2-0.5b") or config_json (the path of a
  * config.json giving the shape; it is parsed and written out again) is
- * given, else FTUNE_ERR_ARG. dtype: "f32" (also NULL), "bf16" or "f16". */
+ * given, else FTUNE_ERR_ARG. dtype: "f32" (also NULL), "bf16" or "f16".
+ * The config is validated before anything is written; an out_dir that
+ * exists and is not empty is refused (FTUNE_ERR_ARG) unless overwrite, when
+ * its config.json and model.safetensors are replaced. The files are written
+ * into a sibling staging directory and moved into out_dir at the end, so a
+ * failure leaves out_dir as it was. */
 FTUNE_API FTUNE_MUST_USE ftune_status ftune_init_model(const char *out_dir, const char *preset, const char *config_json,
-                              const char *dtype, uint64_t seed);
+                              const char *dtype, uint64_t seed, int overwrite);
 /* Names of the presets, NULL-terminated. */
 FTUNE_API const char *const *ftune_init_presets(void);
 

@@ -1091,6 +1091,13 @@ ftune_status ft_merge_write(const ftune_model *m, const char *out_path, const ft
     if (opts && opts->adapter && opts->adapter->m != m)
         return ft_err(FTUNE_ERR_ARG, "%s: the adapter to merge was made for another model", out_path);
     size_t n = strlen(out_path);
-    if (n >= 5 && strcmp(out_path + n - 5, ".gguf") == 0) return write_gguf(m, out_path, opts);
-    return write_hf(m, out_path, opts);
+    if (n >= 5 && strcmp(out_path + n - 5, ".gguf") == 0) return write_gguf(m, out_path, opts); /* one atomic file */
+    /* a directory: staged beside, so that a failure (a refused value, a full disk) leaves no part of it */
+    char staged[4200];
+    ftune_status st = ft_dir_stage(out_path, staged, sizeof staged);
+    if (st) return st;
+    st = write_hf(m, staged, opts);
+    if (!st) st = ft_dir_commit(staged, out_path);
+    if (st) ft_dir_abort(staged);
+    return st;
 }
