@@ -446,10 +446,13 @@ typedef struct {
     uint64_t seed;             /* LoRA init, dropout, shuffling, the validation split; 0 */
     int eval_every;            /* steps between validations; 0: only before and after */
     int save_every;            /* steps between checkpoints; 0: none */
-    const char *resume;        /* a checkpoint-STEP directory to continue from; NULL */
+    const char *resume;        /* a checkpoint-STEP directory of out_dir to continue from (another run's
+                                * is refused: out_dir must be its parent); NULL */
     /* outputs */
     const char *out_dir;       /* required; created if missing */
-    bool overwrite;            /* replace (remove) a previous run in out_dir instead of refusing; false */
+    bool overwrite;            /* replace a previous run in out_dir instead of refusing: what a run writes is
+                                * removed (metrics, adapter or model files, initial/, ftune's checkpoints),
+                                * other files stay; false */
     bool export_gguf;          /* also write adapter.gguf (LoRA only); false */
     bool save_initial_adapter; /* write initial/ (LoRA only); false */
     const char *dump_batches;  /* a JSONL file receiving every micro-batch; NULL */

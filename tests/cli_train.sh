@@ -305,6 +305,22 @@ train -o "$tmp/ow" --steps 2 --val-split 0 --overwrite 2> "$tmp/err.txt"
 [ $? -eq 0 ] && [ ! -e "$tmp/ow/checkpoint-5" ] && [ "$(wc -l < "$tmp/ow/metrics.jsonl")" -eq 2 ] \
     && pass overwrite_replaces_run || fail overwrite_replaces_run "$(cat "$tmp/err.txt"; ls "$tmp/ow")"
 expect_error resume_and_overwrite "not both" train -o "$tmp/ow" --steps 2 --overwrite --resume "$tmp/r/checkpoint-5"
+# --overwrite removes exactly what a run writes: not another trainer's checkpoint-500 (its
+# trainer_state.json is not ftune's), a checkpoint-best, a checkpoint-7 without state or
+# notes; but the previous run's adapter.gguf and a full run's model files go, so none is
+# left beside the new adapter
+rm -rf "$tmp/ow2"; cp -r "$tmp/r" "$tmp/ow2"
+mkdir "$tmp/ow2/checkpoint-500" "$tmp/ow2/checkpoint-best" "$tmp/ow2/checkpoint-7"
+echo '{"global_step": 500, "log_history": [], "best_model_checkpoint": null}' > "$tmp/ow2/checkpoint-500/trainer_state.json"
+cp "$tmp/r/checkpoint-5/trainer_state.json" "$tmp/ow2/checkpoint-best/"
+echo "mine" > "$tmp/ow2/checkpoint-7/notes.txt"; echo "mine" > "$tmp/ow2/notes.txt"
+cp "$tmp/g/adapter.gguf" "$tmp/ow2/"; cp "$HF/model.safetensors" "$HF/config.json" "$HF/tokenizer.json" "$tmp/ow2/"
+train -o "$tmp/ow2" --steps 2 --val-split 0 --overwrite 2> "$tmp/err.txt"; rc=$?
+kept=$(cd "$tmp/ow2" && ls | sort | tr '\n' ' ')
+want="adapter_config.json adapter_model.safetensors checkpoint-500 checkpoint-7 checkpoint-best metrics.jsonl notes.txt "
+[ $rc -eq 0 ] && [ "$kept" = "$want" ] && [ -s "$tmp/ow2/checkpoint-500/trainer_state.json" ] \
+    && [ -s "$tmp/ow2/checkpoint-best/trainer_state.json" ] && [ -s "$tmp/ow2/checkpoint-7/notes.txt" ] \
+    && pass overwrite_removes_only_ftune_outputs || fail overwrite_removes_only_ftune_outputs "exit $rc; kept: $kept; want: $want $(cat "$tmp/err.txt")"
 
 # 18. a second run on the same output directory while one is running is refused, naming the first
 "$FT" train -m "$HF" --data "$tmp/d.jsonl" --ctx 64 -t 1 --quiet -o "$tmp/lk" --steps 100000 --val-split 0 2> "$tmp/lk.err" &

@@ -1608,11 +1608,61 @@ static bool same_file(const char *a, const char *b) {
 
 #define LOCK_NAME ".ftune.lock"
 
+/* The files a run writes into -o at the end: a LoRA run's adapter (and
+ * --export-gguf's), a full run's model as merge writes it (the base's
+ * tokenizer files copied beside). */
+static const char *const run_outputs[] = { "adapter_model.safetensors", "adapter_config.json", "adapter.gguf",
+                                           "model.safetensors", "config.json", "tokenizer.json",
+                                           "tokenizer_config.json", "special_tokens_map.json",
+                                           "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt" };
+
+/* checkpoint-STEP (digits only) holding a trainer_state.json that ftune
+ * wrote (its "format"), not another trainer's (HF Trainer's checkpoint-500
+ * has one too) or a directory someone named checkpoint-best. */
+static bool ftune_checkpoint(const char *out_dir, const char *name) {
+    const char *p = name + 11;
+    if (strncmp(name, "checkpoint-", 11) != 0 || !*p) return false;
+    for (; *p; p++)
+        if (*p < '0' || *p > '9') return false;
+    char path[4400], *text = NULL;
+    snprintf(path, sizeof path, "%s/%s/trainer_state.json", out_dir, name);
+    if (!ft_file_exists(path) || ft_read_file(path, &text, NULL) != FTUNE_OK) {
+        ft_err_clear(); /* not ftune's: kept, nothing to report */
+        return false;
+    }
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(j, "format");
+    bool ours = cJSON_IsString(f) && strcmp(f->valuestring, FT_CKPT_FORMAT) == 0;
+    cJSON_Delete(j);
+    return ours;
+}
+
+/* --save-initial-adapter's directory: initial/ holding an adapter's files only */
+static bool ftune_initial(const char *out_dir, const char *name) {
+    if (strcmp(name, "initial") != 0) return false;
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", out_dir, name);
+    DIR *d = opendir(path);
+    if (!d) return false;
+    bool ours = true;
+    for (struct dirent *e; ours && (e = readdir(d));)
+        ours = strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
+               strcmp(e->d_name, "adapter_model.safetensors") == 0 || strcmp(e->d_name, "adapter_config.json") == 0;
+    closedir(d);
+    return ours;
+}
+
 /* Whether an entry of the output directory is what `--overwrite` removes:
- * the previous run's metrics, initial adapter and checkpoints (also the
- * temporary and old ones a killed save leaves). */
-static bool stale_output(const char *name) {
-    return strcmp(name, "metrics.jsonl") == 0 || strcmp(name, "initial") == 0 || strncmp(name, "checkpoint-", 11) == 0;
+ * exactly what a run writes there: its metrics, final adapter or model,
+ * initial adapter and checkpoints; anything else (another tool's
+ * checkpoint-500, a checkpoint-best, notes) stays. The temporaries a
+ * killed save leaves went before, in remove_dead_temporaries. */
+static bool stale_output(const char *out_dir, const char *name) {
+    if (strcmp(name, "metrics.jsonl") == 0) return true;
+    for (size_t i = 0; i < sizeof run_outputs / sizeof run_outputs[0]; i++)
+        if (strcmp(name, run_outputs[i]) == 0) return true;
+    return ftune_initial(out_dir, name) || ftune_checkpoint(out_dir, name);
 }
 
 /* v as a JSON number in buf (32 bytes): %.{digits}g, or %.1f for digits < 0;
@@ -1788,14 +1838,14 @@ static FTUNE_MUST_USE ftune_status claim_out_dir(run *r) {
     return FTUNE_OK;
 }
 
-/* --overwrite: removes the previous run's metrics, initial adapter and
- * checkpoints, so that none of them is mistaken for this run's. */
+/* --overwrite: removes the previous run's outputs (stale_output), so that
+ * none of them is mistaken for this run's or left beside it. */
 static FTUNE_MUST_USE ftune_status clear_old_run(run *r) {
     DIR *d = opendir(r->o->out_dir);
     if (!d) return ft_err(FTUNE_ERR_IO, "%s: cannot read: %s", r->o->out_dir, strerror(errno));
     ftune_status st = FTUNE_OK;
     for (struct dirent *e; (e = readdir(d)) && !st;) {
-        if (!stale_output(e->d_name)) continue;
+        if (!stale_output(r->o->out_dir, e->d_name)) continue;
         char path[4400];
         snprintf(path, sizeof path, "%s/%s", r->o->out_dir, e->d_name);
         st = rm_tree(path);
