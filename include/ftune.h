@@ -226,9 +226,14 @@ FTUNE_API FTUNE_MUST_USE ftune_status ftune_eval_tokens(ftune_session *s, const 
  * ftune_init_presets(): "stories260K", "llama-110m", "smollm2-360m",
  * "llama-3.2-1b", "llama-2-7b", "qwen2-0.5b") or config_json (the path of a
  * config.json giving the shape; it is parsed and written out again) is
- * given, else FTUNE_ERR_ARG. dtype: "f32" (also NULL), "bf16" or "f16". */
+ * given, else FTUNE_ERR_ARG. dtype: "f32" (also NULL), "bf16" or "f16".
+ * The config is validated before anything is written; an out_dir that
+ * exists and is not empty is refused (FTUNE_ERR_ARG) unless overwrite, when
+ * its config.json and model.safetensors are replaced. The files are written
+ * into a sibling staging directory and moved into out_dir at the end, so a
+ * failure leaves out_dir as it was. */
 FTUNE_API FTUNE_MUST_USE ftune_status ftune_init_model(const char *out_dir, const char *preset, const char *config_json,
-                              const char *dtype, uint64_t seed);
+                              const char *dtype, uint64_t seed, int overwrite);
 /* Names of the presets, NULL-terminated. */
 FTUNE_API const char *const *ftune_init_presets(void);
 
@@ -453,10 +458,13 @@ typedef struct {
     uint64_t seed;             /* LoRA init, dropout, shuffling, the validation split; 0 */
     int eval_every;            /* steps between validations; 0: only before and after */
     int save_every;            /* steps between checkpoints; 0: none */
-    const char *resume;        /* a checkpoint-STEP directory to continue from; NULL */
+    const char *resume;        /* a checkpoint-STEP directory of out_dir to continue from (another run's
+                                * is refused: out_dir must be its parent); NULL */
     /* outputs */
     const char *out_dir;       /* required; created if missing */
-    bool overwrite;            /* replace (remove) a previous run in out_dir instead of refusing; false */
+    bool overwrite;            /* replace a previous run in out_dir instead of refusing: what a run writes is
+                                * removed (metrics, adapter or model files, initial/, ftune's checkpoints),
+                                * other files stay; false */
     bool export_gguf;          /* also write adapter.gguf (LoRA only); false */
     bool save_initial_adapter; /* write initial/ (LoRA only); false */
     const char *dump_batches;  /* a JSONL file receiving every micro-batch; NULL */

@@ -3,7 +3,8 @@
 # help, the progress line and metrics.jsonl fields (only with scaling on),
 # f32 dynamic scaling equal bit for bit to none, a CLI resume that continues
 # the scaler, and every new trainer_state.json field checked on resume; a
-# non-finite loss is null, not nan, in metrics.jsonl and eval --json.
+# non-finite value is null, not nan, in metrics.jsonl and eval --json, and a
+# non-finite loss in training (an f16 forward that overflowed) is an error.
 # (The overflow, skip and growth semantics are in test_grad_scaler.)
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -128,7 +129,28 @@ print("  %d line(s), %s null in each" % (len(rows), sys.argv[2]))'
 "$FT" eval -m "$tmp/ovf" --dtype f16 --text "$tmp/d.jsonl" --json > "$tmp/ovf.json" 2> "$tmp/err.txt"
 $PY -c "$strict_json" "$tmp/ovf.json" loss && $PY -c "$strict_json" "$tmp/ovf.json" ppl \
     && pass eval_json_null_not_nan || fail eval_json_null_not_nan "$(cat "$tmp/ovf.json" "$tmp/err.txt")"
-"$FT" train -m "$tmp/ovf" --data "$tmp/d.jsonl" --ctx 32 -t 1 --val-split 0.25 --steps 2 --dtype f16 \
-    --loss-scale dynamic -o "$tmp/ovf-run" --quiet 2> "$tmp/err.txt"
-$PY -c "$strict_json" "$tmp/ovf-run/metrics.jsonl" loss && pass metrics_null_not_nan \
-    || fail metrics_null_not_nan "$(cat "$tmp/ovf-run/metrics.jsonl" "$tmp/err.txt")"
+# 6. a non-finite loss before scaling is an f16 forward that overflowed, which no scale
+# cures: an error that says so and suggests bf16 (dynamic scaling used to skip every
+# step and exit 0 with the adapter untrained, silently under --quiet)
+expect_error f16_forward_overflow 'loss is nan before any loss scaling: the f16 forward overflowed.*--dtype bf16' \
+    "$FT" train -m "$tmp/ovf" --data "$tmp/d.jsonl" --ctx 32 -t 1 --val-split 0 --steps 2 --dtype f16 \
+    --loss-scale dynamic -o "$tmp/ovf-run" --quiet
+[ ! -e "$tmp/ovf-run/adapter_model.safetensors" ] && pass f16_forward_overflow_no_adapter \
+    || fail f16_forward_overflow_no_adapter "an adapter was written"
+# A backward that overflows is what the scaler is for: the final norm's weight 100 keeps
+# the forward finite (the loss is large) but the gradients at scale 65536 exceed f16's
+# range, so the first steps skip, and a skipped step's grad norm (inf) is null
+rm -rf "$tmp/bwd"; cp -r "$HF" "$tmp/bwd"
+$PY - "$tmp/bwd/model.safetensors" <<'EOF'
+import json, struct, sys
+f = open(sys.argv[1], "r+b"); n = struct.unpack("<Q", f.read(8))[0]; h = json.loads(f.read(n))
+v = h["model.norm.weight"]; assert v["dtype"] == "F32", v
+a, b = v["data_offsets"]; f.seek(8 + n + a); f.write(struct.pack("<%df" % ((b - a) // 4), *[100.0] * ((b - a) // 4)))
+EOF
+all_skipped='import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert all(r["skipped"] and math.isfinite(r["loss"]) for r in rows), rows'
+"$FT" train -m "$tmp/bwd" --data "$tmp/d.jsonl" --ctx 32 -t 1 --val-split 0 --steps 3 --dtype f16 \
+    --loss-scale dynamic -o "$tmp/bwd-run" --quiet 2> "$tmp/err.txt" \
+    && $PY -c "$strict_json" "$tmp/bwd-run/metrics.jsonl" grad_norm && $PY -c "$all_skipped" "$tmp/bwd-run/metrics.jsonl" \
+    && pass metrics_null_not_nan || fail metrics_null_not_nan "$(cat "$tmp/bwd-run/metrics.jsonl" "$tmp/err.txt")"

@@ -81,9 +81,9 @@ done
 
 # 3. a checkpoint resumes only in its own dtype
 expect_error resume_other_dtype "trained with --dtype bf16, this run has --dtype f16" \
-    train -o "$tmp/x1" "${rt[@]}" --dtype f16 --resume "$tmp/s_bf16/checkpoint-5"
+    train -o "$tmp/s_bf16" "${rt[@]}" --dtype f16 --resume "$tmp/s_bf16/checkpoint-5"
 expect_error resume_bf16_in_f32 "trained with --dtype bf16, this run has --dtype f32" \
-    train -o "$tmp/x2" "${rt[@]}" --resume "$tmp/s_bf16/checkpoint-5"
+    train -o "$tmp/s_bf16" "${rt[@]}" --resume "$tmp/s_bf16/checkpoint-5"
 expect_error dtype_unknown '"f8" is not one of f32, bf16, f16' \
     "$FT" eval -m "$HF" --text "$tmp/d.txt" --dtype f8
 

@@ -58,12 +58,14 @@ done
 same_output full_np2_zero1_model_is_whole "$tmp/f1" "$tmp/f2" -m
 
 # 3. a checkpoint from 2 ranks at ZeRO 1 resumes on 1 process, and on 4 ranks at ZeRO 0, continuing the curve
+# (each in a copy of the run: a checkpoint resumes only into its own run's directory)
 ck=("${common[@]}" --steps 6 --lr 1e-2 --batch-size 4 --save-every 3)
 if run_mpi 2 "$FT" train "${ck[@]}" --zero 1 -o "$tmp/c2" > "$tmp/out.txt" 2>&1 && [ -d "$tmp/c2/checkpoint-3" ]; then
-    "$FT" train "${ck[@]}" --resume "$tmp/c2/checkpoint-3" -o "$tmp/c2r1" 2> "$tmp/err.txt" &&
+    cp -r "$tmp/c2" "$tmp/c2r1"; cp -r "$tmp/c2" "$tmp/c2r4"
+    "$FT" train "${ck[@]}" --resume "$tmp/c2r1/checkpoint-3" -o "$tmp/c2r1" 2> "$tmp/err.txt" &&
         same_curve resume_np2_zero1_on_one_process "$tmp/c2/metrics.jsonl" "$tmp/c2r1/metrics.jsonl" 4 ||
         fail resume_np2_zero1_on_one_process "$(cat "$tmp/err.txt")"
-    run_mpi 4 "$FT" train "${ck[@]}" --zero 0 --resume "$tmp/c2/checkpoint-3" -o "$tmp/c2r4" > "$tmp/out.txt" 2>&1 &&
+    run_mpi 4 "$FT" train "${ck[@]}" --zero 0 --resume "$tmp/c2r4/checkpoint-3" -o "$tmp/c2r4" > "$tmp/out.txt" 2>&1 &&
         same_curve resume_np2_zero1_on_np4_zero0 "$tmp/c2/metrics.jsonl" "$tmp/c2r4/metrics.jsonl" 4 ||
         fail resume_np2_zero1_on_np4_zero0 "$(tail -20 "$tmp/out.txt")"
     "$FT" train "${ck[@]}" -o "$tmp/c1" 2> "$tmp/err.txt" &&
@@ -76,7 +78,8 @@ else fail checkpoint_np2_zero1 "$(tail -20 "$tmp/out.txt")"; fi
 odd=("${common[@]}" --steps 4 --lr 1e-2 --batch-size 3 --save-every 2)
 if "$FT" train "${odd[@]}" -o "$tmp/o1" 2> "$tmp/err.txt" &&
    run_mpi 3 "$FT" train "${odd[@]}" --zero 1 --bucket-mb 0.01 -o "$tmp/o3" > "$tmp/out.txt" 2>&1 &&
-   run_mpi 3 "$FT" train "${odd[@]}" --zero 1 --bucket-mb 0.01 --resume "$tmp/o3/checkpoint-2" -o "$tmp/o3r" >> "$tmp/out.txt" 2>&1; then
+   cp -r "$tmp/o3" "$tmp/o3r" &&
+   run_mpi 3 "$FT" train "${odd[@]}" --zero 1 --bucket-mb 0.01 --resume "$tmp/o3r/checkpoint-2" -o "$tmp/o3r" >> "$tmp/out.txt" 2>&1; then
     same_curve np3_zero1_small_buckets "$tmp/o1/metrics.jsonl" "$tmp/o3/metrics.jsonl"
     same_curve np3_zero1_small_buckets_resume "$tmp/o1/metrics.jsonl" "$tmp/o3r/metrics.jsonl" 3
 else fail np3_zero1_small_buckets "$(cat "$tmp/err.txt"; tail -20 "$tmp/out.txt")"; fi
@@ -85,7 +88,7 @@ else fail np3_zero1_small_buckets "$(cat "$tmp/err.txt"; tail -20 "$tmp/out.txt"
 ls=("${ck[@]}" --loss-scale dynamic)
 if "$FT" train "${ls[@]}" -o "$tmp/s1" 2> "$tmp/err.txt" &&
    run_mpi 2 "$FT" train "${ls[@]}" --zero 1 -o "$tmp/s2" > "$tmp/out.txt" 2>&1 &&
-   run_mpi 4 "$FT" train "${ls[@]}" --resume "$tmp/s2/checkpoint-3" -o "$tmp/s4" >> "$tmp/out.txt" 2>&1; then
+   cp -r "$tmp/s2" "$tmp/s4" && run_mpi 4 "$FT" train "${ls[@]}" --resume "$tmp/s4/checkpoint-3" -o "$tmp/s4" >> "$tmp/out.txt" 2>&1; then
     same_curve loss_scaler_np2_zero1_is_one_process "$tmp/s1/metrics.jsonl" "$tmp/s2/metrics.jsonl"
     same_curve loss_scaler_resume_np2_on_np4 "$tmp/s1/metrics.jsonl" "$tmp/s4/metrics.jsonl" 4
     grep -q '"loss_scale":65536,"skipped_steps":0' "$tmp/s4/metrics.jsonl" && pass loss_scaler_state_on_every_rank ||

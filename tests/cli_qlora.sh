@@ -3,8 +3,9 @@
 # quantization) on load and trains LoRA on it. On stories260K in bf16, its
 # validation loss before and after training stays within a stated distance
 # of plain LoRA on the bf16 base; quantization is visibly on (the base's
-# loss moves); --quant with --full, an unknown --quant, and resuming a
-# checkpoint under another quantization are clear errors.
+# loss moves); --quant with --full, an unknown --quant, --quant on a
+# block-quantized GGUF, and resuming a checkpoint under another quantization
+# are clear errors.
 set -u
 . "$(dirname "$0")/lib.sh"
 GG=$D/models/stories260K/stories260K.gguf
@@ -105,3 +106,28 @@ sys.exit(0 if 0.002 <= abs(b / a - 1) < 0.05 and abs(c / a - 1) < 0.005 and c !=
 else fail eval_quant "bf16 $e16, nf4 $e4, int8 $e8"; fi
 g=$("$FT" generate -m "$tmp/bf16" -p "ROMEO:" -n 8 --temp 0 --quiet -t 1 --quant nf4 2>&1) && [ -n "$g" ] && pass generate_quant ||
     fail generate_quant "$g"
+# --quant on a block-quantized GGUF (q8_0, q4_0, the K-quants) would dequantize
+# and quantize again: refused in every command that takes it, and by plan, as for
+# a bitsandbytes base; an f16 GGUF still quantizes
+"$FT" merge -m "$GG" -o "$tmp/q8.gguf" --dtype q8_0 2> "$tmp/err.txt" \
+    && "$FT" merge -m "$GG" -o "$tmp/q4.gguf" --dtype q4_0 2>> "$tmp/err.txt" \
+    && "$FT" merge -m "$GG" -o "$tmp/f16.gguf" --dtype f16 2>> "$tmp/err.txt" || fail quant_gguf_files "$(cat "$tmp/err.txt")"
+requant='already quantized (q[48]_0, as the file stores.*--quant does not apply, it would dequantize them and quantize them again'
+for q in q8 q4; do
+    for type in nf4 int8; do
+        expect_error "quant_${type}_on_${q}_train" "$requant" "$FT" train -m "$tmp/$q.gguf" -o "$tmp/rq" $OPT --steps 1 --quant $type
+    done
+    expect_error "quant_on_${q}_eval" "$requant" "$FT" eval -m "$tmp/$q.gguf" --text "$tmp/ev.txt" -t 1 --quant nf4
+    expect_error "quant_on_${q}_generate" "$requant" "$FT" generate -m "$tmp/$q.gguf" -p "ROMEO:" -n 2 --quant int8
+    expect_error "quant_on_${q}_merge" "$requant" "$FT" merge -m "$tmp/$q.gguf" --quant nf4 -o "$tmp/rq-merged"
+    expect_error "quant_on_${q}_plan" "$requant" "$FT" plan -m "$tmp/$q.gguf" --quant nf4 --ctx 32
+done
+[ ! -e "$tmp/rq/adapter_model.safetensors" ] && [ ! -e "$tmp/rq-merged" ] && pass quant_requant_wrote_nothing \
+    || fail quant_requant_wrote_nothing "$(ls "$tmp/rq" "$tmp/rq-merged" 2>&1)"
+"$FT" eval -m "$tmp/f16.gguf" --text "$tmp/ev.txt" -t 1 --quant nf4 > /dev/null 2> "$tmp/err.txt" && pass quant_on_f16_gguf \
+    || fail quant_on_f16_gguf "$(cat "$tmp/err.txt")"
+# a real model's Q4_K_M mix (its first layer's q_proj is q5_0, others q4_K)
+if need_model quant_on_k_quants "$QWEN"; then
+    expect_error quant_on_k_quants "already quantized (q[0-9]_[0-9k]*, as the file stores blk.0" \
+        "$FT" eval -m "$QWEN" --text "$tmp/ev.txt" -t 1 -c 16 --quant nf4
+fi

@@ -165,11 +165,37 @@ else
 fi
 
 # 6. a checkpoint from another configuration or model is refused, naming the difference
+# (on a copy of the run: a checkpoint resumes only into its own run's directory)
+cp -r "$tmp/r" "$tmp/rx"
 expect_error resume_other_config "different configuration: lora_r" \
-    train -o "$tmp/x" "${rt[@]}" --lora-r 4 --resume "$tmp/r/checkpoint-5"
+    train -o "$tmp/rx" "${rt[@]}" --lora-r 4 --resume "$tmp/rx/checkpoint-5"
 "$FT" init --preset stories260K "$tmp/rand" > /dev/null 2>&1; cp "$HF/tokenizer.json" "$HF/tokenizer_config.json" "$tmp/rand/"
 expect_error resume_other_model "different model" \
-    "$FT" train -m "$tmp/rand" --data "$tmp/d.jsonl" --ctx 64 -t 1 -o "$tmp/x" "${rt[@]}" --resume "$tmp/r/checkpoint-5"
+    "$FT" train -m "$tmp/rand" --data "$tmp/d.jsonl" --ctx 64 -t 1 -o "$tmp/rx" "${rt[@]}" --resume "$tmp/rx/checkpoint-5"
+
+# 6b. --resume into another run's -o would replace that run's adapter, metrics and
+# checkpoints: refused unless the checkpoint is one of -o's, before anything is written;
+# so is an -o that is, or is inside, the checkpoint being resumed
+sums() { (cd "$1" && find . -type f ! -name .ftune.lock | sort | xargs sha256sum); }
+before=$(sums "$tmp/full10"); before_r=$(sums "$tmp/r")
+expect_error resume_into_other_run "checkpoint is not one of -o .*full10's (it belongs to the run in .*/r)" \
+    train -o "$tmp/full10" "${rt[@]}" --resume "$tmp/r/checkpoint-5"
+[ "$(sums "$tmp/full10")" = "$before" ] && pass resume_into_other_run_untouched \
+    || fail resume_into_other_run_untouched "$(ls -la "$tmp/full10")"
+expect_error resume_into_new_dir "checkpoint is not one of -o" train -o "$tmp/fresh" "${rt[@]}" --resume "$tmp/r/checkpoint-5"
+[ ! -e "$tmp/fresh" ] && pass resume_into_new_dir_not_made || fail resume_into_new_dir_not_made "$(ls -la "$tmp/fresh")"
+expect_error resume_out_in_checkpoint "-o .*checkpoint-5/sub is inside the checkpoint being resumed" \
+    train -o "$tmp/r/checkpoint-5/sub" "${rt[@]}" --resume "$tmp/r/checkpoint-5"
+expect_error resume_out_is_checkpoint "is inside the checkpoint being resumed" \
+    train -o "$tmp/r/checkpoint-5" "${rt[@]}" --resume "$tmp/r/checkpoint-5"
+[ "$(sums "$tmp/r")" = "$before_r" ] && pass resume_out_in_checkpoint_untouched \
+    || fail resume_out_in_checkpoint_untouched "$(ls -laR "$tmp/r/checkpoint-5")"
+# the run's own directory, spelled another way (relative, with ./ and a trailing slash), resumes
+abs() { case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+ft_abs=$(abs "$FT"); hf_abs=$(abs "$HF")
+(cd "$tmp" && "$ft_abs" train -m "$hf_abs" --data d.jsonl --ctx 64 -t 1 --quiet -o ./r/ "${rt[@]}" \
+    --resume r/checkpoint-5/) 2> "$tmp/err.txt" && [ "$(losses "$tmp/r/metrics.jsonl")" = "$a" ] \
+    && pass resume_own_dir_other_spelling || fail resume_own_dir_other_spelling "$(cat "$tmp/err.txt")"
 
 # 7. the disk fills while a checkpoint is written: a clear error, no half checkpoint,
 # and the previous one still resumes to the uninterrupted result
@@ -279,6 +305,22 @@ train -o "$tmp/ow" --steps 2 --val-split 0 --overwrite 2> "$tmp/err.txt"
 [ $? -eq 0 ] && [ ! -e "$tmp/ow/checkpoint-5" ] && [ "$(wc -l < "$tmp/ow/metrics.jsonl")" -eq 2 ] \
     && pass overwrite_replaces_run || fail overwrite_replaces_run "$(cat "$tmp/err.txt"; ls "$tmp/ow")"
 expect_error resume_and_overwrite "not both" train -o "$tmp/ow" --steps 2 --overwrite --resume "$tmp/r/checkpoint-5"
+# --overwrite removes exactly what a run writes: not another trainer's checkpoint-500 (its
+# trainer_state.json is not ftune's), a checkpoint-best, a checkpoint-7 without state or
+# notes; but the previous run's adapter.gguf and a full run's model files go, so none is
+# left beside the new adapter
+rm -rf "$tmp/ow2"; cp -r "$tmp/r" "$tmp/ow2"
+mkdir "$tmp/ow2/checkpoint-500" "$tmp/ow2/checkpoint-best" "$tmp/ow2/checkpoint-7"
+echo '{"global_step": 500, "log_history": [], "best_model_checkpoint": null}' > "$tmp/ow2/checkpoint-500/trainer_state.json"
+cp "$tmp/r/checkpoint-5/trainer_state.json" "$tmp/ow2/checkpoint-best/"
+echo "mine" > "$tmp/ow2/checkpoint-7/notes.txt"; echo "mine" > "$tmp/ow2/notes.txt"
+cp "$tmp/g/adapter.gguf" "$tmp/ow2/"; cp "$HF/model.safetensors" "$HF/config.json" "$HF/tokenizer.json" "$tmp/ow2/"
+train -o "$tmp/ow2" --steps 2 --val-split 0 --overwrite 2> "$tmp/err.txt"; rc=$?
+kept=$(cd "$tmp/ow2" && ls | sort | tr '\n' ' ')
+want="adapter_config.json adapter_model.safetensors checkpoint-500 checkpoint-7 checkpoint-best metrics.jsonl notes.txt "
+[ $rc -eq 0 ] && [ "$kept" = "$want" ] && [ -s "$tmp/ow2/checkpoint-500/trainer_state.json" ] \
+    && [ -s "$tmp/ow2/checkpoint-best/trainer_state.json" ] && [ -s "$tmp/ow2/checkpoint-7/notes.txt" ] \
+    && pass overwrite_removes_only_ftune_outputs || fail overwrite_removes_only_ftune_outputs "exit $rc; kept: $kept; want: $want $(cat "$tmp/err.txt")"
 
 # 18. a second run on the same output directory while one is running is refused, naming the first
 "$FT" train -m "$HF" --data "$tmp/d.jsonl" --ctx 64 -t 1 --quiet -o "$tmp/lk" --steps 100000 --val-split 0 2> "$tmp/lk.err" &

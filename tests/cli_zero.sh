@@ -120,7 +120,9 @@ for z in 1 3; do
        [ -s "$tmp/ck.$z/checkpoint-2/shard-0-of-2.safetensors" ] && [ -s "$tmp/ck.$z/checkpoint-2/shard-1-of-2.safetensors" ] &&
        [ ! -e "$tmp/ck.$z/checkpoint-2/optimizer.safetensors" ] && grep -q '"shards"' "$tmp/ck.$z/checkpoint-2/trainer_state.json"; then
         pass "sharded_checkpoint_zero$z"
-        if run_mpi 2 "$FT" train "${ck[@]}" --zero $z --resume "$tmp/ck.$z/checkpoint-2" -o "$tmp/ckr.$z" > "$tmp/out.txt" 2>&1; then
+        # a checkpoint resumes only into its own run's directory: a copy, without the final model
+        cp -r "$tmp/ck.$z" "$tmp/ckr.$z"; rm "$tmp/ckr.$z/model.safetensors"
+        if run_mpi 2 "$FT" train "${ck[@]}" --zero $z --resume "$tmp/ckr.$z/checkpoint-2" -o "$tmp/ckr.$z" > "$tmp/out.txt" 2>&1; then
             same_lines "sharded_resume_np2_zero${z}_bit_for_bit" "$tmp/ck.$z/metrics.jsonl" "$tmp/ckr.$z/metrics.jsonl" 3
             cmp -s "$tmp/ck.$z/model.safetensors" "$tmp/ckr.$z/model.safetensors" && pass "sharded_resume_np2_zero${z}_same_model" ||
                 fail "sharded_resume_np2_zero${z}_same_model" "the final models differ"
@@ -130,40 +132,43 @@ done
 # the stage may change between resumes (the shards are the same flat ranges at every stage >= 1);
 # the same curve to 1e-5, not bit for bit: ZeRO 2 sums the tied embedding's two gradient parts (the
 # head's, the embedding's) over the ranks one at a time, ZeRO 1 their sum
-run_mpi 2 "$FT" train "${ck[@]}" --zero 2 --resume "$tmp/ck.1/checkpoint-2" -o "$tmp/ckr.12" > "$tmp/out.txt" 2>&1 &&
+cp -r "$tmp/ck.1" "$tmp/ckr.12"
+run_mpi 2 "$FT" train "${ck[@]}" --zero 2 --resume "$tmp/ckr.12/checkpoint-2" -o "$tmp/ckr.12" > "$tmp/out.txt" 2>&1 &&
     same_curve sharded_resume_zero1_as_zero2 "$tmp/ck.1/metrics.jsonl" "$tmp/ckr.12/metrics.jsonl" 3 ||
     fail sharded_resume_zero1_as_zero2 "$(tail -20 "$tmp/out.txt")"
 # another rank count: refused, naming both counts, on every rank, without a hang; the checkpoint is untouched
 sums() { (cd "$1" && md5sum * | sort); }
 before=$(sums "$tmp/ck.1/checkpoint-2")
-"$FT" train "${ck[@]}" --zero 1 --resume "$tmp/ck.1/checkpoint-2" -o "$tmp/ckbad1" > "$tmp/out.txt" 2>&1
+cp -r "$tmp/ck.1" "$tmp/ckbad"
+"$FT" train "${ck[@]}" --zero 1 --resume "$tmp/ckbad/checkpoint-2" -o "$tmp/ckbad" > "$tmp/out.txt" 2>&1
 rc=$?
 [ $rc -ne 0 ] && grep -q 'sharded over 2 ranks.*this run has 1' "$tmp/out.txt" && pass sharded_on_one_process_refused ||
     fail sharded_on_one_process_refused "exit $rc: $(cat "$tmp/out.txt")"
-run_mpi 4 "$FT" train "${ck[@]}" --zero 3 --resume "$tmp/ck.1/checkpoint-2" -o "$tmp/ckbad4" > "$tmp/out.txt" 2>&1
+run_mpi 4 "$FT" train "${ck[@]}" --zero 3 --resume "$tmp/ckbad/checkpoint-2" -o "$tmp/ckbad" > "$tmp/out.txt" 2>&1
 rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q 'sharded over 2 ranks.*this run has 4' "$tmp/out.txt" && pass sharded_on_np4_refused ||
     fail sharded_on_np4_refused "exit $rc: $(cat "$tmp/out.txt")"
-[ "$before" = "$(sums "$tmp/ck.1/checkpoint-2")" ] && pass refused_resume_leaves_the_checkpoint ||
+[ "$before" = "$(sums "$tmp/ckbad/checkpoint-2")" ] && pass refused_resume_leaves_the_checkpoint ||
     fail refused_resume_leaves_the_checkpoint "the checkpoint's files changed"
 
 # 5. --consolidate: whole checkpoints from 2 ranks resume on 1 process, and one process's on 2
 #    ranks at ZeRO 3, continuing the same curve (1e-5: the sums' order differs from there on)
 if run_mpi 2 "$FT" train "${ck[@]}" --zero 2 --consolidate -o "$tmp/cc2" > "$tmp/out.txt" 2>&1 &&
    [ -s "$tmp/cc2/checkpoint-2/optimizer.safetensors" ] && [ ! -e "$tmp/cc2/checkpoint-2/shard-0-of-2.safetensors" ]; then
-    "$FT" train "${ck[@]}" --resume "$tmp/cc2/checkpoint-2" -o "$tmp/cc2r1" 2> "$tmp/err.txt" &&
+    cp -r "$tmp/cc2" "$tmp/cc2r1"
+    "$FT" train "${ck[@]}" --resume "$tmp/cc2r1/checkpoint-2" -o "$tmp/cc2r1" 2> "$tmp/err.txt" &&
         same_curve consolidated_np2_resumes_on_one_process "$tmp/cc2/metrics.jsonl" "$tmp/cc2r1/metrics.jsonl" 3 ||
         fail consolidated_np2_resumes_on_one_process "$(cat "$tmp/err.txt")"
 else fail consolidate_np2 "$(tail -20 "$tmp/out.txt")"; fi
 if "$FT" train "${ck[@]}" -o "$tmp/cc1" 2> "$tmp/err.txt" &&
-   run_mpi 2 "$FT" train "${ck[@]}" --zero 3 --resume "$tmp/cc1/checkpoint-2" -o "$tmp/cc1r2" > "$tmp/out.txt" 2>&1; then
+   cp -r "$tmp/cc1" "$tmp/cc1r2" && run_mpi 2 "$FT" train "${ck[@]}" --zero 3 --resume "$tmp/cc1r2/checkpoint-2" -o "$tmp/cc1r2" > "$tmp/out.txt" 2>&1; then
     same_curve one_process_resumes_on_np2_zero3 "$tmp/cc1/metrics.jsonl" "$tmp/cc1r2/metrics.jsonl" 3
     same_curve sharded_run_is_one_process "$tmp/cc1/metrics.jsonl" "$tmp/ck.3/metrics.jsonl"
 else fail one_process_resumes_on_np2_zero3 "$(cat "$tmp/err.txt"; tail -20 "$tmp/out.txt")"; fi
 # LoRA's checkpoints are always whole: 2 ranks at ZeRO 3 resume on one process
 lck=("${common[@]}" --steps 4 --lr 1e-2 --batch-size 4 --save-every 2)
 if run_mpi 2 "$FT" train "${lck[@]}" --zero 3 -o "$tmp/lc2" > "$tmp/out.txt" 2>&1 &&
-   "$FT" train "${lck[@]}" --resume "$tmp/lc2/checkpoint-2" -o "$tmp/lc2r1" 2> "$tmp/err.txt"; then
+   cp -r "$tmp/lc2" "$tmp/lc2r1" && "$FT" train "${lck[@]}" --resume "$tmp/lc2r1/checkpoint-2" -o "$tmp/lc2r1" 2> "$tmp/err.txt"; then
     same_curve lora_zero3_checkpoint_resumes_on_one_process "$tmp/lc2/metrics.jsonl" "$tmp/lc2r1/metrics.jsonl" 3
 else fail lora_zero3_checkpoint "$(cat "$tmp/err.txt"; tail -20 "$tmp/out.txt")"; fi
 exit 0

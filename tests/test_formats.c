@@ -223,13 +223,31 @@ static void test_st_adapter(void) {
 /* ------------------------------------------------------------- round trips */
 
 /* A generated tensor: element i of an I32 tensor is i * 3 + index. */
-static void gen_i32(void *ctx, int index, ft_dtype dtype, void *dst, uint64_t offset, size_t n) {
+static ftune_status gen_i32(void *ctx, int index, ft_dtype dtype, void *dst, uint64_t offset, size_t n) {
     (void)ctx;
     (void)dtype;
     for (size_t k = 0; k < n / 4; k++) {
         int32_t v = (int32_t)((offset / 4 + k) * 3 + (uint64_t)index);
         memcpy((uint8_t *)dst + 4 * k, &v, 4);
     }
+    return FTUNE_OK;
+}
+
+/* A generator that fails once past its first chunk's start, as merge's does
+ * on a value the dtype cannot hold. */
+static ftune_status gen_fail(void *ctx, int index, ft_dtype dtype, void *dst, uint64_t offset, size_t n) {
+    (void)ctx;
+    (void)index;
+    (void)dtype;
+    memset(dst, 0, n);
+    return ft_err(FTUNE_ERR_RANGE, "gen_fail: refused at byte %llu", (unsigned long long)offset);
+}
+
+/* path and path.tmp are not there */
+static bool no_file(const char *path) {
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    return access(path, F_OK) != 0 && access(tmp, F_OK) != 0;
 }
 
 static void test_st_roundtrip(void) {
@@ -296,6 +314,10 @@ static void test_st_roundtrip(void) {
     snprintf(tmp, sizeof tmp, "%s.tmp", bad);
     CHECK(access(tmp, F_OK) != 0);
     CHECK(ft_st_write("/nonexistent-dir/x.safetensors", ts, 1, NULL) == FTUNE_ERR_IO);
+    /* a generator's failure stops the write: its status, no file */
+    st_out_tensor failing[] = { ts[0], { .name = "f", .dtype = FT_F32, .ndim = 1, .shape = { 8 }, .fill = gen_fail } };
+    CHECK(ft_st_write(bad, failing, 2, NULL) == FTUNE_ERR_RANGE && contains(ftune_last_error(), "gen_fail"));
+    CHECK(no_file(bad));
 }
 
 static void test_gguf_writer_roundtrip(void) {
@@ -340,6 +362,16 @@ static void test_gguf_writer_roundtrip(void) {
     CHECK_OK(ft_gguf_writer_write(w, path));
     ft_gguf_writer_free(w);
     ft_gguf_writer_free(NULL);
+    /* a generator's failure stops the write: its status, no file */
+    char bad[1024];
+    tmp_path(bad, sizeof bad, "bad.gguf");
+    CHECK_OK(ft_gguf_writer_new(&w));
+    if (check_failed_) return;
+    CHECK_OK(ft_gguf_writer_add_tensor(w, "m.weight", FT_F32, 2, s2, m));
+    CHECK_OK(ft_gguf_writer_add_tensor_fill(w, "f", FT_F32, 2, sg, gen_fail, NULL, 0));
+    CHECK(ft_gguf_writer_write(w, bad) == FTUNE_ERR_RANGE && contains(ftune_last_error(), "gen_fail"));
+    CHECK(no_file(bad));
+    ft_gguf_writer_free(w);
 
     gguf_file g;
     CHECK_OK(ft_gguf_open(&g, path));

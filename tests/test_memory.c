@@ -373,7 +373,7 @@ int main(void) {
     FILE *f = fopen(cfg, "w");
     if (!f || fputs(model_json, f) < 0 || fclose(f) != 0) { perror(cfg); return 1; }
     double t0 = ft_time_s();
-    if (ftune_init_model(model_dir, NULL, cfg, "f32", 1) || ftune_init_model(small_dir, "stories260K", NULL, "f32", 2)) {
+    if (ftune_init_model(model_dir, NULL, cfg, "f32", 1, 0) || ftune_init_model(small_dir, "stories260K", NULL, "f32", 2, 0)) {
         fprintf(stderr, "init: %s\n", ftune_last_error());
         return 1;
     }

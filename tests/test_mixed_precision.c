@@ -473,7 +473,7 @@ static void test_weights_held(void) {
         char dir[400], path[420];
         snprintf(dir, sizeof dir, "%s/stored_%s", tmpdir, stored[i]);
         if (i < 2) {
-            CHECK_OK(ftune_init_model(dir, "stories260K", NULL, stored[i], 3));
+            CHECK_OK(ftune_init_model(dir, "stories260K", NULL, stored[i], 3, 0));
             snprintf(path, sizeof path, "%s", dir);
         } else {
             snprintf(path, sizeof path, "%s.gguf", dir);
@@ -529,7 +529,7 @@ static void test_weights_held(void) {
                      " \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000, \"tie_word_embeddings\": false,"
                      " \"hidden_act\": \"silu\", \"torch_dtype\": \"float32\"}\n", f) >= 0);
     if (f) CHECK(fclose(f) == 0);
-    CHECK_OK(ftune_init_model(big, NULL, cfg, "f32", 4));
+    CHECK_OK(ftune_init_model(big, NULL, cfg, "f32", 4, 0));
     CHECK_OK(ftune_model_load(&mb, big, &lb));
     if (mb) {
         size_t mapped = ft_mem_mapped(), res = ft_mem_mapped_resident();

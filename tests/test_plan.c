@@ -249,7 +249,7 @@ int main(void) {
     snprintf(data_path, sizeof data_path, "%s/data.txt", tmpdir);
     FILE *f = fopen(cfg, "w");
     if (!f || fputs(model_json, f) < 0 || fclose(f) != 0) { perror(cfg); return 1; }
-    if (ftune_init_model(model_dir, NULL, cfg, "f32", 1)) { fprintf(stderr, "init: %s\n", ftune_last_error()); return 1; }
+    if (ftune_init_model(model_dir, NULL, cfg, "f32", 1, 0)) { fprintf(stderr, "init: %s\n", ftune_last_error()); return 1; }
     /* stories260K's tokenizer (512 ids, all below the model's 32000) and 16 KB of text */
     check_data_path(hf, sizeof hf, "models/stories260K-hf");
     check_data_path(text, sizeof text, "text/tinyshakespeare/input.txt");

@@ -212,10 +212,10 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
         { NULL, "--no-shuffle", OPT_FLAG, &no_shuffle, "", "keep the file's order in every epoch" },
         { NULL, "--eval-every", OPT_INT, &o.eval_every, "N", "validate every N steps; 0 = before and after only" },
         { NULL, "--save-every", OPT_INT, &o.save_every, "N", "write OUT/checkpoint-STEP every N steps; 0 = never" },
-        { NULL, "--resume", OPT_STR, &o.resume, "DIR", "continue from OUT/checkpoint-STEP" },
+        { NULL, "--resume", OPT_STR, &o.resume, "DIR", "continue from OUT/checkpoint-STEP (a checkpoint of -o's own run)" },
         { NULL, "--overwrite", OPT_FLAG, &o.overwrite, "",
-          "replace the run already in OUT_DIR (its metrics and checkpoints are removed); without it a non-empty "
-          "OUT_DIR is refused" },
+          "replace the run already in OUT_DIR (what a run writes is removed: metrics, adapter or model files, "
+          "initial/, ftune's checkpoints; other files stay); without it a non-empty OUT_DIR is refused" },
         { NULL, "--export-gguf", OPT_FLAG, &o.export_gguf, "", "also write OUT/adapter.gguf (llama.cpp LoRA)" },
         { NULL, "--save-initial-adapter", OPT_FLAG, &o.save_initial_adapter, "",
           "write OUT/initial/ (the PEFT adapter before step 1)" },

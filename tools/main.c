@@ -1,4 +1,5 @@
 /* main.c — the ftune command: dispatches to a subcommand. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -26,6 +27,7 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
     if (argc < 2) { usage(stderr); return 2; }
+    signal(SIGXFSZ, SIG_IGN); /* a file-size limit is a write error (its writers then leave no partial file), not a kill */
     if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-v") == 0 || strcmp(argv[1], "version") == 0) {
 #ifdef __clang__
         const char *cc = "clang";

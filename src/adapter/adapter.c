@@ -567,14 +567,23 @@ static unsigned targets_of(const bool *sel, int L) {
 
 /* Entry i's parameter k from a file's tensor data src of type dt (F32,
  * F16 or BF16; its shape checked against the parameter's): converted to
- * f32, and when heads > 0 and its rows are the Linear's outputs, permuted
- * head by head to the model's layout (to_interleaved: from rotate-half). */
+ * f32, checked finite (an inf or NaN would reach every output of the
+ * Linear, or train from it), and when heads > 0 and its rows are the
+ * Linear's outputs, permuted head by head to the model's layout
+ * (to_interleaved: from rotate-half). path and the tensor's name
+ * (name_len bytes) are for the message. */
 static FTUNE_MUST_USE ftune_status load_param(ft_adapter *a, int i, int k, ft_dtype dt, const void *src, int heads,
-                               bool to_interleaved) {
+                               bool to_interleaved, const char *path, const char *name, int name_len) {
     const ft_adapter_entry *e = &a->e[i];
     ft_adapter_param ap;
     a->kind->param(&ap, &e->lora->base, k, e->lin->in, e->lin->out);
-    ft_types[dt].to_f32(src, ap.data, ap.shape[0] * ap.shape[1]);
+    int64_t n = ap.shape[0] * ap.shape[1];
+    ft_types[dt].to_f32(src, ap.data, n);
+    for (int64_t j = 0; j < n; j++)
+        if (!isfinite(ap.data[j]))
+            return ft_err(FTUNE_ERR_FORMAT, "%s: tensor \"%.*s\": element [%lld, %lld] is %s: an adapter's values must "
+                          "be finite", path, name_len, name, (long long)(j / ap.shape[1]), (long long)(j % ap.shape[1]),
+                          isnan(ap.data[j]) ? "NaN" : ap.data[j] > 0 ? "inf" : "-inf");
     if (!heads || !ap.def->out_rows) return FTUNE_OK;
     return ft_permute_rope_rows(ap.data, (int)ap.shape[0], (int)ap.shape[1], heads, to_interleaved);
 }
@@ -671,7 +680,9 @@ ftune_status ft_adapter_load_peft(ft_adapter **out, ftune_model *m, const char *
         /* PEFT files are in rotate-half order */
         int heads = c->rope_interleaved ? ft_module_rope_heads(c, e->mod) : 0;
         for (int k = 0; k < kind->n_params; k++)
-            if ((st = load_param(a, i, k, p->t[k]->dtype, p->t[k]->data, heads, true))) goto done;
+            if ((st = load_param(a, i, k, p->t[k]->dtype, p->t[k]->data, heads, true, st_path, p->t[k]->name,
+                                 (int)strlen(p->t[k]->name))))
+                goto done;
     }
     *out = a;
     a = NULL;
@@ -1000,7 +1011,9 @@ ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *m, const char *
         const gguf_pair *p = &pairs[e->layer * FT_N_MODS + e->mod];
         int heads = file_interleaved != c->rope_interleaved ? ft_module_rope_heads(c, e->mod) : 0;
         for (int k = 0; k < kind->n_params; k++)
-            if ((st = load_param(a, i, k, p->t[k]->dtype, p->t[k]->data, heads, c->rope_interleaved))) goto done;
+            if ((st = load_param(a, i, k, p->t[k]->dtype, p->t[k]->data, heads, c->rope_interleaved, path,
+                                 p->t[k]->name.ptr, (int)p->t[k]->name.len)))
+                goto done;
     }
     *out = a;
     a = NULL;

@@ -55,6 +55,7 @@ ftune_status ft_merge_lora(ftune_model *m, const ft_adapter *ad) {
 
 /* Where the rows of one output tensor come from. */
 typedef struct {
+    const char *name;         /* the output tensor's, for messages */
     const ft_tensor *t;       /* a 2-D weight in any dtype, or NULL */
     const ft_adapter_inst *ad; /* added to t's rows (any adapter kind), or NULL */
     const float *vec;         /* a 1-D f32 vector (norms, biases), or NULL */
@@ -89,6 +90,7 @@ typedef struct {
     row_src *src;
     float *row;               /* (max cols) f32 */
     uint8_t *bytes;           /* (max cols) in the output dtype */
+    float *back;              /* (max cols) f32: bytes read back, to check that the dtype held the row */
     int cached_index, cached_row;
     void (*progress)(void *, uint64_t, uint64_t); /* ft_merge_opts.progress, or NULL */
     void *progress_ctx;
@@ -100,9 +102,48 @@ static void progress_init(fill_state *fs, const ft_merge_opts *opts) {
     fs->progress_ctx = opts ? opts->progress_ctx : NULL;
 }
 
+/* The largest magnitude a dtype holds, as its message puts it, or NULL. */
+static const char *dtype_range(ft_dtype t) {
+    switch (t) {
+    case FT_F16: return "f16 holds magnitudes up to 65504";
+    case FT_BF16: return "bf16 holds magnitudes up to 3.39e38";
+    case FT_Q8_0: return "q8_0's f16 block scale (the block's largest magnitude / 127) holds up to 65504, so "
+                         "magnitudes up to 8.3e6";
+    case FT_Q4_0: return "q4_0's f16 block scale (the block's largest magnitude / 8) holds up to 65504, so "
+                         "magnitudes up to 5.2e5";
+    default: return NULL;
+    }
+}
+
+/* Whether the row written as dtype (fs->bytes, made from fs->row) reads back
+ * finite: a value beyond the dtype's range (f16's, or a block's f16 scale)
+ * would be written as inf or NaN, which no reader can tell from the
+ * model's own. An error names the tensor, row, column and value. */
+static FTUNE_MUST_USE ftune_status check_row(fill_state *fs, const row_src *s, ft_dtype dtype, int R) {
+    const float *x = fs->row;
+    for (int j = 0; j < s->cols; j++)
+        if (!isfinite(x[j]))
+            return ft_err(FTUNE_ERR_RANGE, "%s: row %d, column %d is %g after the merge (the base or the "
+                          "adapter holds a value that is not finite); nothing was written", s->name, R, j, (double)x[j]);
+    if (dtype == FT_F32 || !ft_types[dtype].to_f32) return FTUNE_OK;
+    ft_types[dtype].to_f32(fs->bytes, fs->back, s->cols);
+    for (int j = 0; j < s->cols; j++) {
+        if (isfinite(fs->back[j])) continue;
+        /* the value that overflowed: the element, or its block's largest */
+        int b = ft_types[dtype].block, j0 = j / b * b, j1 = j0 + b < s->cols ? j0 + b : s->cols, at = j;
+        for (int i = j0; i < j1; i++)
+            if (fabsf(x[i]) > fabsf(x[at])) at = i;
+        const char *range = dtype_range(dtype);
+        return ft_err(FTUNE_ERR_RANGE, "%s: row %d, column %d is %g, which %s cannot hold (%s): it would be "
+                      "written as %s; nothing was written: give --dtype f32 (or bf16)", s->name, R, at, (double)x[at],
+                      ft_types[dtype].name, range ? range : "beyond its range", isnan(fs->back[j]) ? "NaN" : "inf");
+    }
+    return FTUNE_OK;
+}
+
 /* st_write's generator: bytes [offset, offset+n) of tensor `index`, built
  * row by row (a row may straddle two calls; the last one is cached). */
-static void fill_rows(void *ctx, int index, ft_dtype dtype, void *dst, uint64_t offset, size_t n) {
+static ftune_status fill_rows(void *ctx, int index, ft_dtype dtype, void *dst, uint64_t offset, size_t n) {
     fill_state *fs = ctx;
     const row_src *s = &fs->src[index];
     size_t row_bytes = (size_t)ft_dtype_nbytes(dtype, s->cols); /* whole blocks: checked when the tensor was added */
@@ -113,6 +154,8 @@ static void fill_rows(void *ctx, int index, ft_dtype dtype, void *dst, uint64_t 
         if (fs->cached_index != index || fs->cached_row != R) {
             make_row(s, R, fs->row);
             ft_types[dtype].from_f32(fs->row, fs->bytes, s->cols);
+            ftune_status st = check_row(fs, s, dtype, R);
+            if (st) return st;
             fs->cached_index = index;
             fs->cached_row = R;
             fs->done += (uint64_t)s->cols;
@@ -123,6 +166,7 @@ static void fill_rows(void *ctx, int index, ft_dtype dtype, void *dst, uint64_t 
         offset += k;
         n -= k;
     }
+    return FTUNE_OK;
 }
 
 /* ------------------------------------------------------------- Hugging Face */
@@ -236,9 +280,10 @@ static FTUNE_MUST_USE ftune_status write_hf(const ftune_model *mc, const char *d
     fill_state fs = { .src = src, .cached_index = -1, .cached_row = -1 };
     fs.row = ft_malloc((size_t)max_cols * sizeof(float));
     fs.bytes = ft_malloc((size_t)max_cols * sizeof(float));
+    fs.back = ft_malloc((size_t)max_cols * sizeof(float));
     char *bdir = base_dir(m);
     cJSON *cfg = NULL;
-    if (!ts || !src || !names || !fs.row || !fs.bytes) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
+    if (!ts || !src || !names || !fs.row || !fs.bytes || !fs.back) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
     int n = 0;
     ft_dtype mat_dtype = FT_NTYPES; /* for torch_dtype: the dtype of the first matrix written */
     /* a matrix (from a weight, maybe with an adapter and a q/k permutation) */
@@ -248,7 +293,7 @@ static FTUNE_MUST_USE ftune_status write_hf(const ftune_model *mc, const char *d
         const ft_tensor *w_ = (TENSOR); \
         ft_dtype dt_ = force ? forced : st_storable(w_->dtype) ? w_->dtype : FT_F32; \
         if (mat_dtype == FT_NTYPES) mat_dtype = dt_; \
-        *s_ = (row_src){ .t = w_, .ad = (LORA), .rows = (int)w_->shape[0], .cols = (int)w_->shape[1], .perm_heads = (HEADS) }; \
+        *s_ = (row_src){ .name = nm_, .t = w_, .ad = (LORA), .rows = (int)w_->shape[0], .cols = (int)w_->shape[1], .perm_heads = (HEADS) }; \
         *t_ = (st_out_tensor){ .name = nm_, .dtype = dt_, .ndim = 2, .shape = { w_->shape[0], w_->shape[1] } }; \
         if (!s_->ad && !s_->perm_heads && dt_ == w_->dtype) t_->data = w_->data; \
         else { t_->fill = fill_rows; t_->fill_ctx = &fs; t_->fill_index = n; } \
@@ -258,7 +303,7 @@ static FTUNE_MUST_USE ftune_status write_hf(const ftune_model *mc, const char *d
         st_out_tensor *t_ = &ts[n]; row_src *s_ = &src[n]; char *nm_ = names + (size_t)n * 96; \
         snprintf(nm_, 96, "%s", NAME); \
         ft_dtype dt_ = force ? forced : base_vec_dtype(m, nm_); \
-        *s_ = (row_src){ .vec = (VEC), .rows = 1, .cols = (LEN), .perm_heads = (HEADS) }; \
+        *s_ = (row_src){ .name = nm_, .vec = (VEC), .rows = 1, .cols = (LEN), .perm_heads = (HEADS) }; \
         *t_ = (st_out_tensor){ .name = nm_, .dtype = dt_, .ndim = 1, .shape = { (LEN) }, \
                                .fill = fill_rows, .fill_ctx = &fs, .fill_index = n }; \
         n++; \
@@ -324,6 +369,7 @@ done:
     free(bdir);
     free(fs.row);
     free(fs.bytes);
+    free(fs.back);
     free(names);
     free(src);
     free(ts);
@@ -425,14 +471,16 @@ static FTUNE_MUST_USE ftune_status plan_mat(gguf_plan *p, const char *name, cons
     bool kept;
     ft_dtype dt = gguf_out_dtype(t->dtype, p->forced, cols, is_output, &kept);
     row_src *s = &p->src[p->n];
-    *s = (row_src){ .t = t, .ad = ad, .rows = rows, .cols = cols, .perm_heads = heads, .to_interleaved = true };
+    snprintf(p->names[p->n], FT_NAME_MAX, "%s", name);
+    *s = (row_src){ .name = p->names[p->n], .t = t, .ad = ad, .rows = rows, .cols = cols, .perm_heads = heads,
+                    .to_interleaved = true };
     int64_t shape[2] = { rows, cols };
     ftune_status st = !ad && !heads && dt == t->dtype
                           ? ft_gguf_writer_add_tensor(p->w, name, dt, 2, shape, t->data)
                           : ft_gguf_writer_add_tensor_fill(p->w, name, dt, 2, shape, fill_rows, &p->fs, p->n);
     if (st) return st;
     if (ad || heads || dt != t->dtype) p->fs.total += (uint64_t)rows * (uint64_t)cols; /* made row by row */
-    snprintf(p->names[p->n++], FT_NAME_MAX, "%s", name);
+    p->n++;
     p->rep->n_mat[dt]++;
     if (kept) p->rep->n_kept++;
     if (is_output) p->rep->output_dtype = dt;
@@ -441,13 +489,14 @@ static FTUNE_MUST_USE ftune_status plan_mat(gguf_plan *p, const char *name, cons
 
 static FTUNE_MUST_USE ftune_status plan_vec(gguf_plan *p, const char *name, const float *v, int len, int heads) {
     if (p->n >= p->cap) return ft_err(FTUNE_ERR_ARG, "merge: too many tensors (%s)", name);
-    p->src[p->n] = (row_src){ .vec = v, .rows = 1, .cols = len, .perm_heads = heads, .to_interleaved = true };
+    snprintf(p->names[p->n], FT_NAME_MAX, "%s", name);
+    p->src[p->n] = (row_src){ .name = p->names[p->n], .vec = v, .rows = 1, .cols = len, .perm_heads = heads, .to_interleaved = true };
     int64_t shape[1] = { len };
     ftune_status st = !heads ? ft_gguf_writer_add_tensor(p->w, name, FT_F32, 1, shape, v)
                              : ft_gguf_writer_add_tensor_fill(p->w, name, FT_F32, 1, shape, fill_rows, &p->fs, p->n);
     if (st) return st;
     if (heads) p->fs.total += (uint64_t)len;
-    snprintf(p->names[p->n++], FT_NAME_MAX, "%s", name);
+    p->n++;
     p->rep->n_vec++;
     return FTUNE_OK;
 }
@@ -922,10 +971,11 @@ static FTUNE_MUST_USE ftune_status write_gguf(const ftune_model *mc, const char 
     p.fs.src = p.src;
     p.fs.row = ft_malloc((size_t)max_cols * sizeof(float));
     p.fs.bytes = ft_malloc((size_t)max_cols * sizeof(float)); /* 4 bytes per element is the most of any type */
+    p.fs.back = ft_malloc((size_t)max_cols * sizeof(float));
     float *rope_factors = NULL;
     char *bdir = base_dir(m);
     ftune_status st = FTUNE_OK;
-    if (!p.src || !p.names || !p.fs.row || !p.fs.bytes) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
+    if (!p.src || !p.names || !p.fs.row || !p.fs.bytes || !p.fs.back) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
     if ((st = ft_gguf_writer_new(&p.w))) goto done;
 
     /* the file type is that of the Linear weights (llama.cpp's "mostly") */
@@ -1015,6 +1065,7 @@ done:
     free(bdir);
     free(p.fs.row);
     free(p.fs.bytes);
+    free(p.fs.back);
     free(p.src);
     return st;
 }
@@ -1040,6 +1091,13 @@ ftune_status ft_merge_write(const ftune_model *m, const char *out_path, const ft
     if (opts && opts->adapter && opts->adapter->m != m)
         return ft_err(FTUNE_ERR_ARG, "%s: the adapter to merge was made for another model", out_path);
     size_t n = strlen(out_path);
-    if (n >= 5 && strcmp(out_path + n - 5, ".gguf") == 0) return write_gguf(m, out_path, opts);
-    return write_hf(m, out_path, opts);
+    if (n >= 5 && strcmp(out_path + n - 5, ".gguf") == 0) return write_gguf(m, out_path, opts); /* one atomic file */
+    /* a directory: staged beside, so that a failure (a refused value, a full disk) leaves no part of it */
+    char staged[4200];
+    ftune_status st = ft_dir_stage(out_path, staged, sizeof staged);
+    if (st) return st;
+    st = write_hf(m, staged, opts);
+    if (!st) st = ft_dir_commit(staged, out_path);
+    if (st) ft_dir_abort(staged);
+    return st;
 }

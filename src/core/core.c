@@ -4,6 +4,7 @@
 
 #include <cjson/cJSON.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -174,6 +175,77 @@ bool ft_file_exists(const char *path) {
 bool ft_is_dir(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int ft_dir_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    return n;
+}
+
+/* fsync of the directory holding path, so that a rename in it is durable */
+static void fsync_parent(const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    char *slash = strrchr(buf, '/');
+    if (slash) *slash = 0;
+    int fd = open(slash ? (slash == buf ? "/" : buf) : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+ftune_status ft_dir_stage(const char *dir, char *staged, size_t cap) {
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    if (snprintf(staged, cap, "%.*s.tmp.%ld", (int)n, dir, (long)getpid()) >= (int)cap)
+        return ft_err(FTUNE_ERR_ARG, "%s: path too long", dir);
+    if (ft_file_exists(dir) && !ft_is_dir(dir)) return ft_err(FTUNE_ERR_IO, "%s: exists and is not a directory", dir);
+    ft_dir_abort(staged); /* one left by an earlier process of this pid */
+    if (mkdir(staged, 0755) != 0) return ft_err(FTUNE_ERR_IO, "%s: cannot create: %s", staged, strerror(errno));
+    return FTUNE_OK;
+}
+
+ftune_status ft_dir_commit(const char *staged, const char *dir) {
+    if (!ft_is_dir(dir) || ft_dir_entries(dir) == 0) {
+        if (rename(staged, dir) != 0)
+            return ft_err(FTUNE_ERR_IO, "%s: rename to %s failed: %s", staged, dir, strerror(errno));
+        fsync_parent(dir);
+        return FTUNE_OK;
+    }
+    DIR *d = opendir(staged);
+    if (!d) return ft_err(FTUNE_ERR_IO, "%s: cannot read: %s", staged, strerror(errno));
+    ftune_status st = FTUNE_OK;
+    char from[4400], to[4400];
+    for (struct dirent *e; !st && (e = readdir(d));) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        snprintf(from, sizeof from, "%s/%s", staged, e->d_name);
+        snprintf(to, sizeof to, "%s/%s", dir, e->d_name);
+        if (rename(from, to) != 0) st = ft_err(FTUNE_ERR_IO, "%s: rename to %s failed: %s", from, to, strerror(errno));
+    }
+    closedir(d);
+    if (st) return st;
+    snprintf(to, sizeof to, "%s/x", dir);
+    fsync_parent(to);
+    if (rmdir(staged) != 0) return ft_err(FTUNE_ERR_IO, "%s: cannot remove: %s", staged, strerror(errno));
+    return FTUNE_OK;
+}
+
+void ft_dir_abort(const char *staged) {
+    DIR *d = opendir(staged);
+    if (!d) return;
+    char path[4400];
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        snprintf(path, sizeof path, "%s/%s", staged, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+    rmdir(staged);
 }
 
 void *ft_malloc(size_t n) { return malloc(n ? n : 1); }

@@ -257,6 +257,24 @@ struct cJSON;
 FTUNE_MUST_USE ftune_status ft_write_json_atomic(const char *path, const struct cJSON *j);
 bool ft_file_exists(const char *path);
 bool ft_is_dir(const char *path);
+/* A directory written whole or not at all (merge's, quantize's and init's
+ * Hugging Face outputs): its files are written into a staging sibling
+ * (dir.tmp.PID, in *staged, made here), then commit moves them into dir,
+ * renaming the staging directory over dir when dir is absent or empty, else
+ * each file over its namesake (other files of dir stay). abort removes the
+ * staging directory and what it holds (flat: files only). A failure before
+ * commit leaves dir as it was. */
+FTUNE_MUST_USE ftune_status ft_dir_stage(const char *dir, char *staged, size_t cap);
+FTUNE_MUST_USE ftune_status ft_dir_commit(const char *staged, const char *dir);
+void ft_dir_abort(const char *staged);
+/* Entries of dir other than "." and "..", or -1 when it cannot be read. */
+int ft_dir_entries(const char *dir);
+/* A writer's generator (safetensors and GGUF writers): bytes [offset,
+ * offset+n) of tensor `index` into dst, whole elements or blocks. A status
+ * other than FTUNE_OK (a value the dtype cannot hold) stops the write,
+ * which then leaves no file. */
+typedef FTUNE_MUST_USE ftune_status (*ft_fill_fn)(void *ctx, int index, ft_dtype dtype, void *dst, uint64_t offset,
+                                                  size_t n);
 
 /* ------------------------------------------------------------- misc */
 

@@ -505,7 +505,7 @@ typedef struct {
     uint64_t nbytes;
     ft_dtype dtype;
     const void *data;
-    void (*fill)(void *ctx, int index, ft_dtype dtype, void *dst, uint64_t offset, size_t n);
+    ft_fill_fn fill;
     void *fill_ctx;
     int fill_index;
 } wtensor;
@@ -685,10 +685,7 @@ ftune_status ft_gguf_writer_add_tensor(gguf_writer *w, const char *name, ft_dtyp
 }
 
 ftune_status ft_gguf_writer_add_tensor_fill(gguf_writer *w, const char *name, ft_dtype dtype, int ndim,
-                                         const int64_t *shape,
-                                         void (*fill)(void *ctx, int index, ft_dtype dtype, void *dst,
-                                                      uint64_t offset, size_t n),
-                                         void *ctx, int index) {
+                                         const int64_t *shape, ft_fill_fn fill, void *ctx, int index) {
     if (!fill) return ft_err(FTUNE_ERR_ARG, "gguf writer: tensor \"%s\": NULL fill", name ? name : "");
     ftune_status st = add_tensor(w, name, dtype, ndim, shape, NULL, true);
     if (st) return st;
@@ -742,8 +739,8 @@ ftune_status ft_gguf_writer_write(gguf_writer *w, const char *path) {
             if (!gen && !(gen = ft_malloc((size_t)4 << 20))) st = ft_err(FTUNE_ERR_NOMEM, "%s: out of memory", path);
             for (uint64_t at = 0; at < t->nbytes && !st; at += chunk) {
                 size_t k = t->nbytes - at < chunk ? (size_t)(t->nbytes - at) : chunk;
-                t->fill(t->fill_ctx, t->fill_index, t->dtype, gen, at, k);
-                st = ft_st_atomic_write(&a, gen, k);
+                st = t->fill(t->fill_ctx, t->fill_index, t->dtype, gen, at, k);
+                if (!st) st = ft_st_atomic_write(&a, gen, k);
             }
         }
         if (st) break;

@@ -128,10 +128,7 @@ FTUNE_MUST_USE ftune_status ft_gguf_writer_add_tensor(gguf_writer *w, const char
  * (the callback shape of st_out_tensor.fill), so a merged or converted model
  * is never held in memory whole. */
 FTUNE_MUST_USE ftune_status ft_gguf_writer_add_tensor_fill(gguf_writer *w, const char *name, ft_dtype dtype, int ndim,
-                                         const int64_t *shape,
-                                         void (*fill)(void *ctx, int index, ft_dtype dtype, void *dst,
-                                                      uint64_t offset, size_t n),
-                                         void *ctx, int index);
+                                         const int64_t *shape, ft_fill_fn fill, void *ctx, int index);
 FTUNE_MUST_USE ftune_status ft_gguf_writer_write(gguf_writer *w, const char *path);
 
 #endif

@@ -554,8 +554,8 @@ ftune_status ft_st_write(const char *path, const st_out_tensor *ts, int n, const
         if (!gen_buf && !(gen_buf = malloc(chunk))) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); break; }
         for (uint64_t at = 0; at < v[i].nbytes && !st; at += chunk) {
             size_t k = v[i].nbytes - at < chunk ? (size_t)(v[i].nbytes - at) : chunk;
-            t->fill(t->fill_ctx, t->fill_index, t->dtype, gen_buf, at, k);
-            st = ft_st_atomic_write(&a, gen_buf, k);
+            st = t->fill(t->fill_ctx, t->fill_index, t->dtype, gen_buf, at, k);
+            if (!st) st = ft_st_atomic_write(&a, gen_buf, k);
         }
     }
     free(gen_buf);

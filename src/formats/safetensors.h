@@ -66,7 +66,7 @@ typedef struct {
     const void *data;
     /* Instead of data: a generator called for consecutive chunks of the
      * tensor's bytes (offset, n bytes, whole elements), in order. */
-    void (*fill)(void *ctx, int index, ft_dtype dtype, void *dst, uint64_t offset, size_t n);
+    ft_fill_fn fill;
     void *fill_ctx;
     int fill_index;
 } st_out_tensor;

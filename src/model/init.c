@@ -5,6 +5,7 @@
 #include "model/model.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,7 +120,7 @@ typedef struct {
     float buf[4096];
 } gen_state;
 
-static void init_fill(void *ctx, int i, ft_dtype dt, void *dst, uint64_t off, size_t nbytes) {
+static ftune_status init_fill(void *ctx, int i, ft_dtype dt, void *dst, uint64_t off, size_t nbytes) {
     gen_state *g = ctx;
     const init_tensor *t = &g->ts[i];
     if (i != g->cur || off == 0) {
@@ -134,6 +135,7 @@ static void init_fill(void *ctx, int i, ft_dtype dt, void *dst, uint64_t off, si
             g->buf[j] = t->kind == 0 ? 0.02f * ft_rng_normal(&g->rng) : t->kind == 1 ? 1.0f : 0.0f;
         ft_types[dt].from_f32(g->buf, out + k * esz, (int64_t)m);
     }
+    return FTUNE_OK;
 }
 
 static const preset *find_preset(const char *name) {
@@ -160,7 +162,7 @@ ftune_status ft_preset_config(ft_config *cfg, const char *name) {
 }
 
 ftune_status ftune_init_model(const char *out_dir, const char *preset_name, const char *config_json,
-                              const char *dtype_name, uint64_t seed) {
+                              const char *dtype_name, uint64_t seed, int overwrite) {
     ft_dtype dt;
     ftune_status st0 = ft_compute_parse(dtype_name, "dtype", &dt);
     if (st0) return st0;
@@ -179,21 +181,37 @@ ftune_status ftune_init_model(const char *out_dir, const char *preset_name, cons
         free(text);
         if (!cJSON_IsObject(cfg_json)) { cJSON_Delete(cfg_json); return ft_err(FTUNE_ERR_FORMAT, "%s: not a JSON object", config_json); }
     }
-    if (mkdir(out_dir, 0755) != 0 && !ft_is_dir(out_dir)) {
+    /* everything is checked before anything is written: the config (a
+     * user's too), then the output directory */
+    ft_config c;
+    char *text = cJSON_Print(cfg_json);
+    if (!text) { cJSON_Delete(cfg_json); return ft_err(FTUNE_ERR_NOMEM, "out of memory"); }
+    st = ft_config_from_hf_text(&c, text, strlen(text), config_json ? config_json : preset_name);
+    free(text);
+    if (st) { cJSON_Delete(cfg_json); return st; }
+    if (ft_file_exists(out_dir) && !ft_is_dir(out_dir)) {
         cJSON_Delete(cfg_json);
-        return ft_err(FTUNE_ERR_IO, "%s: cannot create directory", out_dir);
+        return ft_err(FTUNE_ERR_IO, "%s: exists and is not a directory", out_dir);
     }
-    snprintf(path, sizeof path, "%s/config.json", out_dir);
+    int n_there = ft_is_dir(out_dir) ? ft_dir_entries(out_dir) : 0;
+    if (n_there < 0) { cJSON_Delete(cfg_json); return ft_err(FTUNE_ERR_IO, "%s: cannot read: %s", out_dir, strerror(errno)); }
+    if (n_there > 0 && !overwrite) {
+        cJSON_Delete(cfg_json);
+        return ft_err(FTUNE_ERR_ARG, "%s is not empty (%d entries: a model?): init would replace its config.json and "
+                      "model.safetensors; give --overwrite to replace them, or another directory", out_dir, n_there);
+    }
+    /* written into a staging sibling that becomes out_dir whole, or not at all */
+    char staged[4200];
+    if ((st = ft_dir_stage(out_dir, staged, sizeof staged))) { cJSON_Delete(cfg_json); return st; }
+    snprintf(path, sizeof path, "%s/config.json", staged);
     st = ft_write_json_atomic(path, cfg_json);
     cJSON_Delete(cfg_json);
-    if (st) return st;
-    ft_config c;
-    if ((st = ft_config_from_hf_json(&c, path))) return st; /* validates a user's config too */
+    if (st) { ft_dir_abort(staged); return st; }
 
     int max_n = 3 + c.L * 12;
     init_tensor *ts = calloc((size_t)max_n, sizeof *ts);
     st_out_tensor *outs = calloc((size_t)max_n, sizeof *outs);
-    if (!ts || !outs) { free(ts); free(outs); return ft_err(FTUNE_ERR_NOMEM, "out of memory"); }
+    if (!ts || !outs) { free(ts); free(outs); ft_dir_abort(staged); return ft_err(FTUNE_ERR_NOMEM, "out of memory"); }
     int n = build_list(ts, &c);
     for (int i = 0; i < n; i++) {
         outs[i].name = ts[i].name;
@@ -202,9 +220,9 @@ ftune_status ftune_init_model(const char *out_dir, const char *preset_name, cons
         outs[i].shape[0] = ts[i].rows;
         outs[i].shape[1] = ts[i].cols;
     }
-    snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
+    snprintf(path, sizeof path, "%s/model.safetensors", staged);
     gen_state *g = calloc(1, sizeof *g);
-    if (!g) { free(ts); free(outs); return ft_err(FTUNE_ERR_NOMEM, "out of memory"); }
+    if (!g) { free(ts); free(outs); ft_dir_abort(staged); return ft_err(FTUNE_ERR_NOMEM, "out of memory"); }
     g->ts = ts;
     g->seed = seed;
     g->cur = -1;
@@ -213,5 +231,7 @@ ftune_status ftune_init_model(const char *out_dir, const char *preset_name, cons
     free(g);
     free(ts);
     free(outs);
+    if (!st) st = ft_dir_commit(staged, out_dir);
+    if (st) ft_dir_abort(staged);
     return st;
 }

@@ -72,6 +72,49 @@ static FTUNE_MUST_USE ftune_status check_shape(const ft_tensor *src, int ndim, i
                   got, want);
 }
 
+/* The first element of n whose exponent bits are all ones (inf or NaN) in
+ * an f32, f16 or bf16 array, or n: integer tests on the stored bits, which
+ * vectorize, in blocks with one branch each. */
+static int64_t first_non_finite(ft_dtype dt, const void *data, int64_t n) {
+    const int64_t blk = 4096;
+    for (int64_t i0 = 0; i0 < n; i0 += blk) {
+        int64_t i1 = i0 + blk < n ? i0 + blk : n;
+        unsigned bad = 0;
+        if (dt == FT_F32) {
+            const uint32_t *u = (const uint32_t *)data;
+            for (int64_t i = i0; i < i1; i++) bad |= (u[i] & 0x7f800000u) == 0x7f800000u;
+        } else {
+            const uint16_t *h = (const uint16_t *)data;
+            uint16_t e = dt == FT_F16 ? 0x7c00u : 0x7f80u;
+            for (int64_t i = i0; i < i1; i++) bad |= (uint16_t)(h[i] & e) == e;
+        }
+        if (!bad) continue;
+        float v[1];
+        for (int64_t i = i0; i < i1; i++) {
+            ft_types[dt].to_f32((const uint8_t *)data + (size_t)i * ft_types[dt].block_bytes, v, 1);
+            if (!isfinite(v[0])) return i;
+        }
+    }
+    return n;
+}
+
+/* A weight stored as f32, f16 or bf16 holds no inf or NaN: one would reach
+ * every output as NaN (or be trained from), far from its cause. Quantized
+ * types are not read here (their blocks' scales are checked by no one yet). */
+static FTUNE_MUST_USE ftune_status check_finite(const ft_tensor *t) {
+    if (t->dtype != FT_F32 && t->dtype != FT_F16 && t->dtype != FT_BF16) return FTUNE_OK;
+    int64_t n = ft_tensor_numel(t), i = first_non_finite(t->dtype, t->data, n);
+    if (i == n) return FTUNE_OK;
+    float v;
+    ft_types[t->dtype].to_f32((const uint8_t *)t->data + (size_t)i * ft_types[t->dtype].block_bytes, &v, 1);
+    int64_t cols = t->ndim == 2 ? t->shape[1] : n;
+    char at[48];
+    if (t->ndim == 2) snprintf(at, sizeof at, "[%lld, %lld]", (long long)(i / cols), (long long)(i % cols));
+    else snprintf(at, sizeof at, "[%lld]", (long long)i);
+    return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\": element %s is %s: a model's weights must be finite", t->name, at,
+                  isnan(v) ? "NaN" : v > 0 ? "inf" : "-inf");
+}
+
 static void count(ftune_model *m, const ft_tensor *t) {
     m->n_params += ft_tensor_numel(t);
     m->weight_bytes += (int64_t)t->nbytes;
@@ -84,6 +127,7 @@ ftune_status ft_model_bind_vec(ftune_model *m, float **dst, const ft_tensor *src
     if (!ft_types[src->dtype].is_float || ft_types[src->dtype].block != 1)
         return ft_err(FTUNE_ERR_UNSUPPORTED, "tensor \"%s\": dtype %s not supported for a vector", src->name,
                       ft_types[src->dtype].name);
+    if ((st = check_finite(src))) return st;
     float *v = ft_model_alloc(m, ft_held_bytes(FT_F32, 1, n));
     if (!v) return ft_err(FTUNE_ERR_NOMEM, "out of memory for tensor \"%s\"", src->name);
     ft_types[src->dtype].to_f32(src->data, v, n);
@@ -101,6 +145,7 @@ ftune_status ft_model_bind_linear(ftune_model *m, ft_linear *dst, const ft_tenso
     if (in % ft_types[src->dtype].block && !ft_types[src->dtype].pad_rows)
         return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\": row of %d is not a whole number of %s blocks", src->name, in,
                       ft_types[src->dtype].name);
+    if ((st = check_finite(src))) return st;
     dst->w = *src;
     dst->in = in;
     dst->out = out;

@@ -70,7 +70,7 @@ ftune_status ft_load_llama2c(ftune_model *m, const char *path, const char *token
     const float *p = (const float *)(d + 28);
     ft_tensor t;
     set_view(&m->tok_embd, "token_embedding_table", p, V, C);
-    if ((st = ft_model_bind_linear(m, &m->lm_head, &m->tok_embd, c->V, c->C))) return st;
+    if ((st = ft_model_bind_linear(m, &m->lm_head, &m->tok_embd, c->V, c->C))) return ft_err_prefix(st, "%s", path);
     p += V * C;
     m->layers = calloc((size_t)c->L, sizeof *m->layers);
     if (!m->layers) return ft_err(FTUNE_ERR_NOMEM, "out of memory");

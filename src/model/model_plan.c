@@ -281,6 +281,12 @@ ftune_status ft_weights_plan_of(const ft_weight_desc *d, int n, ft_dtype quant, 
     for (int i = 0; i < n; i++) quantized |= d[i].bnb;
     if (quant != FT_NTYPES && quantized)
         return ft_err(FTUNE_ERR_ARG, "the model's weights are already quantized (bitsandbytes): --quant does not apply");
+    /* as ft_model_quantize refuses a block-quantized GGUF's Linears */
+    for (int i = 0; i < n && quant != FT_NTYPES; i++)
+        if (d[i].kind == FT_WD_LINEAR && !plain_float(d[i].stored) && d[i].stored != quant)
+            return ft_err(FTUNE_ERR_ARG, "the model's weights are already quantized (%s, as the file stores them): "
+                          "--quant does not apply, it would dequantize them and quantize them again; leave --quant "
+                          "out to use them as stored", ft_types[d[i].stored].name);
     for (int i = 0; i < n; i++) {
         const ft_weight_desc *w = &d[i];
         if (w->kind == FT_WD_HELD) {

@@ -92,6 +92,18 @@ done:
 ftune_status ft_model_quantize(ftune_model *m, ft_dtype q) {
     if (q != FT_NF4 && q != FT_I8ROW) return ft_err(FTUNE_ERR_ARG, "quantization to %s is not supported", ft_types[q].name);
     if (m->quantized) return ft_err(FTUNE_ERR_ARG, "the model's weights are already quantized (%s)", ft_types[m->quant].name);
+    /* A block-quantized GGUF (q8_0, q4_0, the K-quants): quantizing would
+     * dequantize and quantize again, two roundings where the file has one.
+     * Checked on every Linear before any is converted. */
+    for (int l = 0; l < m->cfg.L; l++)
+        for (int k = 0; k < FT_N_MODS; k++) {
+            ft_dtype t = ft_model_linear(m, l, (ft_module)k)->w.dtype;
+            if (t != FT_F32 && t != FT_F16 && t != FT_BF16 && t != q)
+                return ft_err(FTUNE_ERR_ARG, "the model's weights are already quantized (%s, as the file stores "
+                              "blk.%d.%s.weight): --quant does not apply, it would dequantize them and quantize them "
+                              "again; leave --quant out to use them as stored (LoRA trains over them as QLoRA does)",
+                              ft_types[t].name, l, ft_module_gguf_name((ft_module)k));
+        }
     for (int l = 0; l < m->cfg.L; l++)
         for (int k = 0; k < FT_N_MODS; k++) {
             ft_linear *lin = ft_model_linear(m, l, (ft_module)k);
@@ -236,13 +248,22 @@ ftune_status ftune_model_save_bnb(const ftune_model *m, const char *dir, const c
         return ft_err(FTUNE_ERR_ARG, "%s: the model is already quantized (%s): write it dequantized with `ftune merge` "
                       "first", dir, ft_types[m->quant].name);
     /* the model in Hugging Face layout (names, q/k rows, config, tokenizer),
-     * each weight in its own dtype (f32 where it has no safetensors form) */
-    ftune_status st = ft_merge_write(m, dir, NULL);
+     * each weight in its own dtype (f32 where it has no safetensors form),
+     * written into a staging directory that becomes dir only once quantized */
+    char staged[4200];
+    ftune_status st = ft_dir_stage(dir, staged, sizeof staged);
     if (st) return st;
-    char path[4200];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if ((st = ft_merge_write(m, staged, NULL))) {
+        ft_dir_abort(staged);
+        return st;
+    }
+    char path[4400];
+    snprintf(path, sizeof path, "%s/model.safetensors", staged);
     st_file f;
-    if ((st = ft_st_open(&f, path))) return st;
+    if ((st = ft_st_open(&f, path))) {
+        ft_dir_abort(staged);
+        return ft_err_prefix(st, "%s", dir);
+    }
     int n_out = 0, n_lin = 0;
     for (int i = 0; i < f.n; i++) n_lin += is_linear_weight(m, f.tensors[i].name);
     st_out_tensor *ts = ft_calloc((size_t)(f.n + 5 * n_lin), sizeof *ts);
@@ -290,7 +311,9 @@ ftune_status ftune_model_save_bnb(const ftune_model *m, const char *dir, const c
     }
     /* written beside, then renamed over the unquantized file (whose mapping stays valid until closed) */
     if ((st = ft_st_write(path, ts, n_out, NULL))) goto done;
-    st = add_quant_config(dir, int8);
+    if ((st = add_quant_config(staged, int8))) goto done;
+    ft_st_close(&f); /* its mapping of the replaced file, before the directory moves */
+    st = ft_dir_commit(staged, dir);
 done:
     for (int p = 0; parts && p < n_lin; p++) {
         free(parts[p].packed); free(parts[p].qa); free(parts[p].a2); free(parts[p].json);
@@ -298,5 +321,6 @@ done:
     free(parts);
     free(ts);
     ft_st_close(&f);
+    if (st) ft_dir_abort(staged);
     return st ? ft_err_prefix(st, "%s", dir) : st;
 }

@@ -1465,6 +1465,19 @@ static FTUNE_MUST_USE ftune_status optimizer_step(run *r, double loss, double *g
         const ft_param *p = r->zero >= 2 ? (r->n_own ? &r->own[r->n_own / 2] : NULL) : &r->params[r->n_params / 2];
         if (p) p->grad[p->numel / 2] = INFINITY;
     }
+    /* The loss comes from the forward, which the scale does not touch: a
+     * non-finite one is no overflow that a lower scale (a skipped step)
+     * cures, and a dynamic scaler would skip every step and train nothing.
+     * Every rank holds the same sum, so every rank stops here alike. */
+    if (!isfinite(loss)) {
+        const char *v = isnan(loss) ? "NaN" : loss > 0 ? "inf" : "-inf";
+        if (r->topts.compute == FT_F16)
+            return ft_err(FTUNE_ERR_RANGE, "step %lld: the loss is %s before any loss scaling: the f16 forward "
+                          "overflowed (an activation beyond f16's range, 65504), which no loss scale cures; train "
+                          "with --dtype bf16 (f32's range) or f32", (long long)n, v);
+        return ft_err(FTUNE_ERR_RANGE, "step %lld: the loss is %s before any loss scaling (the forward is not finite, "
+                      "which no loss scale cures); try a lower --lr", (long long)n, v);
+    }
     /* every rank decides alike: a non-finite gradient in any rank's part skips the step on all */
     int found_inf = ft_grad_scaler_unscale(&r->scaler, r->own, r->n_own);
     TRY(ft_dist_allreduce_max_i32(&found_inf, 1));
@@ -1599,11 +1612,61 @@ static bool same_file(const char *a, const char *b) {
 
 #define LOCK_NAME ".ftune.lock"
 
+/* The files a run writes into -o at the end: a LoRA run's adapter (and
+ * --export-gguf's), a full run's model as merge writes it (the base's
+ * tokenizer files copied beside). */
+static const char *const run_outputs[] = { "adapter_model.safetensors", "adapter_config.json", "adapter.gguf",
+                                           "model.safetensors", "config.json", "tokenizer.json",
+                                           "tokenizer_config.json", "special_tokens_map.json",
+                                           "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt" };
+
+/* checkpoint-STEP (digits only) holding a trainer_state.json that ftune
+ * wrote (its "format"), not another trainer's (HF Trainer's checkpoint-500
+ * has one too) or a directory someone named checkpoint-best. */
+static bool ftune_checkpoint(const char *out_dir, const char *name) {
+    const char *p = name + 11;
+    if (strncmp(name, "checkpoint-", 11) != 0 || !*p) return false;
+    for (; *p; p++)
+        if (*p < '0' || *p > '9') return false;
+    char path[4400], *text = NULL;
+    snprintf(path, sizeof path, "%s/%s/trainer_state.json", out_dir, name);
+    if (!ft_file_exists(path) || ft_read_file(path, &text, NULL) != FTUNE_OK) {
+        ft_err_clear(); /* not ftune's: kept, nothing to report */
+        return false;
+    }
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(j, "format");
+    bool ours = cJSON_IsString(f) && strcmp(f->valuestring, FT_CKPT_FORMAT) == 0;
+    cJSON_Delete(j);
+    return ours;
+}
+
+/* --save-initial-adapter's directory: initial/ holding an adapter's files only */
+static bool ftune_initial(const char *out_dir, const char *name) {
+    if (strcmp(name, "initial") != 0) return false;
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", out_dir, name);
+    DIR *d = opendir(path);
+    if (!d) return false;
+    bool ours = true;
+    for (struct dirent *e; ours && (e = readdir(d));)
+        ours = strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
+               strcmp(e->d_name, "adapter_model.safetensors") == 0 || strcmp(e->d_name, "adapter_config.json") == 0;
+    closedir(d);
+    return ours;
+}
+
 /* Whether an entry of the output directory is what `--overwrite` removes:
- * the previous run's metrics, initial adapter and checkpoints (also the
- * temporary and old ones a killed save leaves). */
-static bool stale_output(const char *name) {
-    return strcmp(name, "metrics.jsonl") == 0 || strcmp(name, "initial") == 0 || strncmp(name, "checkpoint-", 11) == 0;
+ * exactly what a run writes there: its metrics, final adapter or model,
+ * initial adapter and checkpoints; anything else (another tool's
+ * checkpoint-500, a checkpoint-best, notes) stays. The temporaries a
+ * killed save leaves went before, in remove_dead_temporaries. */
+static bool stale_output(const char *out_dir, const char *name) {
+    if (strcmp(name, "metrics.jsonl") == 0) return true;
+    for (size_t i = 0; i < sizeof run_outputs / sizeof run_outputs[0]; i++)
+        if (strcmp(name, run_outputs[i]) == 0) return true;
+    return ftune_initial(out_dir, name) || ftune_checkpoint(out_dir, name);
 }
 
 /* v as a JSON number in buf (32 bytes): %.{digits}g, or %.1f for digits < 0;
@@ -1665,6 +1728,56 @@ static FTUNE_MUST_USE ftune_status remove_dead_temporaries(const char *out_dir) 
     return st;
 }
 
+/* The canonical path of path, or of its nearest existing ancestor with the
+ * rest appended as given (a -o not made yet), into out (PATH_MAX bytes). */
+static bool canonical_path(const char *path, char *out) {
+    char buf[PATH_MAX], cwd[PATH_MAX];
+    int n = path[0] == '/' ? snprintf(buf, sizeof buf, "%s", path)
+                           : getcwd(cwd, sizeof cwd) ? snprintf(buf, sizeof buf, "%s/%s", cwd, path) : -1;
+    if (n < 0 || n >= (int)sizeof buf) return false;
+    size_t len = strlen(buf);
+    while (len > 1 && buf[len - 1] == '/') buf[--len] = 0;
+    /* buf[0, cut) is tried, buf + cut ("" or "/rest") is the tail */
+    for (size_t cut = len;;) {
+        char saved = buf[cut];
+        buf[cut] = 0;
+        char *r = realpath(cut ? buf : "/", out);
+        buf[cut] = saved;
+        if (r) {
+            size_t k = strlen(out);
+            if (k == 1 && buf[cut]) k = 0; /* out is "/": the tail alone */
+            return snprintf(out + k, PATH_MAX - k, "%s", buf + cut) < (int)(PATH_MAX - k);
+        }
+        if (cut == 0) return false;
+        do cut--; while (cut > 0 && buf[cut] != '/');
+    }
+}
+
+/* --resume CKPT with -o OUT: CKPT must be one of OUT's checkpoints (OUT is
+ * its parent directory). Another run's checkpoint would have this run
+ * replace that run's adapter, metrics and same-numbered checkpoints and mix
+ * the two in one directory; an OUT inside CKPT would write into the
+ * checkpoint being read. Checked before OUT is made. */
+static FTUNE_MUST_USE ftune_status check_resume_dir(const ftune_train_opts *o) {
+    char ck[PATH_MAX], out[PATH_MAX];
+    if (!realpath(o->resume, ck) || !ft_is_dir(ck))
+        return ft_err(FTUNE_ERR_IO, "--resume %s: no such checkpoint directory", o->resume);
+    if (!canonical_path(o->out_dir, out)) return ft_err(FTUNE_ERR_IO, "-o %s: cannot resolve the path", o->out_dir);
+    size_t k = strlen(ck);
+    if (strcmp(out, ck) == 0 || (strncmp(out, ck, k) == 0 && out[k] == '/'))
+        return ft_err(FTUNE_ERR_ARG, "-o %s is inside the checkpoint being resumed (%s): the run would write into the "
+                      "checkpoint it reads; give the checkpoint's run directory as -o", o->out_dir, o->resume);
+    char *slash = strrchr(ck, '/');
+    if (slash == ck) slash[1] = 0;
+    else if (slash) *slash = 0;
+    if (strcmp(ck, out) != 0)
+        return ft_err(FTUNE_ERR_ARG, "--resume %s: the checkpoint is not one of -o %s's (it belongs to the run in %s): "
+                      "a resumed run writes its adapter, metrics and checkpoints into -o, and would replace or mix "
+                      "with that run's. Give -o %s, or copy that run's directory and resume the copy's checkpoint "
+                      "into it", o->resume, o->out_dir, ck, ck);
+    return FTUNE_OK;
+}
+
 /* Everything about the output paths that can be checked before training:
  * not the base model's directory, creatable, locked against a second run,
  * and empty unless resuming or overwriting. */
@@ -1684,6 +1797,7 @@ static FTUNE_MUST_USE ftune_status claim_out_dir(run *r) {
     }
     if (o->dump_batches && ft_is_dir(o->dump_batches))
         return ft_err(FTUNE_ERR_ARG, "--dump-batches %s is a directory", o->dump_batches);
+    if (o->resume) TRY(check_resume_dir(o));
     TRY(mkdir_p(o->out_dir));
     char path[4200];
     snprintf(path, sizeof path, "%s/" LOCK_NAME, o->out_dir);
@@ -1728,14 +1842,14 @@ static FTUNE_MUST_USE ftune_status claim_out_dir(run *r) {
     return FTUNE_OK;
 }
 
-/* --overwrite: removes the previous run's metrics, initial adapter and
- * checkpoints, so that none of them is mistaken for this run's. */
+/* --overwrite: removes the previous run's outputs (stale_output), so that
+ * none of them is mistaken for this run's or left beside it. */
 static FTUNE_MUST_USE ftune_status clear_old_run(run *r) {
     DIR *d = opendir(r->o->out_dir);
     if (!d) return ft_err(FTUNE_ERR_IO, "%s: cannot read: %s", r->o->out_dir, strerror(errno));
     ftune_status st = FTUNE_OK;
     for (struct dirent *e; (e = readdir(d)) && !st;) {
-        if (!stale_output(e->d_name)) continue;
+        if (!stale_output(r->o->out_dir, e->d_name)) continue;
         char path[4400];
         snprintf(path, sizeof path, "%s/%s", r->o->out_dir, e->d_name);
         st = rm_tree(path);
