@@ -45,8 +45,9 @@ def main():
         key = "quant_state.bitsandbytes__nf4"
         parts = {"": packed.view(-1, 1), ".absmax": qa, ".quant_map": nf4_ref.NF4.clone(),
                  ".nested_absmax": absmax2, ".nested_quant_map": nf4_ref.create_dynamic_map()}
+        this = False
         if brk and not broken and "layers.1.self_attn.k_proj" in name:
-            broken = True
+            broken = this = True
             if brk == "fp4":
                 state["quant_type"] = "fp4"
                 key = "quant_state.bitsandbytes__fp4"
@@ -58,7 +59,14 @@ def main():
                 state["shape"] = [t.shape[0], t.shape[1] + 1]
             elif brk == "nested_blocksize":
                 state["nested_blocksize"] = 128
-        parts["." + key] = torch.tensor(list(json.dumps(state).encode("utf-8")), dtype=torch.uint8)
+            elif brk not in ("trailing", "leading_zero"):
+                sys.exit(f"bnb_write.py: unknown --break {brk}")
+        text = json.dumps(state)
+        if this and brk == "trailing":
+            text += "x"                                   # bytes after the JSON object
+        elif this and brk == "leading_zero":
+            text = text.replace('"blocksize": 64', '"blocksize": 064')  # not JSON (a leading zero)
+        parts["." + key] = torch.tensor(list(text.encode("utf-8")), dtype=torch.uint8)
         for sfx, p in parts.items():
             bnb[name + sfx] = p.contiguous()
         f32[name] = deq.view(t.shape).contiguous()

@@ -5,7 +5,8 @@
  * bitsandbytes does: its logits equal, to the bit, those of the same model
  * with the Linears dequantized to f32 in Python. The file's tensor sizes
  * are the double-quantized NF4 sizes. Unsupported quant types, block
- * sizes, missing parts and wrong shapes are errors naming the tensor. */
+ * sizes, missing parts, wrong shapes and quant_state JSON that is not
+ * strictly JSON (trailing bytes, leading zeros) are errors naming the tensor. */
 #include "ftune.h"
 #include "formats/bnb.h"
 #include "formats/safetensors.h"
@@ -102,6 +103,9 @@ static void test_bnb_errors(void) {
         { "nested_blocksize", FTUNE_ERR_UNSUPPORTED, "nested_blocksize other than 256 is not supported" },
         { "no_nested_absmax", FTUNE_ERR_FORMAT, "nested_absmax\": missing" },
         { "shape", FTUNE_ERR_FORMAT, "\"shape\" is not [32, 64]" },
+        /* parsed strictly (cJSON alone accepts both, with the values changed or ignored) */
+        { "trailing", FTUNE_ERR_FORMAT, "bytes after the JSON object" },
+        { "leading_zero", FTUNE_ERR_FORMAT, "a number with a leading zero" },
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         char bnb[512], f32[512];

@@ -180,6 +180,28 @@ static float f32_at(const ft_tensor *t, int64_t i) {
     return v;
 }
 
+/* JSON as RFC 8259 has it, where cJSON is lenient: no number with a
+ * leading zero ("064" would read as 64) outside strings. NULL if none,
+ * else what is wrong. */
+static bool json_sep(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == ':' || c == ',' || c == '['; }
+
+static const char *json_strict_problem(const char *p, size_t n) {
+    bool in_str = false;
+    for (size_t i = 0; i < n; i++) {
+        char c = p[i];
+        if (in_str) {
+            if (c == '\\') i++;
+            else if (c == '"') in_str = false;
+            continue;
+        }
+        if (c == '"') { in_str = true; continue; }
+        /* a number starts after one of these; "-0" and "0" may not go on with a digit */
+        bool starts = i == 0 || json_sep(p[i - 1]) || (p[i - 1] == '-' && (i == 1 || json_sep(p[i - 2])));
+        if (c == '0' && starts && i + 1 < n && p[i + 1] >= '0' && p[i + 1] <= '9') return "a number with a leading zero";
+    }
+    return NULL;
+}
+
 static FTUNE_MUST_USE ftune_status parse_state(const ft_bnb_tensors *bt, const char *name, int out, int in, bool *nested,
                                 float *offset) {
     const ft_tensor *qs = bt->quant_state;
@@ -188,8 +210,17 @@ static FTUNE_MUST_USE ftune_status parse_state(const ft_bnb_tensors *bt, const c
                       "weight needs it)", name);
     }
     if (qs->dtype != FT_U8) return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\": dtype %s, expected U8 (JSON)", qs->name, ft_types[qs->dtype].name);
-    cJSON *j = cJSON_ParseWithLength((const char *)qs->data, qs->nbytes);
+    const char *text = (const char *)qs->data, *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(text, qs->nbytes, &end, false);
     ftune_status st = FTUNE_OK;
+    const char *bad = j ? json_strict_problem(text, qs->nbytes) : NULL;
+    if (j && !bad)
+        for (const char *q = end; q && q < text + qs->nbytes; q++)
+            if (*q != ' ' && *q != '\t' && *q != '\r' && *q != '\n') { bad = "bytes after the JSON object"; break; }
+    if (bad) {
+        cJSON_Delete(j);
+        return ft_err(FTUNE_ERR_FORMAT, "tensor \"%s\": not strict JSON: %s", qs->name, bad);
+    }
     const cJSON *ty = cJSON_GetObjectItemCaseSensitive(j, "quant_type"), *bs = cJSON_GetObjectItemCaseSensitive(j, "blocksize");
     const cJSON *sh = cJSON_GetObjectItemCaseSensitive(j, "shape"), *nbs = cJSON_GetObjectItemCaseSensitive(j, "nested_blocksize");
     const cJSON *nof = cJSON_GetObjectItemCaseSensitive(j, "nested_offset"), *ndt = cJSON_GetObjectItemCaseSensitive(j, "nested_dtype");
