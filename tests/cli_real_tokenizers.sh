@@ -9,20 +9,4 @@
 # failure under FTUNE_REQUIRE=all).
 cd "$(dirname "$0")/.."
 source tests/lib.sh
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1   # never download
-BUILD=${BUILD:-build}
-HELPER=$BUILD/tests/helper_eco
-VPY=.venv/bin/python
-[ -x "$VPY" ] || { skip_or_fail real_tokenizers tool ".venv is missing (scripts/setup.sh makes it)"; exit $?; }
-[ -x "$HELPER" ] || { fail real_tokenizers "$HELPER missing (run make)"; exit 1; }
-for pkg in tokenizers transformers gguf; do
-    "$VPY" -c "import $pkg" 2>/dev/null || { skip_or_fail real_tokenizers tool "python package $pkg is missing from .venv (scripts/setup.sh)"; exit $?; }
-done
-models=() rc=0
-if need_model real_tok_smollm2 "$SMOL"; then models+=("$SMOL"); else rc=1; fi
-if need_model real_tok_qwen2 "$QWEN"; then models+=("$QWEN"); else rc=1; fi
-# a skip alone is status 0 unless FTUNE_REQUIRE=all made it a failure
-[ "${FTUNE_REQUIRE:-}" = all ] || rc=0
-[ ${#models[@]} -gt 0 ] || exit $rc
-"$VPY" scripts/real_tokenizers.py --helper "$HELPER" --work "$tmp" "${models[@]}" || rc=1
-exit $rc
+run_real_models real_tokenizers real_tok "tokenizers transformers gguf" scripts/real_tokenizers.py --work "$tmp"

@@ -51,3 +51,29 @@ need_model() {
     skip_or_fail "$1" tool "$2 is missing (scripts/setup.sh fetches it, scripts/fetch_models.sh alone too)"
     return 1
 }
+# run_real_models NAME TAG "PKGS" SCRIPT ARGS...: a check of the two real
+# models in .venv's Python (the cli_real_*.sh scripts). skip_or_fail NAME
+# (and exit) when .venv, helper_eco or a package of PKGS is missing;
+# need_model for each model (TAG_smollm2, TAG_qwen2); then
+# `.venv/bin/python SCRIPT --helper helper_eco ARGS... MODELS` (nothing
+# downloaded), its stderr shown on failure. Exits with the status: 1 if it
+# failed, or if a model was missing under FTUNE_REQUIRE=all.
+run_real_models() {
+    local name=$1 tag=$2 pkgs=$3 script=$4; shift 4
+    export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1   # never download
+    local vpy=.venv/bin/python helper=${BUILD:-build}/tests/helper_eco pkg
+    [ -x "$vpy" ] || { skip_or_fail "$name" tool ".venv is missing (scripts/setup.sh makes it)"; exit $?; }
+    [ -x "$helper" ] || { fail "$name" "$helper missing (run make)"; exit 1; }
+    for pkg in $pkgs; do
+        "$vpy" -c "import $pkg" 2>/dev/null || { skip_or_fail "$name" tool "python package $pkg is missing from .venv (scripts/setup.sh)"; exit $?; }
+    done
+    local models=() rc=0
+    if need_model "${tag}_smollm2" "$SMOL"; then models+=("$SMOL"); else rc=1; fi
+    if need_model "${tag}_qwen2" "$QWEN"; then models+=("$QWEN"); else rc=1; fi
+    # a skip alone is status 0 unless FTUNE_REQUIRE=all made it a failure
+    [ "${FTUNE_REQUIRE:-}" = all ] || rc=0
+    [ ${#models[@]} -gt 0 ] || exit $rc
+    "$vpy" "$script" --helper "$helper" "$@" "${models[@]}" 2>"$tmp/stderr.txt" || {
+        rc=1; grep -v "Converting and de-quantizing" "$tmp/stderr.txt" | tail -20; }
+    exit $rc
+}
