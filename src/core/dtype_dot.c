@@ -158,31 +158,34 @@ float ft_vec_dot_iq4_nl(const void *w, const void *act, int64_t n) {
 
 /* ------------------------------------------------------- 256-element blocks */
 
-/* q4_K/q5_K: x = d·sc·q - dmin·m per sub-block of 32, so
- * Σ x·a = a.d·(d·Σ_j sc_j·Σ q·qa - dmin·Σ_j m_j·(the sub-block's two bsums)) */
+/* q4_K/q5_K (qh NULL for q4_K): x = d·sc·q - dmin·m per sub-block of 32, so
+ * Σ x·a = a.d·(d·Σ_j sc_j·Σ q·qa - dmin·Σ_j m_j·(the sub-block's two bsums));
+ * q5_K's fifth bit of element l of sub-block j is bit j of qh[l] */
+static float dot_k45(uint16_t d, uint16_t dmin, const uint8_t *scales, const uint8_t *q, const uint8_t *qh,
+                     const ft_block_a16_K *y) {
+    const int16_t *a = y->qs;
+    int64_t isum = 0, msum = 0;
+    for (int j = 0; j < 8; j += 2, q += 32, a += 64) {
+        uint8_t sc1, m1, sc2, m2;
+        ft_k4_scale_min(j, scales, &sc1, &m1);
+        ft_k4_scale_min(j + 1, scales, &sc2, &m2);
+        int s1 = 0, s2 = 0;
+        for (int l = 0; l < 32; l++) {
+            int h1 = qh ? ((qh[l] >> j) & 1) << 4 : 0, h2 = qh ? ((qh[l] >> (j + 1)) & 1) << 4 : 0;
+            s1 += ((q[l] & 0x0F) | h1) * a[l];
+            s2 += ((q[l] >> 4) | h2) * a[l + 32];
+        }
+        isum += (int64_t)sc1 * s1 + (int64_t)sc2 * s2;
+        msum += (int64_t)m1 * (y->bsums[2 * j] + y->bsums[2 * j + 1]) + (int64_t)m2 * (y->bsums[2 * j + 2] + y->bsums[2 * j + 3]);
+    }
+    return y->d * F16(d) * (float)isum - y->d * F16(dmin) * (float)msum;
+}
+
 float ft_vec_dot_q4_K(const void *w, const void *act, int64_t n) {
     const ft_block_q4_K *x = w;
     const ft_block_a16_K *y = act;
     float sum = 0;
-    for (int64_t i = 0; i < n / FT_QK_K; i++) {
-        const uint8_t *q = x[i].qs;
-        const int16_t *a = y[i].qs;
-        int64_t isum = 0, msum = 0;
-        for (int j = 0; j < 8; j += 2, q += 32, a += 64) {
-            uint8_t sc1, m1, sc2, m2;
-            ft_k4_scale_min(j, x[i].scales, &sc1, &m1);
-            ft_k4_scale_min(j + 1, x[i].scales, &sc2, &m2);
-            int s1 = 0, s2 = 0;
-            for (int l = 0; l < 32; l++) {
-                s1 += (q[l] & 0x0F) * a[l];
-                s2 += (q[l] >> 4) * a[l + 32];
-            }
-            isum += (int64_t)sc1 * s1 + (int64_t)sc2 * s2;
-            msum += (int64_t)m1 * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]) +
-                    (int64_t)m2 * (y[i].bsums[2 * j + 2] + y[i].bsums[2 * j + 3]);
-        }
-        sum += y[i].d * F16(x[i].d) * (float)isum - y[i].d * F16(x[i].dmin) * (float)msum;
-    }
+    for (int64_t i = 0; i < n / FT_QK_K; i++) sum += dot_k45(x[i].d, x[i].dmin, x[i].scales, x[i].qs, NULL, &y[i]);
     return sum;
 }
 
@@ -190,25 +193,7 @@ float ft_vec_dot_q5_K(const void *w, const void *act, int64_t n) {
     const ft_block_q5_K *x = w;
     const ft_block_a16_K *y = act;
     float sum = 0;
-    for (int64_t i = 0; i < n / FT_QK_K; i++) {
-        const uint8_t *q = x[i].qs, *qh = x[i].qh;
-        const int16_t *a = y[i].qs;
-        int64_t isum = 0, msum = 0;
-        for (int j = 0; j < 8; j += 2, q += 32, a += 64) {
-            uint8_t sc1, m1, sc2, m2;
-            ft_k4_scale_min(j, x[i].scales, &sc1, &m1);
-            ft_k4_scale_min(j + 1, x[i].scales, &sc2, &m2);
-            int s1 = 0, s2 = 0;
-            for (int l = 0; l < 32; l++) {
-                s1 += ((q[l] & 0x0F) | ((qh[l] >> j) & 1) << 4) * a[l];
-                s2 += ((q[l] >> 4) | ((qh[l] >> (j + 1)) & 1) << 4) * a[l + 32];
-            }
-            isum += (int64_t)sc1 * s1 + (int64_t)sc2 * s2;
-            msum += (int64_t)m1 * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]) +
-                    (int64_t)m2 * (y[i].bsums[2 * j + 2] + y[i].bsums[2 * j + 3]);
-        }
-        sum += y[i].d * F16(x[i].d) * (float)isum - y[i].d * F16(x[i].dmin) * (float)msum;
-    }
+    for (int64_t i = 0; i < n / FT_QK_K; i++) sum += dot_k45(x[i].d, x[i].dmin, x[i].scales, x[i].qs, x[i].qh, &y[i]);
     return sum;
 }
 
