@@ -454,7 +454,7 @@ static bool gemv_run(gemv_ctx *v, ft_dtype compute, int n_threads, float *scratc
     if (compute == FT_F32 && int_dot_on && tt->vec_dot && v->K % ft_types[tt->act].block == 0) {
         /* the vector quantized once (2.25 bytes an element) */
         size_t bytes = ft_dtype_nbytes(tt->act, v->K), fl = (bytes + sizeof(float) - 1) / sizeof(float);
-        vr = fl <= 1024 ? stack : ft_malloc(fl * sizeof(float));
+        vr = scratch && scratch_floats >= fl ? scratch : fl <= 1024 ? stack : ft_malloc(fl * sizeof(float));
         if (!vr) return false;
         ft_types[tt->act].quantize_act(v->v, vr, v->K);
         v->vq = vr;
