@@ -172,6 +172,12 @@ $(BUILD)/bench_gemm: tests/bench_gemm.c $(BUILD)/libftune-internal.a Makefile
 	@echo "bench_gemm: DNNL=$(DNNL)"
 	$(CC) $(CFLAGS) $(BENCH_GEMM_DNNL) $(DEPFLAGS) -MF $(BUILD)/obj/bench_gemm.d -o $@ $< $(BUILD)/libftune-internal.a $(LDFLAGS) $(BENCH_GEMM_DNNL_LIBS) $(LDLIBS)
 
+# test_amx_state also runs a oneDNN matmul between its tile products where
+# oneDNN is installed (oneDNN's AMX kernels end with tilerelease)
+$(BUILD)/tests/test_amx_state: tests/test_amx_state.c $(BUILD)/libftune-internal.a Makefile
+	@mkdir -p $(dir $@) $(BUILD)/obj/tests
+	$(CC) $(CFLAGS) $(BENCH_GEMM_DNNL) $(DEPFLAGS) -MF $(BUILD)/obj/tests/test_amx_state.d -o $@ $< $(BUILD)/libftune-internal.a $(LDFLAGS) $(BENCH_GEMM_DNNL_LIBS) $(LDLIBS)
+
 bench-gemm: $(BUILD)/bench_gemm
 	BUILD=$(BUILD) bash bench/gemm.sh
 

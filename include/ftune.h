@@ -99,6 +99,16 @@ FTUNE_API const char *ftune_kernel_level(void);
  * amx level is not available here (not on this CPU, the OS or the kernel
  * refused the tile state, a trial tile product failed) or that it passed. */
 FTUNE_API const char *ftune_kernel_note(void);
+/* Installs a SIGILL handler for the process (the ftune command calls it
+ * first thing) that, should the CPU refuse an instruction of ftune's
+ * kernels, writes one line to stderr naming the kernel level, whether the
+ * fault was in the amx level's tile code (the tile state refused after
+ * the probe passed: a VM or a kernel that takes the tiles away) and the
+ * FTUNE_CPU setting that avoids it, and then lets the signal end the
+ * process as it would have (files ftune writes are written to a temporary
+ * name and renamed, so none is left half written). A library user that has
+ * its own SIGILL handler need not call it. */
+FTUNE_API void ftune_report_kernel_faults(void);
 
 typedef struct {
     char arch[32];         /* "llama", "qwen2", "mistral", ... */

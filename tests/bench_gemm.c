@@ -1,6 +1,8 @@
 /* bench_gemm.c — this machine's peaks and ftune's matrix products on the
  * Linear and LoRA shapes of the llama-110m and llama-3.2-1b presets: fp32
- * FMA and VDPBF16PS peaks (and TDPBF16PS where the amx level's probe passed) and read bandwidth on 1 and n threads, then per
+ * FMA and VDPBF16PS peaks (and TDPBF16PS where the amx level's probe
+ * passed, with the cost of loading and releasing the tile state once) and
+ * read bandwidth on 1 and n threads, then per
  * shape GFLOP/s of ft_gemm (f32 compute, bf16 weights widened), ft_gemm_in
  * in bf16 and, built with DNNL=1, oneDNN's bf16 matmul (bf16 operands,
  * f32 accumulation and output), interleaved round by round; medians.
@@ -367,6 +369,15 @@ int main(int argc, char **argv) {
                 printf("peak\t%s\tthreads=%d\tround=%d\tvalue=%.1f\n", pk[k], t, r, peak(k, t, buf, nbuf));
         }
     free(buf);
+    /* what owning the tile state per task costs: one ldtilecfg + tilerelease
+     * (kernels.h's tiles_begin/tiles_end), in ns, against a task's panels */
+    for (int r = 0; r < rounds && !thread_check && ft_cpu_has_amx(); r++) {
+        const ft_kernel_isa *amx = ft_kernels_for_level(FT_CPU_AMX);
+        enum { PAIRS = 200000 };
+        double t0 = bench_now();
+        for (int i = 0; i < PAIRS; i++) amx->tiles_begin(), amx->tiles_end();
+        printf("peak\ttile_state_ns\tthreads=1\tround=%d\tvalue=%.1f\n", r, (bench_now() - t0) / PAIRS * 1e9);
+    }
     fflush(stdout);
     if (peaks_only) return 0;
 

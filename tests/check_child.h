@@ -26,7 +26,7 @@
 #endif
 
 /* Runs fn in a child and passes on its verdict. */
-static void in_child(void (*fn)(void *), void *arg) {
+static inline void in_child(void (*fn)(void *), void *arg) {
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();
@@ -47,7 +47,7 @@ static void in_child(void (*fn)(void *), void *arg) {
 
 /* The kernel's peak RSS reset to now, and now's RSS: what the process holds
  * before a configuration loads anything. */
-static size_t rss_baseline(void) {
+static inline size_t rss_baseline(void) {
     size_t baseline = 0;
     CHECK(ft_mem_rss_reset_peak());
     CHECK(ft_mem_rss(&baseline, NULL));

@@ -47,3 +47,21 @@ case "$l" in
 "kernels: generic; AMX: "*) pass cap_generic ;;
 *) fail cap_generic "'$l'" ;;
 esac
+
+# 5. a SIGILL in the command (here sent from outside while it waits on its
+#    input) ends it by SIGILL with one line naming the kernel level and what
+#    FTUNE_CPU avoids it (ftune_report_kernel_faults; the tile-code line and
+#    a real tile fault are test_amx_state's)
+err=$(mktemp); trap 'rm -f "$err"' EXIT
+fifo=$(mktemp -u); mkfifo "$fifo"
+"$FT" tokenize -m "$HF" < "$fifo" 2> "$err" &
+pid=$!
+exec 7> "$fifo" # the writer: tokenize now blocks reading, after its start-up
+sleep 0.5
+kill -ILL "$pid"
+{ wait "$pid"; } 2> /dev/null; rc=$? # (bash's own "Illegal instruction" line)
+exec 7>&-
+rm -f "$fifo"
+if [ "$rc" = $((128 + 4)) ] && grep -q "^ftune: fatal: illegal instruction (SIGILL) at kernel level $level" "$err" &&
+    [ "$(wc -l < "$err")" = 1 ]; then pass sigill_reported
+else fail sigill_reported "rc $rc, stderr '$(cat "$err")'"; fi

@@ -632,7 +632,9 @@ static double tile16_direct(const ft_kernel_isa *isa, ft_rng *rng) {
             for (size_t i = 0; i < (size_t)kp * nr; i++)
                 bp[i] = (uint32_t)ft_f32_to_bf16(ft_rng_normal(rng)) | (uint32_t)ft_f32_to_bf16(ft_rng_normal(rng)) << 16;
             for (int i = 0; i < mr * nr; i++) cb[i] = c0[i] = ft_rng_normal(rng);
+            if (isa->tiles_begin) isa->tiles_begin(); /* as the driver brackets a task */
             isa->tile16[shape](cb, bp, ap, lda, kp, add);
+            if (isa->tiles_end) isa->tiles_end();
             tile16_ref(ref, bp, ap, lda, kp, mr, nr);
             for (int i = 0; i < mr * nr; i++) {
                 double want = ref[i] + (add ? c0[i] : 0);

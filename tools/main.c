@@ -27,6 +27,7 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
     if (argc < 2) { usage(stderr); return 2; }
+    ftune_report_kernel_faults(); /* a SIGILL in the kernels says which level and what avoids it */
     signal(SIGXFSZ, SIG_IGN); /* a file-size limit is a write error (its writers then leave no partial file), not a kill */
     if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-v") == 0 || strcmp(argv[1], "version") == 0) {
 #ifdef __clang__

@@ -25,6 +25,8 @@
 
 enum { F_AVX2 = 1, F_AVX512 = 2, F_AVX512BF16 = 4, F_AMX = 8, F_DETECTED = 1 << 30 };
 
+__thread volatile sig_atomic_t ft_cpu_tiles_held;
+
 static char amx_note[160] = "AMX: not probed (not an x86-64 build)";
 
 static int features;    /* F_* bits, F_DETECTED once filled in */
@@ -280,3 +282,39 @@ const char *ft_cpu_level_name(int level) {
 
 FTUNE_API const char *ftune_kernel_level(void) { return ft_cpu_level_name(ft_cpu_level()); }
 FTUNE_API const char *ftune_kernel_note(void) { return ft_cpu_amx_note(); }
+
+/* ------------------------------------------------ the SIGILL report */
+
+/* Everything the handler writes is made before any fault: a signal handler
+ * may call only async-signal-safe functions (write, raise, sigaction), so
+ * it picks one of these lines and formats nothing. */
+static char fault_line[FT_CPU_NLEVELS][2][200];
+
+static void on_kernel_fault(int sig) {
+    int lv = ft_cpu_level(); /* detected at install: atomic loads only */
+    const char *m = fault_line[lv][ft_cpu_tiles_held ? 1 : 0];
+    size_t n = 0;
+    while (m[n]) n++;
+    ssize_t w = write(STDERR_FILENO, m, n);
+    (void)w;
+    raise(sig); /* SA_RESETHAND | SA_NODEFER: the default action now, in this thread */
+}
+
+FTUNE_API void ftune_report_kernel_faults(void) {
+    cpu_features(); /* the level is known before any fault: the handler only reads it */
+    for (int lv = 0; lv < FT_CPU_NLEVELS; lv++) {
+        const char *lower = lv == FT_CPU_AMX ? "avx512bf16" : lv > FT_CPU_GENERIC ? ft_cpu_level_name(lv - 1) : NULL;
+        snprintf(fault_line[lv][0], sizeof fault_line[lv][0],
+                 "ftune: fatal: illegal instruction (SIGILL) at kernel level %s%s%s%s\n", ft_cpu_level_name(lv),
+                 lower ? "; FTUNE_CPU=" : "", lower ? lower : "", lower ? " runs the level below it" : "");
+        snprintf(fault_line[lv][1], sizeof fault_line[lv][1],
+                 "ftune: fatal: the CPU refused a tile instruction (SIGILL) in the amx kernel level after its probe "
+                 "passed (the tile state was taken away); FTUNE_CPU=avx512bf16 runs without the tiles\n");
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_kernel_fault;
+    sa.sa_flags = SA_RESETHAND | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGILL, &sa, NULL);
+}

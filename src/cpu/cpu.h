@@ -4,6 +4,7 @@
 #ifndef FT_CPU_H
 #define FT_CPU_H
 
+#include <signal.h>
 #include <stdbool.h>
 
 /* Kernel levels, each including the ones below it. */
@@ -46,5 +47,11 @@ int ft_cpu_level(void);
 void ft_cpu_force_level(int level);
 /* "generic", "avx2", "avx512", "avx512bf16" or "amx". */
 const char *ft_cpu_level_name(int level);
+
+/* Nonzero while this thread holds tile state of ours: set by the amx
+ * level's tiles_begin, cleared by its tiles_end (kernels.h), read by the
+ * SIGILL report (ftune_report_kernel_faults) to say a fault came from the
+ * tile code. */
+extern __thread volatile sig_atomic_t ft_cpu_tiles_held;
 
 #endif

@@ -365,6 +365,7 @@ static void panels16(void *vctx, int task, int thread) {
     const uint32_t *bp = (const uint32_t *)g->bp;
     int mr = g->mr, nr = g->nr, ns = (g->nw + nr - 1) / nr, kpc = (g->kc + 1) / 2;
     int p1 = (task + 1) * g->group < g->n_panels ? (task + 1) * g->group : g->n_panels;
+    if (g->isa->tiles_begin) g->isa->tiles_begin(); /* the tile state is this task's (kernels.h) */
     for (int p = task * g->group; p < p1; p++) {
         int m0 = p * mr, rows = g->M - m0 < mr ? g->M - m0 : mr;
         for (int kb = 0; kb < g->kc; kb += FT_GEMM_KC) {
@@ -379,6 +380,7 @@ static void panels16(void *vctx, int task, int thread) {
             write_back(g, cb + (size_t)s * mr * nr, m0, rows, g->n0 + s * nr, cols);
         }
     }
+    if (g->isa->tiles_end) g->isa->tiles_end();
 }
 
 /* The GEMV path: out[i·os] (+)= alpha · (row i of R) · v for the n rows

@@ -146,6 +146,14 @@ typedef struct {
      * pair words: column j's kp words at src + j·ld for j < ncols (the
      * rest zero) to dst[p·nr + j] */
     void (*pack_cols16)(uint32_t *dst, int nr, const uint32_t *src, int ld, int ncols, int kp);
+    /* Where tile16 needs state of its own (the amx level: a tile
+     * configuration): tiles_begin loads it and tiles_end releases it, in
+     * the calling thread; the driver brackets every task that calls tile16
+     * with them, so nothing is assumed to survive between tasks (another
+     * tile user may release the tiles between our calls) and nothing is
+     * left held when we return. NULL where tile16 needs none. */
+    void (*tiles_begin)(void);
+    void (*tiles_end)(void);
 } ft_kernel_isa;
 
 /* The kernel set for a level (FT_CPU_*), falling back to the best one
@@ -157,6 +165,13 @@ const ft_kernel_isa *ft_kernels_for_level(int level);
  * runnable where the avx512bf16 level is. Not a level: only tests reach it,
  * through ft_kernels_force. */
 extern const ft_kernel_isa ft_kernels_amx_emulated;
+/* For tests: release the emulated tiles of this thread as another library's
+ * tilerelease would (the next tile instruction without a tiles_begin then
+ * aborts, as the real one raises SIGILL). */
+void ft_amx_emu_foreign_release(void);
+/* For tests: whether this thread's emulated tiles are configured (not
+ * released) */
+bool ft_amx_emu_tiles_held(void);
 /* For tests: every ft_gemm_in uses `isa` from now on whatever the level
  * (NULL: the level's again). Not meant to be changed while kernels run. */
 void ft_kernels_force(const ft_kernel_isa *isa);

@@ -3,6 +3,7 @@
  * intrinsics). The functions carry the target attribute (no global -march),
  * so this compiles everywhere and runs only where cpu.c's probe passed. */
 #include "cpu/kernels.h"
+#include "cpu/cpu.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -20,12 +21,29 @@
 #define AMX_LOAD(t, p, st) do { AMX_FENCE(); _tile_loadd(t, (const void *)(p), (long)(st)); } while (0)
 #define AMX_DP(c, a, b) _tile_dpbf16ps(c, a, b)
 #define AMX_STORE(t, p, st) _tile_stored(t, (void *)(p), (long)(st))
+#define AMX_RELEASE() _tile_release()
 #define AMX_WIDE ft_amx_tile16_wide
 #define AMX_NARROW ft_amx_tile16_narrow
+#define AMX_BEGIN amx_load_config
+#define AMX_END amx_release
 
 void ft_amx_tile16_wide(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add);
 void ft_amx_tile16_narrow(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add);
+void ft_amx_tiles_begin(void);
+void ft_amx_tiles_end(void);
+static void amx_load_config(void);
+static void amx_release(void);
 
 #include "cpu/kernels_amx.h"
+
+/* the flag brackets the tile state, for the SIGILL report (cpu.h) */
+void ft_amx_tiles_begin(void) {
+    ft_cpu_tiles_held = 1;
+    amx_load_config();
+}
+void ft_amx_tiles_end(void) {
+    amx_release();
+    ft_cpu_tiles_held = 0;
+}
 
 #endif

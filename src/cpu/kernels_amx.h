@@ -10,7 +10,9 @@
  *   AMX_LOAD(t, p, st)    tileloadd: tmm t's rows from p, st bytes apart
  *   AMX_DP(c, a, b)       tdpbf16ps tmm c += tmm a · tmm b
  *   AMX_STORE(t, p, st)   tilestored: tmm t's rows to p, st bytes apart
+ *   AMX_RELEASE()         tilerelease
  *   AMX_WIDE, AMX_NARROW  the names of the two tile16 functions to define
+ *   AMX_BEGIN, AMX_END    the names of the tile-state functions to define
  * Tile numbers are literals (the instructions encode them).
  *
  * The shapes: mr16 = 32 rows (2 A tiles of 16 rows × 16 pair-words = 32
@@ -22,7 +24,7 @@
  * the panel and the strip is not ours to read as zeros (other data, maybe
  * NaN bits: 0·NaN is NaN). The k tail is copied into zero-padded local
  * tiles, so one fixed configuration (every tile 16 rows × 64 bytes) serves
- * every call and is loaded once per thread.
+ * every call.
  * Not a header for anything else to include. */
 
 #include <string.h>
@@ -35,31 +37,32 @@ typedef struct {
 } amx_cfg;
 _Static_assert(sizeof(amx_cfg) == 64, "the tile configuration is 64 bytes");
 
-/* Tile configuration is per thread (the permission, cpu.c's probe, per
- * process), so each thread that runs the kernel loads its own before its
- * first tile instruction: ft_parallel_for's workers are long-lived
- * pthreads, so that is once per worker. Nothing else in the process
- * loads a tile configuration (cpu.c's probe loads and releases its own
- * before the level exists, so before any thread can get here; a thread
- * that ran the probe still has its flag clear), so once loaded it stays
- * ours. Worker tile
- * instructions are not guarded (a sigsetjmp per call would cost more than
- * the call): cpu.c ran the same sequence (ldtilecfg in a fresh thread,
- * then tile loads and tdpbf16ps) before it let the level be chosen; a
- * worker could still fault only where the kernel cannot give that thread
- * its tile state buffer (Linux then kills the process with SIGSEGV), and
- * FTUNE_CPU=avx512bf16 avoids the level. */
-static __thread bool amx_thread_ready;
+/* Tile state is owned per call, never per thread: AMX_BEGIN loads the one
+ * configuration (every tile 16 rows × 64 bytes) and AMX_END releases the
+ * tiles (tilerelease: back to their initial state), and the driver brackets
+ * each panel task with them (kernels.h's tiles_begin/tiles_end), so no tile
+ * instruction of ours runs on a configuration we did not load in the same
+ * task. Another tile user in the process (oneDNN ends its kernels with
+ * tilerelease; user code, a signal handler) may release or reload the
+ * tiles between two calls into us: the next call loads ours again. And we
+ * leave the tiles as we found them, released, so a thread of the caller's
+ * carries no 8 KiB of tile data through its context switches after we
+ * return. One ldtilecfg + tilerelease per task costs about 50 ns
+ * (bench_gemm's tile_state_ns, on a Sapphire Rapids-class Xeon), against
+ * the tens of microseconds of a task's panels (32 rows × up to 1024
+ * columns × up to 1024 of k). Tile instructions are
+ * not guarded: cpu.c ran the same sequence (ldtilecfg in a fresh thread,
+ * tile loads, tdpbf16ps, tilerelease) before it let the level be chosen;
+ * a fault after that (a VM that takes the tiles away) is reported by the
+ * command's SIGILL handler, which ft_cpu_in_tiles tells the tile code. */
+static const amx_cfg amx_config = {
+    .palette = 1,
+    .colsb = { 64, 64, 64, 64, 64, 64, 64, 64 },
+    .rows = { 16, 16, 16, 16, 16, 16, 16, 16 },
+};
 
-AMX_TARGET static inline __attribute__((always_inline)) void amx_ready(void) {
-    if (amx_thread_ready) return;
-    amx_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-    AMX_LOADCFG(&cfg);
-    amx_thread_ready = true;
-}
+AMX_TARGET static void AMX_BEGIN(void) { AMX_LOADCFG(&amx_config); }
+AMX_TARGET static void AMX_END(void) { AMX_RELEASE(); }
 
 /* Tiles: C 0 (rows 0-15, cols 0-15), 1 (rows 0-15, cols 16-31), 2 (rows
  * 16-31, cols 0-15), 3 (rows 16-31, cols 16-31); A 4 (rows 0-15), 5 (rows
@@ -86,7 +89,6 @@ AMX_TARGET static inline __attribute__((always_inline)) void amx_body(float *cb,
     const int NR = 16 * NB;
     const int64_t cst = (int64_t)NR * sizeof(float), ast = lda * (int64_t)sizeof(uint32_t);
     const int64_t bst = (int64_t)NR * sizeof(uint32_t);
-    amx_ready();
     if (add) {
         AMX_LOAD(0, cb, cst);
         AMX_LOAD(2, cb + 16 * NR, cst);

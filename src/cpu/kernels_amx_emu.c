@@ -1,7 +1,8 @@
 /* kernels_amx_emu.c — kernels_amx.h's micro-kernel on a plain C emulation
  * of the tile unit, for tests on CPUs without AMX: eight 1 KiB tile
  * registers per thread, a configuration that must be loaded (in this
- * thread) before any tile instruction, loads and stores of exactly the
+ * thread, and again after each tilerelease, which returns the tiles to
+ * their initial state: unconfigured and zero) before any tile instruction, loads and stores of exactly the
  * configured rows and bytes, and TDPBF16PS as Intel documents it (SDM vol.
  * 2, "TDPBF16PS — Dot Product of BF16 Tiles Accumulated into Packed Single
  * Precision Tile"): for each row m of dst, pair k of a's row and column n,
@@ -52,6 +53,10 @@ static void emu_loadcfg(const void *p) {
         if (emu.cfg.rows[t] > 16 || emu.cfg.colsb[t] > 64 || emu.cfg.colsb[t] % 4) emu_fail("bad shape", t);
     memset(emu.t, 0, sizeof emu.t); /* ldtilecfg zeroes the tiles */
     emu.configured = true;
+}
+
+static void emu_release(void) {
+    memset(&emu, 0, sizeof emu);
 }
 
 static void emu_zero(int t) {
@@ -106,10 +111,24 @@ static void emu_dp(int c, int a, int b) {
 #define AMX_LOAD(t, p, st) emu_load(t, (const void *)(p), (long)(st))
 #define AMX_DP(c, a, b) emu_dp(c, a, b)
 #define AMX_STORE(t, p, st) emu_store(t, (void *)(p), (long)(st))
+#define AMX_RELEASE() emu_release()
 #define AMX_WIDE ft_amx_emu_tile16_wide
 #define AMX_NARROW ft_amx_emu_tile16_narrow
+#define AMX_BEGIN emu_tiles_begin
+#define AMX_END emu_tiles_end
 
 void ft_amx_emu_tile16_wide(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add);
 void ft_amx_emu_tile16_narrow(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add);
+void ft_amx_emu_tiles_begin(void);
+void ft_amx_emu_tiles_end(void);
+static void emu_tiles_begin(void);
+static void emu_tiles_end(void);
 
 #include "cpu/kernels_amx.h"
+
+void ft_amx_emu_tiles_begin(void) { emu_tiles_begin(); }
+void ft_amx_emu_tiles_end(void) { emu_tiles_end(); }
+/* For tests: a tilerelease in this thread that is not ours (another
+ * library's, between two of our calls) */
+void ft_amx_emu_foreign_release(void) { emu_release(); }
+bool ft_amx_emu_tiles_held(void) { return emu.configured; }
