@@ -16,8 +16,6 @@
 #include "model/model.h"
 #include "train/optim.h"
 
-/* The Linear of module mod (module.h) in block l. */
-static inline ft_linear *ft_model_linear(ftune_model *m, int l, ft_module mod) { return ft_layer_linear(&m->layers[l], mod); }
 /* Rows of Linear mod permuted between rotate-half and interleaved layout
  * for this model, or 0 if none (heads: NH for q, NKV for k). */
 int ft_module_rope_heads(const ft_config *c, ft_module mod);

@@ -79,6 +79,9 @@ struct ftune_model {
     void (*free_adapter)(void *); /* frees it */
 };
 
+/* The Linear of module mod (module.h) in block l. */
+static inline ft_linear *ft_model_linear(ftune_model *m, int l, ft_module mod) { return ft_layer_linear(&m->layers[l], mod); }
+
 /* Checks a config for sizes that are positive and consistent. */
 FTUNE_MUST_USE ftune_status ft_config_validate(const ft_config *c, const char *path);
 /* Fills cfg from a Hugging Face config.json (model_config.c); the _text
