@@ -16,7 +16,7 @@
  * Also fault injection: the allocator hook fails the Nth allocation for
  * every N until a trainer, a session and an optimizer are built; each
  * failure must be FTUNE_ERR_NOMEM with every counter back at zero. */
-#include "nn/block.h"
+#include "run/run.h"
 #include "data/data.h"
 #include "ftune.h"
 #include "core/mem.h"
