@@ -21,7 +21,7 @@
 #include "ftune.h"
 #include "core/mem.h"
 #include "model/model.h"
-#include "train/optim.h"
+#include "optim/optim.h"
 #include "train/train.h"
 #include "check.h"
 #include "check_child.h"

@@ -15,7 +15,7 @@
 #define FT_ADAPTER_H
 
 #include "model/model.h"
-#include "train/optim.h"
+#include "optim/optim.h"
 
 /* Permutes the rows of a (rows, cols) f32 matrix in place, head by head
  * (n_heads heads of rows/n_heads rows): to_interleaved moves row

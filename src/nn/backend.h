@@ -45,9 +45,9 @@
 #include "nn/linear.h"
 #include "core/mem.h"
 #include "ops/ops.h"
-#include "train/optim.h"
 
 typedef struct ft_backend ft_backend;
+typedef struct ft_adamw ft_adamw; /* optim/optim.h: the optimizer op takes one, the table needs only its name */
 
 struct ft_backend {
     const char *name;             /* "cpu", "ref" */

@@ -17,7 +17,7 @@
 
 #include "data/data.h"
 #include "model/model.h"
-#include "train/optim.h"
+#include "optim/optim.h"
 #include "nn/adapter_kind.h"
 #include "nn/block.h"
 
