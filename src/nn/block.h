@@ -30,7 +30,7 @@
 #define FT_BLOCK_H
 
 #include "nn/backend.h"
-#include "model/model.h"
+#include "nn/layer.h"
 
 /* inv_freq (HS/2) for cfg: rope_freqs with the config's theta and scaling,
  * then divided by GGUF's rope_freqs.weight factors when freq_factors is
