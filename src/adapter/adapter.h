@@ -41,9 +41,10 @@ typedef struct {
  * someone else's. Nothing is
  * ever written into the model: whoever runs the model with the adapter (a
  * session: ftune_session_set_adapter; the model's default adapter:
- * ftune_model_load_adapter; a merge: ft_merge_write's a) passes `set` to
- * the block (ft_block_env.adapters), which binds it per call. So any number
- * of sessions on one model may run different adapters at once. */
+ * ftune_model_load_adapter) passes `set` to the block
+ * (ft_block_env.adapters), which binds it per call, and a merge
+ * (ft_merge_write's a) to the model writer (ft_model_write_opts.adapters).
+ * So any number of sessions on one model may run different adapters at once. */
 typedef struct ftune_adapter {
     ftune_model *m;
     const ft_adapter_kind *kind; /* every entry's */

@@ -125,7 +125,7 @@ struct ft_backend {
     double (*crossentropy)(const ft_backend *be, float *dlogits, const float *logits, const int *targets, int T,
                            int V, float dloss_scale);
 
-    /* ------------------------------------------------ optimizer (optim.h) */
+    /* ------------------------------------------------ optimizer (optim/optim.h) */
     /* One ft_adamw_step of every parameter of o (data, grad, m, v are backend pointers). */
     void (*adamw_step)(const ft_backend *be, ft_adamw *o, double lr);
 };
