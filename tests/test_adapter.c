@@ -552,12 +552,12 @@ static void test_gguf_adapter_load(void) {
     /* merge reads it too: the same file as merging the PEFT adapter */
     char m1[600], m2[600];
     tmp(m1, sizeof m1, "merged_gguf_adapter.gguf");
-    CHECK_OK(ft_merge_write(h, m1, NULL));
+    CHECK_OK(ft_merge_write(h, m1, NULL, NULL)); /* the default adapter */
     h->free_adapter(h->adapter);
     h->adapter = NULL;
     CHECK_OK(ftune_model_load_adapter(h, dir));
     tmp(m2, sizeof m2, "merged_peft_adapter.gguf");
-    CHECK_OK(ft_merge_write(h, m2, NULL));
+    CHECK_OK(ft_merge_write(h, m2, NULL, NULL));
     char *b1 = NULL, *b2 = NULL;
     size_t n1 = 0, n2 = 0;
     CHECK_OK(ft_read_file(m1, &b1, &n1));
@@ -837,12 +837,10 @@ static void test_merge(void) {
         char out[600], out_gguf[600];
         snprintf(out, sizeof out, "%s/merged_%s", tmpdir, (const char *[]){ "from_hf", "from_gguf", "from_bin" }[b]);
         snprintf(out_gguf, sizeof out_gguf, "%s/merged.gguf", tmpdir);
-        ft_merge_opts mo = { .adapter = a };
-        CHECK_OK(ft_merge_write(m, out, &mo));
-        CHECK_OK(ft_merge_write(m, out_gguf, &mo)); /* from every base (HF: its tokenizer written as GGUF metadata) */
-        CHECK(ft_merge_write(m, bases[b], &mo) == FTUNE_ERR_ARG); /* never over the files being read */
-        mo.adapter = ar;
-        CHECK(ft_merge_write(m, out, &mo) == FTUNE_ERR_ARG); /* an adapter made for another model */
+        CHECK_OK(ft_merge_write(m, out, a, NULL));
+        CHECK_OK(ft_merge_write(m, out_gguf, a, NULL)); /* from every base (HF: its tokenizer written as GGUF metadata) */
+        CHECK(ft_merge_write(m, bases[b], a, NULL) == FTUNE_ERR_ARG); /* never over the files being read */
+        CHECK(ft_merge_write(m, out, ar, NULL) == FTUNE_ERR_ARG); /* an adapter made for another model */
         CHECK_OK(ft_merge_lora(ref, ar)); /* merged in memory */
         float *l_mem = logits(ref);
         ftune_model *w = load(out);
@@ -881,8 +879,8 @@ static void test_merge(void) {
         if (b == 0) {
             char out16[600];
             snprintf(out16, sizeof out16, "%s/merged_bf16", tmpdir);
-            ft_merge_opts o = { .dtype = "bf16", .adapter = a };
-            CHECK_OK(ft_merge_write(m, out16, &o));
+            ft_model_write_opts o = { .dtype = "bf16" };
+            CHECK_OK(ft_merge_write(m, out16, a, &o));
             ftune_model *w16 = load(out16);
             CHECK(w16 && w16->layers[1].w_down.w.dtype == FT_BF16 && w16->tok != NULL);
             ftune_model_free(w16);
@@ -892,7 +890,7 @@ static void test_merge(void) {
             CHECK(text && contains(text, "\"torch_dtype\":\t\"bfloat16\""));
             free(text);
             o.dtype = "q4";
-            CHECK(ft_merge_write(m, out16, &o) == FTUNE_ERR_ARG);
+            CHECK(ft_merge_write(m, out16, a, &o) == FTUNE_ERR_ARG);
         }
         free(l_lora);
         free(l_mem);
@@ -938,9 +936,9 @@ static void test_gguf_write(void) {
     if (!h || !g) { CHECK(0); goto out; }
     char p[600];
     tmp(p, sizeof p, "hf.gguf");
-    ft_merge_report rep;
-    ft_merge_opts o = { .report = &rep };
-    CHECK_OK(ft_merge_write(h, p, &o));
+    ft_model_write_report rep;
+    ft_model_write_opts o = { .report = &rep };
+    CHECK_OK(ft_model_write(h, p, &o));
     CHECK(rep.file_type == 0 && rep.tied && rep.n_mat[FT_F32] == 1 + 5 * 7 && rep.n_vec == 1 + 5 * 2);
     ftune_model *w = load(p);
     float *lh = logits(h), *lw = w ? logits(w) : NULL;
@@ -1016,7 +1014,7 @@ static void test_gguf_write(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         o.dtype = cases[i].dtype;
         tmp(pq, sizeof pq, "q.gguf");
-        CHECK_OK(ft_merge_write(g, pq, &o)); /* GGUF base: untied */
+        CHECK_OK(ft_model_write(g, pq, &o)); /* GGUF base: untied */
         CHECKF(file_type_of(pq) == cases[i].ftype, "%s", cases[i].dtype);
         CHECKF(ggml_type_of(pq, "token_embd.weight") == cases[i].embd_untied, "%s", cases[i].dtype);
         CHECKF(ggml_type_of(pq, "output.weight") == cases[i].out, "%s", cases[i].dtype);
@@ -1026,7 +1024,7 @@ static void test_gguf_write(void) {
                                                                  ? GGML_TYPE_F32 : cases[i].q), "%s", cases[i].dtype);
         CHECK(rep.n_kept == (cases[i].ftype == 2 || cases[i].ftype == 7 ? 5 : 0) && !rep.tied);
         CHECK(ggml_type_of(pq, "blk.1.ffn_norm.weight") == GGML_TYPE_F32);
-        CHECK_OK(ft_merge_write(h, pq, &o)); /* HF base: tied */
+        CHECK_OK(ft_model_write(h, pq, &o)); /* HF base: tied */
         CHECKF(file_type_of(pq) == cases[i].ftype, "%s", cases[i].dtype);
         CHECKF(ggml_type_of(pq, "token_embd.weight") == cases[i].embd_tied, "%s", cases[i].dtype);
         CHECK(rep.tied && ft_gguf_ggml_type(rep.output_dtype) == (int)cases[i].embd_tied);
@@ -1058,7 +1056,7 @@ static void test_gguf_write(void) {
             ftune_model *q = load(pq);
             o.dtype = "f32";
             tmp(p32, sizeof p32, "back32.gguf");
-            if (q) CHECK_OK(ft_merge_write(q, p32, &o));
+            if (q) CHECK_OK(ft_model_write(q, p32, &o));
             CHECK(ggml_type_of(p32, "token_embd.weight") == GGML_TYPE_F32 && file_type_of(p32) == 0);
             CHECK(ggml_type_of(p32, "blk.0.attn_q.weight") == GGML_TYPE_F32);
             ftune_model_free(q);
@@ -1111,7 +1109,7 @@ static void test_gguf_write(void) {
     } else CHECK(0);
     ftune_model *h3 = load(d3);
     tmp(p, sizeof p, "llama3.gguf");
-    if (h3) CHECK_OK(ft_merge_write(h3, p, NULL));
+    if (h3) CHECK_OK(ft_model_write(h3, p, NULL));
     gguf_file g3;
     if (h3 && ft_gguf_open(&g3, p) == FTUNE_OK) {
         gguf_str ct;

@@ -9,6 +9,7 @@
  * Error measure: max |got - want| / max |want| over the tensor (normwise),
  * printed for every op and backend. */
 #include "nn/backend.h"
+#include "optim/optim.h"
 #include "check.h"
 
 static ft_backend cpu1(void) { return ft_backend_cpu(1); }

@@ -7,6 +7,7 @@
  * loss on the same tokens. */
 #include "ftune.h"
 #include "nn/block.h"
+#include "run/run.h"
 #include "nn/lm_loss.h"
 #include "model/model.h"
 #include "ops/ops.h"

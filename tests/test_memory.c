@@ -16,12 +16,12 @@
  * Also fault injection: the allocator hook fails the Nth allocation for
  * every N until a trainer, a session and an optimizer are built; each
  * failure must be FTUNE_ERR_NOMEM with every counter back at zero. */
-#include "nn/block.h"
+#include "run/run.h"
 #include "data/data.h"
 #include "ftune.h"
 #include "core/mem.h"
 #include "model/model.h"
-#include "train/optim.h"
+#include "optim/optim.h"
 #include "train/train.h"
 #include "check.h"
 #include "check_child.h"

@@ -4,7 +4,7 @@
  * at their edges; the optimizer state's checkpoint (save, load, resume
  * bit-exactly) and its validation of names, shapes and metadata. */
 #include "check.h"
-#include "train/optim.h"
+#include "optim/optim.h"
 #include "formats/safetensors.h"
 
 #include <stdint.h>

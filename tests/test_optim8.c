@@ -11,7 +11,7 @@
 #include "cpu/cpu.h"
 #include "formats/bnb.h"
 #include "formats/safetensors.h"
-#include "train/optim.h"
+#include "optim/optim.h"
 
 #include <stdint.h>
 #include <unistd.h>

@@ -1,11 +1,10 @@
 /* test_quantized.c — GGUF models with Q8_0 / Q4_0 weights: stories260K is
- * quantized (ft_merge_write with a dtype), loaded back, and its logits are
+ * quantized (ft_model_write with a dtype), loaded back, and its logits are
  * compared with the PyTorch reference run on the same weights dequantized
  * (written as a Hugging Face directory in f32). This checks the quantized
  * load and matmul paths (prefill, decode widened, decode in integers), not
  * the quality of quantization. */
 #include "ftune.h"
-#include "adapter/adapter.h"
 #include "model/model.h"
 #include "check.h"
 
@@ -35,8 +34,8 @@ static void check_dtype(const char *dtype) {
     ftune_model *base = NULL, *qm = NULL;
     CHECK_OK(ftune_model_load(&base, src, NULL));
     if (!base) return;
-    ft_merge_opts o = { .dtype = dtype };
-    CHECK_OK(ft_merge_write(base, q, &o));
+    ft_model_write_opts o = { .dtype = dtype };
+    CHECK_OK(ft_model_write(base, q, &o));
     ftune_model_free(base);
     CHECK_OK(ftune_model_load(&qm, q, NULL));
     if (!qm) return;
@@ -44,8 +43,8 @@ static void check_dtype(const char *dtype) {
     ftune_model_get_info(qm, &info);
     CHECKF(strstr(info.dtypes, dtype) != NULL, "dtypes %s lack %s", info.dtypes, dtype);
     /* the same weights, dequantized to f32, in HF layout for the reference */
-    ft_merge_opts f32 = { .dtype = "f32" };
-    CHECK_OK(ft_merge_write(qm, deq, &f32));
+    ft_model_write_opts f32 = { .dtype = "f32" };
+    CHECK_OK(ft_model_write(qm, deq, &f32));
     enum { T = 48 };
     int32_t ids[T];
     char toks[T * 8] = "";

@@ -5,7 +5,7 @@
 #include "ftune.h"
 #include "check.h"
 #include "model/model.h"
-#include "train/optim.h"
+#include "optim/optim.h"
 #include "train/train.h"
 
 static char stories_hf[4096];

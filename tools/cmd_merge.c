@@ -11,7 +11,7 @@
 
 #include "cli.h"
 
-/* ft_merge_opts.progress: elements of the computed tensors made so far */
+/* ftune_merge_opts.progress: elements of the computed tensors made so far */
 static void on_progress(void *ctx, uint64_t done, uint64_t total) {
     cli_progress_update(ctx, (double)done, (double)total);
 }

@@ -19,10 +19,6 @@
 #define PEFT_PREFIX "base_model.model."
 #define MOD_LIST "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
 
-int ft_module_rope_heads(const ft_config *c, ft_module mod) {
-    return mod == FT_MOD_Q ? c->NH : mod == FT_MOD_K ? c->NKV : 0;
-}
-
 ftune_status ft_permute_rope_rows(float *w, int rows, int cols, int n_heads, bool to_interleaved) {
     if (n_heads <= 0 || rows % n_heads || (rows / n_heads) % 2)
         return ft_err(FTUNE_ERR_ARG, "cannot permute %d rows in %d heads of even size", rows, n_heads);

@@ -2,7 +2,8 @@
  * adapters to a model's Linears, reading and writing Hugging Face PEFT
  * directories (adapter_config.json + adapter_model.safetensors), writing
  * llama.cpp GGUF LoRA adapters, and folding adapters into the base weights
- * (merge.c: in memory, or streamed into a new model file).
+ * (merge.c: in memory, or through the model writer, model/model_write.c,
+ * into a new model file).
  *
  * Layout of q/k rows: a model with cfg.rope_interleaved (GGUF, llama2.c)
  * keeps q_proj/k_proj rows, and so lora_B rows, in Meta's interleaved RoPE
@@ -14,13 +15,8 @@
 #define FT_ADAPTER_H
 
 #include "model/model.h"
-#include "train/optim.h"
+#include "optim/optim.h"
 
-/* The Linear of module mod (module.h) in block l. */
-static inline ft_linear *ft_model_linear(ftune_model *m, int l, ft_module mod) { return ft_layer_linear(&m->layers[l], mod); }
-/* Rows of Linear mod permuted between rotate-half and interleaved layout
- * for this model, or 0 if none (heads: NH for q, NKV for k). */
-int ft_module_rope_heads(const ft_config *c, ft_module mod);
 /* Permutes the rows of a (rows, cols) f32 matrix in place, head by head
  * (n_heads heads of rows/n_heads rows): to_interleaved moves row
  * h·HS + s·HS/2 + i (rotate-half) to h·HS + 2i + s (interleaved); the other
@@ -45,9 +41,10 @@ typedef struct {
  * someone else's. Nothing is
  * ever written into the model: whoever runs the model with the adapter (a
  * session: ftune_session_set_adapter; the model's default adapter:
- * ftune_model_load_adapter; a merge: ft_merge_opts.adapter) passes `set` to
- * the block (ft_block_env.adapters), which binds it per call. So any number
- * of sessions on one model may run different adapters at once. */
+ * ftune_model_load_adapter) passes `set` to the block
+ * (ft_block_env.adapters), which binds it per call, and a merge
+ * (ft_merge_write's a) to the model writer (ft_model_write_opts.adapters).
+ * So any number of sessions on one model may run different adapters at once. */
 typedef struct ftune_adapter {
     ftune_model *m;
     const ft_adapter_kind *kind; /* every entry's */
@@ -163,48 +160,11 @@ FTUNE_MUST_USE ftune_status ft_adapter_load_gguf(ft_adapter **out, ftune_model *
  * writes a model's weights; no session may be running on m. */
 FTUNE_MUST_USE ftune_status ft_merge_lora(ftune_model *m, const ft_adapter *a);
 
-/* What a GGUF write did (ft_merge_write fills it for a .gguf output). */
-typedef struct {
-    int n_mat[FT_NTYPES];    /* 2-D tensors written, by type */
-    int n_kept;              /* of those, rows not a whole number of the chosen type's blocks: own type kept */
-    int n_vec;               /* 1-D tensors (norms, biases, RoPE factors), always f32 */
-    ft_dtype output_dtype;   /* the output matrix: output.weight, or token_embd when tied */
-    bool tied;
-    uint32_t file_type;      /* general.file_type (llama.cpp's LLAMA_FTYPE) */
-} ft_merge_report;
-
-typedef struct {
-    ft_merge_report *report; /* filled for a GGUF output, or NULL */
-    const ftune_tokenizer *tokenizer; /* written to a GGUF output for a model without one
-                              * (ftune init's), or NULL */
-    const char *tokenizer_dir; /* where its tokenizer.json / merges.txt / tokenizer_config.json
-                              * are (a BPE vocabulary's merges), or NULL */
-    const char *dtype;       /* "f32", "bf16", "f16" for every matrix (embedding and output
-                              * included); NULL keeps each weight's dtype (f32 where
-                              * safetensors has none, e.g. q8_0). A GGUF output also takes
-                              * "q8_0" and "q4_0" (q4_0 writes the output matrix, or the tied
-                              * embedding, as q8_0); a matrix whose rows are not whole
-                              * blocks of the type keeps its own */
-    void (*progress)(void *ctx, uint64_t done, uint64_t total); /* or NULL: called as the rows of
-                              * tensors that are computed (folded, converted, permuted or
-                              * quantized) are made, done/total counting their elements; tensors
-                              * copied byte for byte are not counted. Last call done == total */
-    void *progress_ctx;
-    const ft_adapter *adapter; /* folded in; NULL: the model's default adapter
-                              * (ftune_model_load_adapter's), if any */
-} ft_merge_opts;
-
-/* Writes m with its adapter (opts->adapter or the default) folded in (W + scale·B·A computed
- * in f32, one row at a time, so nothing is copied whole): a path ending in
- * ".gguf" gets a GGUF file with general.file_type set for its weight type:
- * from a GGUF base its metadata and tokenizer are copied; from a Hugging
- * Face or llama2.c base they are written as llama.cpp's converter does
- * (llama/qwen2 keys, SentencePiece-style vocabulary only, q/k rows permuted
- * to the interleaved layout for llama, rope_freqs for Llama 3 scaling);
- * any other path a Hugging Face directory
- * (config.json, model.safetensors with Hugging Face names in rotate-half
- * layout, and the base directory's tokenizer files when it has them). opts
- * may be NULL. */
-FTUNE_MUST_USE ftune_status ft_merge_write(const ftune_model *m, const char *out_path, const ft_merge_opts *opts);
+/* ft_model_write (model/model.h) with adapter a (made for m) folded in; a
+ * NULL: opts->adapters, else the model's default adapter (as
+ * ftune_model_load_adapter set it), if any. FTUNE_ERR_ARG for an adapter
+ * made for another model. opts may be NULL. */
+FTUNE_MUST_USE ftune_status ft_merge_write(const ftune_model *m, const char *out_path, const ft_adapter *a,
+                                           const ft_model_write_opts *opts);
 
 #endif

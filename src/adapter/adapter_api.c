@@ -9,6 +9,7 @@
 #include <string.h>
 
 static void free_adapter(void *a) { ft_adapter_free(a); }
+static const ft_adapter_inst *const *adapter_set(const void *a) { return ((const ft_adapter *)a)->set; }
 
 ftune_status ftune_adapter_load(ftune_adapter **out, const ftune_model *m, const char *path) {
     if (!out) return ft_err(FTUNE_ERR_ARG, "ftune_adapter_load: no output");
@@ -31,17 +32,18 @@ ftune_status ftune_model_load_adapter(ftune_model *m, const char *dir) {
     if (st) return st;
     m->adapter = a;
     m->free_adapter = free_adapter;
+    m->adapter_set = adapter_set;
     return FTUNE_OK;
 }
 
 ftune_status ftune_model_save_merged(const ftune_model *m, const char *path, const char *dtype) {
     if (!m || !path) return ft_err(FTUNE_ERR_ARG, "ftune_model_save_merged: no model or path");
-    ft_merge_opts o = { .dtype = dtype };
-    return ft_merge_write(m, path, &o);
+    ft_model_write_opts o = { .dtype = dtype };
+    return ft_model_write(m, path, &o);
 }
 
 /* What a GGUF write did, on one line. */
-static void format_report(char *buf, size_t cap, const char *out, const ft_merge_report *r) {
+static void format_report(char *buf, size_t cap, const char *out, const ft_model_write_report *r) {
     size_t n = 0;
 #define PUT(...) do { int k_ = snprintf(buf + n, n < cap ? cap - n : 0, __VA_ARGS__); if (k_ > 0) n += (size_t)k_; } while (0)
     PUT("%s: general.file_type %u; matrices:", out, r->file_type);
@@ -59,8 +61,8 @@ ftune_status ftune_model_merge(const ftune_model *m, const char *path, const ftu
     if (summary && summary_cap) summary[0] = 0;
     size_t n = strlen(path);
     bool gguf = n >= 5 && strcmp(path + n - 5, ".gguf") == 0;
-    ft_merge_report rep;
-    ft_merge_opts mo = { .dtype = o ? o->dtype : NULL, .report = &rep, .progress = o ? o->progress : NULL,
+    ft_model_write_report rep;
+    ft_model_write_opts mo = { .dtype = o ? o->dtype : NULL, .report = &rep, .progress = o ? o->progress : NULL,
                          .progress_ctx = o ? o->progress_ctx : NULL };
     ftune_tokenizer *tok = NULL;
     char *tok_dir = NULL;
@@ -82,7 +84,7 @@ ftune_status ftune_model_merge(const ftune_model *m, const char *path, const ftu
         mo.tokenizer = tok;
         mo.tokenizer_dir = tok_dir;
     }
-    st = ft_merge_write(m, path, &mo);
+    st = ft_model_write(m, path, &mo);
     if (!st && gguf && summary && summary_cap) format_report(summary, summary_cap, path, &rep);
     ft_tokenizer_free(tok);
     free(tok_dir);

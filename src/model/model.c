@@ -13,6 +13,10 @@
 #include <string.h>
 
 /* The owned list's capacity after one more buffer than cap holds. */
+int ft_module_rope_heads(const ft_config *c, ft_module mod) {
+    return mod == FT_MOD_Q ? c->NH : mod == FT_MOD_K ? c->NKV : 0;
+}
+
 static int grown_cap(int cap) { return cap ? cap * 2 : 64; }
 
 size_t ft_model_owned_list_bytes(int n_owned) {

@@ -1,43 +1,14 @@
-/* model.h — the Llama-family model: config, weights as tensor views, and the
- * loaders for each file format. Architectures differ by config only. */
+/* model.h — the Llama-family model: its config and weights (the types are
+ * nn/layer.h's) as tensor views into the files, the loaders for each file
+ * format, and the writer. Architectures differ by config only. */
 #ifndef FT_MODEL_H
 #define FT_MODEL_H
 
 #include "core/core.h"
 #include "core/mem.h"
-#include "nn/linear.h"
-#include "nn/module.h"
-#include "ops/ops.h"
+#include "nn/layer.h"
 #include "formats/gguf.h"
 #include "formats/safetensors.h"
-
-typedef struct {
-    char arch[32];            /* llama, mistral, qwen2, ... */
-    int C, F, L, NH, NKV, HS, V;
-    int max_T;                /* context length */
-    float norm_eps, rope_theta;
-    ft_rope_scaling rope_scaling;
-    bool rope_interleaved;    /* Meta/GGUF q/k layout: RoPE on pairs (2i, 2i+1) */
-    bool tied;                /* lm_head shares tok_embd */
-    bool qkv_bias;
-    int32_t bos_id, eos_id;   /* from the model's files; -1 if none */
-} ft_config;
-
-typedef struct {
-    float *attn_norm;         /* (C) */
-    ft_linear wq;             /* (NH*HS, C) */
-    ft_linear wk, wv;         /* (NKV*HS, C) */
-    ft_linear wo;             /* (C, NH*HS) */
-    float *ffn_norm;          /* (C) */
-    ft_linear w_gate, w_up;   /* (F, C) */
-    ft_linear w_down;         /* (C, F) */
-} ft_layer;
-
-/* The Linear of module mod in a layer. */
-static inline ft_linear *ft_layer_linear(ft_layer *ly, ft_module mod) {
-    ft_linear *l[FT_N_MODS] = { &ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down };
-    return l[mod];
-}
 
 /* A buffer the model frees: counted (from ft_model_alloc, FT_MEM_WEIGHTS,
  * n bytes) or a plain malloc'd one handed over by ft_model_own. */
@@ -77,7 +48,15 @@ struct ftune_model {
     int64_t quant_bytes;      /* of weight_bytes: the quantized copies (owned, not in a mapping) */
     void *adapter;            /* ftune_model_load_adapter's default adapter (an ft_adapter), or NULL; never bound into the Linears */
     void (*free_adapter)(void *); /* frees it */
+    const ft_adapter_inst *const *(*adapter_set)(const void *adapter); /* its adapter set (L · FT_N_MODS, as
+                               * ft_block_env.adapters): what ft_model_write folds in by default */
 };
+
+/* The Linear of module mod (module.h) in block l. */
+static inline ft_linear *ft_model_linear(ftune_model *m, int l, ft_module mod) { return ft_layer_linear(&m->layers[l], mod); }
+/* Rows of Linear mod permuted between rotate-half and interleaved layout
+ * for this model, or 0 if none (heads: NH for q, NKV for k). */
+int ft_module_rope_heads(const ft_config *c, ft_module mod);
 
 /* Checks a config for sizes that are positive and consistent. */
 FTUNE_MUST_USE ftune_status ft_config_validate(const ft_config *c, const char *path);
@@ -189,5 +168,61 @@ FTUNE_MUST_USE ftune_status ft_model_set_compute(ftune_model *m, ft_dtype comput
  * 1-D weights (norms, biases) are converted to owned f32 copies. */
 FTUNE_MUST_USE ftune_status ft_model_bind_vec(ftune_model *m, float **dst, const ft_tensor *src, int64_t n);
 FTUNE_MUST_USE ftune_status ft_model_bind_linear(ftune_model *m, ft_linear *dst, const ft_tensor *src, int out, int in);
+
+/* ---- writing a model (model_write.c) ---- */
+
+/* row (cols) = row o of weight t in f32 with adapter ad's part folded in
+ * (ad may be NULL): the one way every merge makes a row, so a model merged
+ * in memory (ft_merge_lora) and one written to a file are bit-identical. */
+void ft_merged_row(float *row, const ft_tensor *t, const ft_adapter_inst *ad, int o, int cols);
+
+/* What a GGUF write did (ft_model_write fills it for a .gguf output). */
+typedef struct {
+    int n_mat[FT_NTYPES];    /* 2-D tensors written, by type */
+    int n_kept;              /* of those, rows not a whole number of the chosen type's blocks: own type kept */
+    int n_vec;               /* 1-D tensors (norms, biases, RoPE factors), always f32 */
+    ft_dtype output_dtype;   /* the output matrix: output.weight, or token_embd when tied */
+    bool tied;
+    uint32_t file_type;      /* general.file_type (llama.cpp's LLAMA_FTYPE) */
+} ft_model_write_report;
+
+typedef struct {
+    ft_model_write_report *report; /* filled for a GGUF output, or NULL */
+    const ftune_tokenizer *tokenizer; /* written to a GGUF output for a model without one
+                              * (ftune init's), or NULL */
+    const char *tokenizer_dir; /* where its tokenizer.json / merges.txt / tokenizer_config.json
+                              * are (a BPE vocabulary's merges), or NULL */
+    const char *dtype;       /* "f32", "bf16", "f16" for every matrix (embedding and output
+                              * included); NULL keeps each weight's dtype (f32 where
+                              * safetensors has none, e.g. q8_0). A GGUF output also takes
+                              * "q8_0" and "q4_0" (q4_0 writes the output matrix, or the tied
+                              * embedding, as q8_0); a matrix whose rows are not whole
+                              * blocks of the type keeps its own */
+    void (*progress)(void *ctx, uint64_t done, uint64_t total); /* or NULL: called as the rows of
+                              * tensors that are computed (folded, converted, permuted or
+                              * quantized) are made, done/total counting their elements; tensors
+                              * copied byte for byte are not counted. Last call done == total */
+    void *progress_ctx;
+    const ft_adapter_inst *const *adapters; /* folded in: adapters[l * FT_N_MODS + mod] for block l,
+                              * Linear mod (any adapter kind, or NULL), as ft_block_env.adapters;
+                              * NULL: the model's default adapter's (m->adapter_set), if any */
+} ft_model_write_opts;
+
+/* True if path names the file or directory the model's weights are mapped from. */
+bool ft_model_is_source(const ftune_model *m, const char *path);
+/* Writes m with its adapter set (opts->adapters or the default) folded in (W + scale·B·A computed
+ * in f32, one row at a time, so nothing is copied whole): a path ending in
+ * ".gguf" gets a GGUF file with general.file_type set for its weight type:
+ * from a GGUF base its metadata and tokenizer are copied; from a Hugging
+ * Face or llama2.c base they are written as llama.cpp's converter does
+ * (llama/qwen2 keys, the vocabulary by ft_tokenizer_to_gguf, q/k rows
+ * permuted to the interleaved layout for llama, rope_freqs for Llama 3
+ * scaling);
+ * any other path a Hugging Face directory
+ * (config.json, model.safetensors with Hugging Face names in rotate-half
+ * layout, and the base directory's tokenizer files when it has them),
+ * staged beside it so that a failure leaves none of it. FTUNE_ERR_ARG when
+ * out_path is where m is read from (ft_model_is_source). opts may be NULL. */
+FTUNE_MUST_USE ftune_status ft_model_write(const ftune_model *m, const char *out_path, const ft_model_write_opts *opts);
 
 #endif

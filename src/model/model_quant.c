@@ -8,7 +8,6 @@
  * are bit for bit bitsandbytes'; otherwise ft's blocks are per row (the
  * kernels need rows of whole blocks) where bitsandbytes' would cross rows. */
 #include "model/model.h"
-#include "adapter/adapter.h"
 #include "formats/bnb.h"
 
 #include <cjson/cJSON.h>
@@ -253,7 +252,7 @@ ftune_status ftune_model_save_bnb(const ftune_model *m, const char *dir, const c
     char staged[4200];
     ftune_status st = ft_dir_stage(dir, staged, sizeof staged);
     if (st) return st;
-    if ((st = ft_merge_write(m, staged, NULL))) {
+    if ((st = ft_model_write(m, staged, NULL))) {
         ft_dir_abort(staged);
         return st;
     }

@@ -45,9 +45,9 @@
 #include "nn/linear.h"
 #include "core/mem.h"
 #include "ops/ops.h"
-#include "train/optim.h"
 
 typedef struct ft_backend ft_backend;
+typedef struct ft_adamw ft_adamw; /* optim/optim.h: the optimizer op takes one, the table needs only its name */
 
 struct ft_backend {
     const char *name;             /* "cpu", "ref" */
@@ -125,7 +125,7 @@ struct ft_backend {
     double (*crossentropy)(const ft_backend *be, float *dlogits, const float *logits, const int *targets, int T,
                            int V, float dloss_scale);
 
-    /* ------------------------------------------------ optimizer (optim.h) */
+    /* ------------------------------------------------ optimizer (optim/optim.h) */
     /* One ft_adamw_step of every parameter of o (data, grad, m, v are backend pointers). */
     void (*adamw_step)(const ft_backend *be, ft_adamw *o, double lr);
 };

@@ -4,6 +4,7 @@
  * that have no faster twin), on be->n_threads threads. Backend pointers are
  * host pointers, so upload/download/copy are memcpy and sync does nothing. */
 #include "nn/backend.h"
+#include "optim/optim.h"
 
 #include <string.h>
 

@@ -6,6 +6,7 @@
  * ignored). If a temporary cannot be allocated the op's outputs are filled
  * with NaN, so a test fails instead of passing on stale data. */
 #include "nn/backend.h"
+#include "optim/optim.h"
 
 #include <math.h>
 #include <string.h>

@@ -30,7 +30,7 @@
 #define FT_BLOCK_H
 
 #include "nn/backend.h"
-#include "model/model.h"
+#include "nn/layer.h"
 
 /* inv_freq (HS/2) for cfg: rope_freqs with the config's theta and scaling,
  * then divided by GGUF's rope_freqs.weight factors when freq_factors is
@@ -140,37 +140,5 @@ typedef struct {
  * from the saved lse, the SwiGLU output is recomputed into s->h. */
 void ft_block_backward(const ft_block_env *e, const ft_layer *ly, int layer, const ft_block_grads *g, float *dres,
                        const float *x, const ft_block_acts *a, const ft_block_io *io, const ft_block_scratch *s);
-
-/* Internal setters for the two users (NULL removes the hooks). */
-typedef struct ftune_session ftune_session;
-typedef struct ft_trainer ft_trainer;
-void ft_session_set_hooks(ftune_session *s, const ft_block_hooks *h);
-void ft_trainer_set_hooks(ft_trainer *tr, const ft_block_hooks *h);
-
-/* KV prefix (prefix tuning, inference): keys and values (L, P, NKV*HS),
- * keys already rotated for positions 0..P-1, become the first P cache
- * positions of every window: the session is reset and then starts at
- * position P, and ftune_session_reset returns to P. P = 0 removes it.
- * FTUNE_ERR_RANGE if P does not leave room for a token. */
-FTUNE_MUST_USE ftune_status ft_session_set_kv_prefix(ftune_session *s, const float *k, const float *v, int P);
-/* Adds what a session of n_ctx positions (0: the model's context) on
- * n_threads allocates to the planned rows of t (KV cache, scratch, other);
- * the same size table ftune_session_new allocates from. */
-void ft_session_plan(const ft_config *c, int n_ctx, int n_threads, ft_mem_table *t);
-/* The session's memory table: planned rows from its model and its buffers
- * (the evaluation scratch once an eval has made it), measured rows from the
- * process's counters (ft_mem_table_measure). */
-void ft_session_mem_table(const ftune_session *s, ft_mem_table *t);
-/* Copies the cache rows [0, n) of layer l out (k, v each (n, NKV*HS)). */
-FTUNE_MUST_USE ftune_status ft_session_get_kv(const ftune_session *s, int l, int n, float *k, float *v);
-
-/* KV prefix for a trainer: k, v (L, P, NKV*HS) as for a session (keys
- * rotated for positions 0..P-1), seen by every batch row before its own
- * tokens, whose positions shift by P. dk, dv (L, P, NKV*HS), when non-NULL,
- * accumulate the gradient of the step's loss (prefix tuning trains them).
- * The arrays must outlive the trainer's use of them; P = 0 removes the
- * prefix. Batches with doc ids (packed rows) are refused while a prefix is
- * set. Allocates its scratch here, not in the step. */
-FTUNE_MUST_USE ftune_status ft_trainer_set_kv_prefix(ft_trainer *tr, const float *k, const float *v, int P, float *dk, float *dv);
 
 #endif

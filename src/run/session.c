@@ -3,9 +3,9 @@
  * evaluation of next-token loss in context-length windows through the
  * fused LM head + loss (the same op the trainer's validation uses).
  * All buffers are allocated once, when the session is created. */
+#include "run/run.h"
 #include "adapter/adapter.h"
 #include "nn/backend_profile.h"
-#include "nn/block.h"
 #include "nn/lm_loss.h"
 #include "cpu/kernels.h" /* ft_gemm_set_int_dot: decode's integer products (a backend option to be) */
 

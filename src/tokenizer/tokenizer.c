@@ -998,7 +998,7 @@ int32_t ft_tokenizer_find(const ftune_tokenizer *t, const char *s, size_t n) {
 }
 int ft_tokenizer_max_piece(const ftune_tokenizer *t) { return t ? t->max_piece : 0; }
 
-/* What a GGUF writer needs beyond the token strings and types (merge.c). */
+/* What a GGUF writer needs beyond the token strings and types (tokenizer_gguf.c). */
 float ft_tokenizer_score(const ftune_tokenizer *t, int32_t id) {
     return t && t->score && id >= 0 && id < t->n_vocab ? t->score[id] : 0.0f;
 }

@@ -21,6 +21,7 @@
 #include "core/core.h"
 
 struct gguf_file_s;
+struct gguf_writer_s;
 
 typedef enum {
     FT_TOK_SPM = 1, /* SentencePiece-style BPE with byte fallback (Llama 2) */
@@ -115,5 +116,14 @@ void ft_tokenizer_special(const ftune_tokenizer *t, ft_tokenizer_specials *out);
  * have none (data/chat_template.c maps it to one of the templates ftune
  * renders). */
 const char *ft_tokenizer_chat_template(const ftune_tokenizer *t);
+
+/* Writes t as a GGUF's tokenizer.ggml.* keys into w (tokenizer_gguf.c), as
+ * llama.cpp's converter does: SentencePiece-style ("llama": tokens, scores,
+ * types) or byte-level BPE ("gpt2": tokens, types, merges, pre), padded to
+ * V entries (the model's embedding rows) with [PAD<i>] tokens. dir: the
+ * directory of its files (tokenizer.json, merges.txt or a tiktoken
+ * tokenizer.model give a BPE vocabulary's merges; tokenizer_config.json its
+ * chat_template), or NULL. FTUNE_ERR_ARG for t NULL. */
+FTUNE_MUST_USE ftune_status ft_tokenizer_to_gguf(struct gguf_writer_s *w, const ftune_tokenizer *t, int V, const char *dir);
 
 #endif

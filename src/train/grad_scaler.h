@@ -19,7 +19,7 @@
 #ifndef FT_GRAD_SCALER_H
 #define FT_GRAD_SCALER_H
 
-#include "train/optim.h"
+#include "optim/optim.h"
 
 typedef enum { FT_LOSS_SCALE_NONE = 0, FT_LOSS_SCALE_DYNAMIC = 1, FT_LOSS_SCALE_FIXED = 2 } ft_loss_scale_mode;
 

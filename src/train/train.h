@@ -17,8 +17,9 @@
 
 #include "data/data.h"
 #include "model/model.h"
-#include "train/optim.h"
+#include "optim/optim.h"
 #include "nn/adapter_kind.h"
+#include "nn/block.h"
 
 typedef enum { FT_TRAIN_LORA = 0, FT_TRAIN_FULL = 1 } ft_train_mode;
 
@@ -203,5 +204,16 @@ ft_lora *ft_trainer_lora(ft_trainer *tr, int layer, int target);
 uint64_t ft_trainer_get_micro_step(const ft_trainer *tr);
 void ft_trainer_set_micro_step(ft_trainer *tr, uint64_t step);
 const ft_train_opts *ft_trainer_opts(const ft_trainer *tr);
+
+/* The block hooks every block call of the trainer's steps sees (NULL removes them). */
+void ft_trainer_set_hooks(ft_trainer *tr, const ft_block_hooks *h);
+/* KV prefix for a trainer: k, v (L, P, NKV*HS) as for a session (keys
+ * rotated for positions 0..P-1, run/run.h), seen by every batch row before
+ * its own tokens, whose positions shift by P. dk, dv (L, P, NKV*HS), when
+ * non-NULL, accumulate the gradient of the step's loss (prefix tuning
+ * trains them). The arrays must outlive the trainer's use of them; P = 0
+ * removes the prefix. Batches with doc ids (packed rows) are refused while
+ * a prefix is set. Allocates its scratch here, not in the step. */
+FTUNE_MUST_USE ftune_status ft_trainer_set_kv_prefix(ft_trainer *tr, const float *k, const float *v, int P, float *dk, float *dv);
 
 #endif

@@ -11,7 +11,7 @@
 #include "core/core.h"
 #include "data/data.h"
 #include "model/model.h"
-#include "train/optim.h"
+#include "optim/optim.h"
 #include "train/train.h"
 
 ftune_status ftune_data_format_parse(const char *name, ftune_data_format *out) {

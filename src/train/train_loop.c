@@ -502,7 +502,7 @@ static bool ends_with(const char *s, const char *suf) {
 }
 
 /* Full fine-tuning: writes a Hugging Face model whose weights are the
- * trainer's, through the merge writer on a shallow copy of the model. */
+ * trainer's, through the model writer on a shallow copy of the model. */
 static FTUNE_MUST_USE ftune_status save_full_model(run *r, const char *dir, const float *full) {
     ftune_model v = *r->m;
     const ft_config *c = &v.cfg;
@@ -527,8 +527,8 @@ static FTUNE_MUST_USE ftune_status save_full_model(run *r, const char *dir, cons
         else if (tp->layer >= 0 && strstr(p->name, "post_attention_layernorm")) v.layers[tp->layer].ffn_norm = p->data;
     }
     if (c->tied) v.lm_head.w = v.tok_embd;
-    ft_merge_opts mo = { .dtype = "f32" };
-    ftune_status st = ft_merge_write(&v, dir, &mo);
+    ft_model_write_opts mo = { .dtype = "f32" };
+    ftune_status st = ft_model_write(&v, dir, &mo);
     free(v.layers);
     return st;
 }

@@ -29,7 +29,7 @@
 
 #include "data/data.h"
 #include "train/grad_scaler.h"
-#include "train/optim.h"
+#include "optim/optim.h"
 #include "train/train.h"
 
 /* ------------------------------------------------------------ checkpoint state */

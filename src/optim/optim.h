@@ -82,7 +82,7 @@ size_t ft_optim_state_bytes(const int64_t *numel, int n, ft_optim_kind kind, int
 
 void ft_adamw_defaults(ft_adamw_cfg *c);
 
-typedef struct {
+typedef struct ft_adamw {
     ft_adamw_cfg cfg;
     int n;
     ft_param *params;           /* (n) copies of the caller's descriptors */

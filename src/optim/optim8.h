@@ -3,7 +3,7 @@
 #ifndef FT_OPTIM8_H
 #define FT_OPTIM8_H
 
-#include "train/optim.h"
+#include "optim/optim.h"
 
 typedef struct {
     float *w;                   /* (N) */

@@ -5,10 +5,10 @@
  * where torch rounds them, so that results agree with PyTorch to float
  * rounding; the 8-bit form runs the same arithmetic on dequantized moments
  * (optim8.c). */
-#include "train/optim.h"
+#include "optim/optim.h"
 #include "core/parallel.h"
 #include "formats/safetensors.h"
-#include "train/optim8.h"
+#include "optim/optim8.h"
 
 #include <errno.h>
 #include <math.h>

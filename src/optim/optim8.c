@@ -3,7 +3,7 @@
  * reference and a table-driven fast path that gives the same index), and
  * the blockwise step: dequantize a block of m and v, update in f32 as
  * AdamW does, take the block's new absmax and requantize. */
-#include "train/optim8.h"
+#include "optim/optim8.h"
 #include "formats/bnb.h"
 
 #include <stdlib.h>
