@@ -653,6 +653,83 @@ done:
     return worst;
 }
 
+/* The amx tables' gemm16 (attention's products on the tiles): M, N and kp
+ * on and off the 16-word tile edges, operand rows longer than used with
+ * NaN bits past the used part (a kernel that read past its operand's edge
+ * would turn outputs into NaN), C's rows longer than N with a sentinel
+ * past N (untouched), both C = alpha·A·B and C += alpha·A·B (alpha 1
+ * and others: whole 32 × 32 blocks with alpha 1 load and store C in place);
+ * against the
+ * double product of the same bf16 pairs, bound 1e-5 relative to the sum's
+ * scale as in tile16_direct (exact products, f32 sums). */
+static void test_gemm16(void) {
+    const ft_kernel_isa *tables[2];
+    int n_tables = 0;
+    if (ft_cpu_has_avx512bf16()) tables[n_tables++] = &ft_kernels_amx_emulated;
+    if (ft_cpu_has_amx()) tables[n_tables++] = ft_kernels_for_level(FT_CPU_AMX);
+    if (!n_tables) {
+        check_skip(CHECK_HARDWARE, NULL, "this CPU has no avx512bf16, which the amx tables' other kernels need");
+        return;
+    }
+    CHECK(!ft_kernels_for_level(FT_CPU_AVX512BF16)->gemm16);
+    ft_rng rng;
+    ft_rng_seed(&rng, 31);
+    const int sz[] = { 1, 15, 16, 17, 32, 33, 50, 70 };
+    enum { NS = sizeof sz / sizeof sz[0], PAD = 5 };
+    const uint32_t nan2 = 0x7FC17FC1;
+    for (int ti = 0; ti < n_tables; ti++) {
+        const ft_kernel_isa *isa = tables[ti];
+        double worst = 0;
+        int n_cases = 0;
+        for (int mi = 0; mi < NS; mi++)
+            for (int ni = 0; ni < NS; ni++)
+                for (int ki = 0; ki < NS; ki++) {
+                    int M = sz[mi], N = sz[ni], kp = sz[ki], lda = kp + PAD, ldb = N + PAD, ldc = N + PAD;
+                    int v = (mi + ni + ki) % 4; /* alpha 1 takes the whole blocks' in-place path */
+                    bool acc = v % 2;
+                    float alpha = v == 0 ? 0.5f : v == 3 ? -0.75f : 1.0f;
+                    uint32_t *a = malloc((size_t)M * lda * 4), *b = malloc((size_t)kp * ldb * 4);
+                    float *c = malloc((size_t)M * ldc * 4), *c0 = malloc((size_t)M * ldc * 4);
+                    for (int i = 0; i < M * lda; i++)
+                        a[i] = i % lda < kp ? (uint32_t)ft_f32_to_bf16(ft_rng_normal(&rng)) |
+                                                  (uint32_t)ft_f32_to_bf16(ft_rng_normal(&rng)) << 16
+                                            : nan2;
+                    for (int i = 0; i < kp * ldb; i++)
+                        b[i] = i % ldb < N ? (uint32_t)ft_f32_to_bf16(ft_rng_normal(&rng)) |
+                                                 (uint32_t)ft_f32_to_bf16(ft_rng_normal(&rng)) << 16
+                                           : nan2;
+                    for (int i = 0; i < M * ldc; i++) c[i] = c0[i] = i % ldc < N ? ft_rng_normal(&rng) : 1234.5f;
+                    isa->tiles_begin();
+                    isa->gemm16(c, ldc, a, lda, b, ldb, M, N, kp, alpha, acc);
+                    isa->tiles_end();
+                    for (int m = 0; m < M && !check_failed_; m++)
+                        for (int n = 0; n < ldc; n++) {
+                            if (n >= N) {
+                                CHECKF(c[m * ldc + n] == 1234.5f, "%s M=%d N=%d kp=%d: C(%d, %d) past N written",
+                                       isa->name, M, N, kp, m, n);
+                                continue;
+                            }
+                            double sum = 0;
+                            for (int p = 0; p < kp; p++)
+                                for (int h = 0; h < 2; h++)
+                                    sum += (double)ft_bf16_to_f32((uint16_t)(a[m * lda + p] >> 16 * h)) *
+                                           ft_bf16_to_f32((uint16_t)(b[p * ldb + n] >> 16 * h));
+                            double want = alpha * sum + (acc ? c0[m * ldc + n] : 0);
+                            double e = fabs(c[m * ldc + n] - want) / (fabs(alpha) * sqrt(2.0 * kp) + (acc ? 1 : 0));
+                            if (!(e < 1e-5)) {
+                                CHECKF(0, "%s M=%d N=%d kp=%d acc=%d: C(%d, %d) = %g, want %g", isa->name, M, N, kp,
+                                       acc, m, n, c[m * ldc + n], want);
+                                break;
+                            }
+                            if (e > worst) worst = e;
+                        }
+                    free(a); free(b); free(c); free(c0);
+                    n_cases++;
+                }
+        printf("  %s: gemm16, %d shapes, max rel err %.3g\n", isa->name, n_cases, worst);
+    }
+}
+
 /* The amx micro-kernel (kernels_amx.h) through the driver, on the
  * emulated tile unit everywhere the avx512bf16 level runs and on the real
  * one where the probe passed: every M, N, K of 1, 15, 16, 17, 31, 33, 257
@@ -938,6 +1015,7 @@ int main(void) {
     RUN(test_pair_packing);
     RUN(test_amx_probe);
     RUN(test_amx_tiles);
+    RUN(test_gemm16);
     RUN(test_linear_backward);
     CHECK_EXIT();
 }

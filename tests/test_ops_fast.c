@@ -8,6 +8,7 @@
  */
 #include "check.h"
 #include "cpu/cpu.h"
+#include "cpu/kernels.h"
 #include "ops/ops.h"
 
 #include <stdint.h>
@@ -404,8 +405,14 @@ static void run_attention_bf16(const att_case *c) {
            f_dv = rel_err_d(dv, dvR, nk);
     printf("  f32 path vs bf16 maths B=%d T=%d Tk=%d NH=%d NKV=%d HS=%d%s: out %.2g dq %.2g dk %.2g dv %.2g\n", B, T,
            Tk, NH, NKV, HS, dp ? " doc" : "", f_out, f_dq, f_dk, f_dv);
-    for (int li = 0; li < n_levels; li++) {
-        ft_cpu_force_level(levels[li]);
+    /* every level, and where the avx512bf16 level runs, the amx level's
+     * tile products on the emulated tile unit (the last pass) */
+    bool emu = ft_cpu_has_avx512bf16();
+    for (int li = 0; li < n_levels + emu; li++) {
+        const bool on_emu = li == n_levels;
+        ft_cpu_force_level(on_emu ? FT_CPU_AVX512BF16 : levels[li]);
+        if (on_emu) ft_kernels_force(&ft_kernels_amx_emulated);
+        const char *lname = on_emu ? ft_kernels_amx_emulated.name : ft_cpu_level_name(levels[li]);
         ft_attention_forward_fast_in(FT_BF16, out, lse, q, k, v, pos, dp, B, T, Tk, NH, NKV, HS, ks, 1, scr);
         ft_attention_backward_fast_in(FT_BF16, dq, dk, dv, dout, lse, q, kp, vp, pos, dp, B, T, Tk, NH, NKV, HS, 1,
                                       scr);
@@ -416,7 +423,7 @@ static void run_attention_bf16(const att_case *c) {
         double t_out = term_err(out, oR, so, nq), t_dq = term_err(dq, dqR, sq, nq), t_dk = term_err(dk, dkR, sk, nk),
                t_dv = term_err(dv, dvR, sv, nk);
         printf("  bf16 %s: relative to the result: out %.2g lse %.2g dq %.2g dk %.2g dv %.2g; to the terms: out %.2g "
-               "dq %.2g dk %.2g dv %.2g\n", ft_cpu_level_name(levels[li]), e_out, e_lse, e_dq, e_dk, e_dv, t_out,
+               "dq %.2g dk %.2g dv %.2g\n", lname, e_out, e_lse, e_dq, e_dk, e_dv, t_out,
                t_dq, t_dk, t_dv);
         /* lse: float scores of bf16 operands (exact products, float sums) */
         CHECKF(e_lse <= 1e-6, "lse %g", e_lse);
@@ -432,6 +439,7 @@ static void run_attention_bf16(const att_case *c) {
                                       scr);
         CHECK(memcmp(out3, out, nq * sizeof(float)) == 0 && memcmp(dq3, dq, nq * sizeof(float)) == 0 &&
               memcmp(dk3, dk, nk * sizeof(float)) == 0 && memcmp(dv3, dv, nk * sizeof(float)) == 0);
+        if (on_emu) ft_kernels_force(NULL);
     }
     ft_cpu_force_level(-1);
     free(szR); free(so); free(sq); free(sk); free(sv);

@@ -28,6 +28,11 @@ static const ft_kernel_isa *forced_isa; /* ft_kernels_force's table, or NULL */
 
 void ft_kernels_force(const ft_kernel_isa *isa) { __atomic_store_n(&forced_isa, isa, __ATOMIC_RELAXED); }
 
+const ft_kernel_isa *ft_kernels_current(void) {
+    const ft_kernel_isa *isa = __atomic_load_n(&forced_isa, __ATOMIC_RELAXED);
+    return isa ? isa : ft_kernels_for_level(ft_cpu_level());
+}
+
 const ft_kernel_isa *ft_kernels_for_level(int level) {
 #if defined(__x86_64__)
     if (level >= FT_CPU_AMX) return &ft_kernels_amx;

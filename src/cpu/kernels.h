@@ -154,11 +154,21 @@ typedef struct {
      * left held when we return. NULL where tile16 needs none. */
     void (*tiles_begin)(void);
     void (*tiles_end)(void);
+    /* C (M × N f32, rows ldc apart) = alpha · A·B, or C += alpha · A·B
+     * when acc: A (M × kp pair words, rows lda apart), B (kp × N words,
+     * rows ldb apart), any M, N, kp >= 1; between tiles_begin and
+     * tiles_end. Attention's products on the tile unit; NULL below amx. */
+    void (*gemm16)(float *C, int64_t ldc, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t ldb, int M, int N,
+                   int kp, float alpha, bool acc);
 } ft_kernel_isa;
 
 /* The kernel set for a level (FT_CPU_*), falling back to the best one
  * compiled in below it. */
 const ft_kernel_isa *ft_kernels_for_level(int level);
+
+/* The table every ft_gemm_in of this thread uses now: ft_kernels_force's,
+ * or the level's. */
+const ft_kernel_isa *ft_kernels_current(void);
 
 /* The amx level's kernels with the tile unit emulated in plain C
  * (kernels_amx_emu.c): the real micro-kernel's tiling, tails and strides,

@@ -15,7 +15,8 @@
  * or moved past them. A compiler barrier before each makes them land
  * first; it costs no instruction. (tilestored declares its memory write.) */
 #define AMX_FENCE() __asm__ volatile("" ::: "memory")
-#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+/* (avx512f too: the amx level has it, and gemm16's edge loops vectorize) */
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f")))
 #define AMX_LOADCFG(cfg) do { AMX_FENCE(); _tile_loadconfig(cfg); } while (0)
 #define AMX_ZERO(t) _tile_zero(t)
 #define AMX_LOAD(t, p, st) do { AMX_FENCE(); _tile_loadd(t, (const void *)(p), (long)(st)); } while (0)
@@ -24,11 +25,14 @@
 #define AMX_RELEASE() _tile_release()
 #define AMX_WIDE ft_amx_tile16_wide
 #define AMX_NARROW ft_amx_tile16_narrow
+#define AMX_GEMM16 ft_amx_gemm16
 #define AMX_BEGIN amx_load_config
 #define AMX_END amx_release
 
 void ft_amx_tile16_wide(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add);
 void ft_amx_tile16_narrow(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add);
+void ft_amx_gemm16(float *C, int64_t ldc, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t ldb, int M, int N,
+                   int kp, float alpha, bool acc);
 void ft_amx_tiles_begin(void);
 void ft_amx_tiles_end(void);
 static void amx_load_config(void);

@@ -13,6 +13,7 @@
  *   AMX_RELEASE()         tilerelease
  *   AMX_WIDE, AMX_NARROW  the names of the two tile16 functions to define
  *   AMX_BEGIN, AMX_END    the names of the tile-state functions to define
+ *   AMX_GEMM16            the name of the pair-layout product to define
  * Tile numbers are literals (the instructions encode them).
  *
  * The shapes: mr16 = 32 rows (2 A tiles of 16 rows × 16 pair-words = 32
@@ -134,4 +135,89 @@ AMX_TARGET void AMX_WIDE(float *cb, const uint32_t *bp, const uint32_t *ap, int6
 AMX_TARGET void AMX_NARROW(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add) {
     if (lda == FT_GEMM_KC / 2) amx_body(cb, bp, ap, FT_GEMM_KC / 2, kp, add, 1);
     else amx_body(cb, bp, ap, lda, kp, add, 1);
+}
+
+/* ------------------------------------------------ any-shape pair products */
+
+/* One 16 × 16-word tile of a (rows × cols words, ld words apart) operand
+ * at (r0, c0): loaded in place when whole, else copied with zeros past the
+ * operand's edge into a local tile (what lies past it is not ours to read). */
+#define AMX_LOAD_EDGE(t, base, ld, r0, c0, rows_all, cols_all, tmp)                                                    \
+    do {                                                                                                               \
+        int rr_ = (rows_all) - (r0) < 16 ? (rows_all) - (r0) : 16, cc_ = (cols_all) - (c0) < 16 ? (cols_all) - (c0) : 16; \
+        if (rr_ == 16 && cc_ == 16) {                                                                                  \
+            AMX_LOAD(t, (base) + (size_t)(r0) * (ld) + (c0), (ld) * (int64_t)sizeof(uint32_t));                        \
+        } else {                                                                                                       \
+            memset((tmp), 0, 16 * 16 * sizeof(uint32_t));                                                              \
+            for (int r_ = 0; r_ < rr_; r_++)                                                                           \
+                memcpy((tmp) + r_ * 16, (base) + (size_t)((r0) + r_) * (ld) + (c0), (size_t)cc_ * sizeof(uint32_t));   \
+            AMX_LOAD(t, (tmp), 16 * (int64_t)sizeof(uint32_t));                                                        \
+        }                                                                                                              \
+    } while (0)
+
+/* C (M × N f32, rows ldc apart) = alpha · A·B, or C += alpha · A·B when
+ * acc, for A (M × kp words, rows lda apart) and B (kp × N words, rows ldb
+ * apart), each word a pair of bf16 along the summed index, any M, N, kp
+ * >= 1: attention's products (kernels.h's gemm16). Blocks of 32 × 32 on
+ * the 2 × 2 C tiles (fewer at the edges), k 16 pairs a step, each output's
+ * pairs summed in order; the caller holds the tile state (tiles_begin). */
+AMX_TARGET void AMX_GEMM16(float *C, int64_t ldc, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t ldb, int M,
+                           int N, int kp, float alpha, bool acc) {
+    uint32_t ta[2][16 * 16] __attribute__((aligned(64))), tb[2][16 * 16] __attribute__((aligned(64)));
+    float cb[32 * 32] __attribute__((aligned(64)));
+    for (int m0 = 0; m0 < M; m0 += 32) {
+        const int mr = M - m0 < 32 ? M - m0 : 32;
+        for (int n0 = 0; n0 < N; n0 += 32) {
+            const int nc = N - n0 < 32 ? N - n0 : 32;
+            const bool a2 = mr > 16, b2 = nc > 16;
+            /* a whole block with alpha 1: C's own rows in and out of the tiles */
+            const bool direct = mr == 32 && nc == 32 && alpha == 1.0f;
+            float *cd = C + (size_t)m0 * ldc + n0;
+            const int64_t cst = ldc * (int64_t)sizeof(float);
+            if (direct && acc) {
+                AMX_LOAD(0, cd, cst);
+                AMX_LOAD(1, cd + 16, cst);
+                AMX_LOAD(2, cd + 16 * ldc, cst);
+                AMX_LOAD(3, cd + 16 * ldc + 16, cst);
+            } else {
+                AMX_ZERO(0);
+                AMX_ZERO(1);
+                AMX_ZERO(2);
+                AMX_ZERO(3);
+            }
+            for (int p = 0; p < kp; p += 16) {
+                AMX_LOAD_EDGE(4, A, lda, m0, p, M, kp, ta[0]);
+                AMX_LOAD_EDGE(6, B, ldb, p, n0, kp, N, tb[0]);
+                AMX_DP(0, 4, 6);
+                if (b2) {
+                    AMX_LOAD_EDGE(7, B, ldb, p, n0 + 16, kp, N, tb[1]);
+                    AMX_DP(1, 4, 7);
+                }
+                if (a2) {
+                    AMX_LOAD_EDGE(5, A, lda, m0 + 16, p, M, kp, ta[1]);
+                    AMX_DP(2, 5, 6);
+                    if (b2) AMX_DP(3, 5, 7);
+                }
+            }
+            if (direct) {
+                AMX_STORE(0, cd, cst);
+                AMX_STORE(1, cd + 16, cst);
+                AMX_STORE(2, cd + 16 * ldc, cst);
+                AMX_STORE(3, cd + 16 * ldc + 16, cst);
+                continue;
+            }
+            AMX_STORE(0, cb, 32 * sizeof(float));
+            AMX_STORE(1, cb + 16, 32 * sizeof(float));
+            AMX_STORE(2, cb + 16 * 32, 32 * sizeof(float));
+            AMX_STORE(3, cb + 16 * 32 + 16, 32 * sizeof(float));
+            for (int r = 0; r < mr; r++) {
+                float *c = C + (size_t)(m0 + r) * ldc + n0;
+                const float *x = cb + r * 32;
+                if (acc)
+                    for (int j = 0; j < nc; j++) c[j] += alpha * x[j];
+                else
+                    for (int j = 0; j < nc; j++) c[j] = alpha * x[j];
+            }
+        }
+    }
 }

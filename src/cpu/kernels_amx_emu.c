@@ -114,11 +114,14 @@ static void emu_dp(int c, int a, int b) {
 #define AMX_RELEASE() emu_release()
 #define AMX_WIDE ft_amx_emu_tile16_wide
 #define AMX_NARROW ft_amx_emu_tile16_narrow
+#define AMX_GEMM16 ft_amx_emu_gemm16
 #define AMX_BEGIN emu_tiles_begin
 #define AMX_END emu_tiles_end
 
 void ft_amx_emu_tile16_wide(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add);
 void ft_amx_emu_tile16_narrow(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add);
+void ft_amx_emu_gemm16(float *C, int64_t ldc, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t ldb, int M,
+                       int N, int kp, float alpha, bool acc);
 void ft_amx_emu_tiles_begin(void);
 void ft_amx_emu_tiles_end(void);
 static void emu_tiles_begin(void);

@@ -422,21 +422,25 @@ void ft_amx_emu_tile16_wide(float *cb, const uint32_t *bp, const uint32_t *ap, i
 void ft_amx_emu_tile16_narrow(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add);
 void ft_amx_tiles_begin(void);
 void ft_amx_tiles_end(void);
+void ft_amx_gemm16(float *C, int64_t ldc, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t ldb, int M, int N,
+                   int kp, float alpha, bool acc);
+void ft_amx_emu_gemm16(float *C, int64_t ldc, const uint32_t *A, int64_t lda, const uint32_t *B, int64_t ldb, int M,
+                       int N, int kp, float alpha, bool acc);
 void ft_amx_emu_tiles_begin(void);
 void ft_amx_emu_tiles_end(void);
 
-#define AMX_TABLE(nm, wide, narrow, begin, end)                                                                                \
+#define AMX_TABLE(nm, wide, narrow, begin, end, g16)                                                                              \
     {                                                                                                              \
         .name = nm, .mr = { MR_W, MR_N }, .nr = { VL * NV_W, VL * NV_N }, .tile = { tile_wide, tile_narrow },      \
         .widen = widen, .store = store, .dot_rows = dot_rows, .mr16 = { 32, 32 }, .nr16 = { 32, 16 },             \
         .tile16 = { wide, narrow }, .dot_rows16 = dot_rows16, .to_bf16 = to_bf16, .pair_rows16 = pair_rows16,     \
         .pair_rows16_f32 = pair_rows16_f32, .pack_at16 = pack_at16, .pack_cols16 = pack_cols16,                    \
-        .tiles_begin = begin, .tiles_end = end,                                                                    \
+        .tiles_begin = begin, .tiles_end = end, .gemm16 = g16,                                                      \
     }
 const ft_kernel_isa ft_kernels_amx =
-    AMX_TABLE("amx", ft_amx_tile16_wide, ft_amx_tile16_narrow, ft_amx_tiles_begin, ft_amx_tiles_end);
+    AMX_TABLE("amx", ft_amx_tile16_wide, ft_amx_tile16_narrow, ft_amx_tiles_begin, ft_amx_tiles_end, ft_amx_gemm16);
 const ft_kernel_isa ft_kernels_amx_emulated = AMX_TABLE("amx (emulated tiles)", ft_amx_emu_tile16_wide,
                                                         ft_amx_emu_tile16_narrow, ft_amx_emu_tiles_begin,
-                                                        ft_amx_emu_tiles_end);
+                                                        ft_amx_emu_tiles_end, ft_amx_emu_gemm16);
 
 #endif

@@ -18,6 +18,7 @@
 #include "ops/ops.h"
 
 #include "cpu/cpu.h"
+#include "cpu/kernels.h"
 #include "core/parallel.h"
 
 #include <math.h>
@@ -74,6 +75,7 @@ typedef struct {
     const int *q_pos, *doc;
     int T, Tk, NH, NKV, HS, kv_stride, kvh;
     int cmode;                 /* products: ATT_F32, ATT_BF16 (rounded operands, f32 FMA), ATT_DPBF16 */
+    const ft_kernel_isa *tiles; /* ATT_DPBF16 with its products on the tile unit (the table's gemm16), or NULL */
     float scale;
 } att_unit;
 
@@ -85,8 +87,42 @@ typedef struct {
  * D = Σ p·dp stay f32. ATT_BF16 feeds bf16-valued floats to the f32
  * kernels (any level); ATT_DPBF16 (avx512bf16) runs all six products on
  * VDPBF16PS (bf16 pairs along the summed index: d, keys or query rows;
- * DAZ/FTZ as kernels.h says). */
+ * DAZ/FTZ as kernels.h says). At the amx level ATT_DPBF16's packed
+ * operands go to the tile unit instead (kernels.h's gemm16, u->tiles; not
+ * decode's one query row): the same pairs, each output's sum in the same
+ * order along the summed index, in 16-pair steps on TDPBF16PS (the same
+ * rounding rules, kernels.h). */
 enum { ATT_F32, ATT_BF16, ATT_DPBF16 };
+
+/* The pair products on the tiles. rows_t: C (nr × J) = alpha · A·Bt as
+ * k_rows_t16 (J the widest row's keys: rows past their own end get scores
+ * that the softmax masks, as k_rows_t16's 4-row blocks do); rows_p: O (nr
+ * × HSp) = P·Bp over JP pairs of keys as k_rows_p16 (P zero past each
+ * row's end); acc_t: Ct (HS × J) += Aᵀ·B as k_acc_t16, A's (nrp × HS)
+ * words transposed first into at (HS × nrp; nrp <= BQ/2). */
+static void tiles_rows_t(const att_unit *u, float *C, size_t ldc, const uint32_t *A, size_t lda, float alpha,
+                         const uint32_t *Bt, size_t ldb, int np, int nr, const int *jr) {
+    int J = 0;
+    for (int r = 0; r < nr; r++) J = jr[r] > J ? jr[r] : J;
+    if (J > 0) u->tiles->gemm16(C, (int64_t)ldc, A, (int64_t)lda, Bt, (int64_t)ldb, nr, J, np, alpha, false);
+}
+static void tiles_rows_p(const att_unit *u, float *O, size_t ldo, const uint32_t *P, size_t ldp, const uint32_t *Bp,
+                         int HSp, int nr, const int *jr) {
+    int J = 0;
+    for (int r = 0; r < nr; r++) J = jr[r] > J ? jr[r] : J;
+    if (J == 0) {
+        for (int r = 0; r < nr; r++) memset(O + (size_t)r * ldo, 0, (size_t)HSp * sizeof(float));
+        return;
+    }
+    u->tiles->gemm16(O, (int64_t)ldo, P, (int64_t)ldp, Bp, HSp, nr, HSp, (J + 1) / 2, 1.0f, false);
+}
+static void tiles_acc_t(const att_unit *u, uint32_t *at, float *Ct, size_t ldc, const uint32_t *A, size_t lda,
+                        const uint32_t *B, size_t ldb, int HS, int nrp, int J) {
+    if (J == 0 || nrp == 0) return;
+    for (int d = 0; d < HS; d++)
+        for (int r = 0; r < nrp; r++) at[(size_t)d * nrp + r] = A[(size_t)r * lda + d];
+    u->tiles->gemm16(Ct, (int64_t)ldc, at, nrp, B, (int64_t)ldb, HS, J, nrp, 1.0f, true);
+}
 
 /* The per-thread scratch, in floats (see attention_fast_scratch_floats). */
 typedef struct {
@@ -102,6 +138,7 @@ typedef struct {
      * pairs along d) and Kp/Vp ((Tkp/2, HSp) words: pairs along keys). */
     float *qf, *dyf;
     uint32_t *q16, *dy16, *p16;
+    uint32_t *at16; /* the tiles' backward: an operand transposed, (HS, BQ/2) words in qf's room (unused there) */
 } att_scr;
 
 static size_t scr_floats(int Tk, int HS, bool bwd) {
@@ -154,6 +191,7 @@ static att_scr scr_carve(float *base, int Tk, int HS, bool bwd) {
     s.q16 = (uint32_t *)p; p += BQ * HSp / 2;
     s.dy16 = (uint32_t *)p; p += BQ * HSp / 2;
     s.p16 = (uint32_t *)p;
+    s.at16 = (uint32_t *)s.qf;
     return s;
 }
 
@@ -941,6 +979,8 @@ INLINE void unit_fwd_body(const att_unit *u, float *scratch) {
                         k_rows_t(s.P, BK, s.qf, HSp, u->scale, s.Kt + j0, Tkp, HS, nq, jw);
                     } else if (dec) {
                         memcpy(s.P, dec_s + j0, (size_t)Jw * sizeof(float));
+                    } else if (u->tiles) {
+                        tiles_rows_t(u, s.P, BK, s.q16, HSh, u->scale, (const uint32_t *)s.Kt + j0, Tkp, HSh, nq, jw);
                     } else {
                         k_rows_t16(s.P, BK, s.q16, HSh, u->scale, (const uint32_t *)s.Kt + j0, Tkp, HSh, nq, jw);
                     }
@@ -962,6 +1002,10 @@ INLINE void unit_fwd_body(const att_unit *u, float *scratch) {
                             dec_pv16(s.dP, s.p16, vh, u->kv_stride, Tk, j0, nkw[0], HS, HSp);
                         else
 #endif
+                        if (u->tiles)
+                            tiles_rows_p(u, s.dP, HSp, s.p16, BK / 2, (const uint32_t *)s.Vp + (size_t)(j0 / 2) * HSp,
+                                         HSp, nq, nkw);
+                        else
                             k_rows_p16(s.dP, HSp, s.p16, BK / 2, (const uint32_t *)s.Vp + (size_t)(j0 / 2) * HSp, HSp,
                                        nq, nkw);
                     }
@@ -1027,11 +1071,13 @@ INLINE void unit_bwd_body(const att_unit *u, float *scratch) {
             } else {
                 rows_to_pairs16(s.q16, HSh, qt, qs, nq, HS);
                 rows_to_pairs16(s.dy16, HSh, dy, qs, nq, HS);
-                k_rows_t16(s.P, Tkp, s.q16, HSh, u->scale, (const uint32_t *)s.Kt, Tkp, HSh, nq, jr);
+                if (u->tiles) tiles_rows_t(u, s.P, Tkp, s.q16, HSh, u->scale, (const uint32_t *)s.Kt, Tkp, HSh, nq, jr);
+                else k_rows_t16(s.P, Tkp, s.q16, HSh, u->scale, (const uint32_t *)s.Kt, Tkp, HSh, nq, jr);
             }
             tile_softmax(u, &s, Tkp, t0, nq, nk, jr, Jmax, u->lse_in + (size_t)h * u->T, NULL);
             /* dp_j = dy·v_j; ds_j = p_j (dp_j - Σ_i p_i dp_i) · scale */
-            if (cm == ATT_DPBF16) k_rows_t16(s.dP, Tkp, s.dy16, HSh, 1.0f, (const uint32_t *)s.Vt, Tkp, HSh, nq, jr);
+            if (u->tiles) tiles_rows_t(u, s.dP, Tkp, s.dy16, HSh, 1.0f, (const uint32_t *)s.Vt, Tkp, HSh, nq, jr);
+            else if (cm == ATT_DPBF16) k_rows_t16(s.dP, Tkp, s.dy16, HSh, 1.0f, (const uint32_t *)s.Vt, Tkp, HSh, nq, jr);
             else k_rows_t(s.dP, Tkp, dya, lda, 1.0f, s.Vt, Tkp, HS, nq, jr);
             for (int r = 0; r < nq; r++) {
                 float *p = s.P + r * Tkp, *dp = s.dP + r * Tkp;
@@ -1047,13 +1093,16 @@ INLINE void unit_bwd_body(const att_unit *u, float *scratch) {
                  * re-packed into the buffers the previous product is done with */
                 int nqh = (nq + 1) / 2;
                 rows_to_pairs16(s.p16, Tkh, s.dP, Tkp, nq, Jmax);
-                k_rows_p16(s.acc, HSp, s.p16, Tkh, (const uint32_t *)s.Kp, HSp, nq, nk);
+                if (u->tiles) tiles_rows_p(u, s.acc, HSp, s.p16, Tkh, (const uint32_t *)s.Kp, HSp, nq, nk);
+                else k_rows_p16(s.acc, HSp, s.p16, Tkh, (const uint32_t *)s.Kp, HSp, nq, nk);
                 rpairs16(s.q16, HS, qt, qs, nq, HS);
                 rpairs16(s.dy16, HS, dy, qs, nq, HS);
                 rpairs16(s.p16, Jmax, s.P, Tkp, nq, Jmax);
-                k_acc_t16(s.dVt, Tkp, s.dy16, HS, s.p16, Jmax, HS, nqh, Jmax);
+                if (u->tiles) tiles_acc_t(u, s.at16, s.dVt, Tkp, s.dy16, HS, s.p16, Jmax, HS, nqh, Jmax);
+                else k_acc_t16(s.dVt, Tkp, s.dy16, HS, s.p16, Jmax, HS, nqh, Jmax);
                 rpairs16(s.p16, Jmax, s.dP, Tkp, nq, Jmax);
-                k_acc_t16(s.dKt, Tkp, s.q16, HS, s.p16, Jmax, HS, nqh, Jmax);
+                if (u->tiles) tiles_acc_t(u, s.at16, s.dKt, Tkp, s.q16, HS, s.p16, Jmax, HS, nqh, Jmax);
+                else k_acc_t16(s.dKt, Tkp, s.q16, HS, s.p16, Jmax, HS, nqh, Jmax);
             } else {
                 if (cm == ATT_BF16) { /* P and dS as the products see them */
                     tile_round(s.P, Tkp, NULL, 0, s.P, Tkp, nq, Jmax);
@@ -1113,7 +1162,9 @@ static void att_fwd_task(void *vctx, int i, int thread) {
     u.lse = j->lse ? j->lse + (size_t)b * NH * T : NULL;
     u.doc = j->doc ? j->doc + (size_t)b * Tk : NULL;
     u.kvh = i % NKV;
+    if (u.tiles) u.tiles->tiles_begin(); /* the tile state is this task's (kernels.h) */
     j->fn(&u, j->scratch + (size_t)thread * j->per);
+    if (u.tiles) u.tiles->tiles_end();
 }
 
 static void att_bwd_task(void *vctx, int i, int thread) {
@@ -1130,13 +1181,22 @@ static void att_bwd_task(void *vctx, int i, int thread) {
     u.dv = j->dv + (size_t)b * Tk * j->kvs;
     u.doc = j->doc ? j->doc + (size_t)b * Tk : NULL;
     u.kvh = i % NKV;
+    if (u.tiles) u.tiles->tiles_begin(); /* the tile state is this task's (kernels.h) */
     j->fn(&u, j->scratch + (size_t)thread * j->per);
+    if (u.tiles) u.tiles->tiles_end();
 }
 
 /* the product mode for a compute type at this CPU's level */
 static int att_cmode(ft_dtype compute) {
     if (compute != FT_BF16) return ATT_F32;
     return ft_cpu_level() >= FT_CPU_AVX512BF16 ? ATT_DPBF16 : ATT_BF16;
+}
+
+/* ATT_DPBF16's products on the tile unit where the kernels' table has it
+ * (the amx level, or the table ft_kernels_force chose), T query rows > 1 */
+static const ft_kernel_isa *att_tiles(int cmode, int T) {
+    const ft_kernel_isa *isa = ft_kernels_current();
+    return cmode == ATT_DPBF16 && T > 1 && isa->gemm16 ? isa : NULL;
 }
 
 void ft_attention_forward_fast(float *out, float *lse, const float *q, const float *k, const float *v,
@@ -1152,7 +1212,7 @@ void ft_attention_forward_fast_in(ft_dtype compute, float *out, float *lse, cons
     int lv = ft_cpu_level();
     att_job j = { .fn = lv >= FT_CPU_AVX512 ? unit_fwd_avx512 : lv >= FT_CPU_AVX2 ? unit_fwd_avx2 : unit_fwd_generic,
                   .proto = { .q_pos = q_pos, .T = T, .Tk = Tk, .NH = NH, .NKV = NKV, .HS = HS,
-                             .cmode = att_cmode(compute),
+                             .cmode = att_cmode(compute), .tiles = att_tiles(att_cmode(compute), T),
                              .kv_stride = kv_stride, .scale = (float)(1.0 / sqrt((double)HS)) },
                   .out = out, .lse = lse, .q = q, .k = k, .v = v, .doc = doc,
                   .per = scr_floats(Tk, HS, false), .qd = (size_t)NH * HS, .kvs = (size_t)kv_stride,
@@ -1175,7 +1235,7 @@ void ft_attention_backward_fast_in(ft_dtype compute, float *dq, float *dk, float
     size_t kvd = (size_t)NKV * HS;
     att_job j = { .fn = lv >= FT_CPU_AVX512 ? unit_bwd_avx512 : lv >= FT_CPU_AVX2 ? unit_bwd_avx2 : unit_bwd_generic,
                   .proto = { .q_pos = q_pos, .T = T, .Tk = Tk, .NH = NH, .NKV = NKV, .HS = HS,
-                             .cmode = att_cmode(compute),
+                             .cmode = att_cmode(compute), .tiles = att_tiles(att_cmode(compute), T),
                              .kv_stride = (int)kvd, .scale = (float)(1.0 / sqrt((double)HS)) },
                   .dq = dq, .dk = dk, .dv = dv, .dout = dout, .lse_in = lse, .q = q, .k = k, .v = v, .doc = doc,
                   .per = scr_floats(Tk, HS, true), .qd = (size_t)NH * HS, .kvs = kvd, .scratch = scratch };
