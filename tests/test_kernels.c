@@ -653,6 +653,37 @@ done:
     return worst;
 }
 
+/* store_t (C stored transposed) against the driver's scalar loop, bit for
+ * bit: rows and columns on and off 16, overwrite and accumulate. */
+static void test_store_t(void) {
+    const ft_kernel_isa *isa = ft_kernels_for_level(ft_cpu_level());
+    if (!isa->store_t) {
+        check_skip(CHECK_HARDWARE, NULL, "no store_t at this CPU's best level (%s): it needs avx512", isa->name);
+        return;
+    }
+    ft_rng rng;
+    ft_rng_seed(&rng, 37);
+    enum { NR = 32, LDC = 40 };
+    float cb[32 * NR], c[40 * LDC], ref[40 * LDC];
+    const int dims[] = { 1, 7, 16, 17, 31, 32 };
+    int n = 0;
+    for (int ri = 0; ri < 6; ri++)
+        for (int ci = 0; ci < 6; ci++)
+            for (int ow = 0; ow < 2; ow++) {
+                int rows = dims[ri], cols = dims[ci];
+                for (int i = 0; i < 32 * NR; i++) cb[i] = ft_rng_normal(&rng);
+                for (int i = 0; i < 40 * LDC; i++) c[i] = ref[i] = ft_rng_normal(&rng);
+                float alpha = ow ? 0.37f : -1.5f;
+                isa->store_t(c, LDC, cb, NR, rows, cols, alpha, ow);
+                for (int l = 0; l < cols; l++)
+                    for (int r = 0; r < rows; r++)
+                        ref[l * LDC + r] = ow ? alpha * cb[r * NR + l] : ref[l * LDC + r] + alpha * cb[r * NR + l];
+                CHECKF(!memcmp(c, ref, sizeof c), "%s rows %d cols %d overwrite %d", isa->name, rows, cols, ow);
+                n++;
+            }
+    printf("  %s: store_t equal to the scalar loop bit for bit in %d cases\n", isa->name, n);
+}
+
 /* The amx tables' gemm16 (attention's products on the tiles): M, N and kp
  * on and off the 16-word tile edges, operand rows longer than used with
  * NaN bits past the used part (a kernel that read past its operand's edge
@@ -1016,6 +1047,7 @@ int main(void) {
     RUN(test_amx_probe);
     RUN(test_amx_tiles);
     RUN(test_gemm16);
+    RUN(test_store_t);
     RUN(test_linear_backward);
     CHECK_EXIT();
 }

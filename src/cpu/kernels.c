@@ -191,6 +191,10 @@ static void write_back(const gemm_ctx *g, const float *cb, int m0, int rows, int
         }
         return;
     }
+    if (g->isa->store_t) { /* C transposed: rows are contiguous */
+        g->isa->store_t(C + (int64_t)n0 * ccs + m0, ccs, cb, nr, rows, cols, alpha, overwrite);
+        return;
+    }
     for (int l = 0; l < cols; l++) { /* C transposed: rows are contiguous */
         float *restrict d = C + (int64_t)(n0 + l) * ccs + m0;
         if (overwrite)

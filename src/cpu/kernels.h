@@ -116,6 +116,9 @@ typedef struct {
     /* C's rows (rows, cols; ldc apart, contiguous) = alpha · cb (rows nr
      * apart), or += when !overwrite */
     void (*store)(float *C, int64_t ldc, const float *cb, int nr, int rows, int cols, float alpha, bool overwrite);
+    /* the same into C stored transposed: element (r, l) at C[l·ldc + r]
+     * (NULL: the driver's scalar loop; the same bits) */
+    void (*store_t)(float *C, int64_t ldc, const float *cb, int nr, int rows, int cols, float alpha, bool overwrite);
     /* out[r] = row r · x (K elements) for r < nrows <= 4, rows rb bytes apart */
     void (*dot_rows)(float *out, const float *x, const uint8_t *w, size_t rb, ft_dtype dt, int K, int nrows);
 

@@ -214,6 +214,35 @@ LOCAL void iq4_xs_block(float *y, const ft_block_iq4_xs *b) {
     }
 }
 
+/* store_t (kernels.h): 16 × 16 blocks of cb through a register transpose,
+ * each column of the block one masked store into a contiguous row of C;
+ * alpha·c, then the add, as store and the driver's scalar loop compute them:
+ * the same bits. */
+ISA_TARGET static void store_t(float *C, int64_t ldc, const float *cb, int nr, int rows, int cols, float alpha,
+                               bool overwrite) {
+    const __m512 al = _mm512_set1_ps(alpha);
+    for (int r0 = 0; r0 < rows; r0 += 16) {
+        int rr = rows - r0 < 16 ? rows - r0 : 16;
+        const __mmask16 rm = (__mmask16)(rr == 16 ? 0xFFFF : (1u << rr) - 1);
+        for (int l0 = 0; l0 < cols; l0 += 16) {
+            int cc = cols - l0 < 16 ? cols - l0 : 16;
+            const __mmask16 cm = (__mmask16)(cc == 16 ? 0xFFFF : (1u << cc) - 1);
+            __m512i v[16];
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++)
+                v[i] = i < rr ? _mm512_maskz_loadu_epi32(cm, cb + (size_t)(r0 + i) * nr + l0) : _mm512_setzero_si512();
+            ft_transpose16(v); /* v[j] lane i: cb row r0 + i, column l0 + j */
+            for (int j = 0; j < cc; j++) {
+                float *d = C + (int64_t)(l0 + j) * ldc + r0;
+                __m512 x = _mm512_mul_ps(al, _mm512_castsi512_ps(v[j]));
+                if (!overwrite) x = _mm512_add_ps(_mm512_maskz_loadu_ps(rm, d), x);
+                _mm512_mask_storeu_ps(d, rm, x);
+            }
+        }
+    }
+}
+#define ISA_STORE_T store_t
+
 #include "cpu/kernels_isa.h"
 
 /* ------------------------------------------------ avx512bf16: VDPBF16PS */
@@ -398,6 +427,7 @@ const ft_kernel_isa ft_kernels_avx512bf16 = {
     .tile = { tile_wide, tile_narrow },
     .widen = widen,
     .store = store,
+    .store_t = store_t,
     .dot_rows = dot_rows,
     .mr16 = { MR16_W, MR16_N },
     .nr16 = { 16 * NV16_W, 16 * NV16_N },
@@ -432,7 +462,7 @@ void ft_amx_emu_tiles_end(void);
 #define AMX_TABLE(nm, wide, narrow, begin, end, g16)                                                                              \
     {                                                                                                              \
         .name = nm, .mr = { MR_W, MR_N }, .nr = { VL * NV_W, VL * NV_N }, .tile = { tile_wide, tile_narrow },      \
-        .widen = widen, .store = store, .dot_rows = dot_rows, .mr16 = { 32, 32 }, .nr16 = { 32, 16 },             \
+        .widen = widen, .store = store, .store_t = store_t, .dot_rows = dot_rows, .mr16 = { 32, 32 }, .nr16 = { 32, 16 },             \
         .tile16 = { wide, narrow }, .dot_rows16 = dot_rows16, .to_bf16 = to_bf16, .pair_rows16 = pair_rows16,     \
         .pair_rows16_f32 = pair_rows16_f32, .pack_at16 = pack_at16, .pack_cols16 = pack_cols16,                    \
         .tiles_begin = begin, .tiles_end = end, .gemm16 = g16,                                                      \

@@ -9,6 +9,7 @@
  *   MR_W, NV_W   the wide register tile: MR_W rows × NV_W vectors
  *   MR_N, NV_N   the narrow one, for N of at most VL·NV_N
  *   ISA_NAME, ISA_TABLE  the level's name and the ft_kernel_isa to define
+ *   ISA_STORE_T          (optional) the table's store_t
  * and its dequantizers (or WIDEN_REFERENCE_ONLY to use dtype.c's):
  *   bf16_vec, f16_vec(const uint16_t *h)   VL values, as a vector
  *   q8_0_block(float *dst, const ft_block_q8_0 *b), q4_0_block(...)  32 values
@@ -272,5 +273,8 @@ const ft_kernel_isa ISA_TABLE = {
     .tile = { tile_wide, tile_narrow },
     .widen = widen,
     .store = store,
+#ifdef ISA_STORE_T
+    .store_t = ISA_STORE_T,
+#endif
     .dot_rows = dot_rows,
 };
