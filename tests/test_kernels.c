@@ -973,21 +973,51 @@ static void test_pair_packing(void) {
     ft_rng rng;
     ft_rng_seed(&rng, 29);
     enum { N = 300, KC = 257, CS = 21 };
-    float *v = malloc(sizeof(float) * KC * CS);
-    for (int i = 0; i < KC * CS; i++) {
-        uint32_t u = ft_rng_u32(&rng);
-        switch (i % 8) {
-        case 0: u = (u & 0xFFFF0000u) | 0x8000u; break;          /* a tie: to even */
-        case 1: u = 0x7F800000u | (u & 0x807FFFFFu) | 1u; break; /* NaN, any payload and sign */
-        case 2: u = (u & 0x80000000u) | (u & 0x007FFFFFu); break; /* subnormal or ±0 */
-        case 3: u = (u & 0x80000000u) | 0x7F7FFFFFu; break;      /* rounds to ±inf */
-        case 4: u = (u & 0x80000000u) | 0x7F800000u; break;      /* ±inf */
-        default: break;                                          /* anything */
+    /* twice: subnormals every 8th value (every vector of 16 has some), and
+     * one in 512 (most vectors have none: the conversions' fast path) */
+    float *vs[2];
+    for (int pass = 0; pass < 2; pass++) {
+        float *v = vs[pass] = malloc(sizeof(float) * KC * CS);
+        for (int i = 0; i < KC * CS; i++) {
+            uint32_t u = ft_rng_u32(&rng);
+            switch (pass ? (i % 512 == 2 ? 2 : i % 8 == 2 ? 7 : i % 8) : i % 8) {
+            case 0: u = (u & 0xFFFF0000u) | 0x8000u; break;          /* a tie: to even */
+            case 1: u = 0x7F800000u | (u & 0x807FFFFFu) | 1u; break; /* NaN, any payload and sign */
+            case 2: u = (u & 0x80000000u) | (u & 0x007FFFFFu); break; /* subnormal or ±0 */
+            case 3: u = (u & 0x80000000u) | 0x7F7FFFFFu; break;      /* rounds to ±inf */
+            case 4: u = (u & 0x80000000u) | 0x7F800000u; break;      /* ±inf */
+            default: break;                                          /* anything */
+            }
+            memcpy(&v[i], &u, 4);
         }
-        memcpy(&v[i], &u, 4);
     }
     uint32_t *dst = malloc(sizeof(uint32_t) * N), *wp = malloc(sizeof(uint32_t) * 16 * 140);
     int bad = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        const float *v = vs[pass];
+        for (int n = 1; n <= N; n += 37) {
+            uint16_t h[N];
+            isa->to_bf16(h, v + 3, n);
+            for (int l = 0; l < n; l++) bad += h[l] != ft_f32_to_bf16(v[3 + l]);
+            isa->pair_rows16_f32(dst, v, v + N, n);
+            for (int l = 0; l < n; l++) bad += dst[l] != pair_ref(v + l, v + N + l);
+            isa->pair_rows16_f32(dst, v + 7, NULL, n);
+            for (int l = 0; l < n; l++) bad += dst[l] != pair_ref(v + 7 + l, NULL);
+        }
+        for (int rows = 1; rows <= 16; rows += 5)
+            for (int kc = 1; kc <= KC; kc += 32) {
+                for (int i = 0; i < 16 * 140; i++) wp[i] = 0xA5A5A5A5u;
+                isa->pack_at16(wp, 140, v, CS, rows, kc);
+                for (int r = 0; r < 16; r++)
+                    for (int p = 0; p < (kc + 1) / 2; p++) {
+                        uint32_t want = r < rows ? pair_ref(v + (2 * p) * CS + r,
+                                                            2 * p + 1 < kc ? v + (2 * p + 1) * CS + r : NULL)
+                                                 : 0xA5A5A5A5u;
+                        bad += wp[r * 140 + p] != want;
+                    }
+            }
+    }
+    float *v = vs[0];
     for (int n = 1; n <= N; n += 37) {
         isa->pair_rows16_f32(dst, v, v + N, n);
         for (int l = 0; l < n; l++) bad += dst[l] != pair_ref(v + l, v + N + l);
@@ -1027,7 +1057,7 @@ static void test_pair_packing(void) {
     free(strip);
     CHECKF(bad == 0, "%s: %d pair words differ from ft_f32_to_bf16's (or from the words given)", isa->name, bad);
     printf("  %s: pair_rows16, pair_rows16_f32, pack_at16 and pack_cols16 give ft_f32_to_bf16's bits\n", isa->name);
-    free(v);
+    free(vs[0]), free(vs[1]);
     free(dst);
     free(wp);
 }

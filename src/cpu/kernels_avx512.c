@@ -346,10 +346,23 @@ LOCAL16 __m512i bf16_round16(__m512 x) {
     return _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
 }
 
+/* Whether any of x's lanes is subnormal (exponent 0, mantissa not 0).
+ * VCVTNEPS2BF16 rounds as bf16_round16 does (RNE, NaN quieted as
+ * ft_f32_to_bf16 does) except that it reads subnormal inputs as zero: the
+ * conversions below use it for vectors without them (nearly all: a
+ * subnormal activation is below 1.2e-38) and bf16_round16 for the rest. */
+LOCAL16 bool any_subnormal(__m512 x) {
+    __m512i a = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7FFFFFFF));
+    return _mm512_mask_cmplt_epu32_mask(_mm512_test_epi32_mask(a, a), a, _mm512_set1_epi32(0x00800000)) != 0;
+}
+
 BF16_TARGET static void to_bf16(uint16_t *dst, const float *src, int n) {
     int i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(bf16_round16(_mm512_loadu_ps(src + i))));
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(src + i);
+        __m256i h = any_subnormal(x) ? _mm512_cvtepi32_epi16(bf16_round16(x)) : (__m256i)_mm512_cvtneps_pbh(x);
+        _mm256_storeu_si256((__m256i *)(dst + i), h);
+    }
     for (; i < n; i++) dst[i] = ft_f32_to_bf16(src[i]);
 }
 
@@ -368,9 +381,16 @@ BF16_TARGET static void pair_rows16(uint32_t *dst, const uint16_t *lo, const uin
  * NULL: zeros (an odd K's last pair) */
 BF16_TARGET static void pair_rows16_f32(uint32_t *dst, const float *lo, const float *hi, int n) {
     int l = 0;
+    /* word i: bf16 i of the conversion (lo) low, bf16 16 + i (hi) high */
+    const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                           21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     for (; l + 16 <= n; l += 16) {
-        __m512i a = bf16_round16(_mm512_loadu_ps(lo + l));
-        __m512i b = hi ? bf16_round16(_mm512_loadu_ps(hi + l)) : _mm512_setzero_si512();
+        __m512 x = _mm512_loadu_ps(lo + l), y = hi ? _mm512_loadu_ps(hi + l) : _mm512_setzero_ps();
+        if (!any_subnormal(x) && !any_subnormal(y)) {
+            _mm512_storeu_si512(dst + l, _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(y, x)));
+            continue;
+        }
+        __m512i a = bf16_round16(x), b = bf16_round16(y);
         _mm512_storeu_si512(dst + l, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
     }
     for (; l < n; l++) dst[l] = (uint32_t)ft_f32_to_bf16(lo[l]) | (hi ? (uint32_t)ft_f32_to_bf16(hi[l]) << 16 : 0);
