@@ -112,6 +112,7 @@ typedef struct {
     char dtypes[64];       /* dtypes present, e.g. "f32,bf16" */
     char tokenizer[32];    /* "spm", "bpe", ... */
     int n_vocab_tokens;
+    char rope_scaling[128];/* "none", "linear, factor 2", "llama3, factor 8, low_freq_factor 1, ..." */
 } ftune_model_info;
 
 FTUNE_API void ftune_model_get_info(const ftune_model *m, ftune_model_info *info);
