@@ -116,3 +116,33 @@ PY
 else
     skip_or_fail gguf_rope_parameters tool "gguf-py (the gguf package) is missing from .venv (scripts/setup.sh)"
 fi
+
+# merge into a Hugging Face directory: rope_parameters copied through and read back
+# the same; a transformers 5 "dtype" follows the merged weights' dtype (as
+# torch_dtype does), and chat_template.jinja is copied beside the tokenizer
+variant t5 "del c['rope_theta']; del c['rope_scaling']; del c['torch_dtype']; c['dtype'] = 'float32'; c['rope_parameters'] = dict(rope_type='llama3', rope_theta=500000.0, **$L3)"
+printf '%s' "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}" > "$tmp/t5/chat_template.jinja"
+if "$FT" merge -m "$tmp/t5" -o "$tmp/t5_merged" --dtype bf16 > /dev/null 2> "$tmp/merge_err.txt"; then
+    $PY - "$tmp/t5_merged/config.json" > "$tmp/py.txt" 2>&1 <<'PY' && pass merge_dtype_key || fail merge_dtype_key "$(cat "$tmp/py.txt")"
+import json, sys
+c = json.load(open(sys.argv[1]))
+assert c.get("dtype") == "bfloat16" and c.get("torch_dtype") in (None, "bfloat16"), c
+assert c["rope_parameters"]["rope_type"] == "llama3" and "rope_theta" not in c, c
+PY
+    [ "$(info "$tmp/t5_merged" | grep '^rope')" = "$(info "$tmp/t5" | grep '^rope')" ] && pass merge_rope_parameters \
+        || fail merge_rope_parameters "$(info "$tmp/t5_merged" | grep '^rope')"
+    cmp -s "$tmp/t5/chat_template.jinja" "$tmp/t5_merged/chat_template.jinja" && pass merge_chat_template_jinja \
+        || fail merge_chat_template_jinja "chat_template.jinja not copied: $(ls "$tmp/t5_merged")"
+else
+    fail merge_t5 "$(cat "$tmp/merge_err.txt")"
+fi
+if [ -x "$VPY" ] && "$VPY" -c "import gguf" 2> /dev/null; then
+    "$FT" merge -m "$tmp/t5" -o "$tmp/t5.gguf" > /dev/null 2> "$tmp/merge_err.txt" \
+        && "$VPY" - "$tmp/t5.gguf" "$tmp/t5/chat_template.jinja" > "$tmp/py.txt" 2>&1 <<'PY' \
+        && pass gguf_chat_template_jinja || fail gguf_chat_template_jinja "$(cat "$tmp/merge_err.txt" "$tmp/py.txt")"
+import sys
+from gguf import GGUFReader
+f = GGUFReader(sys.argv[1]).fields["tokenizer.chat_template"]
+assert bytes(f.parts[-1]).decode() == open(sys.argv[2]).read()
+PY
+fi

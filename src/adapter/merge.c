@@ -348,6 +348,9 @@ static FTUNE_MUST_USE ftune_status write_hf(const ftune_model *mc, const char *d
         if (!cJSON_IsObject(cfg)) { st = ft_err(FTUNE_ERR_FORMAT, "%s: not a JSON object", path); goto done; }
         cJSON_DeleteItemFromObjectCaseSensitive(cfg, "torch_dtype");
         cJSON_AddStringToObject(cfg, "torch_dtype", torch_dtype_name(mat_dtype));
+        /* transformers 5 spells it "dtype" and prefers it: a stale one would load the weights in the base's dtype */
+        if (cJSON_GetObjectItemCaseSensitive(cfg, "dtype"))
+            cJSON_ReplaceItemInObjectCaseSensitive(cfg, "dtype", cJSON_CreateString(torch_dtype_name(mat_dtype)));
         /* a quantized base (bitsandbytes) is written dequantized: its quantization_config would make
          * transformers quantize the merged weights again on load, a silent merge into 4-bit */
         cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization_config");
@@ -356,7 +359,8 @@ static FTUNE_MUST_USE ftune_status write_hf(const ftune_model *mc, const char *d
     if ((st = ft_write_json_atomic(path, cfg))) goto done;
     if (bdir) {
         static const char *const files[] = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                                             "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt" };
+                                             "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt",
+                                             "chat_template.jinja" /* transformers 5 keeps the template here */ };
         char from[4096];
         for (size_t i = 0; i < sizeof files / sizeof files[0] && !st; i++) {
             snprintf(from, sizeof from, "%s/%s", bdir, files[i]);
@@ -852,7 +856,7 @@ done:
  * tokenizer.json has none, and its vocabulary (converted from
  * SentencePiece) is in score order, so normal token k-th in id order gets
  * -k, as SentencePiece's BPE trainer scores pieces. bdir: the Hugging Face
- * base directory (for tokenizer_config.json's chat_template), or NULL. */
+ * base directory (for the BPE merges as the files spell them), or NULL. */
 static FTUNE_MUST_USE ftune_status tokenizer_kv(gguf_writer *w, const ftune_model *m, const ftune_tokenizer *t, const char *bdir) {
     const int V = m->cfg.V;
     if (!t) return ft_err(FTUNE_ERR_ARG, "merge: the model has no tokenizer to write into the GGUF (give one: --tokenizer FILE)");
@@ -865,7 +869,6 @@ static FTUNE_MUST_USE ftune_status tokenizer_kv(gguf_writer *w, const ftune_mode
     char *pads = ft_malloc((size_t)(V - n + 1) * 24);
     float *scores = ft_calloc((size_t)V, sizeof *scores);
     int32_t *types = ft_calloc((size_t)V, sizeof *types);
-    cJSON *tc = NULL;
     if (n > V) { st = ft_err(FTUNE_ERR_FORMAT, "merge: the tokenizer has %d tokens, more than the model's %d embedding rows", n, V); goto done; }
     if (!toks || !pads || !scores || !types) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
     ft_tokenizer_specials sp;
@@ -907,21 +910,12 @@ static FTUNE_MUST_USE ftune_status tokenizer_kv(gguf_writer *w, const ftune_mode
         (st = ft_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", sp.add_eos != 0)) ||
         (spm && (st = ft_gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", sp.add_space_prefix != 0))))
         goto done;
-    if (bdir) {
-        char path[4096], *text = NULL;
-        snprintf(path, sizeof path, "%s/tokenizer_config.json", bdir);
-        if (ft_file_exists(path)) {
-            if ((st = ft_read_file(path, &text, NULL))) goto done;
-            tc = cJSON_Parse(text);
-            free(text);
-            if (!cJSON_IsObject(tc)) { st = ft_err(FTUNE_ERR_FORMAT, "%s: not a JSON object", path); goto done; }
-            const cJSON *ct = cJSON_GetObjectItemCaseSensitive(tc, "chat_template");
-            if (cJSON_IsString(ct)) st = ft_gguf_writer_set_str(w, "tokenizer.chat_template", ct->valuestring);
-        }
-    }
+    /* the template the tokenizer was loaded with: tokenizer_config.json's (a
+     * string or the "default" of a list) or transformers 5's chat_template.jinja */
+    const char *ct = ft_tokenizer_chat_template(t);
+    if (ct) st = ft_gguf_writer_set_str(w, "tokenizer.chat_template", ct);
 done:
     bpe_extra_free(&bpe);
-    cJSON_Delete(tc);
     free(toks);
     free(pads);
     free(scores);

@@ -1618,7 +1618,8 @@ static bool same_file(const char *a, const char *b) {
 static const char *const run_outputs[] = { "adapter_model.safetensors", "adapter_config.json", "adapter.gguf",
                                            "model.safetensors", "config.json", "tokenizer.json",
                                            "tokenizer_config.json", "special_tokens_map.json",
-                                           "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt" };
+                                           "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt",
+                                           "chat_template.jinja" };
 
 /* checkpoint-STEP (digits only) holding a trainer_state.json that ftune
  * wrote (its "format"), not another trainer's (HF Trainer's checkpoint-500
