@@ -1152,7 +1152,11 @@ static FTUNE_MUST_USE ftune_status save_checkpoint(run *r, const char *shard_tmp
             cJSON_AddNumberToObject(sh, "opt_step", (double)r->opt.step);
         }
         snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
-        if (!st) st = ft_write_json_atomic(path, j);
+        char *text = NULL;
+        size_t text_len = 0;
+        if (!st) st = ft_ckpt_state_text(j, &text, &text_len);
+        if (!st) st = ft_write_file_atomic(path, text, text_len);
+        free(text);
         cJSON_Delete(j);
     }
     if (!st) st = fsync_dir(tmp);
@@ -1255,10 +1259,31 @@ static FTUNE_MUST_USE ftune_status load_checkpoint(run *r, const char *dir) {
                     (long long)s, (long long)r->total_steps);
         goto done;
     }
-    /* every step trains 1 to K micro-batches */
-    if (cs.micro_step < (uint64_t)s || cs.micro_step > (uint64_t)s * (uint64_t)r->K) {
-        st = ft_err(FTUNE_ERR_FORMAT, "%s: micro_step %llu does not fit step %lld with %d micro-batch(es) per step", path,
-                    (unsigned long long)cs.micro_step, (long long)s, r->K);
+    /* every step before the last trains K micro-batches (only the last of an
+     * --epochs run may have fewer, and a checkpoint there does not resume) */
+    if (cs.micro_step != (uint64_t)s * (uint64_t)r->K) {
+        st = ft_err(FTUNE_ERR_FORMAT, "%s: micro_step %llu does not fit step %lld with %d micro-batch(es) per step "
+                    "(it must be %llu)", path, (unsigned long long)cs.micro_step, (long long)s, r->K,
+                    (unsigned long long)s * (unsigned long long)r->K);
+        goto done;
+    }
+    /* the data cursor is where those micro-batches end */
+    {
+        ft_data_cursor want;
+        if ((st = ft_batch_iter_cursor_after(r->it, cs.micro_step, &want))) goto done;
+        if (want.epoch != cs.data_epoch || want.index != cs.data_index) {
+            st = ft_err(FTUNE_ERR_FORMAT, "%s: data cursor epoch %lld, index %lld, but step %lld's %llu micro-batches "
+                        "end at epoch %lld, index %lld", path, (long long)cs.data_epoch, (long long)cs.data_index,
+                        (long long)s, (unsigned long long)cs.micro_step, (long long)want.epoch, (long long)want.index);
+            goto done;
+        }
+    }
+    /* a version 3 dynamic loss scaler: its scale and growth tracker steer the
+     * run (which f16 steps overflow), and no checksum or other field checks them */
+    if (!cs.state_checked && cs.has_scaler && cs.scaler_mode == FT_LOSS_SCALE_DYNAMIC) {
+        st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: a version %d checkpoint has no checksum of its own, and its dynamic loss "
+                    "scaler's state (scale, growth tracker) cannot be checked otherwise: it does not resume (train again "
+                    "from the start, or from a checkpoint this version wrote)", path, cs.version);
         goto done;
     }
     /* the files, checked before any is read */
