@@ -122,6 +122,7 @@ typedef struct {
     char dtypes[64];       /* dtypes present, e.g. "f32,bf16" */
     char tokenizer[32];    /* "spm", "bpe", ... */
     int n_vocab_tokens;
+    char rope_scaling[128];/* "none", "linear, factor 2", "llama3, factor 8, low_freq_factor 1, ..." */
 } ftune_model_info;
 
 FTUNE_API void ftune_model_get_info(const ftune_model *m, ftune_model_info *info);
@@ -334,10 +335,13 @@ FTUNE_API FTUNE_MUST_USE ftune_status ftune_model_merge(const ftune_model *m, co
  * run refuses an out_dir that holds anything but the lock unless it resumes
  * or overwrite is set. */
 
-/* The checkpoint format version written into trainer_state.json (3: the
- * skipped-step count and the loss scaler's state; version 2 checkpoints
- * still resume, with the loss scaler at its initial state). */
-#define FTUNE_CHECKPOINT_VERSION 3
+/* The checkpoint format version written into trainer_state.json (4: the
+ * file's own checksum, "state_checksum"; 3: the skipped-step count and the
+ * loss scaler's state). Versions 2 and 3 still resume, their step, micro-step
+ * and data cursor cross-checked against each other and the optimizer's step
+ * (a version 2 one with the loss scaler at its initial state), except a
+ * version 3 one holding a dynamic loss scaler, whose state nothing checks. */
+#define FTUNE_CHECKPOINT_VERSION 4
 
 typedef enum {
     FTUNE_DATA_AUTO = 0,    /* from the file: .txt is plain, else the first record's fields */

@@ -57,7 +57,7 @@ train -o "$tmp/r" --loss-scale dynamic --save-every 3 2> "$tmp/err.txt" || fail 
 $PY - "$tmp/r/checkpoint-3/trainer_state.json" <<'EOF' && pass checkpoint_v3_fields || fail checkpoint_v3_fields "see above"
 import json, sys
 s = json.load(open(sys.argv[1]))
-assert s["version"] == 3 and s["skipped_steps"] == 0, s
+assert s["version"] == 4 and s["skipped_steps"] == 0, s
 assert s["loss_scaler"] == {"mode": "dynamic", "scale": 65536, "growth_tracker": 3, "growth_interval": 2000}, s["loss_scaler"]
 EOF
 train -o "$tmp/r" --loss-scale dynamic --resume "$tmp/r/checkpoint-3" 2> "$tmp/err.txt" \
@@ -74,12 +74,9 @@ cmp -s "$tmp/f/adapter_model.safetensors" "$tmp/dyn/adapter_model.safetensors" &
     || fail f32_fixed_same_adapter "adapters differ"
 
 # 4. every new field of trainer_state.json is checked for type and range
-bad_state() {  # name, python statement editing the dict s, expected message
+bad_state() {  # name, python statement editing the dict s (then signed again: tests/ckpt_state.py), expected message
     rm -rf "$tmp/bs"; cp -r "$tmp/r" "$tmp/bs"
-    $PY - "$tmp/bs/checkpoint-3/trainer_state.json" "$2" <<'EOF'
-import json, sys
-s = json.load(open(sys.argv[1])); exec(sys.argv[2]); json.dump(s, open(sys.argv[1], "w"))
-EOF
+    $PY tests/ckpt_state.py "$tmp/bs/checkpoint-3/trainer_state.json" "$2"
     expect_error "state_$1" "$3" train -o "$tmp/bs" --loss-scale dynamic --resume "$tmp/bs/checkpoint-3"
 }
 bad_state skipped_too_many 's["skipped_steps"] = 4' '"skipped_steps" must be an integer in \[0, step 3\]'
@@ -92,14 +89,14 @@ bad_state interval_zero 's["loss_scaler"]["growth_interval"] = 0' '"growth_inter
 bad_state mode_unknown 's["loss_scaler"]["mode"] = "static"' '"mode" must be "dynamic" or "fixed"'
 bad_state scaler_field 's["loss_scaler"]["hysteresis"] = 2' '"loss_scaler": unknown field "hysteresis"'
 bad_state scaler_not_object 's["loss_scaler"] = 65536' '"loss_scaler" must be an object'
-bad_state version_4 's["version"] = 4' 'reads versions 2 to 3'
+bad_state version_5 's["version"] = 5' 'reads versions 2 to 4'
 bad_state v2_with_v3_field 's["version"] = 2' 'unknown field "skipped_steps" (in a version 2 checkpoint)'
+bad_state v3_with_v4_field 's["version"] = 3; s["state_checksum"] = "0" * 16' 'unknown field "state_checksum" (in a version 3 checkpoint)'
+# a version 3 checkpoint (no checksum of its own) with a dynamic scaler: nothing checks its state
+bad_state v3_dynamic_scaler 's["version"] = 3' 'version 3 checkpoint has no checksum of its own, and its dynamic loss scaler'
 # a version 2 checkpoint resumes, the scaler at its initial state
-bad_v2() { rm -rf "$tmp/v2"; cp -r "$tmp/r" "$tmp/v2"; $PY - "$tmp/v2/checkpoint-3/trainer_state.json" <<'EOF'
-import json, sys
-s = json.load(open(sys.argv[1])); s["version"] = 2; del s["skipped_steps"]; del s["loss_scaler"]
-json.dump(s, open(sys.argv[1], "w"))
-EOF
+bad_v2() { rm -rf "$tmp/v2"; cp -r "$tmp/r" "$tmp/v2"
+    $PY tests/ckpt_state.py "$tmp/v2/checkpoint-3/trainer_state.json" 's["version"] = 2; del s["skipped_steps"]; del s["loss_scaler"]'
 }
 bad_v2
 train -o "$tmp/v2" --loss-scale dynamic --resume "$tmp/v2/checkpoint-3" 2> "$tmp/err.txt" \

@@ -356,12 +356,10 @@ train -o "$tmp/ck_trainable" "${rt[@]}" --resume "$tmp/ck_trainable/checkpoint-3
     || fail ckpt_damaged_earlier_resumes "$(cat "$tmp/err.txt")"
 
 # 21. every field of trainer_state.json is checked for type and range
+# (the edited state signed again, tests/ckpt_state.py, so that each field's own check is what refuses it)
 bad_state() {  # name, python statement editing the dict s, expected message
     rm -rf "$tmp/bs"; cp -r "$tmp/ck" "$tmp/bs"
-    $PY - "$tmp/bs/checkpoint-3/trainer_state.json" "$2" <<'EOF'
-import json, sys
-s = json.load(open(sys.argv[1])); exec(sys.argv[2]); json.dump(s, open(sys.argv[1], "w"))
-EOF
+    $PY tests/ckpt_state.py "$tmp/bs/checkpoint-3/trainer_state.json" "$2"
     expect_error "state_$1" "$3" train -o "$tmp/bs" "${rt[@]}" --resume "$tmp/bs/checkpoint-3"
 }
 bad_state micro_step_negative 's["micro_step"] = "-1"' 'micro_step.*not a non-negative integer'
@@ -376,6 +374,35 @@ bad_state unknown_field 's["stepp"] = 3' 'unknown field "stepp"'
 bad_state no_checksums 'del s["checksums"]' 'checksums'
 bad_state checksum_path 's["checksums"]["../x"] = "0"*16' 'not a checkpoint file'
 bad_state version_1 's["version"] = 1' 'version 1'
+# the data cursor and the micro-step are cross-checked: step x --grad-accum micro-batches, and
+# the cursor where they end (a checkpoint that says otherwise would resume on other batches)
+bad_state micro_step_short 's["micro_step"] = "5"' 'micro_step 5 does not fit step 3 with 2 micro-batch(es) per step (it must be 6)'
+bad_state cursor_index 's["data_index"] += 1' 'data cursor epoch [0-9]*, index [0-9]*, but step 3.s 6 micro-batches end at'
+bad_state cursor_epoch 's["data_epoch"] += 1' 'data cursor epoch [0-9]*, index [0-9]*, but step 3.s 6 micro-batches end at'
+# the state's own checksum: one digit changed in the file (not signed again) is damage, named
+flip_state() {  # name, python statement on the file's text t (u: the text to write), expected message
+    rm -rf "$tmp/bs"; cp -r "$tmp/ck" "$tmp/bs"
+    $PY - "$tmp/bs/checkpoint-3/trainer_state.json" "$2" <<'EOF'
+import re, sys
+p = sys.argv[1]; t = open(p).read(); u = t; exec(sys.argv[2]); assert u != t
+open(p, "w").write(u)
+EOF
+    expect_error "state_flip_$1" "${3:-checkpoint-3/trainer_state.json: the file is damaged}" \
+        train -o "$tmp/bs" "${rt[@]}" --resume "$tmp/bs/checkpoint-3"
+}
+flip_state data_index 'u = re.sub(r"(\"data_index\":\s*\d*)(\d)", lambda m: m[1] + str((int(m[2]) + 1) % 10), t)'
+flip_state micro_step 'u = t.replace("\"micro_step\":\t\"6\"", "\"micro_step\":\t\"5\"")'
+flip_state lr 'u = re.sub(r"(\"lr\":\s*)0\.001", r"\g<1>0.004", t)'
+flip_state checksum_digit 'i = t.rindex("\"state_checksum\"") + 19; u = t[:i] + ("1" if t[i] != "1" else "2") + t[i + 1:]'
+flip_state checksum_not_last 'm = re.search(r",\s*(\"state_checksum\":\s*\"[0-9a-f]{16}\")", t); u = t[:m.start()] + t[m.end():]; u = u.replace("{", "{" + m[1] + ",", 1)' \
+    'trainer_state.json: "state_checksum" must be the file.s last field'
+# a checkpoint written before the state checksum (version 3) resumes, cross-checked
+rm -rf "$tmp/v3"; cp -r "$tmp/ck" "$tmp/v3"
+$PY tests/ckpt_state.py "$tmp/v3/checkpoint-3/trainer_state.json" 's["version"] = 3'
+train -o "$tmp/v3" "${rt[@]}" --resume "$tmp/v3/checkpoint-3" 2> "$tmp/err.txt" \
+    && [ "$(losses "$tmp/v3/metrics.jsonl")" = "$a" ] && pass version_3_resumes \
+    || fail version_3_resumes "$(cat "$tmp/err.txt")"
+bad_state version_3_cursor 's["version"] = 3; s["data_index"] += 1' 'data cursor epoch [0-9]*, index [0-9]*, but step 3.s 6'
 
 # 22. data: other field names (gsm8k's question/answer), truncation that loses targets
 # is reported and --truncate prompt keeps them, a NUL in a string is refused

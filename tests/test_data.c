@@ -858,6 +858,39 @@ static void test_shuffle_resume(void) {
     ft_dataset_free(ds);
 }
 
+/* ft_batch_iter_cursor_after(n), which resume checks a checkpoint's data
+ * cursor against, is where n calls of ft_batch_iter_next leave the cursor:
+ * with and without packing, shuffled or not, across epoch ends (an epoch's
+ * end stays in that epoch), and it does not move the iterator. */
+static void test_cursor_after(void) {
+    ft_dataset *ds = numbered_dataset(23, 16, 11);
+    if (!ds) { CHECK(0); return; }
+    for (int pack = 0; pack < 2; pack++)
+        for (int shuffle = 0; shuffle < 2; shuffle++) {
+            ft_batch_opts bo = { .B = 3, .T = 32, .pack = pack, .shuffle = shuffle, .seed = 5, .pad_id = 0 };
+            ft_batch_iter *it = NULL;
+            CHECK_OK(ft_batch_iter_new(&it, ds, &bo));
+            if (!it) continue;
+            ft_batch b;
+            CHECK_OK(ft_batch_init(&b, 3, 32));
+            ft_data_cursor c;
+            CHECK_OK(ft_batch_iter_cursor_after(it, 0, &c));
+            CHECK(c.epoch == 0 && c.index == 0);
+            for (int n = 1; n <= 40; n++) { /* 8 batches per epoch unpacked: 5 epochs */
+                CHECK_OK(ft_batch_iter_next(it, &b));
+                ft_data_cursor want = ft_batch_iter_cursor(it);
+                CHECK_OK(ft_batch_iter_cursor_after(it, (uint64_t)n, &c));
+                CHECKF(c.epoch == want.epoch && c.index == want.index, "pack %d shuffle %d after %d: (%lld, %lld) vs "
+                       "(%lld, %lld)", pack, shuffle, n, (long long)c.epoch, (long long)c.index, (long long)want.epoch,
+                       (long long)want.index);
+                CHECK(ft_batch_iter_cursor(it).index == want.index);
+            }
+            ft_batch_free(&b);
+            ft_batch_iter_free(it);
+        }
+    ft_dataset_free(ds);
+}
+
 /* Segments whose boundary falls inside a word are tokenized apart, so the
  * mask boundary is kept; at a word boundary the context gives the same
  * tokens as tokenizing the whole string. */
@@ -1206,6 +1239,7 @@ int main(void) {
     RUN(test_dynamic_padding);
     RUN(test_packing);
     RUN(test_shuffle_resume);
+    RUN(test_cursor_after);
     RUN(test_llama3_chat_vector);
     RUN(test_llama3_chat_dataset);
     RUN(test_stories260K_alpaca);

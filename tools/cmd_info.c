@@ -84,6 +84,7 @@ int cmd_info(int argc, char **argv) {
     printf("vocabulary:     %d\n", i.vocab_size);
     printf("context length: %d\n", i.context_length);
     printf("rope theta:     %g\n", i.rope_theta);
+    printf("rope scaling:   %s\n", i.rope_scaling);
     printf("norm eps:       %g\n", i.norm_eps);
     printf("embeddings:     %s\n", i.tied_embeddings ? "tied (lm_head = token embedding)" : "untied");
     printf("q/k/v bias:     %s\n", i.qkv_bias ? "yes" : "no");

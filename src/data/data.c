@@ -1030,6 +1030,34 @@ ftune_status ft_batch_iter_next(ft_batch_iter *it, ft_batch *b) {
     return FTUNE_OK;
 }
 
+ftune_status ft_batch_iter_cursor_after(const ft_batch_iter *it, uint64_t n, ft_data_cursor *out) {
+    *out = (ft_data_cursor){ 0, 0 };
+    if (n == 0) return FTUNE_OK;
+    const ft_dataset *ds = it->ds;
+    if (!it->o.pack) {
+        uint64_t nb = ((uint64_t)ds->n + (uint64_t)it->o.B - 1) / (uint64_t)it->o.B;
+        uint64_t e = (n - 1) / nb, k = n - e * nb; /* k in [1, nb] batches into epoch e */
+        if (e > INT64_MAX) return ft_err(FTUNE_ERR_RANGE, "data cursor: %llu batches is out of range", (unsigned long long)n);
+        uint64_t idx = k * (uint64_t)it->o.B;
+        *out = (ft_data_cursor){ (int64_t)e, idx < (uint64_t)ds->n ? (int64_t)idx : ds->n };
+        return FTUNE_OK;
+    }
+    int *order = malloc((size_t)ds->n * sizeof *order);
+    placement *plan = malloc((size_t)it->cap_plan * sizeof *plan);
+    if (!order || !plan) { free(order); free(plan); return nomem(); }
+    for (int64_t e = 0; n > 0; e++) {
+        ft_batch_epoch_order(order, ds->n, it->o.seed, e, it->o.shuffle);
+        for (int64_t i = 0; i < ds->n && n > 0; n--) {
+            int rows, T;
+            i += plan_batch(it, order, i, plan, &rows, &T);
+            *out = (ft_data_cursor){ e, i };
+        }
+    }
+    free(order);
+    free(plan);
+    return FTUNE_OK;
+}
+
 ftune_status ft_batch_iter_epoch_batches(const ft_batch_iter *it, int64_t epoch, int64_t *out) {
     *out = 0;
     const ft_dataset *ds = it->ds;

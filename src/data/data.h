@@ -291,6 +291,10 @@ void ft_batch_iter_free(ft_batch_iter *it);
 FTUNE_MUST_USE ftune_status ft_batch_iter_next(ft_batch_iter *it, ft_batch *b);
 ft_data_cursor ft_batch_iter_cursor(const ft_batch_iter *it);
 FTUNE_MUST_USE ftune_status ft_batch_iter_seek(ft_batch_iter *it, ft_data_cursor c);
+/* *out = where the cursor stands after n batches from the start (epoch 0,
+ * index 0), as n calls of ft_batch_iter_next leave it (the end of an epoch
+ * stays in that epoch until the next batch). it is not moved. */
+FTUNE_MUST_USE ftune_status ft_batch_iter_cursor_after(const ft_batch_iter *it, uint64_t n, ft_data_cursor *out);
 /* *n = batches in the given epoch (with packing it depends on the order). */
 FTUNE_MUST_USE ftune_status ft_batch_iter_epoch_batches(const ft_batch_iter *it, int64_t epoch, int64_t *n);
 /* The example order of an epoch (n entries), as the iterator uses it. */

@@ -384,6 +384,7 @@ void ftune_model_get_info(const ftune_model *m, ftune_model_info *info) {
     info->n_kv_heads = c->NKV; info->head_dim = c->HS; info->vocab_size = c->V;
     info->context_length = c->max_T;
     info->rope_theta = c->rope_theta; info->norm_eps = c->norm_eps;
+    ft_rope_scaling_text(&c->rope_scaling, info->rope_scaling, sizeof info->rope_scaling);
     info->tied_embeddings = c->tied; info->qkv_bias = c->qkv_bias;
     info->n_params = m->n_params;
     info->weight_bytes = m->weight_bytes;

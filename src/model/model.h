@@ -64,6 +64,8 @@ FTUNE_MUST_USE ftune_status ft_config_validate(const ft_config *c, const char *p
  * form parses len bytes already in memory, path naming them in messages. */
 FTUNE_MUST_USE ftune_status ft_config_from_hf_json(ft_config *cfg, const char *path);
 FTUNE_MUST_USE ftune_status ft_config_from_hf_text(ft_config *cfg, const char *text, size_t len, const char *path);
+/* "none", "linear, factor 2", "llama3, factor 8, ...": for ftune info and messages. */
+void ft_rope_scaling_text(const ft_rope_scaling *sc, char *out, size_t cap);
 
 FTUNE_MUST_USE ftune_status ft_load_hf(ftune_model *m, const char *dir);
 /* FTUNE_OK unless config.json at path asks for a quantization other than

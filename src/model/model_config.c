@@ -118,6 +118,123 @@ static FTUNE_MUST_USE ftune_status qwen2_sliding(const cJSON *j, int L, int wind
     return FTUNE_OK;
 }
 
+/* One RoPE scaling object: transformers 4's "rope_scaling" or transformers
+ * 5's "rope_parameters" (key names which, in errors), its type in
+ * "rope_type" (or the older "type"). Types ftune does not compute (yarn,
+ * dynamic, longrope, ...) are refused, never run as plain RoPE. */
+static FTUNE_MUST_USE ftune_status rope_object(const cJSON *o, const char *key, ft_rope_scaling *sc, const char *path) {
+    memset(sc, 0, sizeof *sc);
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "rope_type");
+    if (!ty) ty = cJSON_GetObjectItemCaseSensitive(o, "type");
+    if (!cJSON_IsString(ty))
+        return ft_err(FTUNE_ERR_FORMAT, "%s: \"%s\" has no \"rope_type\" string", path, key);
+    const char *tname = ty->valuestring;
+    if (strcmp(tname, "llama3") == 0) {
+        sc->type = 2;
+        if (!json_num(o, "factor", &sc->factor) || !json_num(o, "low_freq_factor", &sc->low_freq_factor) ||
+            !json_num(o, "high_freq_factor", &sc->high_freq_factor) ||
+            !json_int(o, "original_max_position_embeddings", &sc->original_max_pos) || !(sc->factor > 0) ||
+            !(sc->low_freq_factor > 0) || !(sc->high_freq_factor > sc->low_freq_factor) || sc->original_max_pos < 1)
+            return ft_err(FTUNE_ERR_FORMAT, "%s: \"%s\" llama3 needs factor > 0, 0 < low_freq_factor < "
+                          "high_freq_factor and original_max_position_embeddings >= 1", path, key);
+    } else if (strcmp(tname, "linear") == 0) {
+        sc->type = 1;
+        if (!json_num(o, "factor", &sc->factor) || !(sc->factor > 0))
+            return ft_err(FTUNE_ERR_FORMAT, "%s: \"%s\" linear needs a positive factor", path, key);
+    } else if (strcmp(tname, "default") != 0) {
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "%s: \"%s\" type \"%s\" is not supported (default, linear, llama3)",
+                      path, key, tname);
+    }
+    /* transformers 5 may carry a partial rotary factor here; ftune rotates the whole head */
+    float prf = 1.0f;
+    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(o, "partial_rotary_factor");
+    if (pr && !cJSON_IsNull(pr) && (!json_num(o, "partial_rotary_factor", &prf) || prf != 1.0f))
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "%s: \"%s\".\"partial_rotary_factor\" other than 1 is not supported "
+                      "(RoPE over part of the head)", path, key);
+    return FTUNE_OK;
+}
+
+static bool same_scaling(const ft_rope_scaling *a, const ft_rope_scaling *b) {
+    if (a->type != b->type) return false;
+    if (a->type == 1) return a->factor == b->factor;
+    if (a->type == 2)
+        return a->factor == b->factor && a->low_freq_factor == b->low_freq_factor &&
+               a->high_freq_factor == b->high_freq_factor && a->original_max_pos == b->original_max_pos;
+    return true;
+}
+
+void ft_rope_scaling_text(const ft_rope_scaling *sc, char *out, size_t cap) {
+    if (sc->type == 1) snprintf(out, cap, "linear, factor %g", sc->factor);
+    else if (sc->type == 2)
+        snprintf(out, cap, "llama3, factor %g, low_freq_factor %g, high_freq_factor %g, original_max_position_embeddings %d",
+                 sc->factor, sc->low_freq_factor, sc->high_freq_factor, sc->original_max_pos);
+    else snprintf(out, cap, "none");
+}
+
+/* RoPE's theta and scaling, in either spelling: transformers 4's top-level
+ * "rope_theta" and "rope_scaling" (null: none), or transformers 5's
+ * "rope_parameters" {"rope_type", "rope_theta", "factor", ...}. A value given
+ * both ways must agree: which one a reader takes differs (transformers 5
+ * prefers rope_parameters, 4 reads only the old keys), so a disagreement is
+ * a model that runs differently in each, an error. */
+static FTUNE_MUST_USE ftune_status rope_config(const cJSON *j, ft_config *c, const char *path) {
+    ftune_status st;
+    bool old_theta = cJSON_GetObjectItemCaseSensitive(j, "rope_theta") != NULL;
+    if ((st = opt_pos(j, "rope_theta", &c->rope_theta, path))) return st;
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    bool old_scaling = rs && !cJSON_IsNull(rs);
+    if (old_scaling && !cJSON_IsObject(rs))
+        return ft_err(FTUNE_ERR_FORMAT, "%s: \"rope_scaling\" must be an object or null", path);
+    if (old_scaling && (st = rope_object(rs, "rope_scaling", &c->rope_scaling, path))) return st;
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    if (!rp || cJSON_IsNull(rp)) return FTUNE_OK;
+    if (!cJSON_IsObject(rp))
+        return ft_err(FTUNE_ERR_FORMAT, "%s: \"rope_parameters\" must be an object or null", path);
+    /* per layer type ({"full_attention": {...}, "sliding_attention": {...}}, Gemma 3's) */
+    if (!cJSON_GetObjectItemCaseSensitive(rp, "rope_type") && !cJSON_GetObjectItemCaseSensitive(rp, "type") &&
+        rp->child && cJSON_IsObject(rp->child))
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "%s: \"rope_parameters\" per layer type (\"%.64s\", ...) is not "
+                      "supported: one RoPE for every layer", path, rp->child->string ? rp->child->string : "");
+    ft_rope_scaling sc;
+    if ((st = rope_object(rp, "rope_parameters", &sc, path))) return st;
+    float theta = c->rope_theta;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(rp, "rope_theta");
+    if (t) {
+        if (!json_num(rp, "rope_theta", &theta) || !(theta > 0))
+            return ft_err(FTUNE_ERR_FORMAT, "%s: \"rope_parameters\".\"rope_theta\" must be a finite positive number",
+                          path);
+        if (old_theta && theta != c->rope_theta)
+            return ft_err(FTUNE_ERR_FORMAT, "%s: \"rope_theta\" %g and \"rope_parameters\".\"rope_theta\" %g "
+                          "disagree (transformers 4 reads the one, 5 the other): keep one", path, c->rope_theta, theta);
+    }
+    if (old_scaling && !same_scaling(&sc, &c->rope_scaling)) {
+        char a[160], b[160];
+        ft_rope_scaling_text(&c->rope_scaling, a, sizeof a);
+        ft_rope_scaling_text(&sc, b, sizeof b);
+        return ft_err(FTUNE_ERR_FORMAT, "%s: \"rope_scaling\" (%s) and \"rope_parameters\" (%s) disagree "
+                      "(transformers 4 reads the one, 5 the other): keep one", path, a, b);
+    }
+    c->rope_theta = theta;
+    c->rope_scaling = sc;
+    return FTUNE_OK;
+}
+
+/* The weights' dtype as the config records it: "torch_dtype"
+ * (transformers 4) or "dtype" (5). ftune takes each tensor's dtype from the
+ * safetensors header, so the value is not used, but the two must not
+ * disagree: transformers 5 loads a model in "dtype" when both are there. */
+static FTUNE_MUST_USE ftune_status torch_dtype(const cJSON *j, const char *path) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "torch_dtype"), *b = cJSON_GetObjectItemCaseSensitive(j, "dtype");
+    if (a && !cJSON_IsNull(a) && !cJSON_IsString(a))
+        return ft_err(FTUNE_ERR_FORMAT, "%s: \"torch_dtype\" must be a string", path);
+    if (b && !cJSON_IsNull(b) && !cJSON_IsString(b))
+        return ft_err(FTUNE_ERR_FORMAT, "%s: \"dtype\" must be a string", path);
+    if (cJSON_IsString(a) && cJSON_IsString(b) && strcmp(a->valuestring, b->valuestring) != 0)
+        return ft_err(FTUNE_ERR_FORMAT, "%s: \"torch_dtype\" \"%.32s\" and \"dtype\" \"%.32s\" disagree "
+                      "(transformers 4 reads the one, 5 the other): keep one", path, a->valuestring, b->valuestring);
+    return FTUNE_OK;
+}
+
 static const char *known_arch(const char *model_type) {
     static const char *const llama_like[] = { "llama", "mistral", "qwen2", "smollm", "tinyllama", NULL };
     for (int i = 0; llama_like[i]; i++)
@@ -182,7 +299,6 @@ ftune_status ft_config_from_hf_text(ft_config *c, const char *text, size_t len, 
         (st = opt_int(j, "head_dim", 1, big, true, &c->HS, path)) ||
         (st = opt_int(j, "max_position_embeddings", 1, big, false, &c->max_T, path)) ||
         (st = opt_pos(j, "rms_norm_eps", &c->norm_eps, path)) ||
-        (st = opt_pos(j, "rope_theta", &c->rope_theta, path)) ||
         (st = opt_bool(j, "tie_word_embeddings", &tied, path)) ||
         (st = opt_bool(j, "attention_bias", &bias, path)) ||
         (st = opt_bool(j, "use_sliding_window", &sliding, path)) ||
@@ -204,33 +320,9 @@ ftune_status ft_config_from_hf_text(ft_config *c, const char *text, size_t len, 
         return st;
     }
     c->rope_interleaved = false;
-    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
-    if (cJSON_IsObject(rs)) {
-        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
-        if (!cJSON_IsString(ty)) ty = cJSON_GetObjectItemCaseSensitive(rs, "type");
-        const char *tname = cJSON_IsString(ty) ? ty->valuestring : "";
-        ft_rope_scaling *sc = &c->rope_scaling;
-        if (strcmp(tname, "llama3") == 0) {
-            sc->type = 2;
-            if (!json_num(rs, "factor", &sc->factor) || !json_num(rs, "low_freq_factor", &sc->low_freq_factor) ||
-                !json_num(rs, "high_freq_factor", &sc->high_freq_factor) ||
-                !json_int(rs, "original_max_position_embeddings", &sc->original_max_pos)) {
-                cJSON_Delete(j);
-                return ft_err(FTUNE_ERR_FORMAT, "%s: rope_scaling llama3 needs factor, low_freq_factor, "
-                              "high_freq_factor and original_max_position_embeddings", path);
-            }
-        } else if (strcmp(tname, "linear") == 0) {
-            sc->type = 1;
-            if (!json_num(rs, "factor", &sc->factor) || !(sc->factor > 0)) {
-                cJSON_Delete(j);
-                return ft_err(FTUNE_ERR_FORMAT, "%s: rope_scaling linear needs a positive factor", path);
-            }
-        } else if (strcmp(tname, "default") != 0) {
-            st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: rope_scaling type \"%s\" is not supported (llama3, linear)",
-                        path, tname);
-            cJSON_Delete(j);
-            return st;
-        }
+    if ((st = rope_config(j, c, path)) || (st = torch_dtype(j, path))) {
+        cJSON_Delete(j);
+        return st;
     }
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(j, "hidden_act");
     if (cJSON_IsString(act) && strcmp(act->valuestring, "silu") != 0) {

@@ -327,6 +327,9 @@ static FTUNE_MUST_USE ftune_status write_hf(const ftune_model *mc, const char *d
         if (!cJSON_IsObject(cfg)) { st = ft_err(FTUNE_ERR_FORMAT, "%s: not a JSON object", path); goto done; }
         cJSON_DeleteItemFromObjectCaseSensitive(cfg, "torch_dtype");
         cJSON_AddStringToObject(cfg, "torch_dtype", torch_dtype_name(mat_dtype));
+        /* transformers 5 spells it "dtype" and prefers it: a stale one would load the weights in the base's dtype */
+        if (cJSON_GetObjectItemCaseSensitive(cfg, "dtype"))
+            cJSON_ReplaceItemInObjectCaseSensitive(cfg, "dtype", cJSON_CreateString(torch_dtype_name(mat_dtype)));
         /* a quantized base (bitsandbytes) is written dequantized: its quantization_config would make
          * transformers quantize the merged weights again on load, a silent merge into 4-bit */
         cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization_config");
@@ -335,7 +338,8 @@ static FTUNE_MUST_USE ftune_status write_hf(const ftune_model *mc, const char *d
     if ((st = ft_write_json_atomic(path, cfg))) goto done;
     if (bdir) {
         static const char *const files[] = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                                             "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt" };
+                                             "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt",
+                                             "chat_template.jinja" /* transformers 5 keeps the template here */ };
         char from[4096];
         for (size_t i = 0; i < sizeof files / sizeof files[0] && !st; i++) {
             snprintf(from, sizeof from, "%s/%s", bdir, files[i]);

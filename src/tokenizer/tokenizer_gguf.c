@@ -312,7 +312,7 @@ done:
  * tokenizer.json has none, and its vocabulary (converted from
  * SentencePiece) is in score order, so normal token k-th in id order gets
  * -k, as SentencePiece's BPE trainer scores pieces. bdir: the Hugging Face
- * base directory (for tokenizer_config.json's chat_template), or NULL. */
+ * base directory (for the BPE merges as the files spell them), or NULL. */
 ftune_status ft_tokenizer_to_gguf(gguf_writer *w, const ftune_tokenizer *t, int V, const char *bdir) {
     if (!t) return ft_err(FTUNE_ERR_ARG, "merge: the model has no tokenizer to write into the GGUF (give one: --tokenizer FILE)");
     bool spm = ft_tokenizer_kind(t) == FT_TOK_SPM;
@@ -324,7 +324,6 @@ ftune_status ft_tokenizer_to_gguf(gguf_writer *w, const ftune_tokenizer *t, int 
     char *pads = ft_malloc((size_t)(V - n + 1) * 24);
     float *scores = ft_calloc((size_t)V, sizeof *scores);
     int32_t *types = ft_calloc((size_t)V, sizeof *types);
-    cJSON *tc = NULL;
     if (n > V) { st = ft_err(FTUNE_ERR_FORMAT, "merge: the tokenizer has %d tokens, more than the model's %d embedding rows", n, V); goto done; }
     if (!toks || !pads || !scores || !types) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
     ft_tokenizer_specials sp;
@@ -366,21 +365,12 @@ ftune_status ft_tokenizer_to_gguf(gguf_writer *w, const ftune_tokenizer *t, int 
         (st = ft_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", sp.add_eos != 0)) ||
         (spm && (st = ft_gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", sp.add_space_prefix != 0))))
         goto done;
-    if (bdir) {
-        char path[4096], *text = NULL;
-        snprintf(path, sizeof path, "%s/tokenizer_config.json", bdir);
-        if (ft_file_exists(path)) {
-            if ((st = ft_read_file(path, &text, NULL))) goto done;
-            tc = cJSON_Parse(text);
-            free(text);
-            if (!cJSON_IsObject(tc)) { st = ft_err(FTUNE_ERR_FORMAT, "%s: not a JSON object", path); goto done; }
-            const cJSON *ct = cJSON_GetObjectItemCaseSensitive(tc, "chat_template");
-            if (cJSON_IsString(ct)) st = ft_gguf_writer_set_str(w, "tokenizer.chat_template", ct->valuestring);
-        }
-    }
+    /* the template the tokenizer was loaded with: tokenizer_config.json's (a
+     * string or the "default" of a list) or transformers 5's chat_template.jinja */
+    const char *ct = ft_tokenizer_chat_template(t);
+    if (ct) st = ft_gguf_writer_set_str(w, "tokenizer.chat_template", ct);
 done:
     bpe_extra_free(&bpe);
-    cJSON_Delete(tc);
     free(toks);
     free(pads);
     free(scores);

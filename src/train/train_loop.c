@@ -228,6 +228,13 @@ static void emit(run *r, ftune_train_progress *p) {
     if (r->cb && is_root(r)) r->cb(r->cb_ctx, p);
 }
 
+/* Layouts of q/k rows: RoPE on pairs (2i, 2i+1) as GGUF and llama2.c store
+ * llama models, or on (i, i + HS/2) as Hugging Face does. */
+static const char *layout_name(bool interleaved) { return interleaved ? "interleaved" : "rotate_half"; }
+static const char *layout_desc(bool interleaved) {
+    return interleaved ? "interleaved (GGUF, llama2.c)" : "rotate-half (Hugging Face)";
+}
+
 /* The run configuration: everything a resumed run must share with the
  * checkpoint's run to continue it exactly. */
 static cJSON *make_config(run *r) {
@@ -242,6 +249,10 @@ static cJSON *make_config(run *r) {
     for (int i = 0; i < 7; i++) cJSON_AddNumberToObject(mo, dn[i], dims[i]);
     /* only when quantized, so that checkpoints from before it resume */
     if (r->m->quantized) cJSON_AddStringToObject(mo, "quant", ft_types[r->m->quant].name);
+    /* the order of q/k rows (of the weights, hence of lora_B and the optimizer
+     * state): the same model in another format has the other one, and the
+     * fingerprint below cannot tell (its rows are fixed points of the permutation) */
+    cJSON_AddStringToObject(mo, "rope_layout", layout_name(c->rope_interleaved));
     uint64_t h = FT_FNV0;
     float *row = malloc((size_t)(c->C > c->F ? c->C : c->F) * sizeof(float) + (size_t)c->NH * c->HS * sizeof(float));
     if (row) {
@@ -1152,7 +1163,11 @@ static FTUNE_MUST_USE ftune_status save_checkpoint(run *r, const char *shard_tmp
             cJSON_AddNumberToObject(sh, "opt_step", (double)r->opt.step);
         }
         snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
-        if (!st) st = ft_write_json_atomic(path, j);
+        char *text = NULL;
+        size_t text_len = 0;
+        if (!st) st = ft_ckpt_state_text(j, &text, &text_len);
+        if (!st) st = ft_write_file_atomic(path, text, text_len);
+        free(text);
         cJSON_Delete(j);
     }
     if (!st) st = fsync_dir(tmp);
@@ -1205,6 +1220,64 @@ static void sibling_checkpoints(const char *dir, char *out, size_t cap) {
     closedir(d);
 }
 
+/* 1: the checkpoint's model has interleaved q/k rows, 0: rotate-half, -1:
+ * unknown. Its config's "rope_layout"; a checkpoint from before that field
+ * was written: the format its model_path names (a directory: Hugging Face;
+ * .gguf: interleaved for llama, as the loader keeps it; another file:
+ * llama2.c), unknown when there is none or it is gone. */
+static int ckpt_interleaved(const ft_ckpt_state *cs) {
+    const cJSON *mo = cJSON_GetObjectItemCaseSensitive(cs->config, "model");
+    const cJSON *rl = cJSON_GetObjectItemCaseSensitive(mo, "rope_layout");
+    if (rl) {
+        if (!cJSON_IsString(rl)) return -1;
+        return strcmp(rl->valuestring, layout_name(true)) == 0 ? 1 : strcmp(rl->valuestring, layout_name(false)) == 0 ? 0 : -1;
+    }
+    const cJSON *mp = cJSON_GetObjectItemCaseSensitive(cs->root, "model_path");
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(mo, "arch");
+    if (!cJSON_IsString(mp)) return -1;
+    const char *p = mp->valuestring;
+    size_t n = strlen(p);
+    if (ft_is_dir(p)) return 0;
+    if (n >= 5 && strcmp(p + n - 5, ".gguf") == 0) return cJSON_IsString(arch) && strcmp(arch->valuestring, "llama") == 0;
+    return ft_file_exists(p) ? 1 : -1;
+}
+
+/* A checkpoint trained on the same model in the other q/k layout: the rows
+ * of q_proj/k_proj (full: weights and biases; LoRA: lora_B) in the values
+ * just read and in AdamW's m and v, permuted into this run's layout (an
+ * exact reordering). 8-bit moments are refused: their blocks span rows. */
+static FTUNE_MUST_USE ftune_status permute_resumed(run *r, const char *dir, bool to_interleaved) {
+    const ft_config *c = &r->m->cfg;
+    int n = ft_trainer_n_params(r->tr);
+    for (int i = 0; i < n; i++) {
+        const ft_train_param *tp = ft_trainer_param(r->tr, i);
+        const ft_param *p = &tp->opt;
+        int heads = tp->target >= 0 ? ft_module_rope_heads(c, (ft_module)tp->target) : 0;
+        if (heads == 0 || (r->o->mode == FTUNE_TRAIN_LORA && !strstr(p->name, "lora_B"))) continue;
+        int rows = (int)p->shape[0], cols = p->ndim == 1 ? 1 : (int)p->shape[1];
+        float *m = NULL, *v = NULL;
+        if (r->zero == 0) {
+            for (int j = 0; j < r->opt.n && !m; j++)
+                if (strcmp(r->opt.params[j].name, p->name) == 0) {
+                    m = r->opt.m[j];
+                    v = r->opt.v[j];
+                    if (!m) return ft_err(FTUNE_ERR_UNSUPPORTED, "--resume %s: the checkpoint's q/k rows are in the %s "
+                                          "layout, this run's model has the %s one, and %s's 8-bit optimizer state "
+                                          "cannot be permuted exactly: resume on the model in the checkpoint's format",
+                                          dir, layout_desc(!to_interleaved), layout_desc(to_interleaved), p->name);
+                }
+            if (!m) return ft_err(FTUNE_ERR_ARG, "%s: no optimizer state for %s", dir, p->name);
+        } else {
+            m = r->full_mv + tp->offset;
+            v = r->full_mv + r->n_flat + tp->offset;
+        }
+        float *val = r->zero == 3 ? r->full_vals + tp->offset : p->data;
+        float *t[3] = { val, m, v };
+        for (int k = 0; k < 3; k++) TRY(ft_permute_rope_rows(t[k], rows, cols, heads, to_interleaved));
+    }
+    return FTUNE_OK;
+}
+
 static FTUNE_MUST_USE ftune_status load_checkpoint(run *r, const char *dir) {
     char path[4200];
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
@@ -1237,6 +1310,21 @@ static FTUNE_MUST_USE ftune_status load_checkpoint(run *r, const char *dir) {
                     "(--quant must be the same)", dir, qs, qr);
         goto done;
     }
+    /* the checkpoint's q/k layout: recorded, or (a checkpoint from before it
+     * was) the one the loader gives the file its model_path names */
+    cJSON *cmo = cJSON_GetObjectItemCaseSensitive((cJSON *)cs.config, "model");
+    int ck_inter = ckpt_interleaved(&cs);
+    if (ck_inter < 0 && cJSON_GetObjectItemCaseSensitive(cmo, "rope_layout")) {
+        st = ft_err(FTUNE_ERR_FORMAT, "%s: \"config\".\"model\".\"rope_layout\" must be \"interleaved\" or \"rotate_half\"",
+                    path);
+        goto done;
+    }
+    bool run_inter = r->m->cfg.rope_interleaved, permute = ck_inter >= 0 && (ck_inter != 0) != run_inter;
+    /* compared here, not as a setting: another layout is permuted below */
+    if (cJSON_IsObject(cmo)) {
+        cJSON_DeleteItemFromObjectCaseSensitive(cmo, "rope_layout");
+        cJSON_AddStringToObject(cmo, "rope_layout", layout_name(run_inter));
+    }
     if (config_diff(cs.config, r->config, "", key, sizeof key, &va, &vb)) {
         bool model = strncmp(key, "model.", 6) == 0, data = strncmp(key, "data.", 5) == 0;
         if (strcmp(key, "model.fingerprint") == 0 || strcmp(key, "data.fingerprint") == 0)
@@ -1255,10 +1343,31 @@ static FTUNE_MUST_USE ftune_status load_checkpoint(run *r, const char *dir) {
                     (long long)s, (long long)r->total_steps);
         goto done;
     }
-    /* every step trains 1 to K micro-batches */
-    if (cs.micro_step < (uint64_t)s || cs.micro_step > (uint64_t)s * (uint64_t)r->K) {
-        st = ft_err(FTUNE_ERR_FORMAT, "%s: micro_step %llu does not fit step %lld with %d micro-batch(es) per step", path,
-                    (unsigned long long)cs.micro_step, (long long)s, r->K);
+    /* every step before the last trains K micro-batches (only the last of an
+     * --epochs run may have fewer, and a checkpoint there does not resume) */
+    if (cs.micro_step != (uint64_t)s * (uint64_t)r->K) {
+        st = ft_err(FTUNE_ERR_FORMAT, "%s: micro_step %llu does not fit step %lld with %d micro-batch(es) per step "
+                    "(it must be %llu)", path, (unsigned long long)cs.micro_step, (long long)s, r->K,
+                    (unsigned long long)s * (unsigned long long)r->K);
+        goto done;
+    }
+    /* the data cursor is where those micro-batches end */
+    {
+        ft_data_cursor want;
+        if ((st = ft_batch_iter_cursor_after(r->it, cs.micro_step, &want))) goto done;
+        if (want.epoch != cs.data_epoch || want.index != cs.data_index) {
+            st = ft_err(FTUNE_ERR_FORMAT, "%s: data cursor epoch %lld, index %lld, but step %lld's %llu micro-batches "
+                        "end at epoch %lld, index %lld", path, (long long)cs.data_epoch, (long long)cs.data_index,
+                        (long long)s, (unsigned long long)cs.micro_step, (long long)want.epoch, (long long)want.index);
+            goto done;
+        }
+    }
+    /* a version 3 dynamic loss scaler: its scale and growth tracker steer the
+     * run (which f16 steps overflow), and no checksum or other field checks them */
+    if (!cs.state_checked && cs.has_scaler && cs.scaler_mode == FT_LOSS_SCALE_DYNAMIC) {
+        st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: a version %d checkpoint has no checksum of its own, and its dynamic loss "
+                    "scaler's state (scale, growth tracker) cannot be checked otherwise: it does not resume (train again "
+                    "from the start, or from a checkpoint this version wrote)", path, cs.version);
         goto done;
     }
     /* the files, checked before any is read */
@@ -1299,6 +1408,12 @@ static FTUNE_MUST_USE ftune_status load_checkpoint(run *r, const char *dir) {
             goto done;
         }
     }
+    if (cs.shard_world && permute) {
+        st = ft_err(FTUNE_ERR_UNSUPPORTED, "--resume %s: the checkpoint's q/k rows are in the %s layout of the model it was "
+                    "trained on, this run's model has the %s one, and a sharded checkpoint is not permuted: resume it on "
+                    "the model in the checkpoint's format", dir, layout_desc(!run_inter), layout_desc(run_inter));
+        goto done;
+    }
     if (cs.shard_world) {
         if (cs.shard_world != r->world) {
             st = ft_err(FTUNE_ERR_ARG, "--resume %s: the checkpoint is sharded over %d ranks (a file per rank's ZeRO "
@@ -1323,6 +1438,7 @@ static FTUNE_MUST_USE ftune_status load_checkpoint(run *r, const char *dir) {
         if ((st = read_trainable(r, path, r->full_vals))) goto done;
         snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
         if ((st = load_optimizer(r, path))) goto done;
+        if (permute && (st = permute_resumed(r, dir, run_inter))) goto done;
     }
     /* skipped steps never reached the optimizer */
     if (r->opt.step != s - cs.skipped_steps) {
@@ -1618,7 +1734,8 @@ static bool same_file(const char *a, const char *b) {
 static const char *const run_outputs[] = { "adapter_model.safetensors", "adapter_config.json", "adapter.gguf",
                                            "model.safetensors", "config.json", "tokenizer.json",
                                            "tokenizer_config.json", "special_tokens_map.json",
-                                           "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt" };
+                                           "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt",
+                                           "chat_template.jinja" };
 
 /* checkpoint-STEP (digits only) holding a trainer_state.json that ftune
  * wrote (its "format"), not another trainer's (HF Trainer's checkpoint-500

@@ -35,7 +35,8 @@
 /* ------------------------------------------------------------ checkpoint state */
 
 #define FT_CKPT_FORMAT "ftune-checkpoint"
-#define FT_CKPT_VERSION FTUNE_CHECKPOINT_VERSION /* 2: per-file checksums; 3: skipped steps, loss scaler */
+#define FT_CKPT_VERSION FTUNE_CHECKPOINT_VERSION /* 2: per-file checksums; 3: skipped steps, loss scaler;
+                                                  * 4: trainer_state.json's own checksum */
 #define FT_CKPT_VERSION_MIN 2                     /* the oldest version that resumes */
 #define FT_CKPT_MAX_SHARDS 256              /* ranks of a sharded checkpoint (more: --consolidate) */
 #define FT_CKPT_MAX_FILES (8 + FT_CKPT_MAX_SHARDS)
@@ -61,6 +62,7 @@ typedef struct {
      * (ft_ckpt_shard_name) instead of trainable/optimizer.safetensors; 0: whole */
     int shard_world;
     int64_t shard_opt_step;    /* AdamW's step (the shards hold only tensors and their range) */
+    bool state_checked;        /* version 4: "state_checksum" matched the file's bytes */
     int n_files;
     struct { char name[64]; uint64_t fnv; } files[FT_CKPT_MAX_FILES]; /* FNV-1a of each file */
     struct cJSON *root;
@@ -71,6 +73,11 @@ typedef struct {
  * version. On success free with ft_ckpt_state_free. */
 FTUNE_MUST_USE ftune_status ft_ckpt_state_parse(ft_ckpt_state *s, const char *text, size_t len, const char *path);
 void ft_ckpt_state_free(ft_ckpt_state *s);
+/* The text of trainer_state.json for the object j (without "state_checksum"):
+ * j as cJSON prints it, then "state_checksum", the FNV-1a of that text with
+ * the field's digits read as '0's, as the file's last field. *out is
+ * malloc'd (*out_len bytes, ending in a newline). */
+FTUNE_MUST_USE ftune_status ft_ckpt_state_text(const struct cJSON *j, char **out, size_t *out_len);
 /* "shard-<rank>-of-<world>.safetensors" into out (64 bytes). */
 void ft_ckpt_shard_name(char *out, int rank, int world);
 /* FNV-1a 64 of n bytes, continuing from h (FT_FNV0 to start). */

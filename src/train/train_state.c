@@ -92,6 +92,64 @@ static bool parse_hex64(const char *s, uint64_t *out) {
     return true;
 }
 
+/* trainer_state.json's own checksum (version 4): "state_checksum", the
+ * file's last field, is FNV-1a 64 of the file's bytes with its 16 hex digits
+ * read as '0's. Over the bytes as written, so no re-serialisation (cJSON's
+ * number printing) has to agree between the writer and the reader. */
+#define STATE_KEY "\"state_checksum\""
+
+static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* Where the 16 digits of the trailing "state_checksum": "<hex>" are, or -1
+ * when the file does not end with that field (then the root object). */
+static long state_sum_at(const char *t, size_t n) {
+    size_t i = n;
+    while (i > 0 && is_ws(t[i - 1])) i--;
+    if (i == 0 || t[--i] != '}') return -1;
+    while (i > 0 && is_ws(t[i - 1])) i--;
+    if (i < 18 || t[i - 1] != '"' || t[i - 18] != '"') return -1;
+    size_t digits = i - 17;
+    i -= 18;
+    while (i > 0 && is_ws(t[i - 1])) i--;
+    if (i == 0 || t[--i] != ':') return -1;
+    while (i > 0 && is_ws(t[i - 1])) i--;
+    size_t k = sizeof STATE_KEY - 1;
+    if (i < k || memcmp(t + i - k, STATE_KEY, k) != 0) return -1;
+    return (long)digits;
+}
+
+static uint64_t state_sum(const char *t, size_t n, size_t digits) {
+    uint64_t h = ft_fnv1a(FT_FNV0, t, digits);
+    h = ft_fnv1a(h, "0000000000000000", 16);
+    return ft_fnv1a(h, t + digits + 16, n - digits - 16);
+}
+
+ftune_status ft_ckpt_state_text(const struct cJSON *j, char **out, size_t *out_len) {
+    *out = NULL;
+    char *body = cJSON_Print(j);
+    if (!body) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    size_t n = strlen(body);
+    while (n > 0 && body[n - 1] != '}') n--;
+    if (n < 2) { free(body); return ft_err(FTUNE_ERR_ARG, "trainer state: not a JSON object"); }
+    size_t cap = n + 64;
+    char *t = ft_malloc(cap);
+    if (!t) { free(body); return ft_err(FTUNE_ERR_NOMEM, "out of memory"); }
+    /* the body without its closing brace, then the field, the brace and a newline */
+    size_t m = n - 1;
+    while (m > 0 && is_ws(body[m - 1])) m--;
+    int k = snprintf(t, cap, "%.*s,\n\t%s:\t\"0000000000000000\"\n}\n", (int)m, body, STATE_KEY);
+    free(body);
+    size_t len = (size_t)k;
+    long at = state_sum_at(t, len);
+    if (at < 0) { free(t); return ft_err(FTUNE_ERR_ARG, "trainer state: cannot place its checksum"); }
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)state_sum(t, len, (size_t)at));
+    memcpy(t + at, hex, 16);
+    *out = t;
+    *out_len = len;
+    return FTUNE_OK;
+}
+
 ftune_status ft_ckpt_state_parse(ft_ckpt_state *s, const char *text, size_t len, const char *path) {
     memset(s, 0, sizeof *s);
     const char *end = NULL;
@@ -115,16 +173,20 @@ ftune_status ft_ckpt_state_parse(ft_ckpt_state *s, const char *text, size_t len,
     }
     s->version = (int)ver->valuedouble;
     /* every field known, so a misspelt or foreign one is not silently ignored;
-     * the last two are version 3's */
+     * skipped_steps and loss_scaler are version 3's, state_checksum 4's */
     const char *const keys[] = { "format", "version", "step", "micro_step", "data_epoch", "data_index",
-                                 "model_path", "config", "checksums", "shards", "skipped_steps", "loss_scaler" };
-    size_t n_keys = sizeof keys / sizeof keys[0] - (s->version >= 3 ? 0 : 2);
+                                 "model_path", "config", "checksums", "shards", "skipped_steps", "loss_scaler",
+                                 "state_checksum" };
+    size_t n_keys = sizeof keys / sizeof keys[0] - (s->version >= 4 ? 0 : s->version >= 3 ? 1 : 3);
     const cJSON *x;
     cJSON_ArrayForEach(x, j) {
         bool ok = false;
         for (size_t i = 0; i < n_keys && !ok; i++) ok = x->string && strcmp(x->string, keys[i]) == 0;
         if (!ok) BAD("%s: unknown field \"%.64s\"%s", path, x->string ? x->string : "",
-                     s->version < 3 ? " (in a version 2 checkpoint)" : "");
+                     s->version < 4 ? (s->version < 3 ? " (in a version 2 checkpoint)" : " (in a version 3 checkpoint)") : "");
+        /* cJSON would read the first of two, a reader of the text maybe the other */
+        for (const cJSON *y = x->next; y; y = y->next)
+            if (x->string && y->string && strcmp(x->string, y->string) == 0) BAD("%s: field \"%.64s\" twice", path, x->string);
     }
     /* 2^53: the largest range a JSON number holds exactly */
     const double MAXI = 9007199254740992.0;
@@ -223,6 +285,21 @@ ftune_status ft_ckpt_state_parse(ft_ckpt_state *s, const char *text, size_t len,
         bool found = false;
         for (int i = 0; i < s->n_files; i++) found |= strcmp(s->files[i].name, want) == 0;
         if (!found) BAD("%s: \"checksums\" has no entry for %s", path, want);
+    }
+    /* last, so that a field that is malformed is named as such: the file's own checksum */
+    if (s->version >= 4) {
+        const cJSON *sc = cJSON_GetObjectItemCaseSensitive(j, "state_checksum");
+        uint64_t want;
+        if (!cJSON_IsString(sc) || !parse_hex64(sc->valuestring, &want))
+            BAD("%s: \"state_checksum\" must be 16 lowercase hex digits", path);
+        long at = state_sum_at(text, len);
+        if (at < 0) BAD("%s: \"state_checksum\" must be the file's last field", path);
+        uint64_t h = state_sum(text, len, (size_t)at);
+        if (h != want)
+            BAD("%s: the file is damaged (its checksum is %016llx, \"state_checksum\" records %016llx): the step, "
+                "data cursor or settings it holds cannot be trusted", path, (unsigned long long)h,
+                (unsigned long long)want);
+        s->state_checked = true;
     }
 #undef BAD
     return FTUNE_OK;
