@@ -9,6 +9,7 @@
 #   make bench-dist data-parallel training over 1/2/4 MPI ranks, ZeRO 0/1 (a Markdown table)
 #   make bench-gemm the matrix products alone: peaks, ours vs oneDNN (DNNL=1) vs PyTorch
 #   make bench-real prefill and decode of the two real GGUF models (scripts/fetch_models.sh)
+#   make bench-levels LoRA training steps at each bf16 kernel level (amx, avx512bf16) vs PyTorch bf16
 #   make clean
 # Options: BUILD=dir  CC=compiler  OPT="-O2 ..."  MPI=auto|1|0 (data-parallel training over
 #          Open MPI; auto: 1 when mpicc is found; 0: a one-rank build without MPI)
@@ -63,7 +64,7 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 HELPER_SRC := $(sort $(wildcard tests/helper_*.c))
 HELPER_BIN := $(HELPER_SRC:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all test debug fuzz bench bench-dist bench-gemm bench-memory bench-real clean demo FORCE
+.PHONY: all test debug fuzz bench bench-dist bench-gemm bench-memory bench-real bench-levels clean demo FORCE
 all: $(BUILD)/libftune.a $(BUILD)/libftune-internal.a $(BUILD)/ftune $(TEST_BIN) $(HELPER_BIN)
 
 # Objects also depend on this Makefile: its flags (visibility) are part of them.
@@ -177,6 +178,10 @@ $(BUILD)/bench_gemm: tests/bench_gemm.c $(BUILD)/libftune-internal.a Makefile
 $(BUILD)/tests/test_amx_state: tests/test_amx_state.c $(BUILD)/libftune-internal.a Makefile
 	@mkdir -p $(dir $@) $(BUILD)/obj/tests
 	$(CC) $(CFLAGS) $(BENCH_GEMM_DNNL) $(DEPFLAGS) -MF $(BUILD)/obj/tests/test_amx_state.d -o $@ $< $(BUILD)/libftune-internal.a $(LDFLAGS) $(BENCH_GEMM_DNNL_LIBS) $(LDLIBS)
+
+# LoRA steps at FTUNE_CPU=amx and avx512bf16 against PyTorch bf16, interleaved (bench/levels_train.sh)
+bench-levels: $(BUILD)/ftune $(BUILD)/bench_train
+	BUILD=$(BUILD) bash bench/levels_train.sh
 
 bench-gemm: $(BUILD)/bench_gemm
 	BUILD=$(BUILD) bash bench/gemm.sh
