@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A Hugging Face directory written from a GGUF or llama2.c base (`train --full`,
-# `merge`) carries the base's tokenizer as tokenizer.json + tokenizer_config.json:
+# `merge`, `quantize --type nf4`) carries the base's tokenizer as tokenizer.json + tokenizer_config.json:
 # ftune loads the directory and tokenizes a varied set of texts (and one long
 # text of random pieces of them) to the ids of the source model, and so do
 # Hugging Face tokenizers (and transformers' AutoTokenizer, which reads
@@ -12,7 +12,7 @@ set -u
 S=$D/models/stories260K
 vpy=.venv/bin/python
 
-# the texts: one file each, byte for byte
+# the texts: one file each, byte for byte (one is not in NFC: "e" + U+0301)
 mkdir -p "$tmp/texts"
 python3 - "$tmp/texts" <<'EOF'
 import sys, random
@@ -26,7 +26,7 @@ texts = [
     " ",
     "a",
     "digits 0123456789 3.14159 2026-12-03 1,000,000 x86_64",
-    "unicode: café naïve Ünïcödé façade Straße ñandú",
+    "unicode: café naïve Ünïcödé façade Straße ñandú, decomposed: cafe\u0301 n\u0303",
     "日本語のテキスト 中文文本 한국어 텍스트 Ελληνικά русский текст עברית العربية",
     "emoji: 😀🎉👍🏽 🇫🇷 ❤️ 🤖 and ZWJ 👩‍💻",
     "punctuation!!! ??? ... --- (brackets) [x] {y} <tag> a+b=c #hash @at $5 100%",
@@ -77,8 +77,12 @@ add_case gguf_full "$S/stories260K.gguf" "$tmp/gguf_full" "$FT" train -m "$S/sto
 add_case llama2c_full "$S/stories260K.bin" "$tmp/llama2c_full" "$FT" train -m "$S/stories260K.bin" --data "$TRAIN_TXT" -o "$tmp/llama2c_full" $FULL
 add_case gguf_merge "$S/stories260K.gguf" "$tmp/gguf_merge" "$FT" merge -m "$S/stories260K.gguf" -o "$tmp/gguf_merge"
 add_case llama2c_merge "$S/stories260K.bin" "$tmp/llama2c_merge" "$FT" merge -m "$S/stories260K.bin" -o "$tmp/llama2c_merge" --dtype bf16
+add_case gguf_quantize "$S/stories260K.gguf" "$tmp/gguf_quantize" "$FT" quantize --type nf4 "$S/stories260K.gguf" "$tmp/gguf_quantize"
 if need_model smollm2_merge "$SMOL"; then
     add_case smollm2_merge "$SMOL" "$tmp/smollm2_merge" "$FT" merge -m "$SMOL" -o "$tmp/smollm2_merge" --dtype bf16
+fi
+if need_model qwen2_merge "$QWEN"; then  # the qwen2 pre-tokenizer, NFC, 151936 ids
+    add_case qwen2_merge "$QWEN" "$tmp/qwen2_merge" "$FT" merge -m "$QWEN" -o "$tmp/qwen2_merge" --dtype bf16
 fi
 
 # (a) ftune on the written directory = ftune on the source, with and without
