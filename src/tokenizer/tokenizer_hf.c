@@ -61,11 +61,20 @@ static const char *kind_name(const hf_tok *h) {
 
 /* ------------------------------------------------------------- SPM merges from scores */
 
-typedef struct { int32_t tok, left, right, cut; float score, sl, sr; } split_t;
+typedef struct {
+    int32_t tok, left, right, cut;  /* token = left + right, cut at byte cut */
+    float score, sl, sr;            /* the scores of the three */
+    int32_t len_r;                  /* bytes of right */
+    bool run;                       /* tok is in a group of runs of one character with one score */
+} split_t;
 
 static int cmp_split(const void *a, const void *b) {
     const split_t *x = a, *y = b;
     if (x->score != y->score) return x->score > y->score ? -1 : 1;
+    if (x->run && y->run) { /* longer left parts first: the run grows from its left end */
+        if (x->cut != y->cut) return x->cut > y->cut ? -1 : 1;
+        if (x->len_r != y->len_r) return x->len_r > y->len_r ? -1 : 1;
+    }
     if (x->tok != y->tok) return x->tok < y->tok ? -1 : 1;
     if (x->sl != y->sl) return x->sl > y->sl ? -1 : 1;
     if (x->sr != y->sr) return x->sr > y->sr ? -1 : 1;
@@ -86,6 +95,39 @@ static int cmp_score(const void *a, const void *b) {
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
+/* Whether the n made tokens g, which share a score, are exactly the runs
+ * c^2 .. c^M of one character c, with no longer run of it a token up to
+ * c^2M (Llama 2's "▁▁" .. sixteen "▁", all at -1e9). On a run of c the
+ * leftmost-first rule then grows one piece from the left until it is c^M
+ * (or the run ends), then the next: ranking the group's merges by the
+ * length of their left part, longest first, does the same, as (c, c) is
+ * the lowest of them and the leftmost (c, c) starts each piece. */
+static bool run_group(const hf_tok *h, const score_id *g, int n) {
+    const char *c = h->text[g[0].id];
+    size_t cl = (size_t)utf8_char_len((unsigned char)c[0]);
+    int M = 0;
+    uint8_t seen[64] = { 0 };
+    for (int i = 0; i < n; i++) {
+        const char *s = h->text[g[i].id];
+        size_t L = strlen(s);
+        if (L % cl != 0 || L / cl < 2 || L / cl >= 64) return false;
+        for (size_t k = 0; k < L; k += cl)
+            if (memcmp(s + k, c, cl) != 0) return false;
+        int r = (int)(L / cl);
+        if (seen[r]) return false;
+        seen[r] = 1;
+        if (r > M) M = r;
+    }
+    if (n != M - 1) return false; /* every length 2 .. M */
+    char buf[2 * 64 * 4 + 1];
+    for (int r = M + 1; r <= 2 * M; r++) {
+        size_t L = 0;
+        for (int k = 0; k < r && L + cl < sizeof buf; k++, L += cl) memcpy(buf + L, c, cl);
+        if (find(h, buf, L) >= 0) return false;
+    }
+    return true;
+}
+
 /* A SentencePiece-style tokenizer merges, within a text, the adjacent pair
  * whose joined text is the token of the highest score (the leftmost of
  * equals). A token is made that way when it splits into two parts that are
@@ -94,9 +136,9 @@ static int cmp_score(const void *a, const void *b) {
  * parts are tokens (a character that is no token only ever becomes byte
  * tokens there), no part is a byte token (byte fallback's tokens would merge
  * there), and no two made tokens share a score (equals go leftmost here, by
- * rank there). The merges are then every split of every made token, ordered
- * as transformers orders them (GGUFTokenizerSkeleton): by the token's score,
- * then by the parts' scores. */
+ * rank there; run_group is the one shape of equals written). The merges are
+ * then every split of every made token, ordered as transformers orders them
+ * (GGUFTokenizerSkeleton): by the token's score, then by the parts' scores. */
 static FTUNE_MUST_USE ftune_status spm_merges(hf_tok *h) {
     const ftune_tokenizer *t = h->t;
     const int V = h->V;
@@ -140,25 +182,32 @@ static FTUNE_MUST_USE ftune_status spm_merges(hf_tok *h) {
                 sp = ns;
                 cap *= 2;
             }
-            sp[n++] = (split_t){ id, a, b, k, ft_tokenizer_score(t, id), ft_tokenizer_score(t, a), ft_tokenizer_score(t, b) };
+            sp[n++] = (split_t){ id, a, b, k, ft_tokenizer_score(t, id), ft_tokenizer_score(t, a), ft_tokenizer_score(t, b),
+                                 L - k, false };
             if (strchr(h->text[a], ' ') || strchr(h->text[b], ' ')) h->pair_merges = true;
         }
     }
-    /* made tokens with equal scores */
+    /* made tokens with equal scores: refused, but for one shape, Llama 2's 15 runs of "▁" */
     int n_made = 0;
     for (int i = 0; i < V; i++) n_made += made[i];
     if (!(ms = ft_malloc((size_t)(n_made ? n_made : 1) * sizeof *ms))) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
     n_made = 0;
     for (int i = 0; i < V; i++) if (made[i]) ms[n_made++] = (score_id){ ft_tokenizer_score(t, i), i };
     qsort(ms, (size_t)n_made, sizeof *ms, cmp_score);
-    for (int i = 1; i < n_made; i++)
-        if (ms[i].score == ms[i - 1].score) {
-            st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: the SentencePiece scores of tokens %d \"%s\" and %d \"%s\" are both %g: "
-                        "equal scores merge leftmost first, which tokenizer.json's ranked merges cannot express; no "
-                        "tokenizer.json is written (a .gguf output keeps the vocabulary as it is)", kind_name(h),
-                        ms[i - 1].id, h->text[ms[i - 1].id], ms[i].id, h->text[ms[i].id], (double)ms[i].score);
-            goto done;
+    for (int i = 0, j; i < n_made; i = j) {
+        for (j = i + 1; j < n_made && ms[j].score == ms[i].score; j++) {}
+        if (j - i < 2) continue;
+        if (run_group(h, ms + i, j - i)) {
+            for (int k = i; k < j; k++) made[ms[k].id] = 2;
+            continue;
         }
+        st = ft_err(FTUNE_ERR_UNSUPPORTED, "%s: the SentencePiece scores of tokens %d \"%s\" and %d \"%s\" are both %g: "
+                    "equal scores merge leftmost first, which tokenizer.json's ranked merges cannot express; no "
+                    "tokenizer.json is written (a .gguf output keeps the vocabulary as it is)", kind_name(h),
+                    ms[i].id, h->text[ms[i].id], ms[i + 1].id, h->text[ms[i + 1].id], (double)ms[i].score);
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) sp[i].run = made[sp[i].tok] == 2;
     qsort(sp, n, sizeof *sp, cmp_split);
     if (!(h->merges = ft_malloc((n ? n : 1) * 3 * sizeof *h->merges))) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
     for (size_t i = 0; i < n; i++) {
