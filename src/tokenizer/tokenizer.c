@@ -14,8 +14,6 @@
 enum { MERGE_SCORE, MERGE_RANK, MERGE_TOKRANK }; /* pair priority: piece score, merge rank, token rank */
 enum { SPLIT_CHARS, SPLIT_BYTES };              /* what a word starts as */
 
-#define FT_TOK_MAX_REGEX 8
-
 typedef struct {
     uint64_t key;     /* (left id << 32) | right id; UINT64_MAX if empty */
     int32_t rank;

@@ -120,6 +120,7 @@ void ft_tokenizer_special(const ftune_tokenizer *t, ft_tokenizer_specials *out);
 const char *ft_tokenizer_chat_template(const ftune_tokenizer *t);
 
 /* How a tokenizer merges and splits, for writing it as tokenizer.json. */
+#define FT_TOK_MAX_REGEX 8 /* pre-tokenizer regexes a tokenizer holds at most */
 typedef enum {
     FT_MERGES_BY_SCORE = 1,   /* SPM: the merged piece's score (GGUF "llama", llama2.c .bin, tokenizer.model) */
     FT_MERGES_BY_RANK,        /* a merge list (tokenizer.json, GGUF "gpt2") */
@@ -129,7 +130,7 @@ typedef struct {
     ft_merge_rule merge_rule;
     int ignore_merges, nfc, raw_bytes; /* as in ft_vocab_spec */
     int n_re;
-    const char *re[8];        /* BPE: the pre-tokenizer regexes, in order (the tokenizer's own strings) */
+    const char *re[FT_TOK_MAX_REGEX]; /* BPE: the pre-tokenizer regexes, in order (the tokenizer's own strings) */
 } ft_tokenizer_rules;
 void ft_tokenizer_get_rules(const ftune_tokenizer *t, ft_tokenizer_rules *out);
 /* The lstrip (bit 0) / rstrip (bit 1) flags of a special token, or 0. */
