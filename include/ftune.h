@@ -278,8 +278,11 @@ FTUNE_API FTUNE_MUST_USE ftune_status ftune_model_load_adapter(ftune_model *m, c
  * the weights as stored): a path
  * ending in ".gguf" gets a GGUF file (from any base), any other path
  * a Hugging Face directory (config.json, model.safetensors, the base's
- * tokenizer files). dtype "f32", "bf16", "f16" (GGUF also "q8_0", "q4_0"),
- * or NULL to keep each weight's own. */
+ * tokenizer files; from a GGUF or llama2.c base its tokenizer written as
+ * tokenizer.json, tokenizer_config.json and generation_config.json, or
+ * FTUNE_ERR_UNSUPPORTED before anything is written for a vocabulary
+ * tokenizer.json cannot express as it tokenizes). dtype "f32", "bf16",
+ * "f16" (GGUF also "q8_0", "q4_0"), or NULL to keep each weight's own. */
 FTUNE_API FTUNE_MUST_USE ftune_status ftune_model_save_merged(const ftune_model *m, const char *path, const char *dtype);
 
 /* Writes m (its default adapter, if any, folded in) as a Hugging Face
@@ -325,7 +328,9 @@ FTUNE_API FTUNE_MUST_USE ftune_status ftune_model_merge(const ftune_model *m, co
  *   metrics.jsonl              one object per optimizer step
  *   adapter_config.json, adapter_model.safetensors   (LoRA) the final PEFT adapter
  *   adapter.gguf               (LoRA, export_gguf) the same for llama.cpp
- *   config.json, model.safetensors, tokenizer files  (full) the final model
+ *   config.json, model.safetensors, tokenizer files  (full) the final model (the tokenizer
+ *                              as ftune_model_save_merged writes it; one it would refuse
+ *                              is refused before the first step)
  *   initial/                   (save_initial_adapter) the adapter before step 1
  *   checkpoint-STEP/           every save_every steps and on interruption:
  *       trainer_state.json, trainable.safetensors, optimizer.safetensors,

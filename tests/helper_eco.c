@@ -27,6 +27,10 @@
  *       "ids" without BOS and with special-token text left as text,
  *       "ids_special" with special-token text parsed as special tokens,
  *       "decoded_hex" the bytes "ids" decode to, in hex.
+ *   helper_eco write-hf TOKENIZER DIR
+ *       TOKENIZER (anything ft_tokenizer_load_path takes) written into the
+ *       existing DIR as tokenizer.json + tokenizer_config.json by
+ *       ft_tokenizer_to_hf, as the model writer writes it.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -323,16 +327,27 @@ static int cmd_tokenize(const char *tokpath, const char *corpus, const char *out
     return rc;
 }
 
+static int cmd_write_hf(const char *path, const char *dir) {
+    ftune_tokenizer *t = NULL;
+    ftune_status st = ft_tokenizer_load_path(&t, path);
+    if (st) return fail(path, st);
+    st = ft_tokenizer_to_hf(t, dir, 0);
+    ft_tokenizer_free(t);
+    return st ? fail(dir, st) : 0;
+}
+
 int main(int argc, char **argv) {
     if (argc == 6 && !strcmp(argv[1], "logits")) return cmd_logits(argv[2], argv[3], argv[4], argv[5]);
     if (argc == 6 && !strcmp(argv[1], "greedy")) return cmd_greedy(argv[2], argv[3], atoi(argv[4]), argv[5]);
     if (argc == 6 && !strcmp(argv[1], "chat")) return cmd_chat(argv[2], argv[3], argv[4], argv[5]);
     if (argc == 4 && !strcmp(argv[1], "nfc")) return cmd_nfc(argv[2], argv[3]);
     if (argc == 5 && !strcmp(argv[1], "tokenize")) return cmd_tokenize(argv[2], argv[3], argv[4]);
+    if (argc == 4 && !strcmp(argv[1], "write-hf")) return cmd_write_hf(argv[2], argv[3]);
     fprintf(stderr, "usage: helper_eco logits MODEL ADAPTER_DIR|- \"1,2,3;4,5\" OUT\n"
                     "       helper_eco greedy MODEL \"1,2,3;4,5\" N OUT.json\n"
                     "       helper_eco chat MODEL TEMPLATE|- CONVS.json OUT.json\n"
                     "       helper_eco nfc CORPUS.json OUT.json\n"
+                    "       helper_eco write-hf TOKENIZER DIR\n"
                     "       helper_eco tokenize TOKENIZER CORPUS.json OUT.json\n");
     return 2;
 }

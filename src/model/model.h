@@ -222,9 +222,16 @@ bool ft_model_is_source(const ftune_model *m, const char *path);
  * scaling);
  * any other path a Hugging Face directory
  * (config.json, model.safetensors with Hugging Face names in rotate-half
- * layout, and the base directory's tokenizer files when it has them),
+ * layout, and the base directory's tokenizer files when it has them; from a
+ * GGUF or llama2.c base its tokenizer as tokenizer.json, tokenizer_config.json
+ * and generation_config.json, by ft_tokenizer_to_hf, which refuses one that
+ * file cannot express),
  * staged beside it so that a failure leaves none of it. FTUNE_ERR_ARG when
  * out_path is where m is read from (ft_model_is_source). opts may be NULL. */
 FTUNE_MUST_USE ftune_status ft_model_write(const ftune_model *m, const char *out_path, const ft_model_write_opts *opts);
+/* What a Hugging Face output of m would refuse before writing anything: its
+ * tokenizer, when it is not the base's own tokenizer.json (ft_tokenizer_hf_check).
+ * For a run that writes one only at its end (train --full). */
+FTUNE_MUST_USE ftune_status ft_model_check_hf_output(const ftune_model *m);
 
 #endif

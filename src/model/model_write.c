@@ -4,7 +4,9 @@
  * callback, or a GGUF file streamed the same way through the GGUF writer's,
  * from any base: a GGUF base's metadata is copied, a Hugging Face or llama2.c
  * base's is written as llama.cpp's converter writes it (architecture keys;
- * the vocabulary: tokenizer/tokenizer_gguf.c). */
+ * the vocabulary: tokenizer/tokenizer_gguf.c); a Hugging Face directory
+ * from a GGUF or llama2.c base gets its tokenizer as tokenizer.json
+ * (tokenizer/tokenizer_hf.c). */
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -237,6 +239,33 @@ static FTUNE_MUST_USE ftune_status copy_file(const char *from, const char *to) {
     return st;
 }
 
+/* generation_config.json for a base without one: BOS, and every token that
+ * ends generation (EOS first), as transformers' generate stops on them. */
+static FTUNE_MUST_USE ftune_status write_generation_config(const ftune_model *m, const char *dir) {
+    const ftune_tokenizer *t = m->tok;
+    cJSON *j = cJSON_CreateObject(), *eos = cJSON_CreateArray();
+    if (!j || !eos) { cJSON_Delete(j); cJSON_Delete(eos); return ft_err(FTUNE_ERR_NOMEM, "out of memory"); }
+    int32_t e = ftune_tokenizer_eos(t);
+    if (e >= 0) cJSON_AddItemToArray(eos, cJSON_CreateNumber(e));
+    for (int i = 0; i < ftune_tokenizer_n_vocab(t); i++)
+        if (i != e && ftune_tokenizer_is_eog(t, i)) cJSON_AddItemToArray(eos, cJSON_CreateNumber(i));
+    if (ftune_tokenizer_bos(t) >= 0) cJSON_AddNumberToObject(j, "bos_token_id", ftune_tokenizer_bos(t));
+    int n = cJSON_GetArraySize(eos);
+    if (n == 1) { cJSON_AddNumberToObject(j, "eos_token_id", cJSON_GetArrayItem(eos, 0)->valuedouble); cJSON_Delete(eos); }
+    else if (n > 1) cJSON_AddItemToObject(j, "eos_token_id", eos);
+    else cJSON_Delete(eos);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    ftune_status st = ft_write_json_atomic(path, j);
+    cJSON_Delete(j);
+    return st;
+}
+
+ftune_status ft_model_check_hf_output(const ftune_model *m) {
+    if (strcmp(m->format, "hf") == 0 || !m->tok) return FTUNE_OK;
+    return ft_tokenizer_hf_check(m->tok);
+}
+
 static FTUNE_MUST_USE ftune_status write_hf(const ftune_model *mc, const char *dir, const ft_model_write_opts *opts) {
     ftune_model *m = (ftune_model *)mc; /* only read: ft_model_linear takes a mutable model */
     const ft_config *c = &m->cfg;
@@ -263,6 +292,9 @@ static FTUNE_MUST_USE ftune_status write_hf(const ftune_model *mc, const char *d
     char *bdir = base_dir(m);
     cJSON *cfg = NULL;
     if (!ts || !src || !names || !fs.row || !fs.bytes || !fs.back) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
+    /* a base whose tokenizer has no Hugging Face files (GGUF, llama2.c): written as tokenizer.json
+     * first, so that one tokenizer.json cannot express is refused before the weights are written */
+    if (!bdir && m->tok && (st = ft_tokenizer_to_hf(m->tok, dir, c->max_T))) goto done;
     int n = 0;
     ft_dtype mat_dtype = FT_NTYPES; /* for torch_dtype: the dtype of the first matrix written */
     /* a matrix (from a weight, maybe with an adapter and a q/k permutation) */
@@ -336,6 +368,7 @@ static FTUNE_MUST_USE ftune_status write_hf(const ftune_model *mc, const char *d
     } else if (!(cfg = config_from_model(m, mat_dtype))) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
     snprintf(path, sizeof path, "%s/config.json", dir);
     if ((st = ft_write_json_atomic(path, cfg))) goto done;
+    if (!bdir && m->tok && (st = write_generation_config(m, dir))) goto done;
     if (bdir) {
         static const char *const files[] = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                                              "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt",

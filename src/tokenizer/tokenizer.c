@@ -14,8 +14,6 @@
 enum { MERGE_SCORE, MERGE_RANK, MERGE_TOKRANK }; /* pair priority: piece score, merge rank, token rank */
 enum { SPLIT_CHARS, SPLIT_BYTES };              /* what a word starts as */
 
-#define FT_TOK_MAX_REGEX 8
-
 typedef struct {
     uint64_t key;     /* (left id << 32) | right id; UINT64_MAX if empty */
     int32_t rank;
@@ -44,9 +42,11 @@ struct ftune_tokenizer {
     uint8_t special_first[256];   /* 1 if some special token starts with this byte */
     uint8_t boundary[256];        /* SPM: ASCII bytes no merge can produce a token with */
     pcre2_code *re[FT_TOK_MAX_REGEX];
+    char *re_src[FT_TOK_MAX_REGEX]; /* their patterns, as compiled */
     int n_re;
     int32_t bos, eos, unk, pad, eot;
     int add_bos, add_eos, add_space_prefix, ignore_merges;
+    int raw_bytes;                /* BPE: normal tokens are raw bytes (tiktoken) */
     int nfc;                      /* input text is put in Unicode NFC first (nfc.c) */
     int max_piece;
     char *chat_template;          /* the model's Jinja chat template, or NULL */
@@ -272,6 +272,10 @@ static FTUNE_MUST_USE ftune_status compile_regex(ftune_tokenizer *t, const char 
                       pattern, (const char *)msg, (size_t)erroff);
     }
     pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* falls back to the interpreter if JIT is unavailable */
+    if (!(t->re_src[t->n_re] = ft_strdup(pattern))) {
+        pcre2_code_free(re);
+        return ft_err(FTUNE_ERR_NOMEM, "tokenizer: out of memory");
+    }
     t->re[t->n_re++] = re;
     return FTUNE_OK;
 }
@@ -543,6 +547,7 @@ ftune_status ft_tokenizer_build(ftune_tokenizer **out, const ft_vocab_spec *spec
     t->add_eos = spec->add_eos && t->eos >= 0;
     t->add_space_prefix = spec->kind == FT_TOK_SPM && spec->add_space_prefix;
     t->nfc = spec->nfc;
+    t->raw_bytes = spec->kind == FT_TOK_BPE && spec->raw_bytes;
     if (spec->chat_template && !(t->chat_template = ft_strdup(spec->chat_template))) { st = FTUNE_ERR_NOMEM; goto fail; }
     if (t->eos >= 0) t->eog[t->eos] = 1;
     if (t->eot >= 0) t->eog[t->eot] = 1;
@@ -562,7 +567,7 @@ fail:
 
 void ft_tokenizer_free(ftune_tokenizer *t) {
     if (!t) return;
-    for (int i = 0; i < t->n_re; i++) pcre2_code_free(t->re[i]);
+    for (int i = 0; i < t->n_re; i++) { pcre2_code_free(t->re[i]); free(t->re_src[i]); }
     free(t->arena);
     free(t->st_off);
     free(t->score);
@@ -987,6 +992,9 @@ const char *ft_tokenizer_token(const ftune_tokenizer *t, int32_t id) {
     return t->arena + t->st_off[id];
 }
 ft_tok_kind ft_tokenizer_kind(const ftune_tokenizer *t) { return t->kind; }
+int ft_tokenizer_token_len(const ftune_tokenizer *t, int32_t id) {
+    return t && id >= 0 && id < t->n_vocab ? (int)t->st_len[id] : -1;
+}
 int ft_tokenizer_type(const ftune_tokenizer *t, int32_t id) {
     return t && id >= 0 && id < t->n_vocab ? t->type[id] : 0;
 }
@@ -1006,4 +1014,50 @@ void ft_tokenizer_special(const ftune_tokenizer *t, ft_tokenizer_specials *out) 
     *out = (ft_tokenizer_specials){ .bos = t->bos, .eos = t->eos, .unk = t->unk, .pad = t->pad, .eot = t->eot,
                                     .add_bos = t->add_bos, .add_eos = t->add_eos,
                                     .add_space_prefix = t->add_space_prefix };
+}
+
+/* What a tokenizer.json writer needs beyond the tokens (tokenizer_hf.c). */
+void ft_tokenizer_get_rules(const ftune_tokenizer *t, ft_tokenizer_rules *out) {
+    memset(out, 0, sizeof *out);
+    out->merge_rule = t->merge_mode == MERGE_SCORE ? FT_MERGES_BY_SCORE
+                    : t->merge_mode == MERGE_TOKRANK ? FT_MERGES_BY_TOKEN_RANK : FT_MERGES_BY_RANK;
+    out->ignore_merges = t->ignore_merges;
+    out->nfc = t->nfc;
+    out->raw_bytes = t->raw_bytes;
+    out->n_re = t->n_re;
+    for (int i = 0; i < t->n_re; i++) out->re[i] = t->re_src[i];
+}
+
+int ft_tokenizer_strip(const ftune_tokenizer *t, int32_t id) {
+    return t && t->strip && id >= 0 && id < t->n_vocab ? t->strip[id] : 0;
+}
+
+static int cmp_rank(const void *a, const void *b) {
+    const int32_t *x = a, *y = b;
+    return (x[0] > y[0]) - (x[0] < y[0]);
+}
+
+ftune_status ft_tokenizer_merge_list(const ftune_tokenizer *t, int32_t **merges, int *n) {
+    *merges = NULL;
+    *n = 0;
+    if (t->merge_mode != MERGE_RANK) return FTUNE_OK;
+    size_t cnt = 0;
+    for (size_t k = 0; k <= t->pair_mask; k++) cnt += t->pairs[k].key != UINT64_MAX;
+    int32_t *v = ft_malloc((cnt ? cnt : 1) * 4 * sizeof *v); /* (rank, left, right, result) */
+    if (!v) return ft_err(FTUNE_ERR_NOMEM, "tokenizer: out of memory");
+    size_t i = 0;
+    for (size_t k = 0; k <= t->pair_mask; k++) {
+        const pair_slot *p = &t->pairs[k];
+        if (p->key == UINT64_MAX) continue;
+        v[4 * i] = p->rank;
+        v[4 * i + 1] = (int32_t)(p->key >> 32);
+        v[4 * i + 2] = (int32_t)(uint32_t)p->key;
+        v[4 * i + 3] = p->result;
+        i++;
+    }
+    qsort(v, cnt, 4 * sizeof *v, cmp_rank); /* ranks are distinct: one pair per rank */
+    for (i = 0; i < cnt; i++) { v[3 * i] = v[4 * i + 1]; v[3 * i + 1] = v[4 * i + 2]; v[3 * i + 2] = v[4 * i + 3]; }
+    *merges = v;
+    *n = (int)cnt;
+    return FTUNE_OK;
 }

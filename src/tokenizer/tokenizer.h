@@ -96,6 +96,8 @@ FTUNE_MUST_USE ftune_status ft_tokenize_ex(const ftune_tokenizer *t, const char 
 
 /* Token string as stored (for tests and debugging). */
 const char *ft_tokenizer_token(const ftune_tokenizer *t, int32_t id);
+/* Its length in bytes (it may hold a NUL), or -1 for a bad id. */
+int ft_tokenizer_token_len(const ftune_tokenizer *t, int32_t id);
 /* FT_TOK_SPM or FT_TOK_BPE. */
 ft_tok_kind ft_tokenizer_kind(const ftune_tokenizer *t);
 /* Token type (FT_TOKTYPE_*), or 0 for a bad id. */
@@ -117,6 +119,26 @@ void ft_tokenizer_special(const ftune_tokenizer *t, ft_tokenizer_specials *out);
  * renders). */
 const char *ft_tokenizer_chat_template(const ftune_tokenizer *t);
 
+/* How a tokenizer merges and splits, for writing it as tokenizer.json. */
+#define FT_TOK_MAX_REGEX 8 /* pre-tokenizer regexes a tokenizer holds at most */
+typedef enum {
+    FT_MERGES_BY_SCORE = 1,   /* SPM: the merged piece's score (GGUF "llama", llama2.c .bin, tokenizer.model) */
+    FT_MERGES_BY_RANK,        /* a merge list (tokenizer.json, GGUF "gpt2") */
+    FT_MERGES_BY_TOKEN_RANK,  /* BPE without a merge list: the merged token's rank (tiktoken) */
+} ft_merge_rule;
+typedef struct {
+    ft_merge_rule merge_rule;
+    int ignore_merges, nfc, raw_bytes; /* as in ft_vocab_spec */
+    int n_re;
+    const char *re[FT_TOK_MAX_REGEX]; /* BPE: the pre-tokenizer regexes, in order (the tokenizer's own strings) */
+} ft_tokenizer_rules;
+void ft_tokenizer_get_rules(const ftune_tokenizer *t, ft_tokenizer_rules *out);
+/* The lstrip (bit 0) / rstrip (bit 1) flags of a special token, or 0. */
+int ft_tokenizer_strip(const ftune_tokenizer *t, int32_t id);
+/* FT_MERGES_BY_RANK: the merges that apply, in rank order, as *n triples
+ * (left id, right id, result id) in *merges (malloc'd); else *n = 0. */
+FTUNE_MUST_USE ftune_status ft_tokenizer_merge_list(const ftune_tokenizer *t, int32_t **merges, int *n);
+
 /* Writes t as a GGUF's tokenizer.ggml.* keys into w (tokenizer_gguf.c), as
  * llama.cpp's converter does: SentencePiece-style ("llama": tokens, scores,
  * types) or byte-level BPE ("gpt2": tokens, types, merges, pre), padded to
@@ -125,5 +147,18 @@ const char *ft_tokenizer_chat_template(const ftune_tokenizer *t);
  * tokenizer.model give a BPE vocabulary's merges; tokenizer_config.json its
  * chat_template), or NULL. FTUNE_ERR_ARG for t NULL. */
 FTUNE_MUST_USE ftune_status ft_tokenizer_to_gguf(struct gguf_writer_s *w, const ftune_tokenizer *t, int V, const char *dir);
+
+/* Writes t as a Hugging Face tokenizer: tokenizer.json and
+ * tokenizer_config.json in dir (tokenizer_hf.c), as transformers' own GGUF
+ * conversion builds them (SentencePiece-style: Prepend/Replace normalizer,
+ * BPE with byte fallback, merges made from the scores; byte-level: the
+ * pre-tokenizer regexes, ByteLevel, the merge list), so that Hugging Face
+ * tokenizers and ftune both tokenize as t does. model_max_length > 0 is
+ * written to tokenizer_config.json. A tokenizer tokenizer.json cannot
+ * express faithfully is refused (FTUNE_ERR_UNSUPPORTED, naming what), and
+ * then nothing is written. ft_tokenizer_hf_check makes the same checks and
+ * writes nothing. */
+FTUNE_MUST_USE ftune_status ft_tokenizer_to_hf(const ftune_tokenizer *t, const char *dir, int model_max_length);
+FTUNE_MUST_USE ftune_status ft_tokenizer_hf_check(const ftune_tokenizer *t);
 
 #endif

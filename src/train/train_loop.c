@@ -1717,6 +1717,9 @@ static FTUNE_MUST_USE ftune_status check_opts(const ftune_train_opts *o) {
         if (o->model && o->model->quantized)
             return ft_err(FTUNE_ERR_ARG, "--full trains the base weights, which are quantized (%s): quantized bases are "
                           "frozen, train a LoRA adapter on them (QLoRA)", ft_types[o->model->quant].name);
+        /* the model is written at the end; what it would refuse, refused before training */
+        ftune_status st = o->model ? ft_model_check_hf_output(o->model) : FTUNE_OK;
+        if (st) return ft_err_prefix(st, "--full writes a Hugging Face model");
     }
     return FTUNE_OK;
 }
