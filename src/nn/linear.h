@@ -139,11 +139,12 @@ void ft_lora_forward_fast(ft_dtype compute, float *out, float *u, const float *x
 void ft_lora_forward(float *out, float *u, const float *x, const ft_lora *a, int T, int IC, int OC);
 /* Backward of lora_forward for the same x (already dropped out) and saved
  * u: dA += scale · (dout·B)^T · x, dB += scale · dout^T · u (each skipped
- * when NULL); dx (T, in) = scale · (dout·B) · A is written when non-NULL
- * (the caller applies the dropout mask); it is written last, so dx may be
- * the same buffer as x. g (T, R) is scratch; the kernels' packing area is
- * `scratch` (FT_GEMM_SCRATCH_FLOATS floats), on n_threads threads. */
-void ft_lora_backward_fast(ft_dtype compute, float *dx, const float *dout, const float *x, const float *u,
+ * when NULL); dx (T, in) = scale · (dout·B) · A is written when non-NULL,
+ * or added to it when dx_add (the caller applies any dropout mask); it is
+ * written last, so dx may be the same buffer as x. g (T, R) is scratch;
+ * the kernels' packing area is `scratch` (FT_GEMM_SCRATCH_FLOATS floats),
+ * on n_threads threads. */
+void ft_lora_backward_fast(ft_dtype compute, float *dx, bool dx_add, const float *dout, const float *x, const float *u,
                            const ft_lora *a, int T, int IC, int OC, float *g, int n_threads, float *scratch);
 /* The same in plain loops on one thread, without scratch: the reference. */
 void ft_lora_backward(float *dx, const float *dout, const float *x, const float *u, const ft_lora *a, int T, int IC,

@@ -132,7 +132,7 @@ void ft_lora_forward_fast(ft_dtype compute, float *out, float *u, const float *x
     GEMM("out += scale·u·Bᵀ", out, OC, 1, &U, &Bt, T, OC, R, scale, true);
 }
 
-void ft_lora_backward_fast(ft_dtype compute, float *dx, const float *dout, const float *x, const float *u,
+void ft_lora_backward_fast(ft_dtype compute, float *dx, bool dx_add, const float *dout, const float *x, const float *u,
                            const ft_lora *a, int T, int in, int OC, float *g, int n_threads, float *scratch) {
     int R = a->base.hp->r;
     float scale = ft_lora_scale_of(a);
@@ -150,7 +150,7 @@ void ft_lora_backward_fast(ft_dtype compute, float *dx, const float *dout, const
     if (!a->dA && !dx) return;
     GEMM("g = scale·dout·B", g, R, 1, &D, &Bm, T, R, OC, scale, false);
     if (a->dA) GEMM("dA += gᵀ·x", a->dA, in, 1, &Gt, &X, R, in, T, 1.0f, true);
-    if (dx) GEMM("dx = g·A", dx, in, 1, &G, &Am, T, in, R, 1.0f, false);
+    if (dx) GEMM("dx (+)= g·A", dx, in, 1, &G, &Am, T, in, R, 1.0f, dx_add);
 }
 
 /* ------------------------------------------------------------ references */
@@ -334,9 +334,16 @@ static void kind_backward(ft_dtype compute, float *dinp, const float *dout, cons
                           const ft_adapter_inst *a, int T, int IC, int OC, uint64_t mask_seed, float *xd, float *g,
                           int n_threads, float *scratch) {
     const float *x = dropped_in(compute, xd, inp, a->hp->dropout, mask_seed, T, IC, n_threads);
+    if (!(a->hp->dropout > 0)) {
+        /* no mask: the product adds dx into dinp itself (dinp + 1·s, the
+         * bits of writing dx and adding it after), one pass over dinp
+         * instead of three */
+        ft_lora_backward_fast(compute, dinp, true, dout, x, u, LORA(a), T, IC, OC, g, n_threads, scratch);
+        return;
+    }
     /* the adapter's dx lands in xd (lora_backward writes it last, after x
      * was read), then goes back through the same mask */
-    ft_lora_backward_fast(compute, dinp ? xd : NULL, dout, x, u, LORA(a), T, IC, OC, g, n_threads, scratch);
+    ft_lora_backward_fast(compute, dinp ? xd : NULL, false, dout, x, u, LORA(a), T, IC, OC, g, n_threads, scratch);
     if (dinp) add_through_mask(dinp, xd, a->hp->dropout, mask_seed, T, IC, n_threads);
 }
 
