@@ -55,6 +55,7 @@ typedef struct {
     uint32_t keep24;         /* an element is kept when its uniform's 24 bits are below this */
     uint64_t mask_seed;
     int in, T;
+    bool add; /* xd += the masked inp, instead of xd = */
 } dropout_ctx;
 
 /* Rows go in blocks of DROP_ROWS whose xorshift streams are stepped side by
@@ -80,6 +81,7 @@ static void dropout_rows(void *vctx, int blk, int thread) {
     const size_t in = (size_t)c->in;
     const uint32_t keep24 = c->keep24;
     const float inv = c->inv;
+    const bool add = c->add;
     if (nr == DROP_ROWS) {
         for (size_t i = 0; i < in; i++)
             for (int r = 0; r < DROP_ROWS; r++) {
@@ -87,25 +89,33 @@ static void dropout_rows(void *vctx, int blk, int thread) {
                 z ^= z >> 12; z ^= z << 25; z ^= z >> 27;
                 st[r] = z;
                 uint32_t u = (uint32_t)((z * 0x2545F4914F6CDD1Dull) >> 32); /* ft_rng_u32 */
-                y[r * in + i] = (u >> 8) < keep24 ? x[r * in + i] * inv : 0.0f;
+                float v = (u >> 8) < keep24 ? x[r * in + i] * inv : 0.0f;
+                y[r * in + i] = add ? y[r * in + i] + v : v;
             }
         return;
     }
     for (int r = 0; r < nr; r++) {
         ft_rng rng = { st[r] };
-        for (size_t i = 0; i < in; i++)
-            y[r * in + i] = (ft_rng_u32(&rng) >> 8) < keep24 ? x[r * in + i] * inv : 0.0f;
+        for (size_t i = 0; i < in; i++) {
+            float v = (ft_rng_u32(&rng) >> 8) < keep24 ? x[r * in + i] * inv : 0.0f;
+            y[r * in + i] = add ? y[r * in + i] + v : v;
+        }
     }
 }
 
-void ft_lora_dropout(float *xd, const float *inp, float p, uint64_t mask_seed, int T, int in, int n_threads) {
+static void dropout_run(float *xd, const float *inp, float p, uint64_t mask_seed, int T, int in, int n_threads,
+                        bool add) {
     /* ft_rng_uniform(r) < keep is (u >> 8) / 2^24 < keep, and (u >> 8) is an
      * integer below 2^24: the same as (u >> 8) < ceil(keep · 2^24), exactly */
     float keep = 1.0f - p;
     dropout_ctx c = { .xd = xd, .inp = inp, .inv = 1.0f / keep, .keep24 = (uint32_t)ceilf(keep * 16777216.0f),
-                      .mask_seed = mask_seed, .in = in, .T = T };
+                      .mask_seed = mask_seed, .in = in, .T = T, .add = add };
     /* small inputs are not worth waking the threads for */
     ft_parallel_for((size_t)T * in > 65536 ? n_threads : 1, (T + DROP_ROWS - 1) / DROP_ROWS, dropout_rows, &c);
+}
+
+void ft_lora_dropout(float *xd, const float *inp, float p, uint64_t mask_seed, int T, int in, int n_threads) {
+    dropout_run(xd, inp, p, mask_seed, T, in, n_threads, false);
 }
 
 /* The products below are all in the compute type (f32 masters A, B and
@@ -288,7 +298,10 @@ static const float *dropped_in(ft_dtype compute, float *xd, const float *x, floa
 /* dinp (T, IC) += dx sent back through the dropout mask of seed (dx is
  * overwritten): the adapter's input gradient, in both backwards. */
 static void add_through_mask(float *dinp, float *dx, float p, uint64_t seed, int T, int IC, int nt) {
-    if (p > 0) ft_lora_dropout(dx, dx, p, seed, T, IC, nt);
+    if (p > 0) { /* masked and added in one pass (on the threads): the bits of masking dx, then adding it */
+        dropout_run(dinp, dx, p, seed, T, IC, nt, true);
+        return;
+    }
     for (size_t i = 0; i < (size_t)T * IC; i++) dinp[i] += dx[i];
 }
 
