@@ -65,6 +65,7 @@ typedef struct {
     int n0, nw, k0, kc; /* the current chunk: columns [n0, n0+nw), K [k0, k0+kc) */
     float *bp;          /* B's chunk: strip s at bp + s·kc·nr, (kc, nr) */
     int n_panels, group;
+    int kpad; /* bf16 pairs: B's strips hold this many pair rows (the chunk's, or rounded up to 16 with zeros) */
 } gemm_ctx;
 
 static const uint8_t *row_at(const ft_mat *m, int64_t i) {
@@ -289,7 +290,7 @@ static void pack_b16(void *vctx, int task, int thread) {
     uint32_t *bp = (uint32_t *)g->bp;
     if (b_along_k(B) || (B->cs != 1 && B->rs != 1)) {
         uint16_t h[FT_GEMM_KCH + 2];
-        uint32_t *dst = bp + (size_t)task * kp * nr;
+        uint32_t *dst = bp + (size_t)task * g->kpad * nr;
         int nl = g->nw - task * nr < nr ? g->nw - task * nr : nr;
         if (g->isa->pack_cols16 && nr % 16 == 0) { /* 16 columns' pairs, then one transpose per 16 pairs */
             uint16_t hs[16][FT_GEMM_KCH + 2] __attribute__((aligned(64)));
@@ -328,7 +329,7 @@ static void pack_b16(void *vctx, int task, int thread) {
             else memset(h1, 0, sizeof h1);
         }
         for (int s = 0; s < ns; s++) {
-            uint32_t *dst = bp + ((size_t)s * kp + p) * nr;
+            uint32_t *dst = bp + ((size_t)s * g->kpad + p) * nr;
             int n = g->nw - s * nr < nr ? g->nw - s * nr : nr;
             if (f32) g->isa->pair_rows16_f32(dst, r0 + s * nr, r1 ? r1 + s * nr : NULL, n);
             else g->isa->pair_rows16(dst, h0 + s * nr, h1 + s * nr, n);
@@ -339,7 +340,18 @@ static void pack_b16(void *vctx, int task, int thread) {
 
 /* Rows [m0, m0+mr) of A, K [k0, k0+kc), in pairs: row r at wp + r·KC/2
  * words; rows past M are zero. */
-static void pack_a16(uint32_t *wp, const gemm_ctx *g, int m0, int k0, int kc) {
+static void pack_a16_rows(uint32_t *wp, const gemm_ctx *g, int m0, int k0, int kc);
+
+/* ... and with each row's pairs zero from kp up to kp16 (the tile unit's
+ * whole 16-pair steps: kpad above) */
+static void pack_a16(uint32_t *wp, const gemm_ctx *g, int m0, int k0, int kc, int kp16) {
+    pack_a16_rows(wp, g, m0, k0, kc);
+    int kp = (kc + 1) / 2;
+    if (kp16 > kp)
+        for (int r = 0; r < g->mr; r++) memset(wp + (size_t)r * (FT_GEMM_KC / 2) + kp, 0, (size_t)(kp16 - kp) * 4);
+}
+
+static void pack_a16_rows(uint32_t *wp, const gemm_ctx *g, int m0, int k0, int kc) {
     const ft_mat *A = g->A;
     int kp = (kc + 1) / 2;
     if (A->dt == FT_F32 && A->rs == 1 && A->cs != 1) { /* Aᵀ stored: read along m, 16 rows a register transpose */
@@ -372,17 +384,19 @@ static void panels16(void *vctx, int task, int thread) {
     uint32_t wp[MR16_MAX * FT_GEMM_KC / 2] __attribute__((aligned(64)));
     float cb[MR16_MAX * NC16] __attribute__((aligned(64))); /* strip s at cb + s·mr·nr, (mr, nr) */
     const uint32_t *bp = (const uint32_t *)g->bp;
-    int mr = g->mr, nr = g->nr, ns = (g->nw + nr - 1) / nr, kpc = (g->kc + 1) / 2;
+    int mr = g->mr, nr = g->nr, ns = (g->nw + nr - 1) / nr;
     int p1 = (task + 1) * g->group < g->n_panels ? (task + 1) * g->group : g->n_panels;
     if (g->isa->tiles_begin) g->isa->tiles_begin(); /* the tile state is this task's (kernels.h) */
     for (int p = task * g->group; p < p1; p++) {
         int m0 = p * mr, rows = g->M - m0 < mr ? g->M - m0 : mr;
         for (int kb = 0; kb < g->kc; kb += FT_GEMM_KC) {
             int kc = g->kc - kb < FT_GEMM_KC ? g->kc - kb : FT_GEMM_KC;
-            pack_a16(wp, g, m0, g->k0 + kb, kc);
+            /* the slice's pairs, the last slice's rounded up to the zeros past them where kpad has them */
+            int kp = kb + FT_GEMM_KC >= g->kc ? g->kpad - kb / 2 : (kc + 1) / 2;
+            pack_a16(wp, g, m0, g->k0 + kb, kc, kp);
             for (int s = 0; s < ns; s++)
-                g->isa->tile16[g->shape](cb + (size_t)s * mr * nr, bp + ((size_t)s * kpc + kb / 2) * nr, wp,
-                                         FT_GEMM_KC / 2, (kc + 1) / 2, kb > 0);
+                g->isa->tile16[g->shape](cb + (size_t)s * mr * nr, bp + ((size_t)s * g->kpad + kb / 2) * nr, wp,
+                                         FT_GEMM_KC / 2, kp, kb > 0);
         }
         for (int s = 0; s < ns; s++) {
             int cols = g->nw - s * nr < nr ? g->nw - s * nr : nr;
@@ -573,7 +587,17 @@ bool ft_gemm_in(ft_dtype compute, float *C, int64_t c_rs, int64_t c_cs, const ft
             g.overwrite = !accumulate && g.k0 == 0;
             bool strips = b_along_k(B) || (B->cs != 1 && B->rs != 1);
             int pack_tasks = strips ? (g.nw + g.nr - 1) / g.nr : (g.kc + PACK_ROWS - 1) / PACK_ROWS;
+            /* the tile unit steps 16 pairs at a time: its strips end in zero
+             * rows up to a multiple of 16, so that the k tail is read from
+             * them, not copied into local tiles at every call (LoRA's K = r
+             * products are all tail); the same zeros the copy added */
+            int kp = (g.kc + 1) / 2;
+            g.kpad = pairs && g.isa->tiles_begin ? (kp + 15) / 16 * 16 : kp;
             ft_parallel_for(n_threads, pack_tasks, pairs ? pack_b16 : pack_b, &g);
+            if (g.kpad > kp)
+                for (int s = 0; s < (g.nw + g.nr - 1) / g.nr; s++)
+                    memset((uint32_t *)g.bp + ((size_t)s * g.kpad + kp) * g.nr, 0,
+                           (size_t)(g.kpad - kp) * g.nr * sizeof(uint32_t));
             ft_parallel_for(n_threads, n_tasks, pairs ? panels16 : panels, &g);
         }
     }
