@@ -47,6 +47,7 @@ const ft_kernel_isa *ft_kernels_for_level(int level) {
  * amx's 32 rows) */
 #define MR_MAX 16
 #define MR16_MAX 32
+#define NR16_MAX 32
 /* rows of B's chunk one packing task widens */
 #define PACK_ROWS 16
 /* GEMV: output rows per task */
@@ -340,31 +341,31 @@ static void pack_b16(void *vctx, int task, int thread) {
 
 /* Rows [m0, m0+mr) of A, K [k0, k0+kc), in pairs: row r at wp + r·KC/2
  * words; rows past M are zero. */
-static void pack_a16_rows(uint32_t *wp, const gemm_ctx *g, int m0, int k0, int kc);
+static void pack_a16_rows(uint32_t *wp, int64_t ld, const gemm_ctx *g, int m0, int k0, int kc);
 
-/* ... and with each row's pairs zero from kp up to kp16 (the tile unit's
- * whole 16-pair steps: kpad above) */
-static void pack_a16(uint32_t *wp, const gemm_ctx *g, int m0, int k0, int kc, int kp16) {
-    pack_a16_rows(wp, g, m0, k0, kc);
+/* ... rows ld words apart, each row's pairs zero from kp up to kp16 (the
+ * tile unit's whole 16-pair steps: kpad above) */
+static void pack_a16(uint32_t *wp, int64_t ld, const gemm_ctx *g, int m0, int k0, int kc, int kp16) {
+    pack_a16_rows(wp, ld, g, m0, k0, kc);
     int kp = (kc + 1) / 2;
     if (kp16 > kp)
-        for (int r = 0; r < g->mr; r++) memset(wp + (size_t)r * (FT_GEMM_KC / 2) + kp, 0, (size_t)(kp16 - kp) * 4);
+        for (int r = 0; r < g->mr; r++) memset(wp + (size_t)r * ld + kp, 0, (size_t)(kp16 - kp) * 4);
 }
 
-static void pack_a16_rows(uint32_t *wp, const gemm_ctx *g, int m0, int k0, int kc) {
+static void pack_a16_rows(uint32_t *wp, int64_t ld, const gemm_ctx *g, int m0, int k0, int kc) {
     const ft_mat *A = g->A;
     int kp = (kc + 1) / 2;
     if (A->dt == FT_F32 && A->rs == 1 && A->cs != 1) { /* Aᵀ stored: read along m, 16 rows a register transpose */
         int rows = g->M - m0 < g->mr ? g->M - m0 : g->mr;
         const float *src = (const float *)A->p + (int64_t)k0 * A->cs + m0;
         for (int r0 = 0; r0 < rows; r0 += 16)
-            g->isa->pack_at16(wp + (size_t)r0 * (FT_GEMM_KC / 2), FT_GEMM_KC / 2, src + r0, A->cs,
+            g->isa->pack_at16(wp + (size_t)r0 * ld, ld, src + r0, A->cs,
                               rows - r0 < 16 ? rows - r0 : 16, kc);
-        for (int r = rows; r < g->mr; r++) memset(wp + (size_t)r * (FT_GEMM_KC / 2), 0, (size_t)kp * sizeof(uint32_t));
+        for (int r = rows; r < g->mr; r++) memset(wp + (size_t)r * ld, 0, (size_t)kp * sizeof(uint32_t));
         return;
     }
     for (int r = 0; r < g->mr; r++) {
-        uint32_t *dst = wp + (size_t)r * (FT_GEMM_KC / 2);
+        uint32_t *dst = wp + (size_t)r * ld;
         if (m0 + r >= g->M) {
             memset(dst, 0, (size_t)kp * sizeof(uint32_t));
             continue;
@@ -382,18 +383,44 @@ static void panels16(void *vctx, int task, int thread) {
     (void)thread;
     const gemm_ctx *g = vctx;
     uint32_t wp[MR16_MAX * FT_GEMM_KC / 2] __attribute__((aligned(64)));
-    float cb[MR16_MAX * NC16] __attribute__((aligned(64))); /* strip s at cb + s·mr·nr, (mr, nr) */
+    /* strip s at cb + s·mr·nr, (mr, nr); or, for one strip on the tiles,
+     * the whole chunk's A panel (rows FT_GEMM_KCH/2 words apart) */
+    union {
+        float cb[MR16_MAX * NC16];
+        uint32_t wide[MR16_MAX * FT_GEMM_KCH / 2];
+    } u __attribute__((aligned(64)));
+    float *cb = u.cb;
+    float c1[MR16_MAX * NR16_MAX] __attribute__((aligned(64)));
     const uint32_t *bp = (const uint32_t *)g->bp;
     int mr = g->mr, nr = g->nr, ns = (g->nw + nr - 1) / nr;
     int p1 = (task + 1) * g->group < g->n_panels ? (task + 1) * g->group : g->n_panels;
     if (g->isa->tiles_begin) g->isa->tiles_begin(); /* the tile state is this task's (kernels.h) */
+    if (ns == 1 && g->isa->tiles_begin) {
+        /* One strip (N <= 32: LoRA's u = x·Aᵀ and g = dY·B): the panel is
+         * used once, so it is packed over the whole chunk and one call runs
+         * it with the accumulators in the tiles throughout, instead of C
+         * stored and loaded again every 256 of k (the same sums in the same
+         * order: the same bits) */
+        for (int p = task * g->group; p < p1; p++) {
+            int m0 = p * mr, rows = g->M - m0 < mr ? g->M - m0 : mr;
+            for (int kb = 0; kb < g->kc; kb += FT_GEMM_KC) {
+                int kc = g->kc - kb < FT_GEMM_KC ? g->kc - kb : FT_GEMM_KC;
+                int kp = kb + FT_GEMM_KC >= g->kc ? g->kpad - kb / 2 : (kc + 1) / 2;
+                pack_a16(u.wide + kb / 2, FT_GEMM_KCH / 2, g, m0, g->k0 + kb, kc, kp);
+            }
+            g->isa->tile16[g->shape](c1, bp, u.wide, FT_GEMM_KCH / 2, g->kpad, false);
+            write_back(g, c1, m0, rows, g->n0, g->nw);
+        }
+        g->isa->tiles_end();
+        return;
+    }
     for (int p = task * g->group; p < p1; p++) {
         int m0 = p * mr, rows = g->M - m0 < mr ? g->M - m0 : mr;
         for (int kb = 0; kb < g->kc; kb += FT_GEMM_KC) {
             int kc = g->kc - kb < FT_GEMM_KC ? g->kc - kb : FT_GEMM_KC;
             /* the slice's pairs, the last slice's rounded up to the zeros past them where kpad has them */
             int kp = kb + FT_GEMM_KC >= g->kc ? g->kpad - kb / 2 : (kc + 1) / 2;
-            pack_a16(wp, g, m0, g->k0 + kb, kc, kp);
+            pack_a16(wp, FT_GEMM_KC / 2, g, m0, g->k0 + kb, kc, kp);
             for (int s = 0; s < ns; s++)
                 g->isa->tile16[g->shape](cb + (size_t)s * mr * nr, bp + ((size_t)s * g->kpad + kb / 2) * nr, wp,
                                          FT_GEMM_KC / 2, kp, kb > 0);

@@ -128,7 +128,9 @@ typedef struct {
      * packed as 32-bit words, each a pair of bf16 along k (element 2p in
      * the low half, 2p+1 in the high half, an odd K padded with a zero):
      * tile16 is tile with ap (mr, kp words; rows lda words apart) and bp
-     * (kp, nr words), kp = pairs <= FT_GEMM_KC/2; mr16/nr16 its tiles. */
+     * (kp, nr words), kp = pairs <= FT_GEMM_KC/2 (at the amx level up to
+     * FT_GEMM_KCH/2: a product of one strip runs its whole K chunk in one
+     * call); mr16/nr16 its tiles. */
     int mr16[2], nr16[2];
     void (*tile16[2])(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add);
     /* out[r] = row r (K bf16, rows rb bytes apart) · x (K bf16 as pairs,

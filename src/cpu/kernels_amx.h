@@ -127,13 +127,15 @@ AMX_TARGET static inline __attribute__((always_inline)) void amx_body(float *cb,
     }
 }
 
-/* the driver's panels are rows FT_GEMM_KC/2 words apart: a constant stride */
+/* the driver's panels are rows FT_GEMM_KC/2 (or, one strip's whole chunk, FT_GEMM_KCH/2) words apart: constant strides */
 AMX_TARGET void AMX_WIDE(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add) {
     if (lda == FT_GEMM_KC / 2) amx_body(cb, bp, ap, FT_GEMM_KC / 2, kp, add, 2);
+    else if (lda == FT_GEMM_KCH / 2) amx_body(cb, bp, ap, FT_GEMM_KCH / 2, kp, add, 2);
     else amx_body(cb, bp, ap, lda, kp, add, 2);
 }
 AMX_TARGET void AMX_NARROW(float *cb, const uint32_t *bp, const uint32_t *ap, int64_t lda, int kp, bool add) {
     if (lda == FT_GEMM_KC / 2) amx_body(cb, bp, ap, FT_GEMM_KC / 2, kp, add, 1);
+    else if (lda == FT_GEMM_KCH / 2) amx_body(cb, bp, ap, FT_GEMM_KCH / 2, kp, add, 1);
     else amx_body(cb, bp, ap, lda, kp, add, 1);
 }
 
