@@ -93,7 +93,7 @@ static const char *dtype_range(ft_dtype t) {
                          "magnitudes up to 8.3e6";
     case FT_Q4_0: return "q4_0's f16 block scale (the block's largest magnitude / 8) holds up to 65504, so "
                          "magnitudes up to 5.2e5";
-    default: return NULL;
+    default: return ft_types[t].block > 1 ? "its f16 block scales hold up to 65504" : NULL;
     }
 }
 
