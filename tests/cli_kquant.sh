@@ -104,13 +104,13 @@ g=$("$FT" generate -m "$tmp/stories-q4_k_m.gguf" -p "Once upon a time" -n 20 --t
 
 # 5. real models: SmolLM2-135M (Q4_1 from llama.cpp; 576 columns, so its K mixes fall back to
 # 32-element types but for ffn_down) requantized from its own dequantized weights: each mix's
-# perplexity within 1.15 of the Q4_1 source's (measured q6_k 1.019, q4_k_m 1.068: a second 5-bit
-# rounding, q5_0's, on top of Q4_1's own);
+# perplexity within 1.15 of the Q4_1 source's (measured: q4_k_m 1.082 on these 1500 characters,
+# 1.068 on 3000, a second 5-bit rounding, q5_0's, on top of Q4_1's own; q6_k 1.019 on 3000);
 # Qwen2.5-Coder-0.5B's Q4_K_M requantized to q4_k_m has its types
 if need_model kquant_smollm2 "$SMOL"; then
-    head -c 3000 "$D/text/tinyshakespeare/input.txt" > "$tmp/t.txt"
+    head -c 1500 "$D/text/tinyshakespeare/input.txt" > "$tmp/t.txt"
     ls=$(loss -m "$SMOL")
-    for mix in q4_k_m q6_k; do
+    for mix in q4_k_m; do
         "$FT" quantize --type $mix "$SMOL" "$tmp/smol-$mix.gguf" 2> "$tmp/err.txt" \
             || { fail "smollm2_$mix" "$(cat "$tmp/err.txt")"; continue; }
         ratio_ok "ppl_smollm2_$mix" "$(loss -m "$tmp/smol-$mix.gguf")" "$ls" 1.15
