@@ -90,6 +90,24 @@ expect_error q4_K_overflow "blk.1.ffn_up.weight: row 0, column 40 is 1e+12, whic
     "$FT" merge -m "$tmp/syn" -o "$tmp/big.gguf" --dtype q4_k_m --tokenizer "$S/tok512.bin"
 [ ! -e "$tmp/big.gguf" ] && pass q4_K_overflow_wrote_nothing || fail q4_K_overflow_wrote_nothing "a file was left"
 
+# a merge whose sum is not finite (a finite adapter of 1e30s: B·A = 1e60 overflows f32) is refused
+# by the writer, naming the tensor, row and column, before a K-quant block is written
+"$FT" train -m "$HF" --data "$tmp/t.txt" --ctx 32 -t 1 --val-split 0 --steps 1 -o "$tmp/a" --quiet 2> "$tmp/err.txt" \
+    || fail kquant_adapter "$(cat "$tmp/err.txt")"
+"$VPY" - "$tmp/a/adapter_model.safetensors" <<'PY'
+import json, struct, sys
+f = open(sys.argv[1], "r+b"); n = struct.unpack("<Q", f.read(8))[0]; h = json.loads(f.read(n))
+def put(name, idx, val):
+    v = h[name]; f.seek(8 + n + v["data_offsets"][0] + 4 * idx); f.write(struct.pack("<f", val))
+p = "base_model.model.model.layers.1.self_attn.v_proj."
+cols_a = h[p + "lora_A.weight"]["shape"][1]; r = h[p + "lora_B.weight"]["shape"][1]
+put(p + "lora_A.weight", 0 * cols_a + 5, 1e30)   # A[0, 5]
+put(p + "lora_B.weight", 0 * r + 0, 1e30)        # B[0, 0]
+PY
+expect_error merge_inf_refused "blk.1.attn_v.weight: row 0, column 5 is inf after the merge" \
+    "$FT" merge -m "$HF" --adapter "$tmp/a" -o "$tmp/inf.gguf" --dtype q4_k_m
+[ ! -e "$tmp/inf.gguf" ] && pass merge_inf_wrote_nothing || fail merge_inf_wrote_nothing "a file was left"
+
 # 4. they run: perplexity on a small text within a bound of the f32 source's, and generation.
 # stories260K's K mixes are mostly q5_0/q5_1/q8_0/f16 (its rows are not whole 256-element blocks):
 # measured ratios 0.985-1.001 (on Shakespeare, far from its stories, 4-5 bit noise moves the loss
