@@ -85,7 +85,7 @@ static void q8_0_from_f32(const float *s, void *dst, int64_t n) {
         for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(s[i * 32 + j]));
         float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
         b[i].d = ft_f32_to_f16(d);
-        for (int j = 0; j < 32; j++) b[i].qs[j] = (int8_t)roundf(s[i * 32 + j] * id);
+        for (int j = 0; j < 32; j++) b[i].qs[j] = (int8_t)ft_code_i8(roundf(s[i * 32 + j] * id));
     }
 }
 /* ggml layout: element j (j < 16) in the low nibble of qs[j], element j+16
@@ -111,11 +111,10 @@ static void q4_0_from_f32(const float *s, void *dst, int64_t n) {
             if (fabsf(x[j]) > amax) { amax = fabsf(x[j]); max = x[j]; }
         float d = max / -8.0f, id = d != 0 ? 1.0f / d : 0.0f;
         b[i].d = ft_f32_to_f16(d);
-        for (int j = 0; j < 16; j++) {
-            int q0 = (int)(x[j] * id + 8.5f), q1 = (int)(x[j + 16] * id + 8.5f);
-            if (q0 > 15) q0 = 15;
-            if (q1 > 15) q1 = 15;
-            b[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
+        for (int j = 0; j < 16; j++) { /* ggml: MIN(15, (int8_t)(x·id + 8.5)) as a uint8_t */
+            int q0 = ft_code_i8(x[j] * id + 8.5f), q1 = ft_code_i8(x[j + 16] * id + 8.5f);
+            uint8_t u0 = (uint8_t)(q0 < 15 ? q0 : 15), u1 = (uint8_t)(q1 < 15 ? q1 : 15);
+            b[i].qs[j] = (uint8_t)(u0 | u1 << 4);
         }
     }
 }

@@ -96,8 +96,9 @@ void ft_q4_1_from_f32(const float *x, void *dst, int64_t n) {
         b->d = ft_f32_to_f16(d);
         b->m = ft_f32_to_f16(mn);
         for (int j = 0; j < FT_QK / 2; j++) {
-            int q0 = (int8_t)((x[j] - mn) * id + 0.5f), q1 = (int8_t)((x[j + FT_QK / 2] - mn) * id + 0.5f);
-            b->qs[j] = (uint8_t)((q0 < 15 ? q0 : 15) | (q1 < 15 ? q1 : 15) << 4);
+            int q0 = ft_code_i8((x[j] - mn) * id + 0.5f), q1 = ft_code_i8((x[j + FT_QK / 2] - mn) * id + 0.5f);
+            uint8_t u0 = (uint8_t)(q0 < 15 ? q0 : 15), u1 = (uint8_t)(q1 < 15 ? q1 : 15);
+            b->qs[j] = (uint8_t)(u0 | u1 << 4);
         }
     }
 }
@@ -114,9 +115,9 @@ void ft_q5_0_from_f32(const float *x, void *dst, int64_t n) {
         b->d = ft_f32_to_f16(d);
         uint32_t qh = 0;
         for (int j = 0; j < FT_QK / 2; j++) {
-            int q0 = (int8_t)(x[j] * id + 16.5f), q1 = (int8_t)(x[j + FT_QK / 2] * id + 16.5f);
-            q0 = q0 < 31 ? q0 : 31;
-            q1 = q1 < 31 ? q1 : 31;
+            int q0 = ft_code_i8(x[j] * id + 16.5f), q1 = ft_code_i8(x[j + FT_QK / 2] * id + 16.5f);
+            q0 = (uint8_t)(q0 < 31 ? q0 : 31); /* ggml: MIN(31, (int8_t)·) as a uint8_t */
+            q1 = (uint8_t)(q1 < 31 ? q1 : 31);
             b->qs[j] = (uint8_t)((q0 & 0x0F) | (q1 & 0x0F) << 4);
             qh |= (uint32_t)((q0 & 0x10) >> 4) << j | (uint32_t)((q1 & 0x10) >> 4) << (j + FT_QK / 2);
         }
@@ -135,7 +136,7 @@ void ft_q5_1_from_f32(const float *x, void *dst, int64_t n) {
         b->m = ft_f32_to_f16(mn);
         uint32_t qh = 0;
         for (int j = 0; j < FT_QK / 2; j++) {
-            int q0 = (uint8_t)((x[j] - mn) * id + 0.5f), q1 = (uint8_t)((x[j + FT_QK / 2] - mn) * id + 0.5f);
+            int q0 = ft_code_byte((x[j] - mn) * id + 0.5f), q1 = ft_code_byte((x[j + FT_QK / 2] - mn) * id + 0.5f);
             b->qs[j] = (uint8_t)((q0 & 0x0F) | (q1 & 0x0F) << 4);
             qh |= (uint32_t)((q0 & 0x10) >> 4) << j | (uint32_t)((q1 & 0x10) >> 4) << (j + FT_QK / 2);
         }
