@@ -8,7 +8,8 @@
  * the same bound of them, and for the min-max types q8_0, q4_1, q5_1 (whose
  * grid the read-back values lie on) to the same bytes where the block's f16
  * scale is normal (a subnormal one has too few bits to land on itself
- * again). Byte equality with
+ * again). NaN and inf in, every quantizer returns without undefined
+ * behaviour (the writer refuses such rows before). Byte equality with
  * llama.cpp's own quantizers is checked outside this binary (the README's
  * quantize section says where). */
 #include "check.h"
@@ -133,7 +134,22 @@ static void test_bounds_and_stability(void) {
     free(x); free(y); free(z); free(q); free(q2);
 }
 
+/* NaN and inf never reach a quantizer from the writer (check_row refuses
+ * the row first, naming the tensor: tests/cli_kquant.sh), but a quantizer
+ * given them still returns, with no undefined behaviour (make debug's
+ * UBSan), and its block reads back non-finite or finite, never faulting */
+static void test_nonfinite_inputs(void) {
+    float x[FT_QK_K], y[FT_QK_K];
+    uint8_t q[FT_QK_K * 4];
+    for (int i = 0; i < FT_QK_K; i++) x[i] = i % 7 == 0 ? NAN : i % 11 == 0 ? INFINITY : i % 13 == 0 ? -INFINITY : 0.1f * (float)i;
+    for (int ti = 0; ti < NT; ti++) {
+        ft_types[types[ti]].from_f32(x, q, FT_QK_K);
+        ft_types[types[ti]].to_f32(q, y, FT_QK_K);
+    }
+}
+
 int main(void) {
     RUN(test_bounds_and_stability);
+    RUN(test_nonfinite_inputs);
     CHECK_EXIT();
 }
