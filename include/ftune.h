@@ -282,7 +282,12 @@ FTUNE_API FTUNE_MUST_USE ftune_status ftune_model_load_adapter(ftune_model *m, c
  * tokenizer.json, tokenizer_config.json and generation_config.json, or
  * FTUNE_ERR_UNSUPPORTED before anything is written for a vocabulary
  * tokenizer.json cannot express as it tokenizes). dtype "f32", "bf16",
- * "f16" (GGUF also "q8_0", "q4_0"), or NULL to keep each weight's own. */
+ * "f16", or NULL to keep each weight's own; a GGUF output also takes
+ * llama.cpp's file types (mixes) "q8_0", "q4_0", "q4_1", "q5_0", "q5_1",
+ * "q6_K", "q4_k_s", "q4_k_m" (or "q4_K"), "q5_k_s", "q5_k_m" (or "q5_K"),
+ * each tensor's type chosen as llama.cpp's quantize chooses it, and "same"
+ * (each tensor's type as the GGUF input stores it; FTUNE_ERR_ARG for
+ * another input). */
 FTUNE_API FTUNE_MUST_USE ftune_status ftune_model_save_merged(const ftune_model *m, const char *path, const char *dtype);
 
 /* Writes m (its default adapter, if any, folded in) as a Hugging Face
@@ -297,7 +302,9 @@ FTUNE_API FTUNE_MUST_USE ftune_status ftune_model_save_merged(const ftune_model 
 FTUNE_API FTUNE_MUST_USE ftune_status ftune_model_save_bnb(const ftune_model *m, const char *dir, const char *type);
 
 typedef struct {
-    const char *dtype;     /* as ftune_model_save_merged's; NULL keeps each weight's own */
+    const char *dtype;     /* as ftune_model_save_merged's; NULL keeps each weight's own; for a
+                            * directory also "nf4" or "int8": merged in f32, then quantized as
+                            * ftune_model_save_bnb */
     const char *tokenizer; /* for a .gguf output from a model without a tokenizer (ftune init's):
                             * a tokenizer file or directory to write into it; NULL: none.
                             * Given for a model with a tokenizer, or for a Hugging Face

@@ -61,7 +61,7 @@ if [ "$dt" = "BF16:47" ]; then pass merge_quant_bf16; else fail merge_quant_bf16
 "$FT" merge -m "$HF" --quant nf4 --adapter "$tmp/qa" --dtype nf4 -o "$tmp/mq" 2> "$tmp/mq.log"
 lq=$(loss -m "$tmp/mq")
 echo "  eval loss: the f32 merge quantized again to NF4 $lq (the adapter's small update is mostly lost in NF4's steps)"
-if grep -q '"bnb_4bit_quant_type"' "$tmp/mq/config.json" && [ -n "$lq" ] && differ "$lm" "$lq" && [ ! -e "$tmp/mq.merged-f32.tmp" ]; then
+if grep -q '"bnb_4bit_quant_type"' "$tmp/mq/config.json" && [ -n "$lq" ] && differ "$lm" "$lq" && ! ls -d "$tmp"/mq.tmp.* "$tmp"/mq.merged-f32* > /dev/null 2>&1; then
     pass merge_requantize_nf4
 else fail merge_requantize_nf4 "loss $lq; $(cat "$tmp/mq.log")"; fi
 # transformers accepts the quantization_config of both bitsandbytes outputs of merge
@@ -76,5 +76,6 @@ if "$FT" merge -m "$tmp/bnb" --quant nf4 --adapter "$tmp/qb" -o "$tmp/e1" 2> "$t
 elif grep -q "already quantized" "$tmp/e1.log"; then pass merge_quant_twice
 else fail merge_quant_twice "$(cat "$tmp/e1.log")"; fi
 "$FT" merge -m "$HF" --adapter "$tmp/qa" --dtype nf4 -o "$tmp/e2.gguf" 2> "$tmp/e2.log"; rc=$?
-if [ $rc -eq 2 ] && grep -q "writes a bitsandbytes directory" "$tmp/e2.log" && [ ! -e "$tmp/e2.gguf" ]; then pass merge_nf4_gguf_refused
+if [ $rc -eq 1 ] && grep -q 'dtype "nf4" is a bitsandbytes type, written as a Hugging Face directory' "$tmp/e2.log" \
+    && [ ! -e "$tmp/e2.gguf" ]; then pass merge_nf4_gguf_refused
 else fail merge_nf4_gguf_refused "rc $rc: $(cat "$tmp/e2.log")"; fi

@@ -7,7 +7,7 @@
 # (its 172-wide down_proj exercises the padded last block); it loads back
 # and trains; transformers' BitsAndBytesConfig accepts its quantization_config
 # (tests/bnb_config_check.py); its Linears take 4.127 bits per parameter at 1024 x 4096;
-# q8_0/q4_0 write GGUF; bad types and targets are clear errors.
+# a .gguf OUT is GGUF (tests/cli_kquant.sh checks its types); bad types and targets are clear errors.
 set -u
 . "$(dirname "$0")/lib.sh"
 GG=$D/models/stories260K/stories260K.gguf
@@ -136,8 +136,12 @@ expect_err() { # name, expected message, command...
     out=$("$@" 2>&1); rc=$?
     if [ $rc -ne 0 ] && grep -qF -- "$msg" <<<"$out"; then pass "$name"; else fail "$name" "rc $rc: $out"; fi
 }
-expect_err quantize_bad_type "--type int4 is not supported (nf4, int8, q8_0, q4_0)" "$FT" quantize --type int4 "$HF" "$tmp/x"
-expect_err quantize_nf4_to_gguf "OUT must not end in .gguf" "$FT" quantize --type nf4 "$HF" "$tmp/x.gguf"
-expect_err quantize_q8_to_dir "OUT must end in .gguf" "$FT" quantize --type q8_0 "$HF" "$tmp/x"
+expect_err quantize_bad_type 'type "int4" is not supported (bitsandbytes: nf4, int8; GGUF: an output ending in .gguf)' \
+    "$FT" quantize --type int4 "$HF" "$tmp/x"
+expect_err quantize_bad_gguf_type 'dtype "q3_K" is not one ftune writes to GGUF (same, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K, q4_k_s, q4_k_m, q5_k_s, q5_k_m)' \
+    "$FT" quantize --type q3_K "$HF" "$tmp/x.gguf"
+expect_err quantize_nf4_to_gguf 'dtype "nf4" is a bitsandbytes type, written as a Hugging Face directory (an output path without .gguf)' \
+    "$FT" quantize --type nf4 "$HF" "$tmp/x.gguf"
+expect_err quantize_q8_to_dir '"q8_0" is a GGUF type: write the output as a .gguf file' "$FT" quantize --type q8_0 "$HF" "$tmp/x"
 expect_err quantize_twice "the model is already quantized (nf4)" "$FT" quantize --type nf4 "$tmp/hf" "$tmp/x2"
 expect_err quantize_no_out "expected MODEL and OUT" "$FT" quantize --type nf4 "$HF"

@@ -1,7 +1,8 @@
 /* cmd_quantize.c — `ftune quantize`: writes a model quantized, as a Hugging
  * Face bitsandbytes checkpoint (nf4 with double quantization, or int8) or as a
- * GGUF file of the types `ftune merge` writes (q8_0, q4_0), through the
- * public API only. */
+ * GGUF file of the types and mixes `ftune merge` writes (q4_k_m, q6_K, q8_0,
+ * ...), through the public API only: OUT's name says which, and the library
+ * parses the type. */
 #include <stdio.h>
 #include <string.h>
 
@@ -12,8 +13,8 @@ int cmd_quantize(int argc, char **argv) {
     cli_opt opts[] = {
         { NULL, "--type", OPT_STR, &type, "TYPE",
           "nf4: a Hugging Face *-bnb-4bit directory (bitsandbytes NF4 with double quantization, as transformers saves "
-          "it); int8: a bitsandbytes 8-bit directory (LLM.int8 row-wise); q8_0, q4_0: a .gguf file (as ftune merge "
-          "--dtype)" },
+          "it); int8: a bitsandbytes 8-bit directory (LLM.int8 row-wise); for a .gguf OUT a llama.cpp file type, as "
+          "ftune merge --dtype: q4_k_m, q4_k_s, q5_k_m, q5_k_s, q6_K, q8_0, q4_0, q4_1, q5_0, q5_1, f16, bf16, f32" },
         { NULL, "--tokenizer", OPT_STR, &tokenizer, "FILE", "llama2.c tokenizer .bin (for a llama2.c model)" },
         { 0 },
     };
@@ -24,7 +25,8 @@ int cmd_quantize(int argc, char **argv) {
                     "flattened weight, the last one padded; absmax double-quantized in blocks of 256); the\n"
                     "embedding, LM head and norms are kept as stored, as transformers does. OUT is a directory\n"
                     "that transformers, vLLM and ftune load. int8 writes bitsandbytes' 8-bit layout (weight int8,\n"
-                    "SCB: each row's absmax, weight_format). q8_0 and q4_0 write OUT as GGUF (OUT must end in .gguf).",
+                    "SCB: each row's absmax, weight_format). An OUT ending in .gguf is written as GGUF, each matrix\n"
+                    "in the type llama.cpp's quantize chooses for the file type TYPE (see ftune merge --help).",
                     opts, pos, 2, 0 };
     int r = cli_parse(&cmd, argc, argv);
     if (r) return r > 0 ? 0 : 2;
@@ -33,25 +35,15 @@ int cmd_quantize(int argc, char **argv) {
         return 2;
     }
     if (!type) {
-        fprintf(stderr, "ftune quantize: --type is required (nf4, int8, q8_0, q4_0)\n");
-        return 2;
-    }
-    bool gguf_type = strcmp(type, "q8_0") == 0 || strcmp(type, "q4_0") == 0;
-    if (strcmp(type, "nf4") != 0 && strcmp(type, "int8") != 0 && !gguf_type) {
-        fprintf(stderr, "ftune quantize: --type %s is not supported (nf4, int8, q8_0, q4_0)\n", type);
+        fprintf(stderr, "ftune quantize: --type is required (nf4, int8; for a .gguf OUT q4_k_m, q6_K, q8_0, ...)\n");
         return 2;
     }
     size_t len = strlen(pos[1]);
     bool to_gguf = len > 5 && strcmp(pos[1] + len - 5, ".gguf") == 0;
-    if (gguf_type != to_gguf) {
-        fprintf(stderr, "ftune quantize: --type %s writes %s; OUT %s\n", type,
-                gguf_type ? "a .gguf file" : "a Hugging Face directory", gguf_type ? "must end in .gguf" : "must not end in .gguf");
-        return 2;
-    }
     ftune_model *m = cli_load_model("quantize", pos[0], tokenizer, 0, false);
     if (!m) return 1;
     ftune_status st;
-    if (gguf_type) {
+    if (to_gguf) {
         ftune_merge_opts mo = { .dtype = type };
         char summary[1024] = "";
         st = ftune_model_merge(m, pos[1], &mo, summary, sizeof summary);

@@ -51,6 +51,7 @@ static void format_report(char *buf, size_t cap, const char *out, const ft_model
         if (r->n_mat[t]) PUT(" %d %s", r->n_mat[t], ft_types[t].name);
     PUT(" (%s %s", r->tied ? "tied token_embd/output" : "output.weight", ft_types[r->output_dtype].name);
     if (r->n_kept) PUT("; %d kept their type: rows not whole blocks", r->n_kept);
+    if (r->n_fallback) PUT("; %d fell back as llama.cpp's do: rows not whole 256-element blocks", r->n_fallback);
     PUT("); %d vectors f32", r->n_vec);
 #undef PUT
 }
@@ -84,7 +85,22 @@ ftune_status ftune_model_merge(const ftune_model *m, const char *path, const ftu
         mo.tokenizer = tok;
         mo.tokenizer_dir = tok_dir;
     }
-    st = ft_model_write(m, path, &mo);
+    /* a bitsandbytes type (nf4, int8): the merge is written in f32 beside
+     * the output, then quantized from it into the output, as ftune_model_save_bnb */
+    ft_dtype bnb = gguf || !mo.dtype ? FT_NTYPES : ft_dtype_by_name(mo.dtype);
+    if (bnb != FT_NF4 && bnb != FT_I8ROW) st = ft_model_write(m, path, &mo);
+    else {
+        char f32_dir[4200], staged[4300];
+        snprintf(f32_dir, sizeof f32_dir, "%s.merged-f32", path); /* not path's own staging name, which save_bnb takes */
+        if (!(st = ft_dir_stage(f32_dir, staged, sizeof staged))) {
+            mo.dtype = "f32";
+            ftune_model *merged = NULL;
+            if (!(st = ft_model_write(m, staged, &mo)) && !(st = ftune_model_load(&merged, staged, NULL)))
+                st = ftune_model_save_bnb(merged, path, ft_types[bnb].name);
+            ftune_model_free(merged);
+            ft_dir_abort(staged);
+        }
+    }
     if (!st && gguf && summary && summary_cap) format_report(summary, summary_cap, path, &rep);
     ft_tokenizer_free(tok);
     free(tok_dir);

@@ -57,6 +57,7 @@ typedef enum {
 
 typedef struct {
     const char *name;        /* "f32", "bf16", "q8_0", ... */
+    const char *torch_name;  /* PyTorch's ("float32", ...: config.json's torch_dtype), or NULL */
     int block;               /* elements per block (1 for plain types) */
     size_t block_bytes;      /* bytes per block */
     bool is_float;           /* can be a weight (has to/from f32) */
@@ -73,6 +74,11 @@ typedef struct {
     /* its ggml type id when GGUF holds it (in_gguf) */
     bool in_gguf;
     uint8_t ggml_type;
+    /* llama.cpp's LLAMA_FTYPE (llama.h) of a file written as this type:
+     * its general.file_type, and the mix of llama_model_quantize's
+     * per-tensor choice (model_write.c); meaningful for the types a GGUF
+     * is written in (ft_dtype_gguf_writable), where ALL_F32 is 0 */
+    uint8_t llama_ftype;
     /* byte offsets in a block of its n_scales f16 scales and mins (checked
      * finite when a file is loaded: ft_dtype_check_scales) */
     uint8_t n_scales, scale_at[2];
@@ -192,14 +198,19 @@ void ft_dtype_span_to_f32(ft_dtype t, const void *row, int64_t k0, float *dst, i
  * (for a pad_rows dtype: the bytes of ceil(n/block) blocks). For a dtype
  * with a row header, n is one row's length and the header is counted. */
 int64_t ft_dtype_nbytes(ft_dtype t, int64_t n);
-/* The dtype whose traits name is `name` (or, with ggml's spelling, "Q4_K",
- * case-insensitively); FT_NTYPES if none. The dtype of a ggml type id;
+/* The dtype whose traits name or torch_name is `name` (or, with ggml's
+ * spelling, "Q4_K", case-insensitively); FT_NTYPES if none. The dtype of a ggml type id;
  * FT_NTYPES if ftune does not know it. */
 ft_dtype ft_dtype_by_name(const char *name);
 /* The index of the first of nb blocks of t whose f16 scale or min is inf or
  * NaN (a damaged file: every value of that block would be); -1 if none. */
 int64_t ft_dtype_check_scales(ft_dtype t, const void *blocks, int64_t nb);
 ft_dtype ft_dtype_of_ggml(uint32_t ggml_type);
+/* A type ftune writes GGUF tensors in: GGUF holds it and it has a
+ * from_f32 (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K). */
+static inline bool ft_dtype_gguf_writable(ft_dtype t) {
+    return t < FT_NTYPES && ft_types[t].in_gguf && ft_types[t].from_f32 != NULL && ft_types[t].to_f32 != NULL;
+}
 /* A weight dtype: one a Linear or embedding can hold (has to_f32). */
 static inline bool ft_dtype_is_weight(ft_dtype t) { return t < FT_NTYPES && ft_types[t].to_f32 != NULL; }
 /* The names of the weight dtypes GGUF holds, ", "-separated, into buf (for

@@ -85,7 +85,7 @@ static void q8_0_from_f32(const float *s, void *dst, int64_t n) {
         for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(s[i * 32 + j]));
         float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
         b[i].d = ft_f32_to_f16(d);
-        for (int j = 0; j < 32; j++) b[i].qs[j] = (int8_t)roundf(s[i * 32 + j] * id);
+        for (int j = 0; j < 32; j++) b[i].qs[j] = (int8_t)ft_code_i8(roundf(s[i * 32 + j] * id));
     }
 }
 /* ggml layout: element j (j < 16) in the low nibble of qs[j], element j+16
@@ -111,11 +111,10 @@ static void q4_0_from_f32(const float *s, void *dst, int64_t n) {
             if (fabsf(x[j]) > amax) { amax = fabsf(x[j]); max = x[j]; }
         float d = max / -8.0f, id = d != 0 ? 1.0f / d : 0.0f;
         b[i].d = ft_f32_to_f16(d);
-        for (int j = 0; j < 16; j++) {
-            int q0 = (int)(x[j] * id + 8.5f), q1 = (int)(x[j + 16] * id + 8.5f);
-            if (q0 > 15) q0 = 15;
-            if (q1 > 15) q1 = 15;
-            b[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
+        for (int j = 0; j < 16; j++) { /* ggml: MIN(15, (int8_t)(x·id + 8.5)) as a uint8_t */
+            int q0 = ft_code_i8(x[j] * id + 8.5f), q1 = ft_code_i8(x[j + 16] * id + 8.5f);
+            uint8_t u0 = (uint8_t)(q0 < 15 ? q0 : 15), u1 = (uint8_t)(q1 < 15 ? q1 : 15);
+            b[i].qs[j] = (uint8_t)(u0 | u1 << 4);
         }
     }
 }
@@ -198,11 +197,11 @@ static void i8row_from_f32(const float *s, void *dst, int64_t n) {
 
 #define GG(id) .in_gguf = true, .ggml_type = (id)
 const ft_type_traits ft_types[FT_NTYPES] = {
-    [FT_F32]  = { .name = "f32",  .block = 1,  .block_bytes = 4,  .is_float = true, .to_f32 = f32_to_f32,  .from_f32 = f32_from_f32, GG(0) },
-    [FT_F16]  = { .name = "f16",  .block = 1,  .block_bytes = 2,  .is_float = true, .to_f32 = f16_to_f32,  .from_f32 = f16_from_f32, GG(1) },
-    [FT_BF16] = { .name = "bf16", .block = 1,  .block_bytes = 2,  .is_float = true, .to_f32 = bf16_to_f32, .from_f32 = bf16_from_f32, GG(30) },
-    [FT_Q8_0] = { .name = "q8_0", .block = FT_QK, .block_bytes = sizeof(ft_block_q8_0), .is_float = true, .to_f32 = q8_0_to_f32, .from_f32 = q8_0_from_f32, GG(8), .n_scales = 1, .scale_at = { 0 }, .vec_dot = ft_vec_dot_q8_0, .act = FT_A16 },
-    [FT_Q4_0] = { .name = "q4_0", .block = FT_QK, .block_bytes = sizeof(ft_block_q4_0), .is_float = true, .to_f32 = q4_0_to_f32, .from_f32 = q4_0_from_f32, GG(2), .n_scales = 1, .scale_at = { 0 }, .vec_dot = ft_vec_dot_q4_0, .act = FT_A16 },
+    [FT_F32]  = { .name = "f32",  .torch_name = "float32", .block = 1,  .block_bytes = 4,  .is_float = true, .to_f32 = f32_to_f32,  .from_f32 = f32_from_f32, GG(0), .llama_ftype = 0 },
+    [FT_F16]  = { .name = "f16",  .torch_name = "float16", .block = 1,  .block_bytes = 2,  .is_float = true, .to_f32 = f16_to_f32,  .from_f32 = f16_from_f32, GG(1), .llama_ftype = 1 },
+    [FT_BF16] = { .name = "bf16", .torch_name = "bfloat16", .block = 1,  .block_bytes = 2,  .is_float = true, .to_f32 = bf16_to_f32, .from_f32 = bf16_from_f32, GG(30), .llama_ftype = 32 },
+    [FT_Q8_0] = { .name = "q8_0", .block = FT_QK, .block_bytes = sizeof(ft_block_q8_0), .is_float = true, .to_f32 = q8_0_to_f32, .from_f32 = q8_0_from_f32, GG(8), .llama_ftype = 7, .n_scales = 1, .scale_at = { 0 }, .vec_dot = ft_vec_dot_q8_0, .act = FT_A16 },
+    [FT_Q4_0] = { .name = "q4_0", .block = FT_QK, .block_bytes = sizeof(ft_block_q4_0), .is_float = true, .to_f32 = q4_0_to_f32, .from_f32 = q4_0_from_f32, GG(2), .llama_ftype = 2, .n_scales = 1, .scale_at = { 0 }, .vec_dot = ft_vec_dot_q4_0, .act = FT_A16 },
     [FT_I32]  = { .name = "i32",  .block = 1,  .block_bytes = 4, GG(26) },
     [FT_I64]  = { .name = "i64",  .block = 1,  .block_bytes = 8, GG(27) },
     [FT_U8]   = { .name = "u8",   .block = 1,  .block_bytes = 1 },
@@ -213,15 +212,15 @@ const ft_type_traits ft_types[FT_NTYPES] = {
                    .to_f32 = i8row_to_f32, .from_f32 = i8row_from_f32 },
     [FT_I8]   = { .name = "i8",   .block = 1,  .block_bytes = 1, GG(24) },
     [FT_I16]  = { .name = "i16",  .block = 1,  .block_bytes = 2, GG(25) },
-    [FT_Q4_1] = { .name = "q4_1", .block = FT_QK, .block_bytes = sizeof(ft_block_q4_1), .is_float = true, .to_f32 = ft_q4_1_to_f32, .from_f32 = ft_q4_1_from_f32, GG(3), .n_scales = 2, .scale_at = { 0, 2 }, .vec_dot = ft_vec_dot_q4_1, .act = FT_A16 },
-    [FT_Q5_0] = { .name = "q5_0", .block = FT_QK, .block_bytes = sizeof(ft_block_q5_0), .is_float = true, .to_f32 = ft_q5_0_to_f32, .from_f32 = ft_q5_0_from_f32, GG(6), .n_scales = 1, .scale_at = { 0 }, .vec_dot = ft_vec_dot_q5_0, .act = FT_A16 },
-    [FT_Q5_1] = { .name = "q5_1", .block = FT_QK, .block_bytes = sizeof(ft_block_q5_1), .is_float = true, .to_f32 = ft_q5_1_to_f32, .from_f32 = ft_q5_1_from_f32, GG(7), .n_scales = 2, .scale_at = { 0, 2 }, .vec_dot = ft_vec_dot_q5_1, .act = FT_A16 },
+    [FT_Q4_1] = { .name = "q4_1", .block = FT_QK, .block_bytes = sizeof(ft_block_q4_1), .is_float = true, .to_f32 = ft_q4_1_to_f32, .from_f32 = ft_q4_1_from_f32, GG(3), .llama_ftype = 3, .n_scales = 2, .scale_at = { 0, 2 }, .vec_dot = ft_vec_dot_q4_1, .act = FT_A16 },
+    [FT_Q5_0] = { .name = "q5_0", .block = FT_QK, .block_bytes = sizeof(ft_block_q5_0), .is_float = true, .to_f32 = ft_q5_0_to_f32, .from_f32 = ft_q5_0_from_f32, GG(6), .llama_ftype = 8, .n_scales = 1, .scale_at = { 0 }, .vec_dot = ft_vec_dot_q5_0, .act = FT_A16 },
+    [FT_Q5_1] = { .name = "q5_1", .block = FT_QK, .block_bytes = sizeof(ft_block_q5_1), .is_float = true, .to_f32 = ft_q5_1_to_f32, .from_f32 = ft_q5_1_from_f32, GG(7), .llama_ftype = 9, .n_scales = 2, .scale_at = { 0, 2 }, .vec_dot = ft_vec_dot_q5_1, .act = FT_A16 },
     [FT_Q8_1] = { .name = "q8_1", .block = FT_QK, .block_bytes = sizeof(ft_block_q8_1), .is_float = true, .to_f32 = ft_q8_1_to_f32, GG(9), .n_scales = 2, .scale_at = { 0, 2 } },
     [FT_Q2_K] = { .name = "q2_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q2_K), .is_float = true, .to_f32 = ft_q2_K_to_f32, GG(10), .n_scales = 2, .scale_at = { 80, 82 } },
     [FT_Q3_K] = { .name = "q3_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q3_K), .is_float = true, .to_f32 = ft_q3_K_to_f32, GG(11), .n_scales = 1, .scale_at = { 108 } },
-    [FT_Q4_K] = { .name = "q4_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q4_K), .is_float = true, .to_f32 = ft_q4_K_to_f32, GG(12), .n_scales = 2, .scale_at = { 0, 2 }, .vec_dot = ft_vec_dot_q4_K, .act = FT_A16_K },
-    [FT_Q5_K] = { .name = "q5_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q5_K), .is_float = true, .to_f32 = ft_q5_K_to_f32, GG(13), .n_scales = 2, .scale_at = { 0, 2 }, .vec_dot = ft_vec_dot_q5_K, .act = FT_A16_K },
-    [FT_Q6_K] = { .name = "q6_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q6_K), .is_float = true, .to_f32 = ft_q6_K_to_f32, GG(14), .n_scales = 1, .scale_at = { 208 }, .vec_dot = ft_vec_dot_q6_K, .act = FT_A16_K },
+    [FT_Q4_K] = { .name = "q4_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q4_K), .is_float = true, .to_f32 = ft_q4_K_to_f32, .from_f32 = ft_q4_K_from_f32, GG(12), .llama_ftype = 15, .n_scales = 2, .scale_at = { 0, 2 }, .vec_dot = ft_vec_dot_q4_K, .act = FT_A16_K },
+    [FT_Q5_K] = { .name = "q5_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q5_K), .is_float = true, .to_f32 = ft_q5_K_to_f32, .from_f32 = ft_q5_K_from_f32, GG(13), .llama_ftype = 17, .n_scales = 2, .scale_at = { 0, 2 }, .vec_dot = ft_vec_dot_q5_K, .act = FT_A16_K },
+    [FT_Q6_K] = { .name = "q6_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q6_K), .is_float = true, .to_f32 = ft_q6_K_to_f32, .from_f32 = ft_q6_K_from_f32, GG(14), .llama_ftype = 18, .n_scales = 1, .scale_at = { 208 }, .vec_dot = ft_vec_dot_q6_K, .act = FT_A16_K },
     [FT_Q8_K] = { .name = "q8_K", .block = FT_QK_K, .block_bytes = sizeof(ft_block_q8_K), .is_float = true, .to_f32 = ft_q8_K_to_f32, GG(15) },
     [FT_IQ4_NL] = { .name = "iq4_nl", .block = FT_QK, .block_bytes = sizeof(ft_block_iq4_nl), .is_float = true, .to_f32 = ft_iq4_nl_to_f32, GG(20), .n_scales = 1, .scale_at = { 0 }, .vec_dot = ft_vec_dot_iq4_nl, .act = FT_A16 },
     [FT_IQ4_XS] = { .name = "iq4_xs", .block = FT_QK_K, .block_bytes = sizeof(ft_block_iq4_xs), .is_float = true, .to_f32 = ft_iq4_xs_to_f32, GG(23), .n_scales = 1, .scale_at = { 0 }, .vec_dot = ft_vec_dot_iq4_xs, .act = FT_A16_K },
@@ -246,7 +245,8 @@ const ft_type_traits ft_types[FT_NTYPES] = {
 ft_dtype ft_dtype_by_name(const char *name) {
     if (!name) return FT_NTYPES;
     for (int t = 0; t < FT_NTYPES; t++)
-        if (strcasecmp(ft_types[t].name, name) == 0) return (ft_dtype)t;
+        if (strcasecmp(ft_types[t].name, name) == 0 || (ft_types[t].torch_name && strcasecmp(ft_types[t].torch_name, name) == 0))
+            return (ft_dtype)t;
     return FT_NTYPES;
 }
 

@@ -36,7 +36,7 @@ const char *const *ftune_init_presets(void) {
     return names;
 }
 
-static cJSON *preset_config(const preset *p, const char *dtype) {
+static cJSON *preset_config(const preset *p, ft_dtype dtype) {
     cJSON *j = cJSON_CreateObject();
     cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
     cJSON_AddItemToArray(arch, cJSON_CreateString(strcmp(p->model_type, "qwen2") ? "LlamaForCausalLM" : "Qwen2ForCausalLM"));
@@ -53,7 +53,7 @@ static cJSON *preset_config(const preset *p, const char *dtype) {
     cJSON_AddBoolToObject(j, "tie_word_embeddings", p->tied);
     cJSON_AddStringToObject(j, "hidden_act", "silu");
     if (strcmp(p->model_type, "qwen2")) cJSON_AddBoolToObject(j, "attention_bias", p->bias);
-    cJSON_AddStringToObject(j, "torch_dtype", strcmp(dtype, "bf16") == 0 ? "bfloat16" : strcmp(dtype, "f16") == 0 ? "float16" : "float32");
+    cJSON_AddStringToObject(j, "torch_dtype", ft_types[dtype].torch_name);
     if (p->llama3_scaling) {
         cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
         cJSON_AddStringToObject(rs, "rope_type", "llama3");
@@ -150,7 +150,7 @@ static const preset *find_preset(const char *name) {
 ftune_status ft_preset_config(ft_config *cfg, const char *name) {
     const preset *p = find_preset(name);
     if (!p) return FTUNE_ERR_ARG;
-    cJSON *j = preset_config(p, "f32");
+    cJSON *j = preset_config(p, FT_F32);
     char *text = j ? cJSON_PrintUnformatted(j) : NULL;
     cJSON_Delete(j);
     if (!text) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
@@ -173,7 +173,7 @@ ftune_status ftune_init_model(const char *out_dir, const char *preset_name, cons
     if (preset_name) {
         const preset *p = find_preset(preset_name);
         if (!p) return FTUNE_ERR_ARG;
-        cfg_json = preset_config(p, dtype_name ? dtype_name : "f32");
+        cfg_json = preset_config(p, dt); /* f32, bf16 or f16: ft_compute_parse took no other */
     } else {
         char *text;
         if ((st = ft_read_file(config_json, &text, NULL))) return st;

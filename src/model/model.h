@@ -182,6 +182,8 @@ void ft_merged_row(float *row, const ft_tensor *t, const ft_adapter_inst *ad, in
 typedef struct {
     int n_mat[FT_NTYPES];    /* 2-D tensors written, by type */
     int n_kept;              /* of those, rows not a whole number of the chosen type's blocks: own type kept */
+    int n_fallback;          /* of those, rows not whole blocks of the mix's K type: llama.cpp's fallback
+                              * (q5_0, q5_1, q8_0, or f16) */
     int n_vec;               /* 1-D tensors (norms, biases, RoPE factors), always f32 */
     ft_dtype output_dtype;   /* the output matrix: output.weight, or token_embd when tied */
     bool tied;
@@ -195,11 +197,12 @@ typedef struct {
     const char *tokenizer_dir; /* where its tokenizer.json / merges.txt / tokenizer_config.json
                               * are (a BPE vocabulary's merges), or NULL */
     const char *dtype;       /* "f32", "bf16", "f16" for every matrix (embedding and output
-                              * included); NULL keeps each weight's dtype (f32 where
-                              * safetensors has none, e.g. q8_0). A GGUF output also takes
-                              * "q8_0" and "q4_0" (q4_0 writes the output matrix, or the tied
-                              * embedding, as q8_0); a matrix whose rows are not whole
-                              * blocks of the type keeps its own */
+                              * included; also "float32", "bfloat16", "float16"); NULL keeps
+                              * each weight's dtype (f32 where safetensors has none, e.g.
+                              * q8_0). A GGUF output takes any type ftune writes there or a
+                              * llama.cpp K mix, chosen per tensor as llama.cpp's quantize
+                              * does (gguf_out_dtype), or "same": each tensor's own type, for
+                              * a GGUF input only */
     void (*progress)(void *ctx, uint64_t done, uint64_t total); /* or NULL: called as the rows of
                               * tensors that are computed (folded, converted, permuted or
                               * quantized) are made, done/total counting their elements; tensors
@@ -210,6 +213,9 @@ typedef struct {
                               * NULL: the model's default adapter's (m->adapter_set), if any */
 } ft_model_write_opts;
 
+/* Whether a GGUF output takes `name` as its --dtype: a writable type, a
+ * llama.cpp K mix, or "same". */
+bool ft_model_gguf_type_known(const char *name);
 /* True if path names the file or directory the model's weights are mapped from. */
 bool ft_model_is_source(const ftune_model *m, const char *path);
 /* Writes m with its adapter set (opts->adapters or the default) folded in (W + scale·B·A computed

@@ -240,9 +240,14 @@ static FTUNE_MUST_USE ftune_status add_quant_config(const char *dir, bool int8) 
 
 ftune_status ftune_model_save_bnb(const ftune_model *m, const char *dir, const char *type) {
     if (!m || !dir) return ft_err(FTUNE_ERR_ARG, "ftune_model_save_bnb: no model or directory");
-    if (!type || (strcmp(type, "nf4") != 0 && strcmp(type, "int8") != 0))
-        return ft_err(FTUNE_ERR_ARG, "%s: bitsandbytes type \"%s\" is not supported (nf4, int8)", dir, type ? type : "");
-    bool int8 = strcmp(type, "int8") == 0;
+    ft_dtype bt = ft_dtype_by_name(type);
+    if (bt != FT_NF4 && bt != FT_I8ROW) {
+        if (ft_model_gguf_type_known(type))
+            return ft_err(FTUNE_ERR_ARG, "%s: \"%s\" is a GGUF type: write the output as a .gguf file", dir, type);
+        return ft_err(FTUNE_ERR_ARG, "%s: type \"%s\" is not supported (bitsandbytes: %s, %s; GGUF: an output ending in "
+                      ".gguf)", dir, type ? type : "", ft_types[FT_NF4].name, ft_types[FT_I8ROW].name);
+    }
+    bool int8 = bt == FT_I8ROW;
     if (m->quantized)
         return ft_err(FTUNE_ERR_ARG, "%s: the model is already quantized (%s): write it dequantized with `ftune merge` "
                       "first", dir, ft_types[m->quant].name);

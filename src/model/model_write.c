@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <limits.h>
 #include <math.h>
 #include <sys/stat.h>
@@ -92,7 +93,7 @@ static const char *dtype_range(ft_dtype t) {
                          "magnitudes up to 8.3e6";
     case FT_Q4_0: return "q4_0's f16 block scale (the block's largest magnitude / 8) holds up to 65504, so "
                          "magnitudes up to 5.2e5";
-    default: return NULL;
+    default: return ft_types[t].block > 1 ? "its f16 block scales hold up to 65504" : NULL;
     }
 }
 
@@ -155,16 +156,16 @@ static ftune_status fill_rows(void *ctx, int index, ft_dtype dtype, void *dst, u
 static bool st_storable(ft_dtype t) { return t == FT_F32 || t == FT_F16 || t == FT_BF16; }
 
 static FTUNE_MUST_USE ftune_status parse_dtype(const char *s, ft_dtype *out) {
-    if (strcmp(s, "f32") == 0 || strcmp(s, "float32") == 0) *out = FT_F32;
-    else if (strcmp(s, "bf16") == 0 || strcmp(s, "bfloat16") == 0) *out = FT_BF16;
-    else if (strcmp(s, "f16") == 0 || strcmp(s, "float16") == 0) *out = FT_F16;
-    else return ft_err(FTUNE_ERR_ARG, "merge: dtype \"%s\" is not one of f32, bf16, f16", s);
-    return FTUNE_OK;
+    *out = ft_dtype_by_name(s);
+    if (st_storable(*out)) return FTUNE_OK;
+    if (ft_model_gguf_type_known(s))
+        return ft_err(FTUNE_ERR_ARG, "merge: dtype \"%s\" is written to GGUF: give an output path ending in .gguf", s);
+    return ft_err(FTUNE_ERR_ARG, "merge: dtype \"%s\" is not one of %s, %s, %s (or for a bitsandbytes directory %s, %s)",
+                  s, ft_types[FT_F32].name, ft_types[FT_BF16].name, ft_types[FT_F16].name, ft_types[FT_NF4].name,
+                  ft_types[FT_I8ROW].name);
 }
 
-static const char *torch_dtype_name(ft_dtype t) {
-    return t == FT_BF16 ? "bfloat16" : t == FT_F16 ? "float16" : "float32";
-}
+static const char *torch_dtype_name(ft_dtype t) { return st_storable(t) ? ft_types[t].torch_name : ft_types[FT_F32].torch_name; }
 
 /* Directory of an HF base (where its config.json and tokenizer files are). */
 static char *base_dir(const ftune_model *m) {
@@ -394,31 +395,116 @@ done:
 
 /* ------------------------------------------------------------- GGUF */
 
-/* llama.cpp's LLAMA_FTYPE (llama.h; gguf-py LlamaFileType) for a file
- * whose matrices are mostly of type t. */
-static uint32_t llama_ftype(ft_dtype t) {
-    switch (t) {
-    case FT_F16: return 1;   /* MOSTLY_F16 */
-    case FT_Q4_0: return 2;  /* MOSTLY_Q4_0 */
-    case FT_Q8_0: return 7;  /* MOSTLY_Q8_0 */
-    case FT_BF16: return 32; /* MOSTLY_BF16 */
-    default: return 0;       /* ALL_F32 */
-    }
+/* The weight types of a GGUF output: a mix as llama.cpp's quantize names
+ * them. A writable traits type's name (ft_dtype_gguf_writable: f32, f16,
+ * bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K) is llama.cpp's
+ * file type of that name (its traits' llama_ftype; q4_K and q5_K are
+ * Q4_K_M and Q5_K_M, as llama-quantize takes "Q4_K" and "Q5_K"); the named
+ * K mixes below are the others; "same" (or none) keeps each tensor's type. */
+typedef struct {
+    ft_dtype base;           /* the mix's type for most matrices; FT_NTYPES: each tensor's own */
+    uint32_t file_type;      /* general.file_type (llama.cpp's LLAMA_FTYPE) */
+    bool same;               /* "same" was asked for (not merely no type) */
+} gguf_mix;
+
+static const struct { const char *name; ft_dtype base; uint8_t file_type; } k_mixes[] = {
+    { "q4_k_s", FT_Q4_K, 14 }, { "q4_k_m", FT_Q4_K, 15 }, { "q5_k_s", FT_Q5_K, 16 }, { "q5_k_m", FT_Q5_K, 17 },
+};
+#define N_K_MIXES (int)(sizeof k_mixes / sizeof k_mixes[0])
+
+/* The names a GGUF output takes, for messages. */
+static void gguf_mix_names(char *buf, size_t cap) {
+    size_t k = (size_t)snprintf(buf, cap, "same");
+    for (int t = 0; t < FT_NTYPES && k < cap; t++)
+        if (ft_dtype_gguf_writable((ft_dtype)t)) k += (size_t)snprintf(buf + k, cap - k, ", %s", ft_types[t].name);
+    for (int i = 0; i < N_K_MIXES && k < cap; i++) k += (size_t)snprintf(buf + k, cap - k, ", %s", k_mixes[i].name);
 }
 
-/* The type a matrix of `cols` columns stored as `own` is written in. With
- * a chosen type every matrix gets it, embedding and output included, except
- * that q4_0 writes the output matrix (output.weight, or token_embd when it
- * is tied to the output) as q8_0: llama.cpp's quantize keeps it at q6_K,
- * which ftune cannot write, and q8_0 is the nearest type it can. A row that
- * is not a whole number of the type's blocks keeps its own type. */
-static ft_dtype gguf_out_dtype(ft_dtype own, ft_dtype forced, int cols, bool is_output, bool *kept) {
+/* The mix a GGUF output of m is written in, from opts->dtype. */
+static FTUNE_MUST_USE ftune_status parse_gguf_mix(const ftune_model *m, const char *path, const char *name, gguf_mix *out) {
+    *out = (gguf_mix){ .base = FT_NTYPES };
+    if (name && strcasecmp(name, "same") == 0) {
+        if (!m->gguf)
+            return ft_err(FTUNE_ERR_ARG, "%s: --dtype same keeps each tensor's type as the input GGUF stores it, but the "
+                          "input is a %s model, not GGUF: name the type (f32, bf16, f16, q8_0, q4_k_m, ...)", path, m->format);
+        out->same = true;
+        name = NULL;
+    }
+    if (!name) return FTUNE_OK;
+    for (int i = 0; i < N_K_MIXES; i++)
+        if (strcasecmp(name, k_mixes[i].name) == 0) {
+            out->base = k_mixes[i].base;
+            out->file_type = k_mixes[i].file_type;
+            return FTUNE_OK;
+        }
+    ft_dtype t = ft_dtype_by_name(name);
+    if (ft_dtype_gguf_writable(t)) {
+        out->base = t;
+        out->file_type = ft_types[t].llama_ftype;
+        return FTUNE_OK;
+    }
+    char names[512];
+    gguf_mix_names(names, sizeof names);
+    if (t < FT_NTYPES && !ft_types[t].in_gguf && ft_types[t].from_f32)
+        return ft_err(FTUNE_ERR_ARG, "%s: dtype \"%s\" is a bitsandbytes type, written as a Hugging Face directory (an "
+                      "output path without .gguf); a .gguf output takes %s", path, name, names);
+    return ft_err(FTUNE_ERR_ARG, "%s: dtype \"%s\" is not one ftune writes to GGUF (%s)", path, name, names);
+}
+
+bool ft_model_gguf_type_known(const char *name) {
+    if (!name) return false;
+    if (strcasecmp(name, "same") == 0) return true;
+    for (int i = 0; i < N_K_MIXES; i++)
+        if (strcasecmp(name, k_mixes[i].name) == 0) return true;
+    return ft_dtype_gguf_writable(ft_dtype_by_name(name));
+}
+
+/* What a matrix is to llama_tensor_get_type (llama-quant.cpp). */
+typedef enum { CAT_OTHER, CAT_OUTPUT, CAT_ATTN_V, CAT_FFN_DOWN } tensor_cat;
+
+/* llama.cpp's use_more_bits: the first and last eighth of the layers, and
+ * every third between. */
+static bool more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+/* The type a matrix of `cols` columns stored as `own` is written in:
+ * with no mix its own (f32 if GGUF cannot hold it); with a float mix
+ * (f32, f16, bf16) that type for every matrix; with a quantized one
+ * llama_tensor_get_type's choice for llama/qwen2 models: the output matrix
+ * (output.weight, or token_embd when tied to it) q6_K, or q8_0 where the
+ * mix is q8_0 or its rows are not whole blocks of the mix's type; in
+ * q4_K_M and q5_K_M the attn_v and ffn_down of more_bits' layers q6_K, in
+ * q4_K_S those of the first 4 (attn_v) or first eighth (ffn_down) q5_K;
+ * with an 80-layer model (llama.cpp's 70B type: qwen2, or llama with
+ * grouped-query attention) attn_v q5_K where it would be q4_K. Then rows
+ * that are not whole blocks of the choice fall back as llama.cpp's do
+ * (q4_K to q5_0, q5_K to q5_1, q6_K to q8_0, then f16: *fell_back); where
+ * llama.cpp has no fallback (its 32-element types) the matrix keeps its
+ * own type (*kept). */
+static ft_dtype gguf_out_dtype(ft_dtype own, const gguf_mix *mx, const ft_config *c, tensor_cat cat, int layer, int cols,
+                               bool *kept, bool *fell_back) {
     ft_dtype keep = ft_gguf_ggml_type(own) >= 0 ? own : FT_F32;
-    *kept = false;
-    if (forced == FT_NTYPES) return keep;
-    ft_dtype t = forced == FT_Q4_0 && is_output ? FT_Q8_0 : forced;
-    if (cols % ft_types[t].block != 0) { *kept = true; return keep; }
-    return t;
+    *kept = *fell_back = false;
+    if (mx->base == FT_NTYPES) return keep;
+    ft_dtype t = mx->base;
+    if (ft_types[t].block == 1) return t;
+    uint32_t ft = mx->file_type;
+    if (cat == CAT_OUTPUT) {
+        if (cols % ft_types[t].block != 0) t = FT_Q8_0;
+        else if (t != FT_Q8_0) t = FT_Q6_K;
+    } else if (cat == CAT_ATTN_V) {
+        if ((ft == 15 || ft == 17) && more_bits(layer, c->L)) t = FT_Q6_K;
+        else if (ft == 14 && layer < 4) t = FT_Q5_K;
+        bool is_70b = c->L == 80 && (strcmp(c->arch, "qwen2") == 0 || c->NH != c->NKV);
+        if (is_70b && t == FT_Q4_K) t = FT_Q5_K;
+    } else if (cat == CAT_FFN_DOWN) {
+        if ((ft == 15 || ft == 17) && more_bits(layer, c->L)) t = FT_Q6_K;
+        else if (ft == 14 && layer < c->L / 8) t = FT_Q5_K;
+    }
+    if (cols % ft_types[t].block == 0) return t;
+    ft_dtype fb = t == FT_Q4_K ? FT_Q5_0 : t == FT_Q5_K ? FT_Q5_1 : t == FT_Q6_K ? FT_Q8_0 : FT_NTYPES;
+    if (fb == FT_NTYPES) { *kept = true; return keep; }
+    *fell_back = true;
+    return cols % ft_types[fb].block == 0 ? fb : FT_F16;
 }
 
 /* Copies one key/value of the base GGUF to the writer. */
@@ -476,30 +562,40 @@ typedef struct {
     char (*names)[FT_NAME_MAX]; /* (cap) the tensors added */
     fill_state fs;
     int n, cap;
-    ft_dtype forced;         /* FT_NTYPES: each tensor's own type */
+    gguf_mix mix;
+    const ft_config *cfg;
     ft_model_write_report *rep;
 } gguf_plan;
 
+/* A matrix of the output: `cat` and `layer` (or -1) for the mix's choice. */
 static FTUNE_MUST_USE ftune_status plan_mat(gguf_plan *p, const char *name, const ft_tensor *t, const ft_adapter_inst *ad, int heads,
-                             bool is_output) {
+                             tensor_cat cat, int layer) {
     if (p->n >= p->cap) return ft_err(FTUNE_ERR_ARG, "merge: too many tensors (%s)", name);
     int rows = (int)t->shape[0], cols = (int)t->shape[1];
-    bool kept;
-    ft_dtype dt = gguf_out_dtype(t->dtype, p->forced, cols, is_output, &kept);
+    bool kept, fell_back;
+    ft_dtype dt = gguf_out_dtype(t->dtype, &p->mix, p->cfg, cat, layer, cols, &kept, &fell_back);
+    bool copied = !ad && !heads && dt == t->dtype;
+    if (!copied && !ft_types[dt].from_f32) {
+        char names[512];
+        gguf_mix_names(names, sizeof names);
+        return ft_err(FTUNE_ERR_UNSUPPORTED, "%s: tensor \"%s\" is %s, a type ftune reads but does not write, and it "
+                      "would be written anew (%s); give --dtype (%s)", t->name[0] ? t->name : name, name, ft_types[dt].name,
+                      ad ? "an adapter is folded into it" : "its rows are permuted", names);
+    }
     row_src *s = &p->src[p->n];
     snprintf(p->names[p->n], FT_NAME_MAX, "%s", name);
     *s = (row_src){ .name = p->names[p->n], .t = t, .ad = ad, .rows = rows, .cols = cols, .perm_heads = heads,
                     .to_interleaved = true };
     int64_t shape[2] = { rows, cols };
-    ftune_status st = !ad && !heads && dt == t->dtype
-                          ? ft_gguf_writer_add_tensor(p->w, name, dt, 2, shape, t->data)
-                          : ft_gguf_writer_add_tensor_fill(p->w, name, dt, 2, shape, fill_rows, &p->fs, p->n);
+    ftune_status st = copied ? ft_gguf_writer_add_tensor(p->w, name, dt, 2, shape, t->data)
+                             : ft_gguf_writer_add_tensor_fill(p->w, name, dt, 2, shape, fill_rows, &p->fs, p->n);
     if (st) return st;
-    if (ad || heads || dt != t->dtype) p->fs.total += (uint64_t)rows * (uint64_t)cols; /* made row by row */
+    if (!copied) p->fs.total += (uint64_t)rows * (uint64_t)cols; /* made row by row */
     p->n++;
     p->rep->n_mat[dt]++;
     if (kept) p->rep->n_kept++;
-    if (is_output) p->rep->output_dtype = dt;
+    if (fell_back) p->rep->n_fallback++;
+    if (cat == CAT_OUTPUT) p->rep->output_dtype = dt;
     return FTUNE_OK;
 }
 
@@ -579,14 +675,9 @@ static void base_name(const ftune_model *m, char *out, size_t cap) {
 
 static FTUNE_MUST_USE ftune_status write_gguf(const ftune_model *mc, const char *path, const ft_model_write_opts *opts) {
     ftune_model *m = (ftune_model *)mc; /* only read: ft_model_linear takes a mutable model */
-    ft_dtype forced = FT_NTYPES;
-    if (opts && opts->dtype) {
-        const char *d = opts->dtype;
-        forced = !strcmp(d, "f32") ? FT_F32 : !strcmp(d, "f16") ? FT_F16 : !strcmp(d, "bf16") ? FT_BF16
-               : !strcmp(d, "q8_0") ? FT_Q8_0 : !strcmp(d, "q4_0") ? FT_Q4_0 : FT_NTYPES;
-        if (forced == FT_NTYPES)
-            return ft_err(FTUNE_ERR_ARG, "%s: dtype \"%s\" is not one of f32, f16, bf16, q8_0, q4_0", path, d);
-    }
+    gguf_mix mix;
+    ftune_status st = parse_gguf_mix(m, path, opts ? opts->dtype : NULL, &mix);
+    if (st) return st;
     const ft_config *c = &m->cfg;
     /* llama.cpp's llama architecture keeps q/k rows interleaved (Meta's
      * layout); qwen2 runs rotate-half RoPE on Hugging Face's rows */
@@ -601,7 +692,7 @@ static FTUNE_MUST_USE ftune_status write_gguf(const ftune_model *mc, const char 
     rep->tied = c->tied;
     int max_cols = c->C > c->F ? c->C : c->F;
     if (c->NH * c->HS > max_cols) max_cols = c->NH * c->HS;
-    gguf_plan p = { .forced = forced, .rep = rep, .cap = 8 + c->L * (2 + 2 * FT_N_MODS) };
+    gguf_plan p = { .mix = mix, .cfg = c, .rep = rep, .cap = 8 + c->L * (2 + 2 * FT_N_MODS) };
     p.fs = (fill_state){ .cached_index = -1, .cached_row = -1 };
     p.src = ft_calloc((size_t)p.cap, sizeof *p.src);
     p.names = ft_calloc((size_t)p.cap, sizeof *p.names);
@@ -611,14 +702,19 @@ static FTUNE_MUST_USE ftune_status write_gguf(const ftune_model *mc, const char 
     p.fs.back = ft_malloc((size_t)max_cols * sizeof(float));
     float *rope_factors = NULL;
     char *bdir = base_dir(m);
-    ftune_status st = FTUNE_OK;
     if (!p.src || !p.names || !p.fs.row || !p.fs.bytes || !p.fs.back) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
     if ((st = ft_gguf_writer_new(&p.w))) goto done;
 
-    /* the file type is that of the Linear weights (llama.cpp's "mostly") */
-    bool kept;
-    ft_dtype main_dt = forced != FT_NTYPES ? forced : gguf_out_dtype(m->layers[0].wq.w.dtype, forced, c->C, false, &kept);
-    rep->file_type = llama_ftype(main_dt);
+    /* the file type: the mix's; keeping each tensor's type, the input GGUF's
+     * own, else that of the Linear weights (llama.cpp's "mostly") */
+    int64_t in_ft;
+    if (mix.base != FT_NTYPES) rep->file_type = mix.file_type;
+    else if (m->gguf && ft_gguf_get_i64(m->gguf, "general.file_type", &in_ft) && in_ft >= 0 && in_ft <= UINT32_MAX)
+        rep->file_type = (uint32_t)in_ft;
+    else {
+        ft_dtype own = m->layers[0].wq.w.dtype;
+        rep->file_type = ft_dtype_gguf_writable(own) ? ft_types[own].llama_ftype : 0;
+    }
     if (m->gguf) {
         const gguf_file *g = m->gguf;
         for (uint64_t i = 0; i < g->n_kv && !st; i++) {
@@ -647,9 +743,9 @@ static FTUNE_MUST_USE ftune_status write_gguf(const ftune_model *mc, const char 
         goto done;
 
     char name[FT_NAME_MAX];
-    if ((st = plan_mat(&p, "token_embd.weight", &m->tok_embd, NULL, 0, c->tied))) goto done;
+    if ((st = plan_mat(&p, "token_embd.weight", &m->tok_embd, NULL, 0, c->tied ? CAT_OUTPUT : CAT_OTHER, -1))) goto done;
     if ((st = plan_vec(&p, "output_norm.weight", m->out_norm, c->C, 0))) goto done;
-    if (!c->tied && (st = plan_mat(&p, "output.weight", &m->lm_head.w, NULL, 0, true))) goto done;
+    if (!c->tied && (st = plan_mat(&p, "output.weight", &m->lm_head.w, NULL, 0, CAT_OUTPUT, -1))) goto done;
     const float *rf = m->rope_freq_factors;
     if (!rf && c->rope_scaling.type == 2) {
         if (!(rope_factors = ft_malloc((size_t)(c->HS / 2) * sizeof(float)))) { st = ft_err(FTUNE_ERR_NOMEM, "out of memory"); goto done; }
@@ -664,7 +760,8 @@ static FTUNE_MUST_USE ftune_status write_gguf(const ftune_model *mc, const char 
             const ft_linear *lin = ft_model_linear(m, l, k);
             int heads = permute ? ft_module_rope_heads(c, k) : 0;
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, ft_module_gguf_name(k));
-            st = plan_mat(&p, name, &lin->w, merged_adapter(m, opts, l, k), heads, false);
+            tensor_cat cat = k == FT_MOD_V ? CAT_ATTN_V : k == FT_MOD_DOWN ? CAT_FFN_DOWN : CAT_OTHER;
+            st = plan_mat(&p, name, &lin->w, merged_adapter(m, opts, l, k), heads, cat, l);
             if (!st && lin->bias) {
                 snprintf(name, sizeof name, "blk.%d.%s.bias", l, ft_module_gguf_name(k));
                 st = plan_vec(&p, name, lin->bias, lin->out, heads);
