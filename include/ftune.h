@@ -333,6 +333,8 @@ FTUNE_API FTUNE_MUST_USE ftune_status ftune_model_merge(const ftune_model *m, co
  *
  * Files under out_dir:
  *   metrics.jsonl              one object per optimizer step
+ *   events.out.tfevents.*      (tensorboard, unless tensorboard_dir is elsewhere) the same numbers
+ *                              for TensorBoard
  *   adapter_config.json, adapter_model.safetensors   (LoRA) the final PEFT adapter
  *   adapter.gguf               (LoRA, export_gguf) the same for llama.cpp
  *   config.json, model.safetensors, tokenizer files  (full) the final model (the tokenizer
@@ -494,6 +496,15 @@ typedef struct {
     bool export_gguf;          /* also write adapter.gguf (LoRA only); false */
     bool save_initial_adapter; /* write initial/ (LoRA only); false */
     const char *dump_batches;  /* a JSONL file receiving every micro-batch; NULL */
+    bool tensorboard;          /* TensorBoard event files (events.out.tfevents.*) with one Event per step
+                                * holding the step's scalars (train/loss, train/learning_rate,
+                                * train/grad_norm, train/tokens_per_second, memory/peak_rss in MiB,
+                                * eval/loss, train/loss_scale with loss scaling, dist/step_time_s/rank_R
+                                * under MPI: metrics.jsonl's numbers); written by rank 0, each step's
+                                * Event appended whole; a resumed run first cuts the steps after its
+                                * checkpoint's from them; true */
+    const char *tensorboard_dir; /* where they go (created if missing; one that holds events files is
+                                * refused unless resuming, removed with overwrite); NULL: out_dir */
     int n_threads;             /* 0: all cores */
     /* The compute dtype of the matrix products: "f32", "bf16", "f16", or
      * NULL: the model's (ftune_load_opts.dtype). Trainable parameters (LoRA

@@ -316,8 +316,9 @@ cp "$tmp/r/checkpoint-5/trainer_state.json" "$tmp/ow2/checkpoint-best/"
 echo "mine" > "$tmp/ow2/checkpoint-7/notes.txt"; echo "mine" > "$tmp/ow2/notes.txt"
 cp "$tmp/g/adapter.gguf" "$tmp/ow2/"; cp "$HF/model.safetensors" "$HF/config.json" "$HF/tokenizer.json" "$tmp/ow2/"
 train -o "$tmp/ow2" --steps 2 --val-split 0 --overwrite 2> "$tmp/err.txt"; rc=$?
-kept=$(cd "$tmp/ow2" && ls | sort | tr '\n' ' ')
-want="adapter_config.json adapter_model.safetensors checkpoint-500 checkpoint-7 checkpoint-best metrics.jsonl notes.txt "
+# (the old run's TensorBoard events file goes too: the one there is the new run's)
+kept=$(cd "$tmp/ow2" && ls | sed 's/^events\.out\.tfevents\..*/events.out.tfevents.*/' | sort | tr '\n' ' ')
+want="adapter_config.json adapter_model.safetensors checkpoint-500 checkpoint-7 checkpoint-best events.out.tfevents.* metrics.jsonl notes.txt "
 [ $rc -eq 0 ] && [ "$kept" = "$want" ] && [ -s "$tmp/ow2/checkpoint-500/trainer_state.json" ] \
     && [ -s "$tmp/ow2/checkpoint-best/trainer_state.json" ] && [ -s "$tmp/ow2/checkpoint-7/notes.txt" ] \
     && pass overwrite_removes_only_ftune_outputs || fail overwrite_removes_only_ftune_outputs "exit $rc; kept: $kept; want: $want $(cat "$tmp/err.txt")"

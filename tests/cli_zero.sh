@@ -65,7 +65,7 @@ for z in 2 3; do
     if run_mpi 2 "$FT" train "${full[@]}" --zero $z --overlap -o "$tmp/ov.$z" > "$tmp/out.txt" 2>&1; then
         $PY - "$tmp/full.2.$z/metrics.jsonl" "$tmp/ov.$z/metrics.jsonl" <<'EOF' && pass "full_np2_zero${z}_overlap_is_blocking" || fail "full_np2_zero${z}_overlap_is_blocking" "$(cat "$tmp/ov.$z/metrics.jsonl")"
 import json, sys
-f = lambda p: [{k: v for k, v in json.loads(l).items() if k != "tokens_per_s"} for l in open(p)]
+f = lambda p: [{k: v for k, v in json.loads(l).items() if k not in ("tokens_per_s", "peak_rss_mib", "step_time_s")} for l in open(p)]
 assert f(sys.argv[1]) == f(sys.argv[2])
 EOF
     else fail "full_np2_zero${z}_overlap" "$(tail -20 "$tmp/out.txt")"; fi
@@ -106,10 +106,10 @@ EOF
 #    manifest; resuming on the same rank count continues bit for bit (the metrics lines from the
 #    checkpoint on, and the final model's bytes, equal the uninterrupted run's)
 ck=("${common[@]}" --full --steps 4 --lr 1e-3 --batch-size 4 --save-every 2)
-same_lines() {  # name metrics_a metrics_b from_step: every logged number but the speed, exactly
+same_lines() {  # name metrics_a metrics_b from_step: every logged number but the speed and memory, exactly
     $PY - "$2" "$3" "$4" <<'EOF' && pass "$1" || fail "$1" "$(cat "$2" "$3")"
 import json, sys
-f = lambda p: [{k: v for k, v in json.loads(l).items() if k != "tokens_per_s"} for l in open(p)]
+f = lambda p: [{k: v for k, v in json.loads(l).items() if k not in ("tokens_per_s", "peak_rss_mib", "step_time_s")} for l in open(p)]
 a = [x for x in f(sys.argv[1]) if x["step"] >= int(sys.argv[3])]
 b = [x for x in f(sys.argv[2]) if x["step"] >= int(sys.argv[3])]
 assert a and a == b, (a, b)

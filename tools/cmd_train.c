@@ -154,7 +154,7 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
     const char *val_split = "0.05", *lora_alpha = "16", *lora_dropout = "0.05", *lr = "2e-4", *wd = "0.0";
     const char *beta1 = "0.9", *beta2 = "0.999", *eps = "1e-8", *max_norm = "1.0", *schedule = "cosine", *min_lr = "0";
     int warmup = 0, steps = 0, epochs = 0;
-    bool full = false, quiet = false, no_shuffle = false, progress = false, profile = false;
+    bool full = false, quiet = false, no_shuffle = false, progress = false, profile = false, no_tensorboard = false;
     const char *truncate = "end", *bucket_mb = "16", *loss_scale = NULL, *quant = NULL, *optim = "adamw";
     const char *preset = NULL, *preset_dtype = NULL, *memory_limit = NULL, *net_gbps = NULL, *net_latency = NULL;
     int plan_world = 0;
@@ -220,6 +220,9 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
         { NULL, "--save-initial-adapter", OPT_FLAG, &o.save_initial_adapter, "",
           "write OUT/initial/ (the PEFT adapter before step 1)" },
         { NULL, "--dump-batches", OPT_STR, &o.dump_batches, "FILE", "write every micro-batch as a JSON line" },
+        { NULL, "--tensorboard", OPT_STR, &o.tensorboard_dir, "DIR", "write the TensorBoard event files "
+          "(metrics.jsonl's numbers per step: train/loss, eval/loss, ...) into DIR (default: OUT_DIR)" },
+        { NULL, "--no-tensorboard", OPT_FLAG, &no_tensorboard, "", "write no TensorBoard event files" },
         { "-t", "--threads", OPT_INT, &o.n_threads, "N", "threads; 0 = all cores (per rank: under mpirun give "
           "cores / ranks per host)" },
         { NULL, "--zero", OPT_INT, &o.zero, "S", "under mpirun: ZeRO stage, 0 = every rank keeps the whole optimizer "
@@ -344,6 +347,11 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
     o.steps = steps;
     o.epochs = epochs;
     o.shuffle = !no_shuffle;
+    o.tensorboard = !no_tensorboard;
+    if (o.tensorboard_dir && no_tensorboard) {
+        fprintf(stderr, "ftune train: give --tensorboard DIR or --no-tensorboard, not both\n");
+        return 2;
+    }
     o.lora_set = (cli_seen(&cmd, "--lora-r") ? FTUNE_SET_LORA_R : 0) | (cli_seen(&cmd, "--lora-alpha") ? FTUNE_SET_LORA_ALPHA : 0) |
                  (cli_seen(&cmd, "--lora-targets") ? FTUNE_SET_LORA_TARGETS : 0) |
                  (cli_seen(&cmd, "--rslora") ? FTUNE_SET_RSLORA : 0);

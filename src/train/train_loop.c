@@ -32,6 +32,7 @@
 #include "adapter/adapter.h"
 #include "dist/dist.h"
 #include "tokenizer/tokenizer.h"
+#include "train/tensorboard.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -47,6 +48,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* The public enums are the internal ones under public names: same values. */
@@ -77,6 +79,7 @@ void ftune_train_opts_default(ftune_train_opts *o) {
     o->lora_alpha = 16;
     o->lora_dropout = 0.05f;
     o->lora_targets = FTUNE_LORA_ALL;
+    o->tensorboard = true;
     ft_adamw_cfg ac;
     ft_adamw_defaults(&ac);
     o->beta1 = ac.beta1;
@@ -185,6 +188,8 @@ typedef struct {
     const ft_train_hooks *hooks; /* test faults, or NULL */
     cJSON *config;             /* the run configuration stored in checkpoints */
     FILE *metrics, *dump;
+    ft_tb_writer tb;           /* rank 0, tensorboard: the events file (tb.ev NULL: none) */
+    double *step_times;        /* (world) under MPI: each rank's time in the step, summed over ranks */
     float *init_vals;          /* --init-adapter A/B by (layer, module) */
     int64_t init_off[256 * FT_N_MODS + 1];
     int lock_fd;               /* OUT/.ftune.lock, held for the whole run; -1: none */
@@ -1501,6 +1506,62 @@ static FTUNE_MUST_USE ftune_status open_metrics(run *r) {
     return FTUNE_OK;
 }
 
+static const char *tb_dir(const ftune_train_opts *o) { return o->tensorboard_dir ? o->tensorboard_dir : o->out_dir; }
+
+/* The TensorBoard directory, before step 1: made, writable (a file is
+ * created there and removed: the permission bits do not tell root's
+ * answer), and, for a new run in a directory of its own, without another
+ * run's events files (their steps would mix with this run's). */
+static FTUNE_MUST_USE ftune_status claim_tb_dir(run *r) {
+    const ftune_train_opts *o = r->o;
+    if (!o->tensorboard) return FTUNE_OK;
+    const char *dir = tb_dir(o);
+    ftune_status st = mkdir_p(dir);
+    if (st) return ft_err_prefix(st, "--tensorboard %s", dir);
+    char probe[4400];
+    snprintf(probe, sizeof probe, "%s/.ftune-probe.%ld", dir, (long)getpid());
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) return ft_err(FTUNE_ERR_IO, "--tensorboard %s: cannot write there: %s", dir, strerror(errno));
+    close(fd);
+    unlink(probe);
+    if (o->tensorboard_dir && !o->resume && !o->overwrite && ft_tb_count_files(dir) > 0)
+        return ft_err(FTUNE_ERR_ARG, "--tensorboard %s holds events files of another run: give --overwrite to replace "
+                      "them, or another directory", dir);
+    return FTUNE_OK;
+}
+
+/* The events file: a new one, or for a resumed run the directory's files
+ * cut after the checkpoint's step and the newest continued. Up to 8 scalars
+ * a step and a step time per rank. */
+static FTUNE_MUST_USE ftune_status open_tb(run *r) {
+    const ftune_train_opts *o = r->o;
+    if (!o->tensorboard) return FTUNE_OK;
+    if (o->overwrite) TRY(ft_tb_remove_all(tb_dir(o)));
+    return ft_tb_open(&r->tb, tb_dir(o), o->resume ? r->step : -1, 8 + (r->world > 1 ? r->world : 0));
+}
+
+/* One step's scalars as one Event: metrics.jsonl's numbers under
+ * TensorBoard's usual tags. */
+static FTUNE_MUST_USE ftune_status tb_step(run *r, const ftune_train_progress *p) {
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    ft_tb_writer *w = &r->tb;
+    ft_tb_begin(w, (double)now.tv_sec + 1e-9 * (double)now.tv_nsec, p->step);
+    ft_tb_scalar(w, "train/loss", (float)p->loss);
+    ft_tb_scalar(w, "train/learning_rate", (float)p->lr);
+    ft_tb_scalar(w, "train/grad_norm", (float)p->grad_norm);
+    ft_tb_scalar(w, "train/tokens_per_second", (float)p->tokens_per_s);
+    ft_tb_scalar(w, "memory/peak_rss", (float)p->peak_mib);
+    if (p->has_val_loss) ft_tb_scalar(w, "eval/loss", (float)p->val_loss);
+    if (p->loss_scaling || r->skipped) ft_tb_scalar(w, "train/loss_scale", (float)p->loss_scale);
+    for (int q = 0; r->world > 1 && q < r->world; q++) {
+        char tag[FT_TB_TAG_MAX];
+        snprintf(tag, sizeof tag, "dist/step_time_s/rank_%d", q);
+        ft_tb_scalar(w, tag, (float)r->step_times[q]);
+    }
+    return ft_tb_flush(w);
+}
+
 static FTUNE_MUST_USE ftune_status dump_batch(run *r, const ft_batch *b, int micro, int64_t ntt) {
     FILE *f = r->dump;
     fprintf(f, "{\"step\":%lld,\"micro\":%d,\"B\":%d,\"T\":%d,\"n_targets_total\":%lld", (long long)r->step + 1, micro,
@@ -1783,7 +1844,7 @@ static bool ftune_initial(const char *out_dir, const char *name) {
  * checkpoint-500, a checkpoint-best, notes) stays. The temporaries a
  * killed save leaves went before, in remove_dead_temporaries. */
 static bool stale_output(const char *out_dir, const char *name) {
-    if (strcmp(name, "metrics.jsonl") == 0) return true;
+    if (strcmp(name, "metrics.jsonl") == 0 || ft_tb_is_events_file(name)) return true;
     for (size_t i = 0; i < sizeof run_outputs / sizeof run_outputs[0]; i++)
         if (strcmp(name, run_outputs[i]) == 0) return true;
     return ftune_initial(out_dir, name) || ftune_checkpoint(out_dir, name);
@@ -2004,7 +2065,10 @@ static FTUNE_MUST_USE ftune_status setup(run *r) {
     if (r->B % r->world != 0)
         return ft_err(FTUNE_ERR_ARG, "--batch-size %d (the global batch) does not split evenly over %d ranks: give a "
                       "multiple of %d", r->B, r->world, r->world);
-    if (is_root(r)) TRY(claim_out_dir(r));
+    if (is_root(r)) {
+        TRY(claim_out_dir(r));
+        TRY(claim_tb_dir(r));
+    }
     TRY(load_data(r));
 
     ft_dtype compute;
@@ -2076,6 +2140,7 @@ static FTUNE_MUST_USE ftune_status setup(run *r) {
     if (!is_root(r)) return FTUNE_OK; /* the rest is the outputs' */
     if (o->overwrite) TRY(clear_old_run(r));
     TRY(open_metrics(r));
+    TRY(open_tb(r));
     if (o->dump_batches) {
         r->dump = fopen(o->dump_batches, "w");
         if (!r->dump) return ft_err(FTUNE_ERR_IO, "%s: cannot create: %s", o->dump_batches, strerror(errno));
@@ -2119,6 +2184,8 @@ static FTUNE_MUST_USE ftune_status train(run *r) {
         ftune_train_progress p = { .ev = FTUNE_TRAIN_EVAL, .step = r->step, .start_step = start, .has_val_loss = true, .val_loss = vl };
         emit(r, &p);
     }
+    if (r->world > 1 && !(r->step_times = ft_calloc((size_t)r->world, sizeof(double))))
+        return ft_err(FTUNE_ERR_NOMEM, "out of memory");
     double t0 = ft_time_s();
     ft_dist_reset_counters();
     while (r->step < r->total_steps) {
@@ -2147,20 +2214,28 @@ static FTUNE_MUST_USE ftune_status train(run *r) {
             p.has_val_loss = true;
             r->res.val_loss_last = p.val_loss;
         }
+        if (r->world > 1) {
+            memset(r->step_times, 0, (size_t)r->world * sizeof(double));
+            r->step_times[r->rank] = te - ts;
+            TRY(ft_dist_allreduce_sum_f64(r->step_times, r->world));
+        }
         if (is_root(r)) {
             /* JSON has no inf or NaN: a non-finite value (a skipped step's grad norm, the loss
              * of an f16 forward that overflowed) is null */
-            char ls[32], lrs[32], gn[32], vl[32], sc[32], tps[32];
-            fprintf(r->metrics, "{\"step\":%lld,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,\"tokens_per_s\":%s",
-                    (long long)r->step, json_num(ls, loss, 9), json_num(lrs, lr, 9), json_num(gn, gnorm, 9),
-                    json_num(tps, p.tokens_per_s, -1));
+            char ls[32], lrs[32], gn[32], vl[32], sc[32], tps[32], rss[32];
+            fprintf(r->metrics, "{\"step\":%lld,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,\"tokens_per_s\":%s,"
+                    "\"peak_rss_mib\":%s", (long long)r->step, json_num(ls, loss, 9), json_num(lrs, lr, 9),
+                    json_num(gn, gnorm, 9), json_num(tps, p.tokens_per_s, -1), json_num(rss, p.peak_mib, -1));
             if (p.has_val_loss) fprintf(r->metrics, ",\"val_loss\":%s", json_num(vl, p.val_loss, 9));
             if (scaling || r->skipped)
                 fprintf(r->metrics, ",\"loss_scale\":%s,\"skipped_steps\":%lld,\"skipped\":%s",
                         json_num(sc, (double)r->scaler.scale, 9), (long long)r->skipped, skipped ? "true" : "false");
-            fputs("}\n", r->metrics);
+            for (int q = 0; r->world > 1 && q < r->world; q++)
+                fprintf(r->metrics, "%s%s", q ? "," : ",\"step_time_s\":[", json_num(sc, r->step_times[q], 6));
+            fputs(r->world > 1 ? "]}\n" : "}\n", r->metrics);
             if (fflush(r->metrics) != 0 || ferror(r->metrics))
                 return ft_err(FTUNE_ERR_IO, "%s/metrics.jsonl: write failed: %s", o->out_dir, strerror(errno));
+            if (r->tb.ev) TRY(tb_step(r, &p));
         }
         emit(r, &p);
         bool saved = false;
@@ -2230,6 +2305,8 @@ ftune_status ft_train_run_hooked(const ftune_train_opts *o, const ft_train_hooks
     r->res.peak_rss_mib = ft_peak_rss_mib();
     if (res) *res = r->res;
     if (r->metrics) fclose(r->metrics);
+    ft_tb_close(&r->tb);
+    free(r->step_times);
     if (r->dump && fclose(r->dump) != 0 && !st) st = ft_err(FTUNE_ERR_IO, "%s: write failed", o->dump_batches);
     cJSON_Delete(r->config);
     for (int k = 0; k < r->n_mb; k++) ft_batch_free(&r->mb[k]);

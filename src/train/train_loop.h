@@ -4,6 +4,8 @@
  *
  * Files under out_dir:
  *   metrics.jsonl              one object per optimizer step
+ *   events.out.tfevents.*      (tensorboard, unless tensorboard_dir) the same numbers for
+ *                              TensorBoard, one Event per step (tensorboard.h)
  *   adapter_config.json, adapter_model.safetensors   (LoRA) the final adapter
  *   adapter.gguf               (LoRA, export_gguf) the same for llama.cpp
  *   config.json, model.safetensors, tokenizer files  (full) the final model
