@@ -717,19 +717,61 @@ static FTUNE_MUST_USE ftune_status setup_shards(run *r) {
     return ft_params_shard(r->params, r->n_params, r->vals, r->shard[r->rank], r->shard[r->rank + 1], &r->own, &r->n_own);
 }
 
+/* What, beyond the stored run configuration, every rank must share: the
+ * settings that decide which collectives run when and on what sizes. A
+ * difference in any of them is a deadlock (one rank saves or validates
+ * where another trains on) or a mismatched message, so they are compared
+ * before step 1 with the rest. Named by their ftune_train_opts fields. */
+static FTUNE_MUST_USE ftune_status add_schedule(run *r, cJSON *mine) {
+    const ftune_train_opts *o = r->o;
+    cJSON *d = cJSON_GetObjectItemCaseSensitive(mine, "data");
+    if (!d) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    /* the batches an epoch has (the iterator's, from the data and the batch
+     * options) and the validation set as tokenized: its batches are
+     * spread over the ranks */
+    int64_t nb = 0, nvb = 0;
+    TRY(ft_batch_iter_epoch_batches(r->it, 0, &nb));
+    if (r->val_it) TRY(ft_batch_iter_epoch_batches(r->val_it, 0, &nvb));
+    cJSON_AddNumberToObject(d, "batches_per_epoch", (double)nb);
+    cJSON_AddNumberToObject(d, "val_batches", (double)nvb);
+    char hex[32] = "";
+    if (r->val) {
+        const ft_dataset *ds = r->val;
+        uint64_t h = ft_fnv1a(FT_FNV0, ds->tokens, (size_t)ds->off[ds->n] * sizeof *ds->tokens);
+        h = ft_fnv1a(h, ds->mask, (size_t)ds->off[ds->n]);
+        h = ft_fnv1a(h, ds->off, (size_t)(ds->n + 1) * sizeof *ds->off);
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+    }
+    cJSON_AddStringToObject(d, "val_fingerprint", hex);
+    cJSON_AddNumberToObject(mine, "zero", r->zero);
+    cJSON_AddNumberToObject(mine, "bucket_mb", (double)r->chunk * sizeof(float) / 1048576.0);
+    cJSON_AddBoolToObject(mine, "overlap", o->overlap);
+    cJSON_AddBoolToObject(mine, "consolidate", o->consolidate);
+    /* not in the stored configuration: the optimizer file names its kind */
+    cJSON_AddStringToObject(mine, "optim", ft_optim_kind_name(r->opt.cfg.kind));
+    cJSON_AddStringToObject(mine, "resume", o->resume ? o->resume : "");
+    cJSON_AddNumberToObject(mine, "steps", (double)o->steps);
+    cJSON_AddNumberToObject(mine, "epochs", o->epochs);
+    cJSON_AddNumberToObject(mine, "eval_every", o->eval_every);
+    cJSON_AddNumberToObject(mine, "save_every", o->save_every);
+    cJSON_AddBoolToObject(mine, "save_initial_adapter", o->save_initial_adapter);
+    cJSON_AddNumberToObject(mine, "grad_checkpoint", o->grad_checkpoint);
+    const char *lsn[] = { "none", "dynamic", "fixed" };
+    cJSON_AddStringToObject(mine, "loss_scale_mode", lsn[r->scaler.mode]);
+    cJSON_AddNumberToObject(mine, "loss_scale", r->scaler.scale);
+    cJSON_AddNumberToObject(mine, "loss_scale_growth_interval", r->scaler.growth_interval);
+    return FTUNE_OK;
+}
+
 /* Every rank must train the same run: rank 0's configuration (model and
- * data fingerprints, every setting) is compared on each rank, and any
- * difference fails every rank, naming the key and the rank. */
+ * data fingerprints, every setting, add_schedule's) is compared on each
+ * rank, and any difference fails every rank, naming the key and the rank. */
 static FTUNE_MUST_USE ftune_status check_same_run(run *r) {
     if (r->world == 1) return FTUNE_OK;
     cJSON *mine = cJSON_Duplicate(r->config, true);
     if (!mine) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
-    cJSON *d = cJSON_AddObjectToObject(mine, "dist");
-    cJSON_AddNumberToObject(d, "zero", r->zero);
-    cJSON_AddNumberToObject(d, "bucket_floats", (double)r->chunk);
-    /* not in the stored configuration: the optimizer file names its kind */
-    cJSON_AddStringToObject(d, "optim", ft_optim_kind_name(r->opt.cfg.kind));
-    cJSON_AddStringToObject(d, "resume", r->o->resume ? r->o->resume : "");
+    ftune_status ast = add_schedule(r, mine);
+    if (ast) { cJSON_Delete(mine); return ast; }
     char *text = cJSON_PrintUnformatted(mine);
     int64_t len = text ? (int64_t)strlen(text) + 1 : 0;
     ftune_status st = text ? FTUNE_OK : ft_err(FTUNE_ERR_NOMEM, "out of memory");
