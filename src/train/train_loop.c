@@ -88,6 +88,7 @@ void ftune_train_opts_default(ftune_train_opts *o) {
     o->schedule = FTUNE_SCHED_COSINE;
     o->batch_size = 1;
     o->grad_accum = 1;
+    o->dist_timeout = 300;
 }
 
 ftune_status ftune_optim_parse(const char *s, ftune_optim *out) {
@@ -971,7 +972,9 @@ static FTUNE_MUST_USE ftune_status read_shard(run *r, const char *dir) {
  * rank returns together (ftune_dist_failed_together), a rank's own is not. */
 static FTUNE_MUST_USE ftune_status after_root_save(run *r, ftune_status st) {
     int failed = st != FTUNE_OK;
+    double limit = ft_dist_set_timeout(0); /* waits for rank 0's disk: not timed */
     ftune_status bst = ft_dist_bcast(&failed, sizeof failed, 0);
+    ft_dist_set_timeout(limit);
     if (!bst && failed) ft_dist_set_failed_together();
     if (st || bst) return st ? st : bst;
     if (failed) return ft_err(FTUNE_ERR_IO, "rank %d: rank 0 could not save checkpoint-%lld (its error says why)", r->rank, (long long)r->step);
@@ -1000,7 +1003,10 @@ static FTUNE_MUST_USE ftune_status checkpoint_sharded(run *r) {
     snprintf(path, sizeof path, "%s/%s", tmp, name);
     st = write_shard(r, path);
     int bad = st != FTUNE_OK;
-    TRY(ft_dist_allreduce_max_i32(&bad, 1));
+    double limit = ft_dist_set_timeout(0); /* waits for the slowest rank's disk: not timed */
+    ftune_status ast = ft_dist_allreduce_max_i32(&bad, 1);
+    ft_dist_set_timeout(limit);
+    TRY(ast);
     if (bad) {
         ft_dist_set_failed_together(); /* every rank knows: none aborts the others */
         if (is_root(r)) rm_tree_after(tmp); /* the shard's failure is the one to report */
@@ -1016,6 +1022,7 @@ static FTUNE_MUST_USE ftune_status checkpoint_sharded(run *r) {
  * optimizer shards are gathered to it first (every rank takes part); or a
  * sharded one. */
 static FTUNE_MUST_USE ftune_status checkpoint(run *r) {
+    ft_dist_set_phase("checkpoint-%lld", (long long)r->step);
     if (sharded_ckpt(r)) return checkpoint_sharded(r);
     ftune_status st = FTUNE_OK;
     if (r->zero > 0) {
@@ -1043,9 +1050,13 @@ static FTUNE_MUST_USE ftune_status checkpoint(run *r) {
  * the values, the optimizer state (its shard under ZeRO 1), the step, the
  * dropout micro-step, the data cursor, the skipped steps and the loss scaler. */
 static FTUNE_MUST_USE ftune_status resume(run *r) {
+    ft_dist_set_phase("resuming from %s", r->o->resume);
     ftune_status st = is_root(r) ? load_checkpoint(r, r->o->resume) : FTUNE_OK;
     int bad = st != FTUNE_OK;
-    TRY(ft_dist_allreduce_max_i32(&bad, 1));
+    double limit = ft_dist_set_timeout(0); /* waits for rank 0's disk: not timed */
+    ftune_status ast = ft_dist_allreduce_max_i32(&bad, 1);
+    ft_dist_set_timeout(limit);
+    TRY(ast);
     if (bad) ft_dist_set_failed_together();
     if (bad) return st ? st : ft_err(FTUNE_ERR_ARG, "rank %d: rank 0 could not resume from %s (its error says why)", r->rank, r->o->resume);
     int sharded = r->resume_sharded;
@@ -1569,6 +1580,7 @@ static FTUNE_MUST_USE ftune_status dump_batch(run *r, const ft_batch *b, int mic
 
 /* Token-weighted mean loss over the whole validation set. */
 static FTUNE_MUST_USE ftune_status validate(run *r, double *loss) {
+    ft_dist_set_phase("validation after step %lld", (long long)r->step);
     int64_t nb;
     TRY(ft_batch_iter_seek(r->val_it, (ft_data_cursor){ 0, 0 }));
     TRY(ft_batch_iter_epoch_batches(r->val_it, 0, &nb));
@@ -1673,6 +1685,7 @@ static FTUNE_MUST_USE ftune_status optimizer_step(run *r, double loss, double *g
  * trains its rows, each seeded with the same loss scale; one round of
  * communication, the finiteness check and the update once per step. */
 static FTUNE_MUST_USE ftune_status train_step(run *r, double *loss, double *gnorm, double *lr, int64_t *n_tokens, bool *skipped) {
+    ft_dist_set_phase("step %lld", (long long)r->step + 1);
     int kk = 0;
     *n_tokens = 0;
     /* this rank's target and token counts, then the global ones */
@@ -2038,6 +2051,10 @@ static FTUNE_MUST_USE ftune_status setup(run *r) {
         return ft_err(FTUNE_ERR_UNSUPPORTED, "--init-adapter with --zero 3 is not supported (the trainer holds one "
                       "layer's values at a time): use --zero 2 or less");
     if (!(o->bucket_mb >= 0) || o->bucket_mb > 1024) return ft_err(FTUNE_ERR_ARG, "--bucket-mb %g: expected 0 to 1024", o->bucket_mb);
+    if (!(o->dist_timeout >= 0) || o->dist_timeout > 1e9)
+        return ft_err(FTUNE_ERR_ARG, "--dist-timeout %g: expected seconds, 0 (wait forever) to 1e9", o->dist_timeout);
+    ft_dist_set_timeout(o->dist_timeout);
+    ft_dist_set_phase("the start (comparing the ranks' settings)");
     r->chunk = (int64_t)((o->bucket_mb > 0 ? o->bucket_mb : 16) * 1048576.0 / sizeof(float));
     if (r->chunk < 1024) r->chunk = 1024;
     if (r->B % r->world != 0)
@@ -2208,6 +2225,7 @@ static FTUNE_MUST_USE ftune_status train(run *r) {
             saved = true;
         }
         /* every rank stops after the same step (a signal reaches them at different times) */
+        ft_dist_set_phase("the end of step %lld", (long long)r->step);
         int stop = o->stop && *o->stop;
         TRY(ft_dist_allreduce_max_i32(&stop, 1));
         if (stop && !last) {
@@ -2218,6 +2236,7 @@ static FTUNE_MUST_USE ftune_status train(run *r) {
         }
     }
     /* final outputs: whole, on rank 0 (ZeRO 1 has all-gathered the values) */
+    ft_dist_set_phase("the final outputs");
     TRY(gather_values(r)); /* ZeRO 3: the whole values on rank 0 */
     if (is_root(r) && o->mode == FTUNE_TRAIN_LORA) {
         char path[4200];
@@ -2244,7 +2263,10 @@ ftune_status ft_train_run_hooked(const ftune_train_opts *o, const ft_train_hooks
     r->cb_ctx = ctx;
     r->m = o->model;
     r->lock_fd = -1;
+    double limit = ft_dist_set_timeout(0); /* the run's own (setup sets it) until it returns */
     ftune_status st = train(r);
+    ft_dist_set_timeout(limit);
+    ft_dist_set_phase("%s", "");
     r->res.steps_done = r->step;
     r->res.total_steps = r->total_steps;
     r->res.loss_scale = r->scaler.scale;
