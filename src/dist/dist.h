@@ -96,7 +96,8 @@ FTUNE_MUST_USE ftune_status ft_dist_bcast(void *buf, size_t bytes, int root);
 typedef struct ft_dist_req ft_dist_req;
 FTUNE_MUST_USE ftune_status ft_dist_ireduce_scatter_sum_f32(const float *send, float *recv, const int64_t *off, ft_dist_req **req);
 FTUNE_MUST_USE ftune_status ft_dist_test(ft_dist_req *req);
-/* Waits for req and frees it (NULL: nothing). */
+/* Waits for req and frees it (NULL: nothing). A wait that fails or times
+ * out leaves req in flight and not freed: neither may its buffers be. */
 FTUNE_MUST_USE ftune_status ft_dist_wait(ft_dist_req *req);
 
 typedef struct {

@@ -564,10 +564,11 @@ static void seg_split(run *r, int64_t lo, int64_t hi) {
 /* --overlap: waits for a slot's reduce-scatter and adds its part to the shard. */
 static FTUNE_MUST_USE ftune_status ov_finish(run *r, struct ov_slot *s) {
     if (!s->pending) return FTUNE_OK;
-    ftune_status st = ft_dist_wait(s->req);
+    /* a wait that failed or timed out leaves the request in flight: s->req stays
+     * set, so that the end of the run does not free the buffers MPI may still use */
+    TRY(ft_dist_wait(s->req));
     s->req = NULL;
     s->pending = false;
-    TRY(st);
     float *dst = r->own_grad + s->dst;
     for (int64_t i = 0; i < s->n; i++) dst[i] += s->recv[i];
     return FTUNE_OK;
