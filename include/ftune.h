@@ -537,6 +537,12 @@ typedef struct {
                                 * rank (which resume on the same number only); LoRA's are always
                                 * whole; false */
     double bucket_mb;          /* the most MiB one collective call moves; 0: 16 */
+    double dist_timeout;       /* seconds a rank waits in one collective for the others before it gives
+                                * up: it then asks them where they are (a rank waiting in a collective
+                                * answers) and fails with FTUNE_ERR_IO naming the collective, the step
+                                * and the ranks it waited for; the caller ends the job
+                                * (ftune_dist_abort). Waits for another rank's checkpoint writes or
+                                * reads are not timed (the disk's time). 0: wait forever; 300 */
     /* When *stop becomes non-zero (a signal handler may set it) the run
      * finishes the current step, saves a checkpoint and returns
      * FTUNE_ERR_INTERRUPTED. NULL: never. */

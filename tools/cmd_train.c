@@ -155,7 +155,7 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
     const char *beta1 = "0.9", *beta2 = "0.999", *eps = "1e-8", *max_norm = "1.0", *schedule = "cosine", *min_lr = "0";
     int warmup = 0, steps = 0, epochs = 0;
     bool full = false, quiet = false, no_shuffle = false, progress = false, profile = false, no_tensorboard = false;
-    const char *truncate = "end", *bucket_mb = "16", *loss_scale = NULL, *quant = NULL, *optim = "adamw";
+    const char *truncate = "end", *bucket_mb = "16", *dist_timeout = "300", *loss_scale = NULL, *quant = NULL, *optim = "adamw";
     const char *preset = NULL, *preset_dtype = NULL, *memory_limit = NULL, *net_gbps = NULL, *net_latency = NULL;
     int plan_world = 0;
     cli_opt opts[] = {
@@ -233,6 +233,9 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
         { NULL, "--consolidate", OPT_FLAG, &o.consolidate, "", "under mpirun, --zero 1-3, --full: checkpoints "
           "gathered whole to rank 0 (they resume on any number of ranks) instead of a shard per rank" },
         { NULL, "--bucket-mb", OPT_STR, &bucket_mb, "MB", "under mpirun: the most MiB one collective call moves" },
+        { NULL, "--dist-timeout", OPT_STR, &dist_timeout, "S", "under mpirun: a rank that waits S seconds in one "
+          "collective for the others gives up, says which rank(s) it waited for, and the job ends; 0 = wait forever "
+          "(waits for a checkpoint's disk writes are not timed)" },
         { NULL, "--dtype", OPT_STR, &o.dtype, "T", "compute dtype: f32 (reference), bf16 or f16: bf16/f16 matrix "
           "inputs summed in f32, f32 master weights, norms, loss and optimizer. bf16 needs no loss scaling (f32's "
           "range); f16 would underflow without it and turns on --loss-scale dynamic. A checkpoint resumes only in its own "
@@ -295,7 +298,7 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
         { "--weight-decay", wd, &o.weight_decay, NULL }, { "--beta1", beta1, &o.beta1, NULL },
         { "--beta2", beta2, &o.beta2, NULL }, { "--adam-eps", eps, &o.adam_eps, NULL },
         { "--max-grad-norm", max_norm, &o.max_grad_norm, NULL }, { "--min-lr", min_lr, &o.min_lr, NULL },
-        { "--bucket-mb", bucket_mb, &o.bucket_mb, NULL },
+        { "--bucket-mb", bucket_mb, &o.bucket_mb, NULL }, { "--dist-timeout", dist_timeout, &o.dist_timeout, NULL },
     };
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
         if (parse_num(nums[i].name, nums[i].s, &v)) return 2;

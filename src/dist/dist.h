@@ -50,6 +50,23 @@ const char *ft_dist_backend_name(void);
 /* off (world + 1 entries): rank r owns [off[r], off[r+1]) of n elements. */
 void ft_dist_shard(int64_t n, int world, int64_t *off);
 
+/* The collective timeout: a rank that has waited seconds in one collective
+ * for the others gives up (0: waits forever, the default). It then asks
+ * the other ranks, over a side channel, where they are: a rank waiting in a
+ * collective answers with the call it is in, one that computes, is stopped
+ * or is stuck does not. The collective returns FTUNE_ERR_IO naming the
+ * collective, the phase (ft_dist_set_phase), the seconds and the ranks it
+ * waited for; the ranks that answered return the same finding. The job
+ * cannot go on (requests are left in flight, later collectives fail at
+ * once): the caller ends it with ft_dist_abort. While it waits a rank
+ * polls MPI_Test, busily for the first 20 ms (as a blocking collective
+ * does) and then with sleeps growing to 1 ms between polls. Returns the
+ * previous timeout. */
+double ft_dist_set_timeout(double seconds);
+/* What the caller is doing ("step 5", "checkpoint-4"), named in a
+ * timeout's message (printf format; at most 95 characters are kept). */
+void ft_dist_set_phase(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* Collectives: every rank calls each with the same sizes, in the same order.
  * chunk: the most elements one call to MPI moves (a bucket; <= 0 means the
  * default 4M). Errors (a failed MPI call) name the collective. */
@@ -79,7 +96,8 @@ FTUNE_MUST_USE ftune_status ft_dist_bcast(void *buf, size_t bytes, int root);
 typedef struct ft_dist_req ft_dist_req;
 FTUNE_MUST_USE ftune_status ft_dist_ireduce_scatter_sum_f32(const float *send, float *recv, const int64_t *off, ft_dist_req **req);
 FTUNE_MUST_USE ftune_status ft_dist_test(ft_dist_req *req);
-/* Waits for req and frees it (NULL: nothing). */
+/* Waits for req and frees it (NULL: nothing). A wait that fails or times
+ * out leaves req in flight and not freed: neither may its buffers be. */
 FTUNE_MUST_USE ftune_status ft_dist_wait(ft_dist_req *req);
 
 typedef struct {

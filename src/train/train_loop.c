@@ -91,6 +91,7 @@ void ftune_train_opts_default(ftune_train_opts *o) {
     o->schedule = FTUNE_SCHED_COSINE;
     o->batch_size = 1;
     o->grad_accum = 1;
+    o->dist_timeout = 300;
 }
 
 ftune_status ftune_optim_parse(const char *s, ftune_optim *out) {
@@ -568,10 +569,11 @@ static void seg_split(run *r, int64_t lo, int64_t hi) {
 /* --overlap: waits for a slot's reduce-scatter and adds its part to the shard. */
 static FTUNE_MUST_USE ftune_status ov_finish(run *r, struct ov_slot *s) {
     if (!s->pending) return FTUNE_OK;
-    ftune_status st = ft_dist_wait(s->req);
+    /* a wait that failed or timed out leaves the request in flight: s->req stays
+     * set, so that the end of the run does not free the buffers MPI may still use */
+    TRY(ft_dist_wait(s->req));
     s->req = NULL;
     s->pending = false;
-    TRY(st);
     float *dst = r->own_grad + s->dst;
     for (int64_t i = 0; i < s->n; i++) dst[i] += s->recv[i];
     return FTUNE_OK;
@@ -722,19 +724,61 @@ static FTUNE_MUST_USE ftune_status setup_shards(run *r) {
     return ft_params_shard(r->params, r->n_params, r->vals, r->shard[r->rank], r->shard[r->rank + 1], &r->own, &r->n_own);
 }
 
+/* What, beyond the stored run configuration, every rank must share: the
+ * settings that decide which collectives run when and on what sizes. A
+ * difference in any of them is a deadlock (one rank saves or validates
+ * where another trains on) or a mismatched message, so they are compared
+ * before step 1 with the rest. Named by their ftune_train_opts fields. */
+static FTUNE_MUST_USE ftune_status add_schedule(run *r, cJSON *mine) {
+    const ftune_train_opts *o = r->o;
+    cJSON *d = cJSON_GetObjectItemCaseSensitive(mine, "data");
+    if (!d) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
+    /* the batches an epoch has (the iterator's, from the data and the batch
+     * options) and the validation set as tokenized: its batches are
+     * spread over the ranks */
+    int64_t nb = 0, nvb = 0;
+    TRY(ft_batch_iter_epoch_batches(r->it, 0, &nb));
+    if (r->val_it) TRY(ft_batch_iter_epoch_batches(r->val_it, 0, &nvb));
+    cJSON_AddNumberToObject(d, "batches_per_epoch", (double)nb);
+    cJSON_AddNumberToObject(d, "val_batches", (double)nvb);
+    char hex[32] = "";
+    if (r->val) {
+        const ft_dataset *ds = r->val;
+        uint64_t h = ft_fnv1a(FT_FNV0, ds->tokens, (size_t)ds->off[ds->n] * sizeof *ds->tokens);
+        h = ft_fnv1a(h, ds->mask, (size_t)ds->off[ds->n]);
+        h = ft_fnv1a(h, ds->off, (size_t)(ds->n + 1) * sizeof *ds->off);
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+    }
+    cJSON_AddStringToObject(d, "val_fingerprint", hex);
+    cJSON_AddNumberToObject(mine, "zero", r->zero);
+    cJSON_AddNumberToObject(mine, "bucket_mb", (double)r->chunk * sizeof(float) / 1048576.0);
+    cJSON_AddBoolToObject(mine, "overlap", o->overlap);
+    cJSON_AddBoolToObject(mine, "consolidate", o->consolidate);
+    /* not in the stored configuration: the optimizer file names its kind */
+    cJSON_AddStringToObject(mine, "optim", ft_optim_kind_name(r->opt.cfg.kind));
+    cJSON_AddStringToObject(mine, "resume", o->resume ? o->resume : "");
+    cJSON_AddNumberToObject(mine, "steps", (double)o->steps);
+    cJSON_AddNumberToObject(mine, "epochs", o->epochs);
+    cJSON_AddNumberToObject(mine, "eval_every", o->eval_every);
+    cJSON_AddNumberToObject(mine, "save_every", o->save_every);
+    cJSON_AddBoolToObject(mine, "save_initial_adapter", o->save_initial_adapter);
+    cJSON_AddNumberToObject(mine, "grad_checkpoint", o->grad_checkpoint);
+    const char *lsn[] = { "none", "dynamic", "fixed" };
+    cJSON_AddStringToObject(mine, "loss_scale_mode", lsn[r->scaler.mode]);
+    cJSON_AddNumberToObject(mine, "loss_scale", r->scaler.scale);
+    cJSON_AddNumberToObject(mine, "loss_scale_growth_interval", r->scaler.growth_interval);
+    return FTUNE_OK;
+}
+
 /* Every rank must train the same run: rank 0's configuration (model and
- * data fingerprints, every setting) is compared on each rank, and any
- * difference fails every rank, naming the key and the rank. */
+ * data fingerprints, every setting, add_schedule's) is compared on each
+ * rank, and any difference fails every rank, naming the key and the rank. */
 static FTUNE_MUST_USE ftune_status check_same_run(run *r) {
     if (r->world == 1) return FTUNE_OK;
     cJSON *mine = cJSON_Duplicate(r->config, true);
     if (!mine) return ft_err(FTUNE_ERR_NOMEM, "out of memory");
-    cJSON *d = cJSON_AddObjectToObject(mine, "dist");
-    cJSON_AddNumberToObject(d, "zero", r->zero);
-    cJSON_AddNumberToObject(d, "bucket_floats", (double)r->chunk);
-    /* not in the stored configuration: the optimizer file names its kind */
-    cJSON_AddStringToObject(d, "optim", ft_optim_kind_name(r->opt.cfg.kind));
-    cJSON_AddStringToObject(d, "resume", r->o->resume ? r->o->resume : "");
+    ftune_status ast = add_schedule(r, mine);
+    if (ast) { cJSON_Delete(mine); return ast; }
     char *text = cJSON_PrintUnformatted(mine);
     int64_t len = text ? (int64_t)strlen(text) + 1 : 0;
     ftune_status st = text ? FTUNE_OK : ft_err(FTUNE_ERR_NOMEM, "out of memory");
@@ -934,7 +978,9 @@ static FTUNE_MUST_USE ftune_status read_shard(run *r, const char *dir) {
  * rank returns together (ftune_dist_failed_together), a rank's own is not. */
 static FTUNE_MUST_USE ftune_status after_root_save(run *r, ftune_status st) {
     int failed = st != FTUNE_OK;
+    double limit = ft_dist_set_timeout(0); /* waits for rank 0's disk: not timed */
     ftune_status bst = ft_dist_bcast(&failed, sizeof failed, 0);
+    ft_dist_set_timeout(limit);
     if (!bst && failed) ft_dist_set_failed_together();
     if (st || bst) return st ? st : bst;
     if (failed) return ft_err(FTUNE_ERR_IO, "rank %d: rank 0 could not save checkpoint-%lld (its error says why)", r->rank, (long long)r->step);
@@ -963,7 +1009,10 @@ static FTUNE_MUST_USE ftune_status checkpoint_sharded(run *r) {
     snprintf(path, sizeof path, "%s/%s", tmp, name);
     st = write_shard(r, path);
     int bad = st != FTUNE_OK;
-    TRY(ft_dist_allreduce_max_i32(&bad, 1));
+    double limit = ft_dist_set_timeout(0); /* waits for the slowest rank's disk: not timed */
+    ftune_status ast = ft_dist_allreduce_max_i32(&bad, 1);
+    ft_dist_set_timeout(limit);
+    TRY(ast);
     if (bad) {
         ft_dist_set_failed_together(); /* every rank knows: none aborts the others */
         if (is_root(r)) rm_tree_after(tmp); /* the shard's failure is the one to report */
@@ -979,6 +1028,7 @@ static FTUNE_MUST_USE ftune_status checkpoint_sharded(run *r) {
  * optimizer shards are gathered to it first (every rank takes part); or a
  * sharded one. */
 static FTUNE_MUST_USE ftune_status checkpoint(run *r) {
+    ft_dist_set_phase("checkpoint-%lld", (long long)r->step);
     if (sharded_ckpt(r)) return checkpoint_sharded(r);
     ftune_status st = FTUNE_OK;
     if (r->zero > 0) {
@@ -1006,9 +1056,13 @@ static FTUNE_MUST_USE ftune_status checkpoint(run *r) {
  * the values, the optimizer state (its shard under ZeRO 1), the step, the
  * dropout micro-step, the data cursor, the skipped steps and the loss scaler. */
 static FTUNE_MUST_USE ftune_status resume(run *r) {
+    ft_dist_set_phase("resuming from %s", r->o->resume);
     ftune_status st = is_root(r) ? load_checkpoint(r, r->o->resume) : FTUNE_OK;
     int bad = st != FTUNE_OK;
-    TRY(ft_dist_allreduce_max_i32(&bad, 1));
+    double limit = ft_dist_set_timeout(0); /* waits for rank 0's disk: not timed */
+    ftune_status ast = ft_dist_allreduce_max_i32(&bad, 1);
+    ft_dist_set_timeout(limit);
+    TRY(ast);
     if (bad) ft_dist_set_failed_together();
     if (bad) return st ? st : ft_err(FTUNE_ERR_ARG, "rank %d: rank 0 could not resume from %s (its error says why)", r->rank, r->o->resume);
     int sharded = r->resume_sharded;
@@ -1588,6 +1642,7 @@ static FTUNE_MUST_USE ftune_status dump_batch(run *r, const ft_batch *b, int mic
 
 /* Token-weighted mean loss over the whole validation set. */
 static FTUNE_MUST_USE ftune_status validate(run *r, double *loss) {
+    ft_dist_set_phase("validation after step %lld", (long long)r->step);
     int64_t nb;
     TRY(ft_batch_iter_seek(r->val_it, (ft_data_cursor){ 0, 0 }));
     TRY(ft_batch_iter_epoch_batches(r->val_it, 0, &nb));
@@ -1692,6 +1747,7 @@ static FTUNE_MUST_USE ftune_status optimizer_step(run *r, double loss, double *g
  * trains its rows, each seeded with the same loss scale; one round of
  * communication, the finiteness check and the update once per step. */
 static FTUNE_MUST_USE ftune_status train_step(run *r, double *loss, double *gnorm, double *lr, int64_t *n_tokens, bool *skipped) {
+    ft_dist_set_phase("step %lld", (long long)r->step + 1);
     int kk = 0;
     *n_tokens = 0;
     /* this rank's target and token counts, then the global ones */
@@ -2060,6 +2116,10 @@ static FTUNE_MUST_USE ftune_status setup(run *r) {
         return ft_err(FTUNE_ERR_UNSUPPORTED, "--init-adapter with --zero 3 is not supported (the trainer holds one "
                       "layer's values at a time): use --zero 2 or less");
     if (!(o->bucket_mb >= 0) || o->bucket_mb > 1024) return ft_err(FTUNE_ERR_ARG, "--bucket-mb %g: expected 0 to 1024", o->bucket_mb);
+    if (!(o->dist_timeout >= 0) || o->dist_timeout > 1e9)
+        return ft_err(FTUNE_ERR_ARG, "--dist-timeout %g: expected seconds, 0 (wait forever) to 1e9", o->dist_timeout);
+    ft_dist_set_timeout(o->dist_timeout);
+    ft_dist_set_phase("the start (comparing the ranks' settings)");
     r->chunk = (int64_t)((o->bucket_mb > 0 ? o->bucket_mb : 16) * 1048576.0 / sizeof(float));
     if (r->chunk < 1024) r->chunk = 1024;
     if (r->B % r->world != 0)
@@ -2244,6 +2304,7 @@ static FTUNE_MUST_USE ftune_status train(run *r) {
             saved = true;
         }
         /* every rank stops after the same step (a signal reaches them at different times) */
+        ft_dist_set_phase("the end of step %lld", (long long)r->step);
         int stop = o->stop && *o->stop;
         TRY(ft_dist_allreduce_max_i32(&stop, 1));
         if (stop && !last) {
@@ -2254,6 +2315,7 @@ static FTUNE_MUST_USE ftune_status train(run *r) {
         }
     }
     /* final outputs: whole, on rank 0 (ZeRO 1 has all-gathered the values) */
+    ft_dist_set_phase("the final outputs");
     TRY(gather_values(r)); /* ZeRO 3: the whole values on rank 0 */
     if (is_root(r) && o->mode == FTUNE_TRAIN_LORA) {
         char path[4200];
@@ -2280,7 +2342,10 @@ ftune_status ft_train_run_hooked(const ftune_train_opts *o, const ft_train_hooks
     r->cb_ctx = ctx;
     r->m = o->model;
     r->lock_fd = -1;
+    double limit = ft_dist_set_timeout(0); /* the run's own (setup sets it) until it returns */
     ftune_status st = train(r);
+    ft_dist_set_timeout(limit);
+    ft_dist_set_phase("%s", "");
     r->res.steps_done = r->step;
     r->res.total_steps = r->total_steps;
     r->res.loss_scale = r->scaler.scale;
