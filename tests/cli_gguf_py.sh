@@ -102,10 +102,7 @@ done
 
 # 3. an adapter exported as GGUF: the adapter keys; read back it gives the PEFT adapter's loss and greedy
 #    text; merge takes it
-cat > "$tmp/d.jsonl" <<'EOF'
-{"text": "Once upon a time, there was a little cat named Tom. Tom liked to play with his red ball."}
-{"text": "The sun was hot. Lily went to the park with her mom. She saw a big dog and said hello."}
-EOF
+stories_jsonl "$tmp/d.jsonl" 2
 "$FT" train -m "$HF" --data "$tmp/d.jsonl" --ctx 32 -t 1 --quiet --steps 3 --lr 1e-2 --val-split 0 \
     -o "$tmp/a" --export-gguf 2> "$tmp/err.txt" \
     && alpha=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['lora_alpha'])" "$tmp/a/adapter_config.json") \

@@ -10,12 +10,7 @@ set -u
 . "$(dirname "$0")/lib.sh"
 export OMP_NUM_THREADS=1
 
-cat > "$tmp/d.jsonl" <<'EOF'
-{"text": "Once upon a time, there was a little cat named Tom. Tom liked to play with his red ball."}
-{"text": "The sun was hot. Lily went to the park with her mom. She saw a big dog and said hello."}
-{"text": "Ben had a toy car. He drove it around the room. The car was fast and blue."}
-{"text": "One day, a bird sat on a tree. The bird sang a happy song for all the kids."}
-EOF
+stories_jsonl "$tmp/d.jsonl" 4
 train() { "$FT" train -m "$HF" --data "$tmp/d.jsonl" --ctx 32 -t 1 --val-split 0 --steps 6 --grad-accum 2 \
           --lora-dropout 0.1 --lr 1e-3 --seed 3 "$@"; }
 

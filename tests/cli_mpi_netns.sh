@@ -59,14 +59,7 @@ EOF
 chmod +x "$tmp/agent.sh"
 printf '%s slots=1\n%s slots=1\n' "$net.1" "$net.2" > "$tmp/hosts"
 
-cat > "$tmp/d.jsonl" <<'EOF'
-{"text": "Once upon a time, there was a little cat named Tom. Tom liked to play with his red ball."}
-{"text": "The sun was hot. Lily went to the park with her mom. She saw a big dog and said hello."}
-{"text": "Ben had a toy car. He drove it around the room. The car was fast and blue."}
-{"text": "One day, a bird sat on a tree. The bird sang a happy song for all the kids."}
-{"text": "Sara wanted a cake. Her dad made a big cake with red cherries. Sara was very happy."}
-{"text": "The frog jumped into the pond. Splash! The water was cold, but the frog liked it."}
-EOF
+stories_jsonl "$tmp/d.jsonl" 6
 args=(train -m "$(cd "$HF" && pwd)" --data "$tmp/d.jsonl" --ctx 48 -t 1 --seed 5 --lora-dropout 0 --val-split 0
       --steps 4 --lr 1e-2 --batch-size 4)
 "$FT" "${args[@]}" --quiet -o "$tmp/one" 2> "$tmp/err.txt" || fail one_process "$(cat "$tmp/err.txt")"

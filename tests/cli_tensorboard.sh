@@ -13,16 +13,7 @@ if ! "$VPY" -c "from tensorboard.backend.event_processing.event_accumulator impo
     skip_or_fail tensorboard tool "$VPY cannot import tensorboard's EventAccumulator (scripts/setup.sh installs it)"; exit
 fi
 
-cat > "$tmp/d.jsonl" <<'J'
-{"text": "Once upon a time, there was a little cat named Tom. Tom liked to play with his red ball."}
-{"text": "The sun was hot. Lily went to the park with her mom. She saw a big dog and said hello."}
-{"text": "Ben had a toy car. He drove it around the room. The car was fast and blue."}
-{"text": "One day, a bird sat on a tree. The bird sang a happy song for all the kids."}
-{"text": "Sara wanted a cake. Her dad made a big cake with red cherries. Sara was very happy."}
-{"text": "The frog jumped into the pond. Splash! The water was cold, but the frog liked it."}
-{"text": "Max found a shiny stone in the garden. He gave it to his sister, and she smiled."}
-{"text": "It was raining. Tim and Sue stayed inside and built a tall tower with blocks."}
-J
+stories_jsonl "$tmp/d.jsonl" 8
 train() { "$FT" train -m "$HF" --data "$tmp/d.jsonl" --ctx 64 -t 1 --quiet "$@"; }
 
 # same_as_metrics NAME EVENTS_DIR METRICS [FILES]: every scalar of every step

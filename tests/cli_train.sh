@@ -13,16 +13,7 @@ GG=$D/models/stories260K/stories260K.gguf
 # reduction order in every run
 export OMP_NUM_THREADS=1
 
-cat > "$tmp/d.jsonl" <<'EOF'
-{"text": "Once upon a time, there was a little cat named Tom. Tom liked to play with his red ball."}
-{"text": "The sun was hot. Lily went to the park with her mom. She saw a big dog and said hello."}
-{"text": "Ben had a toy car. He drove it around the room. The car was fast and blue."}
-{"text": "One day, a bird sat on a tree. The bird sang a happy song for all the kids."}
-{"text": "Sara wanted a cake. Her dad made a big cake with red cherries. Sara was very happy."}
-{"text": "The frog jumped into the pond. Splash! The water was cold, but the frog liked it."}
-{"text": "Max found a shiny stone in the garden. He gave it to his sister, and she smiled."}
-{"text": "It was raining. Tim and Sue stayed inside and built a tall tower with blocks."}
-EOF
+stories_jsonl "$tmp/d.jsonl" 8
 train() { "$FT" train -m "$HF" --data "$tmp/d.jsonl" --ctx 64 -t 1 --quiet "$@"; }
 losses() { $PY -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1])))" "$1"; }
 

@@ -77,3 +77,20 @@ run_real_models() {
         rc=1; grep -v "Converting and de-quantizing" "$tmp/stderr.txt" | tail -20; }
     exit $rc
 }
+
+# stories_jsonl FILE [N]: the first N (default all ten) of ten short stories,
+# one JSON text per line: the tiny training set the command tests share
+stories_jsonl() {
+    head -n "${2:-10}" > "$1" <<'EOF'
+{"text": "Once upon a time, there was a little cat named Tom. Tom liked to play with his red ball."}
+{"text": "The sun was hot. Lily went to the park with her mom. She saw a big dog and said hello."}
+{"text": "Ben had a toy car. He drove it around the room. The car was fast and blue."}
+{"text": "One day, a bird sat on a tree. The bird sang a happy song for all the kids."}
+{"text": "Sara wanted a cake. Her dad made a big cake with red cherries. Sara was very happy."}
+{"text": "The frog jumped into the pond. Splash! The water was cold, but the frog liked it."}
+{"text": "Max found a shiny stone in the garden. He gave it to his sister, and she smiled."}
+{"text": "It was raining. Tim and Sue stayed inside and built a tall tower with blocks."}
+{"text": "A little fish swam in the sea. It met a crab who wanted to be its friend."}
+{"text": "Anna lost her hat in the wind. Her brother ran fast and caught it for her."}
+EOF
+}

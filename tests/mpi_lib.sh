@@ -2,7 +2,7 @@
 # share; sourced after lib.sh, never run. Ends the script with a skip (a
 # failure under FTUNE_REQUIRE=all, see skip_or_fail) named after it when there
 # is no mpirun or ftune is built without MPI. Sets MPI (the launcher: every
-# rank on this machine) and defines run_mpi, stories_jsonl, same_curve and
+# rank on this machine) and defines run_mpi, same_curve and
 # same_output.
 mpi_name=$(basename "$0" .sh); mpi_name=${mpi_name#cli_}
 if ! command -v mpirun > /dev/null; then
@@ -19,21 +19,6 @@ MPI=(mpirun --oversubscribe --bind-to none --mca btl self,vader,tcp --mca btl_tc
 # a hang is a failure, not a stuck test suite
 run_mpi() { local n=$1; shift; timeout 120 "${MPI[@]}" -np "$n" "$@"; }
 
-# stories_jsonl FILE: ten short stories, one JSON text per line
-stories_jsonl() {
-cat > "$1" <<'EOF'
-{"text": "Once upon a time, there was a little cat named Tom. Tom liked to play with his red ball."}
-{"text": "The sun was hot. Lily went to the park with her mom. She saw a big dog and said hello."}
-{"text": "Ben had a toy car. He drove it around the room. The car was fast and blue."}
-{"text": "One day, a bird sat on a tree. The bird sang a happy song for all the kids."}
-{"text": "Sara wanted a cake. Her dad made a big cake with red cherries. Sara was very happy."}
-{"text": "The frog jumped into the pond. Splash! The water was cold, but the frog liked it."}
-{"text": "Max found a shiny stone in the garden. He gave it to his sister, and she smiled."}
-{"text": "It was raining. Tim and Sue stayed inside and built a tall tower with blocks."}
-{"text": "A little fish swam in the sea. It met a crab who wanted to be its friend."}
-{"text": "Anna lost her hat in the wind. Her brother ran fast and caught it for her."}
-EOF
-}
 
 # same_curve NAME METRICS_A METRICS_B [FROM_STEP [TOLERANCE]]: per-step losses,
 # validation losses and grad norms of run b against run a, from FROM_STEP (1).
