@@ -653,6 +653,17 @@ done:
     return worst;
 }
 
+/* The amx tables this CPU runs: the emulated tile unit wherever the
+ * avx512bf16 level does (its other kernels), the real one where the probe
+ * passed; none is a skip of the current test. */
+static int amx_tables(const ft_kernel_isa *tables[2]) {
+    int n = 0;
+    if (ft_cpu_has_avx512bf16()) tables[n++] = &ft_kernels_amx_emulated;
+    if (ft_cpu_has_amx()) tables[n++] = ft_kernels_for_level(FT_CPU_AMX);
+    if (!n) check_skip(CHECK_HARDWARE, NULL, "this CPU has no avx512bf16, which the amx tables' other kernels need");
+    return n;
+}
+
 /* store_t (C stored transposed) against the driver's scalar loop, bit for
  * bit: rows and columns on and off 16, overwrite and accumulate. */
 static void test_store_t(void) {
@@ -695,13 +706,8 @@ static void test_store_t(void) {
  * scale as in tile16_direct (exact products, f32 sums). */
 static void test_gemm16(void) {
     const ft_kernel_isa *tables[2];
-    int n_tables = 0;
-    if (ft_cpu_has_avx512bf16()) tables[n_tables++] = &ft_kernels_amx_emulated;
-    if (ft_cpu_has_amx()) tables[n_tables++] = ft_kernels_for_level(FT_CPU_AMX);
-    if (!n_tables) {
-        check_skip(CHECK_HARDWARE, NULL, "this CPU has no avx512bf16, which the amx tables' other kernels need");
-        return;
-    }
+    int n_tables = amx_tables(tables);
+    if (!n_tables) return;
     CHECK(!ft_kernels_for_level(FT_CPU_AVX512BF16)->gemm16);
     ft_rng rng;
     ft_rng_seed(&rng, 31);
@@ -774,13 +780,8 @@ static void test_gemm16(void) {
  * instruction: only the real table's run tests that. */
 static void test_amx_tiles(void) {
     const ft_kernel_isa *tables[2];
-    int n_tables = 0;
-    if (ft_cpu_has_avx512bf16()) tables[n_tables++] = &ft_kernels_amx_emulated;
-    if (ft_cpu_has_amx()) tables[n_tables++] = ft_kernels_for_level(FT_CPU_AMX);
-    if (!n_tables) {
-        check_skip(CHECK_HARDWARE, NULL, "this CPU has no avx512bf16, which the amx tables' other kernels need");
-        return;
-    }
+    int n_tables = amx_tables(tables);
+    if (!n_tables) return;
     ft_rng rng;
     ft_rng_seed(&rng, 29);
     const int sz[] = { 1, 15, 16, 17, 31, 33, 257, 1030 };
@@ -1004,6 +1005,7 @@ static void test_pair_packing(void) {
             isa->pair_rows16_f32(dst, v + 7, NULL, n);
             for (int l = 0; l < n; l++) bad += dst[l] != pair_ref(v + 7 + l, NULL);
         }
+        /* A (m, k) = v[k·CS + m]: rows 1..16, kc 1..257 */
         for (int rows = 1; rows <= 16; rows += 5)
             for (int kc = 1; kc <= KC; kc += 32) {
                 for (int i = 0; i < 16 * 140; i++) wp[i] = 0xA5A5A5A5u;
@@ -1017,29 +1019,14 @@ static void test_pair_packing(void) {
                     }
             }
     }
+    /* pair_rows16 from bf16 rows (no rounding of its own: one set of values) */
     float *v = vs[0];
     for (int n = 1; n <= N; n += 37) {
-        isa->pair_rows16_f32(dst, v, v + N, n);
-        for (int l = 0; l < n; l++) bad += dst[l] != pair_ref(v + l, v + N + l);
-        isa->pair_rows16_f32(dst, v + 7, NULL, n);
-        for (int l = 0; l < n; l++) bad += dst[l] != pair_ref(v + 7 + l, NULL);
         uint16_t lo[N], hi[N];
         for (int l = 0; l < n; l++) lo[l] = ft_f32_to_bf16(v[l]), hi[l] = ft_f32_to_bf16(v[N + l]);
         isa->pair_rows16(dst, lo, hi, n);
         for (int l = 0; l < n; l++) bad += dst[l] != pair_ref(v + l, v + N + l);
     }
-    /* A (m, k) = v[k·CS + m]: rows 1..16, kc 1..257 */
-    for (int rows = 1; rows <= 16; rows += 5)
-        for (int kc = 1; kc <= KC; kc += 32) {
-            for (int i = 0; i < 16 * 140; i++) wp[i] = 0xA5A5A5A5u;
-            isa->pack_at16(wp, 140, v, CS, rows, kc);
-            for (int r = 0; r < 16; r++)
-                for (int p = 0; p < (kc + 1) / 2; p++) {
-                    uint32_t want = r < rows ? pair_ref(v + (2 * p) * CS + r, 2 * p + 1 < kc ? v + (2 * p + 1) * CS + r : NULL)
-                                             : 0xA5A5A5A5u;
-                    bad += wp[r * 140 + p] != want;
-                }
-        }
     /* pack_cols16: column j's words at src + j·ld to dst[p·32 + j], zeros past ncols */
     uint32_t *src = malloc(sizeof(uint32_t) * 16 * 131), *strip = malloc(sizeof(uint32_t) * 130 * 32);
     for (int i = 0; i < 16 * 131; i++) src[i] = ft_rng_u32(&rng);
@@ -1056,7 +1043,8 @@ static void test_pair_packing(void) {
     free(src);
     free(strip);
     CHECKF(bad == 0, "%s: %d pair words differ from ft_f32_to_bf16's (or from the words given)", isa->name, bad);
-    printf("  %s: pair_rows16, pair_rows16_f32, pack_at16 and pack_cols16 give ft_f32_to_bf16's bits\n", isa->name);
+    printf("  %s: to_bf16, pair_rows16, pair_rows16_f32, pack_at16 and pack_cols16 give ft_f32_to_bf16's bits\n",
+           isa->name);
     free(vs[0]), free(vs[1]);
     free(dst);
     free(wp);
