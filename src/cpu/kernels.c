@@ -193,11 +193,12 @@ static void write_back(const gemm_ctx *g, const float *cb, int m0, int rows, int
         }
         return;
     }
-    if (g->isa->store_t) { /* C transposed: rows are contiguous */
+    /* C transposed: rows are contiguous */
+    if (g->isa->store_t) {
         g->isa->store_t(C + (int64_t)n0 * ccs + m0, ccs, cb, nr, rows, cols, alpha, overwrite);
         return;
     }
-    for (int l = 0; l < cols; l++) { /* C transposed: rows are contiguous */
+    for (int l = 0; l < cols; l++) {
         float *restrict d = C + (int64_t)(n0 + l) * ccs + m0;
         if (overwrite)
             for (int r = 0; r < rows; r++) d[r] = alpha * cb[r * nr + l];
@@ -339,19 +340,8 @@ static void pack_b16(void *vctx, int task, int thread) {
     }
 }
 
-/* Rows [m0, m0+mr) of A, K [k0, k0+kc), in pairs: row r at wp + r·KC/2
+/* Rows [m0, m0+mr) of A, K [k0, k0+kc), in pairs: row r at wp + r·ld
  * words; rows past M are zero. */
-static void pack_a16_rows(uint32_t *wp, int64_t ld, const gemm_ctx *g, int m0, int k0, int kc);
-
-/* ... rows ld words apart, each row's pairs zero from kp up to kp16 (the
- * tile unit's whole 16-pair steps: kpad above) */
-static void pack_a16(uint32_t *wp, int64_t ld, const gemm_ctx *g, int m0, int k0, int kc, int kp16) {
-    pack_a16_rows(wp, ld, g, m0, k0, kc);
-    int kp = (kc + 1) / 2;
-    if (kp16 > kp)
-        for (int r = 0; r < g->mr; r++) memset(wp + (size_t)r * ld + kp, 0, (size_t)(kp16 - kp) * 4);
-}
-
 static void pack_a16_rows(uint32_t *wp, int64_t ld, const gemm_ctx *g, int m0, int k0, int kc) {
     const ft_mat *A = g->A;
     int kp = (kc + 1) / 2;
@@ -377,6 +367,21 @@ static void pack_a16_rows(uint32_t *wp, int64_t ld, const gemm_ctx *g, int m0, i
             strided_bf16(h, g, (const float *)A->p + (int64_t)(m0 + r) * A->rs + (int64_t)k0 * A->cs, A->cs, kc);
         if (kc % 2) h[kc] = 0;
     }
+}
+
+/* The same, each row's pairs zero from kp up to kp16 (the tile unit's
+ * whole 16-pair steps: kpad below) */
+static void pack_a16(uint32_t *wp, int64_t ld, const gemm_ctx *g, int m0, int k0, int kc, int kp16) {
+    pack_a16_rows(wp, ld, g, m0, k0, kc);
+    int kp = (kc + 1) / 2;
+    if (kp16 > kp)
+        for (int r = 0; r < g->mr; r++) memset(wp + (size_t)r * ld + kp, 0, (size_t)(kp16 - kp) * 4);
+}
+
+/* The pairs of the K slice [kb, kb + kc) of the chunk that the tiles run:
+ * the last slice's rounded up to the zeros past it where kpad has them */
+static inline int slice_pairs(const gemm_ctx *g, int kb, int kc) {
+    return kb + FT_GEMM_KC >= g->kc ? g->kpad - kb / 2 : (kc + 1) / 2;
 }
 
 static void panels16(void *vctx, int task, int thread) {
@@ -405,7 +410,7 @@ static void panels16(void *vctx, int task, int thread) {
             int m0 = p * mr, rows = g->M - m0 < mr ? g->M - m0 : mr;
             for (int kb = 0; kb < g->kc; kb += FT_GEMM_KC) {
                 int kc = g->kc - kb < FT_GEMM_KC ? g->kc - kb : FT_GEMM_KC;
-                int kp = kb + FT_GEMM_KC >= g->kc ? g->kpad - kb / 2 : (kc + 1) / 2;
+                int kp = slice_pairs(g, kb, kc);
                 pack_a16(u.wide + kb / 2, FT_GEMM_KCH / 2, g, m0, g->k0 + kb, kc, kp);
             }
             g->isa->tile16[g->shape](c1, bp, u.wide, FT_GEMM_KCH / 2, g->kpad, false);
@@ -418,8 +423,7 @@ static void panels16(void *vctx, int task, int thread) {
         int m0 = p * mr, rows = g->M - m0 < mr ? g->M - m0 : mr;
         for (int kb = 0; kb < g->kc; kb += FT_GEMM_KC) {
             int kc = g->kc - kb < FT_GEMM_KC ? g->kc - kb : FT_GEMM_KC;
-            /* the slice's pairs, the last slice's rounded up to the zeros past them where kpad has them */
-            int kp = kb + FT_GEMM_KC >= g->kc ? g->kpad - kb / 2 : (kc + 1) / 2;
+            int kp = slice_pairs(g, kb, kc);
             pack_a16(wp, FT_GEMM_KC / 2, g, m0, g->k0 + kb, kc, kp);
             for (int s = 0; s < ns; s++)
                 g->isa->tile16[g->shape](cb + (size_t)s * mr * nr, bp + ((size_t)s * g->kpad + kb / 2) * nr, wp,
