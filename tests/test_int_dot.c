@@ -8,7 +8,11 @@
  *     the dequantized weights and the dequantized activations: the integer
  *     part is exact, so the only error is the f32 scaling of each block and
  *     the f32 running sum (tolerance 1e-5 of Σ|w·a|, about 100 f32 ulps);
- *   - the AVX2 kernel equal to the reference bit for bit;
+ *   - the AVX2 and AVX-512 VNNI kernels equal to the reference bit for bit,
+ *     on 37 rows (two of the VNNI kernel's 16-row groups and a tail), and
+ *     on blocks at the extremes (every quant at its largest magnitude, the
+ *     largest sub-block scales, activations ±32767 throughout), where an
+ *     int32 lane that overflowed would show;
  *   - ft_gemm_in's GEMV with integer products on: each output the
  *     reference's, the same bits on 1, 2 and 3 threads, and against the
  *     widened f32 product within what 16-bit activations cost (reported). */
@@ -82,22 +86,41 @@ static void test_quantize_act(void) {
     }
 }
 
+/* every byte of the blocks 0xFF (the largest quants; q6_K's int8 scales
+ * -1) or 0x80/0x88 patterns (q8_0's -128, the iq4 code -127, q6_K's -128
+ * scales), the scales set to 1/16 */
+static void extreme_blocks(uint8_t *p, ft_dtype t, int nb, int pattern) {
+    size_t bb = ft_types[t].block_bytes;
+    memset(p, pattern == 0 ? 0xFF : pattern == 1 ? 0x80 : 0x00, (size_t)nb * bb);
+    for (int b = 0; b < nb; b++)
+        for (int s = 0; s < ft_types[t].n_scales; s++) {
+            uint16_t h = ft_f32_to_f16(1.0f / 16.0f);
+            memcpy(p + (size_t)b * bb + ft_types[t].scale_at[s], &h, 2);
+        }
+}
+
 static void test_vec_dot(void) {
     const int Ks[] = { 256, 768, 1536 };
     bool avx2 = ft_cpu_level() >= FT_CPU_AVX2;
+    bool vnni = ft_cpu_level() >= FT_CPU_AVX512 && ft_cpu_has_avx512vnni();
     double worst = 0;
     for (int ti = 0; ti < NTYPES; ti++) {
         ft_dtype t = types[ti], at = ft_types[t].act;
-        for (int ki = 0; ki < 3; ki++) {
-            int K = Ks[ki], R = 5;
+        for (int ki = 0; ki < 3 + 3; ki++) {
+            int K = Ks[ki % 3], R = 37, extreme = ki >= 3 ? ki - 3 : -1;
             size_t rb = (size_t)ft_dtype_nbytes(t, K);
             uint8_t *w = malloc(rb * R), *act = malloc((size_t)ft_dtype_nbytes(at, K));
             float *x = malloc(sizeof(float) * K), *wf = malloc(sizeof(float) * K), *af = malloc(sizeof(float) * K);
-            random_blocks(w, t, R * K / ft_types[t].block);
-            random_act(x, K);
+            if (extreme < 0) {
+                random_blocks(w, t, R * K / ft_types[t].block);
+                random_act(x, K);
+            } else {
+                extreme_blocks(w, t, R * K / ft_types[t].block, extreme);
+                for (int i = 0; i < K; i++) x[i] = extreme == 2 ? (i % 2 ? 1.0f : -1.0f) : extreme == 1 ? -1.0f : 1.0f;
+            }
             ft_types[at].quantize_act(x, act, K);
             to_f32_act(at, act, af, K);
-            float ref[5], simd[5];
+            float ref[37], simd[37];
             ft_idot_rows_ref(ref, act, w, rb, t, K, R);
             double err = 0;
             for (int r = 0; r < R; r++) {
@@ -114,11 +137,21 @@ static void test_vec_dot(void) {
                 CHECKF(memcmp(simd, ref, sizeof ref) == 0, "%s K=%d: avx2 differs from the reference (%.9g vs %.9g)",
                        ft_types[t].name, K, simd[0], ref[0]);
             }
+            if (vnni) {
+                ft_idot_rows_avx512(simd, act, w, rb, t, K, R);
+                int bad = -1;
+                for (int r = 0; r < R && bad < 0; r++)
+                    if (memcmp(&simd[r], &ref[r], sizeof(float))) bad = r;
+                CHECKF(bad < 0, "%s K=%d%s: avx512 vnni differs from the reference at row %d (%.9g vs %.9g)",
+                       ft_types[t].name, K, extreme >= 0 ? " (extreme blocks)" : "", bad, simd[bad < 0 ? 0 : bad],
+                       ref[bad < 0 ? 0 : bad]);
+            }
             free(w); free(act); free(x); free(wf); free(af);
         }
     }
-    printf("  every dtype's vec_dot within %.2g of the exact product of its dequantized operands%s\n", worst,
-           avx2 ? "; avx2 equal bit for bit" : " (no avx2 here)");
+    printf("  every dtype's vec_dot within %.2g of the exact product of its dequantized operands%s%s\n", worst,
+           avx2 ? "; avx2 equal bit for bit" : " (no avx2 here)",
+           vnni ? "; avx512 vnni equal bit for bit" : " (no avx512 vnni here)");
 }
 
 static void test_gemv(void) {

@@ -23,7 +23,7 @@
 #define FT_X86 1
 #endif
 
-enum { F_AVX2 = 1, F_AVX512 = 2, F_AVX512BF16 = 4, F_AMX = 8, F_DETECTED = 1 << 30 };
+enum { F_AVX2 = 1, F_AVX512 = 2, F_AVX512BF16 = 4, F_AMX = 8, F_AVX512VNNI = 16, F_DETECTED = 1 << 30 };
 
 __thread volatile sig_atomic_t ft_cpu_tiles_held;
 
@@ -197,6 +197,7 @@ static int detect(void) {
     unsigned sub_leaves = a;
     if (avx2 && fma && f16c) f |= F_AVX2;
     if ((f & F_AVX2) && zmm_os && avx512f && avx512dq && avx512bw && avx512vl) f |= F_AVX512;
+    if ((f & F_AVX512) && (c >> 11 & 1)) f |= F_AVX512VNNI; /* ECX bit 11 */
     if ((f & F_AVX512) && sub_leaves >= 1) {
         __cpuid_count(7, 1, a, b, c, d);
         if (a >> 5 & 1) f |= F_AVX512BF16;
@@ -249,6 +250,7 @@ bool ft_cpu_has_avx2(void) { return cpu_features() & F_AVX2; }
 bool ft_cpu_has_avx512f(void) { return cpu_features() & F_AVX512; }
 bool ft_cpu_has_avx512bf16(void) { return cpu_features() & F_AVX512BF16; }
 bool ft_cpu_has_amx(void) { return cpu_features() & F_AMX; }
+bool ft_cpu_has_avx512vnni(void) { return cpu_features() & F_AVX512VNNI; }
 
 const char *ft_cpu_amx_note(void) {
     cpu_features();

@@ -22,6 +22,7 @@ enum {
 bool ft_cpu_has_avx2(void);       /* AVX2, FMA and F16C, with the OS saving ymm state */
 bool ft_cpu_has_avx512f(void);    /* AVX-512 F, BW, VL, DQ, with the OS saving zmm state */
 bool ft_cpu_has_avx512bf16(void); /* AVX512_BF16 (vdpbf16ps) on top of ft_cpu_has_avx512f */
+bool ft_cpu_has_avx512vnni(void); /* AVX512_VNNI (vpdpwssd) on top of ft_cpu_has_avx512f */
 /* AMX-TILE and AMX-BF16 on top of ft_cpu_has_avx512bf16, the OS saving the
  * tile state (XCR0), Linux granting this process the tile data
  * (arch_prctl ARCH_REQ_XCOMP_PERM), and a trial ldtilecfg + tdpbf16ps on

@@ -467,9 +467,10 @@ static void gemv(void *vctx, int task, int thread) {
     (void)thread;
     const gemv_ctx *g = vctx;
     int i1 = (task + 1) * GEMV_ROWS < g->n ? (task + 1) * GEMV_ROWS : g->n;
-    for (int i = task * GEMV_ROWS; i < i1; i += 4) {
-        int n = i1 - i < 4 ? i1 - i : 4;
-        float out[4];
+    const int step = g->vq ? 16 : 4; /* integer products take 16 rows a call (kernels_a16_avx512.c) */
+    for (int i = task * GEMV_ROWS; i < i1; i += step) {
+        int n = i1 - i < step ? i1 - i : step;
+        float out[16];
         if (g->vq) g->idot(out, g->vq, g->R + (size_t)i * g->rb, g->rb, g->dt, g->K, n);
         else if (g->v16) g->isa->dot_rows16(out, g->v16, g->R + (size_t)i * g->rb, g->rb, g->K, n);
         else g->isa->dot_rows(out, g->v, g->R + (size_t)i * g->rb, g->rb, g->dt, g->K, n);
@@ -515,7 +516,9 @@ static bool gemv_run(gemv_ctx *v, ft_dtype compute, int n_threads, float *scratc
         ft_types[tt->act].quantize_act(v->v, vr, v->K);
         v->vq = vr;
 #if defined(__x86_64__)
-        v->idot = v->isa == &ft_kernels_generic ? ft_idot_rows_ref : ft_idot_rows_avx2;
+        v->idot = v->isa == &ft_kernels_generic ? ft_idot_rows_ref
+                  : v->isa != &ft_kernels_avx2 && ft_cpu_has_avx512vnni() ? ft_idot_rows_avx512
+                                                                             : ft_idot_rows_avx2;
 #else
         v->idot = ft_idot_rows_ref;
 #endif

@@ -98,6 +98,8 @@ bool ft_gemm_set_int_dot(bool on);
  * bit for bit; the kernel of every x86 level from avx2 up) */
 void ft_idot_rows_ref(float *out, const void *act, const uint8_t *w, size_t rb, ft_dtype dt, int K, int nrows);
 void ft_idot_rows_avx2(float *out, const void *act, const uint8_t *w, size_t rb, ft_dtype dt, int K, int nrows);
+/* the same with AVX-512 VNNI (kernels_a16_avx512.c; needs ft_cpu_has_avx512vnni) */
+void ft_idot_rows_avx512(float *out, const void *act, const uint8_t *w, size_t rb, ft_dtype dt, int K, int nrows);
 
 /* ------------------------------------------------ per-ISA primitives */
 
