@@ -152,9 +152,10 @@ static void chart(FILE *o, rep_run *runs, int nr, int s, const char *title, doub
     double xs = xmax > xmin ? xmax - xmin : 1, ys = ymax > ymin ? ymax - ymin : 1;
 #define PX(x) (L + ((x) - xmin) / xs * (W - L - R))
 #define PY(y) (H - B - ((y) - ymin) / ys * (H - T - B))
-    fprintf(o, "<h2>%s</h2>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+    fprintf(o, "<h2>%s</h2>\n%s<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
             "data-chart=\"%s\" data-ymin=\"%.9g\" data-ymax=\"%.9g\" data-top=\"%d\" data-bottom=\"%d\">\n",
-            title, W, H, title, ymin, ymax, T, H - B);
+            title, s == SER_LOSS ? "<p class=note>thin: train loss per step; thick: smoothed; dashed: validation loss.</p>\n" : "",
+            W, H, title, ymin, ymax, T, H - B);
     fprintf(o, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"#fff\" stroke=\"#999\"/>\n", L, T, W - L - R,
             H - T - B);
     for (int g = 0; g <= 4; g++) {
@@ -170,7 +171,7 @@ static void chart(FILE *o, rep_run *runs, int nr, int s, const char *title, doub
         for (int q = 0; q < nser; q++) {
             const char *name = q == 0 ? (s == SER_LOSS ? "train-raw" : "value") : q == 1 ? "train-smoothed" : "val";
             fprintf(o, "<path data-run=\"%d\" data-series=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"%s\"%s d=\"",
-                    i, name, c, q == 1 ? "2.2" : q == 2 ? "1.8" : "1", q == 0 && s == SER_LOSS ? " stroke-opacity=\"0.45\"" : "");
+                    i, name, c, q == 1 ? "2.2" : q == 2 ? "1.8" : "1", q == 0 && s == SER_LOSS ? " stroke-opacity=\"0.45\"" : q == 2 ? " stroke-dasharray=\"6 3\"" : "");
             bool pen = false;
             double ema = NAN;
             for (int k = 0; k < runs[i].n; k++) {
