@@ -26,6 +26,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
+# A real browser for tests/cli_report.sh: headless Chromium renders `ftune
+# report`'s page to a screenshot (a test, not a build dependency).
+if ! dpkg-query -W -f='${Status}' chromium 2>/dev/null | grep -q "install ok installed"; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends chromium
+fi
+
 # The ecosystem's own readers for the tests (transformers, PEFT, tokenizers), in a
 # virtual environment that sees Debian's torch and numpy. Pinned in
 # scripts/requirements-test.txt and installed with --no-deps so that pip never

@@ -81,6 +81,7 @@ void cli_fmt_duration(char *buf, size_t cap, double s);
 
 int cmd_generate(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_report(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_init(int argc, char **argv);

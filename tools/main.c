@@ -18,6 +18,7 @@ static const struct { const char *name; int (*fn)(int, char **); const char *abo
     { "merge", cmd_merge, "fold a LoRA adapter into the base weights and write the model" },
     { "quantize", cmd_quantize, "write a model quantized: bitsandbytes nf4 (Hugging Face *-bnb-4bit) or GGUF q8_0/q4_0" },
     { "init", cmd_init, "write a model with random weights from a preset or config" },
+    { "report", cmd_report, "an HTML page of training runs' curves (loss, lr, grad norm, tokens/s, memory) and configurations" },
 };
 
 static void usage(FILE *f) {
