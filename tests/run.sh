@@ -6,7 +6,9 @@
 # test that says nothing has tested nothing. FTUNE_REQUIRE=all (set by
 # .ci/run) makes a skip for a missing tool a failure (tests/lib.sh's
 # skip_or_fail, tests/check.h's check_skip); a CPU without an instruction set
-# stays a skip. Exits non-zero if anything failed.
+# stays a skip. Exits non-zero if anything failed. With arguments (test
+# binaries or tests/cli_*.sh scripts, as paths or bare names) it runs only
+# those, the same way.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -37,14 +39,23 @@ run_one() {  # name, command...
     [ "$s" -gt 0 ] && skipped_names+=("$name")
     pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
 }
-for t in "$BUILD"/tests/test_*; do
-    [ -x "$t" ] || continue
-    run_one "$(basename "$t")" "$t"
-done
-for s in tests/cli_*.sh; do
-    [ -f "$s" ] || continue
-    run_one "$(basename "$s")" bash "$s"
-done
+if [ $# -gt 0 ]; then
+    for a in "$@"; do
+        n=$(basename "$a")
+        if [ -x "$BUILD/tests/$n" ]; then run_one "$n" "$BUILD/tests/$n"
+        elif [ -f "tests/$n" ]; then run_one "$n" bash "tests/$n"
+        else echo "[$n] FAIL (no such test: neither $BUILD/tests/$n nor tests/$n)"; fail=$((fail + 1)); failed_names+=("$n"); fi
+    done
+else
+    for t in "$BUILD"/tests/test_*; do
+        [ -x "$t" ] || continue
+        run_one "$(basename "$t")" "$t"
+    done
+    for s in tests/cli_*.sh; do
+        [ -f "$s" ] || continue
+        run_one "$(basename "$s")" bash "$s"
+    done
+fi
 rm -f "$log"
 [ ${#skipped_names[@]} -gt 0 ] && echo "skipped in: ${skipped_names[*]}"
 [ ${#failed_names[@]} -gt 0 ] && echo "failed: ${failed_names[*]}"
