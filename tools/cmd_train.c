@@ -28,10 +28,43 @@ static const char *stop_signal_name(int sig) {
     return NULL;
 }
 
+#define SPARK_N 16 /* losses the progress line's sparkline shows */
+
 typedef struct {
     bool quiet, tty, line_open, truncate_end;
+    bool spark;                /* a terminal with a UTF-8 locale: the progress line shows a sparkline */
+    float hist[SPARK_N];       /* the last losses, oldest first */
+    int nhist;
     cli_progress *data;        /* the tokenization line, ended before the first event */
 } progress_ctx;
+
+/* The locale's character set is UTF-8, by POSIX's precedence: LC_ALL, then
+ * LC_CTYPE, then LANG (the first one set and non-empty decides). */
+static bool locale_is_utf8(void) {
+    const char *names[] = { "LC_ALL", "LC_CTYPE", "LANG" };
+    for (int i = 0; i < 3; i++) {
+        const char *v = getenv(names[i]);
+        if (v && *v) return strcasestr(v, "utf-8") || strcasestr(v, "utf8");
+    }
+    return false;
+}
+
+/* "  ▁▃▅█…": the last losses scaled between their min and max, one block
+ * character each (a non-finite loss is a space); empty before two losses. */
+static void sparkline(char *buf, size_t n, const progress_ctx *pc) {
+    static const char *bars[8] = { "\u2581", "\u2582", "\u2583", "\u2584", "\u2585", "\u2586", "\u2587", "\u2588" };
+    buf[0] = 0;
+    if (pc->nhist < 2) return;
+    float lo = INFINITY, hi = -INFINITY;
+    for (int i = 0; i < pc->nhist; i++)
+        if (isfinite(pc->hist[i])) { lo = fminf(lo, pc->hist[i]); hi = fmaxf(hi, pc->hist[i]); }
+    size_t at = (size_t)snprintf(buf, n, "  ");
+    for (int i = 0; i < pc->nhist && at + 4 < n; i++) {
+        float v = pc->hist[i];
+        int lv = !isfinite(v) ? -1 : hi > lo ? (int)lrintf(7.0f * (v - lo) / (hi - lo)) : 3;
+        at += (size_t)snprintf(buf + at, n - at, "%s", lv < 0 ? " " : bars[lv]);
+    }
+}
 
 /* Tokenization progress of the training (and validation) data. */
 static void on_data_progress(void *ctx, size_t done, size_t total) {
@@ -71,12 +104,19 @@ static void on_progress(void *ctx, const ftune_train_progress *p) {
         break;
     case FTUNE_TRAIN_STEP:
         cli_fmt_duration(eta, sizeof eta, p->eta_s);
+        char spark[4 * SPARK_N + 8] = "";
+        if (pc->spark) {
+            if (pc->nhist == SPARK_N) memmove(pc->hist, pc->hist + 1, sizeof pc->hist - sizeof pc->hist[0]);
+            else pc->nhist++;
+            pc->hist[pc->nhist - 1] = (float)p->loss;
+            sparkline(spark, sizeof spark, pc);
+        }
         scale[0] = 0;
         if (p->loss_scaling)
             snprintf(scale, sizeof scale, "  scale %g  skipped %lld%s", p->loss_scale, (long long)p->skipped_steps,
                      p->skipped ? " (this step: gradients not finite, no update)" : "");
-        fprintf(stderr, "%sstep %lld/%lld  loss %.4f  lr %.1e  gnorm %.2f  %.0f tok/s  mem %.1f MiB  ETA %s%s%s",
-                pc->tty ? "\r" : "", (long long)p->step, (long long)p->total_steps, p->loss, p->lr, p->grad_norm,
+        fprintf(stderr, "%sstep %lld/%lld  loss %.4f%s  lr %.1e  gnorm %.2f  %.0f tok/s  mem %.1f MiB  ETA %s%s%s",
+                pc->tty ? "\r" : "", (long long)p->step, (long long)p->total_steps, p->loss, spark, p->lr, p->grad_norm,
                 p->tokens_per_s, p->peak_mib, eta, scale, pc->tty ? "\033[K" : "\n");
         /* on a terminal a skipped step stays visible */
         if (p->skipped && pc->tty) { fputc('\n', stderr); pc->line_open = false; break; }
@@ -466,7 +506,7 @@ static int train_main(int argc, char **argv, const char *me, int rank, bool *tog
 
     cli_progress dp;
     quiet |= rank != 0; /* rank 0 speaks for the job; every rank reports its own error */
-    progress_ctx pc = { .quiet = quiet, .tty = isatty(2), .truncate_end = o.truncate == FTUNE_TRUNCATE_END, .data = &dp };
+    progress_ctx pc = { .quiet = quiet, .tty = isatty(2), .spark = isatty(2) && locale_is_utf8(), .truncate_end = o.truncate == FTUNE_TRUNCATE_END, .data = &dp };
     cli_progress_begin(&dp, "tokenizing the data", progress);
     if (!quiet && dp.on) {
         o.data_progress = on_data_progress;
